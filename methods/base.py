@@ -1,0 +1,193 @@
+"""The method contract: a small dataclass that owns its KV storage and returns decode attention.
+
+The engine (scoutbench/engine.py) runs the layer loop and calls, per run and per step:
+
+    bind(ctx)                                   once: allocate storage for ctx.batch x ctx.max_len tokens
+    ingest_prefill(layer, q_obs, k, v, lengths) once per layer: the prompt's post-RoPE K/V (and recent queries)
+    begin_step(step)                            per decode step: positions of the new tokens
+      before_layer(layer, hidden, normed)       per layer, before its attention (layer-ahead hook)
+      decode(layer, q, k, v) -> o               per layer: append k/v, return attention output [B, Hq, D]
+    end_step()                                  per decode step
+    stats() -> dict                             method statistics for the result JSON
+    close()                                     release workers and buffers (always called)
+
+Hyper-parameters are dataclass fields, validated in __post_init__; `repr(method)` is the full constructor call
+and goes into every result, as kvpress does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from scoutbench.errors import UsageError
+from scoutbench.timing import StageTimer
+
+
+@dataclass
+class StepInfo:
+    """Where the new token of each sequence goes. `positions` lives on the compute device; the host copy
+    avoids device syncs in the decode loop."""
+
+    positions: torch.Tensor  # [B] int64: tokens already cached = position of the new token
+    positions_host: list[int]
+    index: int  # decode step number, 0-based, warm-up included
+
+    @property
+    def uniform(self) -> bool:
+        return min(self.positions_host) == max(self.positions_host)
+
+
+@dataclass
+class MethodContext:
+    """What a method may know about the model and the run."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    batch: int
+    max_len: int  # prompt + decode tokens that the storage must hold, per sequence
+    device: torch.device
+    dtype: torch.dtype
+    timer: StageTimer
+    # predict_query(target_layer, hidden, normed) -> rotated query [B, Hq, D] of `target_layer` for the current
+    # token, computed from another layer's input (the layer-ahead prediction of ScoutAttention and InfiniGen).
+    predict_query: Callable[..., torch.Tensor]
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token in one layer."""
+        return 2 * self.num_kv_heads * self.head_dim * torch.tensor([], dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The config numbers that memory planning needs (from a transformers config, no model built)."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> ModelShape:
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
+                   cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size)
+
+    def kv_bytes_per_token_layer(self, elem_bytes: int) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * elem_bytes
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Per-sequence memory of a method at a context length: what must sit on the device, what lives on the host."""
+
+    device_bytes_per_seq: int
+    host_bytes_per_seq: int
+
+
+@dataclass
+class AttentionMethod:
+    name: ClassVar[str] = ""
+    # True when the method needs before_layer (the engine skips the call otherwise).
+    layer_ahead: ClassVar[bool] = False
+
+    def bind(self, ctx: MethodContext) -> None:
+        self.ctx = ctx
+
+    def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       lengths: torch.Tensor) -> None:
+        """q_obs `[B, Hq, W, D]`: queries of each prompt's last W tokens; k/v `[B, Hkv, N, D]`, right-padded to N,
+        valid up to lengths[b]."""
+        raise NotImplementedError
+
+    def begin_step(self, step: StepInfo) -> None:
+        self.step = step
+
+    def before_layer(self, layer: int, hidden: torch.Tensor, normed: torch.Tensor) -> None:
+        """Layer-ahead hook: `hidden` is layer `layer`'s residual input `[B, hidden]`, `normed` its normalised form."""
+
+    def decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q `[B, Hq, D]`, k/v `[B, Hkv, D]` (post-RoPE) -> attention output `[B, Hq, D]` in q's dtype."""
+        raise NotImplementedError
+
+    def end_step(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
+        """Bytes per sequence (KV, digests, resident blocks, method buffers; not weights or activations),
+        for `scoutbench plan` and `--batch auto`. Must follow from the config, the budget and the block size."""
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_args(cls, overrides: dict[str, str], preset: dict[str, Any] | None = None) -> AttentionMethod:
+        """Build from `--method-arg key=value` strings, converting each to its field's type."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        kwargs: dict[str, Any] = dict(preset or {})
+        for key, raw in overrides.items():
+            if key not in fields:
+                raise UsageError(f"{cls.name}: unknown --method-arg {key!r} (fields: {', '.join(fields) or 'none'})")
+            kwargs[key] = _convert(cls.name, key, raw, hints[key])
+        try:
+            return cls(**kwargs)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"{cls.name}: {exc}") from None
+
+
+def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    base = _unwrap_optional(hint)
+    text = raw.strip()
+    if base is not str and text.lower() in ("none", "null") and base is not hint:
+        return None
+    try:
+        if base is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if base is int:
+            from scoutbench.units import parse_length
+
+            return parse_length(text) if text[-1:].lower() in "km" else int(text)
+        if base is float:
+            return float(text)  # accepts inf
+        return text
+    except (ValueError, UsageError):
+        raise UsageError(f"{method}: --method-arg {key}={raw!r} is not a valid {getattr(base, '__name__', base)}") from None
+
+
+def _unwrap_optional(hint: Any) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args and typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else hint
+
+
+def require(condition: bool, message: str) -> None:
+    """Field validation helper for __post_init__."""
+    if not condition:
+        raise ValueError(message)

@@ -1,0 +1,54 @@
+"""FullKV: plain attention over the whole cache, all on the compute device. The reference for every method."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from scoutbench.kernels.attention import decode_attention
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo
+
+
+@dataclass
+class FullKV(AttentionMethod):
+    """Vanilla decode attention. The cache is preallocated for the whole run (no per-step growth)."""
+
+    name = "fullkv"
+
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        shape = (ctx.batch, ctx.num_kv_heads, ctx.max_len, ctx.head_dim)
+        self.keys = [torch.empty(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
+        self.values = [torch.empty(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
+        self._batch_index = torch.arange(ctx.batch, device=ctx.device)
+
+    def ingest_prefill(self, layer, q_obs, k, v, lengths):
+        num_tokens = k.shape[2]
+        self.keys[layer][:, :, :num_tokens].copy_(k)
+        self.values[layer][:, :, :num_tokens].copy_(v)
+
+    def begin_step(self, step: StepInfo) -> None:
+        super().begin_step(step)
+        self._span = max(step.positions_host) + 1
+        self._valid_len = None if step.uniform else step.positions + 1
+
+    def decode(self, layer, q, k, v):
+        step = self.step
+        keys, values = self.keys[layer], self.values[layer]
+        with self.ctx.timer.stage("attn_device"):
+            if step.uniform:
+                keys[:, :, step.positions_host[0]].copy_(k)
+                values[:, :, step.positions_host[0]].copy_(v)
+            else:
+                keys[self._batch_index, :, step.positions] = k
+                values[self._batch_index, :, step.positions] = v
+            return decode_attention(q, keys[:, :, : self._span], values[:, :, : self._span], self.ctx.scale,
+                                    self._valid_len)
+
+    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
+        return Footprint(shape.num_layers * context_len * shape.kv_bytes_per_token_layer(elem_bytes), 0)
+
+    def stats(self):
+        ctx = self.ctx
+        return {"device_kv_bytes": ctx.num_layers * ctx.batch * ctx.max_len * ctx.kv_bytes_per_token()}

@@ -1,0 +1,3 @@
+from scoutbench.cli import main
+
+main()

@@ -1,0 +1,83 @@
+"""The `scoutbench` command. Thin: each subcommand is a module of its own, imported only when it runs, so
+`scoutbench --help` stays fast and never touches torch.cuda. Errors the user can fix print one line."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from scoutbench import __version__
+
+# name -> "module:function"; each module defines one click command.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "throughput": ("scoutbench.cli.throughput:command", "Decode throughput and per-stage latency of methods."),
+    "env": ("scoutbench.cli.env:command", "Print the environment (torch, CUDA, NVML, flashinfer, CPU)."),
+    "methods": ("scoutbench.cli.env:methods_command", "List the registered attention methods and their fields."),
+    "plan": ("scoutbench.cli.plan:command", "Per-method memory per sequence and maximum batch, without running."),
+    "profile-recall": ("scoutbench.cli.scout_tools:profile_recall_command",
+                       "Profile per-layer recall intervals for ScoutAttention."),
+    "cosine": ("scoutbench.cli.scout_tools:cosine_command",
+               "Cosine similarity of predicted vs true next-layer queries (paper Table 1)."),
+    "accuracy": ("scoutbench.cli.accuracy:command", "LongBench / passkey accuracy of a method."),
+    "score": ("scoutbench.cli.accuracy:score_command", "Official LongBench score of a prediction file."),
+    "fidelity": ("scoutbench.cli.accuracy:fidelity_command", "A method against FullKV, teacher-forced."),
+    "sweep": ("scoutbench.cli.sweep:command", "Grid of throughput points and the paper's figure presets."),
+    "report": ("scoutbench.cli.sweep:report_command", "PNG figures and a markdown summary of results."),
+    "gate": ("scoutbench.cli.sweep:gate_command", "Fail on performance regressions against a baseline."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module_name, attr = COMMANDS[name][0].split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+
+            @click.command(name=name, help=COMMANDS[name][1])
+            def unavailable() -> None:
+                raise click.ClickException(f"'{name}' is not available in this build")
+
+            return unavailable
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_text) for name, (_, help_text) in COMMANDS.items()])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="scoutbench")
+def cli() -> None:
+    """Benchmark and evaluate KV-cache offloading attention for long-context LLM decode."""
+
+
+def main() -> None:
+    """Entry point: user-fixable errors become one line on stderr and a non-zero exit code."""
+    from scoutbench.errors import ScoutbenchError
+
+    try:
+        cli.main(standalone_mode=False)
+    except ScoutbenchError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)

@@ -1,0 +1,218 @@
+"""The decode engine: an explicit layer loop over a Hugging Face decoder, with attention delegated to a method.
+
+Per layer: input norm -> q/k/v projections -> q/k norm (Qwen3) -> RoPE -> method attention -> o_proj ->
+residual -> post-attention norm -> MLP -> residual; then final norm -> lm_head. Every op is the HF module's own,
+in HF's order and layout, so with the same attention function the logits are bit-identical to `model(...)`
+(tests/test_engine.py). Before a layer's attention the engine offers the method the layer's residual input
+(`before_layer`), which is where ScoutAttention and InfiniGen predict the next layer's query.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from scoutbench.kernels.attention import decode_attention, prefill_attention
+from scoutbench.methods.base import AttentionMethod, MethodContext, StepInfo
+from scoutbench.timing import StageTimer
+
+OBS_WINDOW = 256  # prompt queries handed to methods at prefill (initial selection, InfiniGen's SVD, HGCA scores)
+
+
+class DecodeEngine:
+    def __init__(self, model: torch.nn.Module, method: AttentionMethod, timer: StageTimer | None = None):
+        self.model = model
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        self.method = method
+        attn = self.layers[0].self_attn
+        config = model.config
+        self.num_layers = len(self.layers)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.scale = attn.scaling
+        self.has_qk_norm = hasattr(attn, "q_norm")
+        modeling = sys.modules[type(attn).__module__]
+        self._apply_rope = modeling.apply_rotary_pos_emb
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.timer = timer or StageTimer(self.device)
+        self._cos = self._sin = None
+        self.positions: torch.Tensor | None = None
+        self.positions_host: list[int] = []
+        self.step_index = 0
+
+    # ------------------------------------------------------------------ setup
+    def start(self, batch: int, max_len: int) -> None:
+        """Bind the method to this model and run shape; storage for `max_len` tokens per sequence."""
+        ctx = MethodContext(
+            num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, scale=self.scale, batch=batch, max_len=max_len, device=self.device,
+            dtype=self.dtype, timer=self.timer, predict_query=self.predict_query,
+        )
+        self.method.bind(ctx)
+        self.step_index = 0
+
+    # ------------------------------------------------------------------ projections
+    def _qkv(self, layer: torch.nn.Module, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """HF's attention prologue: [B, L, hidden] -> q [B, Hq, L, D], k/v [B, Hkv, L, D], RoPE applied."""
+        attn = layer.self_attn
+        shape = (*normed.shape[:-1], -1, self.head_dim)
+        q = attn.q_proj(normed).view(shape)
+        k = attn.k_proj(normed).view(shape)
+        if self.has_qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        v = attn.v_proj(normed).view(shape).transpose(1, 2)
+        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q, k, v
+
+    def predict_query(self, target_layer: int, hidden: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotated query of `target_layer` for the current token, from another layer's input `[B, hidden]`.
+
+        With `normed=None` the target layer's own input norm is applied to `hidden` (the default prediction
+        Q_pred^{i+1} = RoPE(q_norm(W_Q^{i+1} Norm_{i+1}(h^i)))); otherwise `normed` is used as is.
+        """
+        layer = self.layers[target_layer]
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden) if normed is None else normed
+        q = attn.q_proj(x.reshape(x.shape[0], 1, -1)).view(x.shape[0], 1, -1, self.head_dim)
+        if self.has_qk_norm:
+            q = attn.q_norm(q)
+        q = q.transpose(1, 2)
+        q, _ = self._apply_rope(q, q[:, :1], self._cos, self._sin)
+        return q[:, :, 0]
+
+    # ------------------------------------------------------------------ prefill
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense prefill of right-padded prompts `[B, L]`; hands each layer's K/V to the method.
+
+        Returns the logits of each prompt's last token `[B, vocab]`.
+        """
+        batch, seq_len = input_ids.shape
+        if lengths is None:
+            lengths = torch.full((batch,), seq_len, dtype=torch.long)
+        lengths = lengths.to(self.device)
+        x = self.inner.embed_tokens(input_ids.to(self.device))
+        position_ids = torch.arange(seq_len, device=self.device).unsqueeze(0)
+        cos, sin = self.inner.rotary_emb(x, position_ids)
+        obs_index = self._obs_index(lengths, seq_len)
+        for i, layer in enumerate(self.layers):
+            residual = x
+            q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
+            self.method.ingest_prefill(i, _gather_positions(q, obs_index), k, v, lengths)
+            o = prefill_attention(q, k, v, self.scale).transpose(1, 2)
+            o = o.reshape(batch, seq_len, -1).contiguous()
+            x = residual + layer.self_attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            del q, k, v, o
+        last = x[torch.arange(batch, device=self.device), lengths - 1].unsqueeze(1)
+        logits = self.model.lm_head(self.inner.norm(last))[:, 0]
+        self._set_positions(lengths)
+        return logits
+
+    @torch.no_grad()
+    def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0) -> None:
+        """Skip the prompt's forward pass: fill every layer with random post-RoPE K/V (decode-only benchmarks).
+
+        Keys get a realistic RoPE phase structure (random vectors rotated at their positions); values are
+        standard normal. Decode cost does not depend on the values, only on where they live.
+        """
+        batch = lengths.shape[0]
+        seq_len = int(lengths.max())
+        lengths = lengths.to(self.device)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        dummy = torch.empty(1, dtype=self.dtype, device=self.device)
+        cos, sin = self.inner.rotary_emb(dummy, torch.arange(seq_len, device=self.device).unsqueeze(0))
+        obs_index = self._obs_index(lengths, seq_len)
+        kv_shape = (batch, self.num_kv_heads, seq_len, self.head_dim)
+        for i in range(self.num_layers):
+            k = torch.randn(kv_shape, generator=generator, device=self.device, dtype=self.dtype)
+            v = torch.randn(kv_shape, generator=generator, device=self.device, dtype=self.dtype)
+            w = obs_index.shape[1]
+            q = torch.randn((batch, self.num_heads, w, self.head_dim), generator=generator, device=self.device,
+                            dtype=self.dtype)
+            q = _rope(q, cos[0][obs_index].unsqueeze(1), sin[0][obs_index].unsqueeze(1))
+            k = _rope(k, cos.unsqueeze(1), sin.unsqueeze(1))
+            self.method.ingest_prefill(i, q, k, v, lengths)
+            del k, v, q
+        self._set_positions(lengths)
+
+    @staticmethod
+    def _obs_index(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """Positions `[B, W]` of each prompt's last W tokens (right-aligned per sequence)."""
+        window = min(OBS_WINDOW, int(lengths.min()))
+        offsets = torch.arange(window, device=lengths.device) - window
+        return (lengths[:, None] + offsets[None, :]).clamp(min=0, max=seq_len - 1)
+
+    def _set_positions(self, lengths: torch.Tensor) -> None:
+        self.positions = lengths.clone().to(torch.long)
+        self.positions_host = [int(n) for n in lengths.tolist()]
+        self.step_index = 0
+
+    # ------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step for every sequence: tokens `[B]` -> next-token logits `[B, vocab]`."""
+        method, timer = self.method, self.timer
+        batch = tokens.shape[0]
+        step = StepInfo(self.positions, list(self.positions_host), self.step_index)
+        method.begin_step(step)
+        x = self.inner.embed_tokens(tokens.view(batch, 1))
+        self._cos, self._sin = self.inner.rotary_emb(x, self.positions.view(batch, 1))
+        for i, layer in enumerate(self.layers):
+            residual = x
+            with timer.stage("qkv_proj"):
+                normed = layer.input_layernorm(x)
+            if method.layer_ahead:
+                with timer.stage("predict"):
+                    method.before_layer(i, x[:, 0], normed[:, 0])
+            with timer.stage("qkv_proj"):
+                q, k, v = self._qkv(layer, normed, self._cos, self._sin)
+            o = method.decode(i, q[:, :, 0], k[:, :, 0], v[:, :, 0])
+            with timer.stage("o_proj"):
+                x = residual + layer.self_attn.o_proj(o.reshape(batch, 1, -1).contiguous())
+            with timer.stage("mlp"):
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+        method.end_step()
+        logits = self.model.lm_head(self.inner.norm(x))[:, 0]
+        self.positions = self.positions + 1
+        self.positions_host = [p + 1 for p in self.positions_host]
+        self.step_index += 1
+        self.last_hidden = x[:, 0]
+        return logits
+
+
+def _gather_positions(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """q `[B, H, L, D]`, index `[B, W]` -> `[B, H, W, D]`."""
+    batch, heads, _, dim = q.shape
+    idx = index[:, None, :, None].expand(batch, heads, index.shape[1], dim)
+    return torch.gather(q, 2, idx)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-rotation RoPE (Llama/Qwen3 convention) for synthetic keys and queries."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def register_hf_attention(name: str = "scoutbench_fullkv") -> str:
+    """Register scoutbench's FullKV kernels with transformers under a namespaced name (nothing is replaced).
+
+    Used to check the engine against `model(...)` and to time stock `generate` with the same kernels.
+    """
+    from transformers import AttentionInterface
+
+    def attention(module: Any, query, key, value, attention_mask, scaling=None, **kwargs):
+        scale = scaling if scaling is not None else module.scaling
+        if query.shape[2] == 1:
+            out = decode_attention(query[:, :, 0], key, value, scale).unsqueeze(1)
+        else:
+            out = prefill_attention(query, key, value, scale).transpose(1, 2)
+        return out, None
+
+    AttentionInterface.register(name, attention)
+    return name

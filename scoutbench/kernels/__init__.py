@@ -1,0 +1,1 @@
+"""Attention primitives shared by every method: one implementation each (see docs/architecture.md)."""

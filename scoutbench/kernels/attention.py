@@ -1,0 +1,129 @@
+"""Decode attention, partial attention with log-sum-exp, and the exact LSE merge.
+
+Conventions (every method relies on them):
+- decode query `q` is `[B, Hq, D]`; keys/values are `[B, Hkv, N, D]` (post-RoPE); `G = Hq // Hkv`.
+- the query heads of a KV group are packed as G query rows against their KV head (`[B, Hkv, G, D]`):
+  on CPU this form of SDPA is 2-10x faster than `enable_gqa=True` (docs/platform.md).
+- a partial result is `(o: fp32 [B, Hq, D], lse: fp32 [B, Hq])` with a *natural-log* LSE; an empty part has
+  `lse = -inf` and `o = 0`. FlashInfer's base-2 LSE is converted at its boundary only.
+- `valid_len` (`[B, Hkv]` or `[B]`) counts the leading valid tokens of each row: gathers put valid tokens first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from scoutbench.kernels import backends
+
+
+class PartialState(NamedTuple):
+    """Attention over a subset of keys: normalised output and natural-log LSE, both fp32."""
+
+    o: torch.Tensor  # [B, Hq, D] fp32
+    lse: torch.Tensor  # [B, Hq] fp32
+
+
+def _packed(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    batch, num_heads, head_dim = q.shape
+    return q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+
+
+def _expand_valid_len(valid_len: torch.Tensor, batch: int, num_kv_heads: int) -> torch.Tensor:
+    if valid_len.dim() == 1:
+        valid_len = valid_len[:, None].expand(batch, num_kv_heads)
+    return valid_len
+
+
+def length_bias(valid_len: torch.Tensor, num_keys: int, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask `[B, Hkv, 1, N]`: 0 for the first `valid_len` keys of a row, -inf after."""
+    valid_len = _expand_valid_len(valid_len, valid_len.shape[0], num_kv_heads)
+    positions = torch.arange(num_keys, device=valid_len.device)
+    keep = positions[None, None, :] < valid_len[:, :, None]
+    bias = torch.zeros(keep.shape, dtype=dtype, device=valid_len.device)
+    return bias.masked_fill_(~keep, float("-inf")).unsqueeze(2)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     valid_len: torch.Tensor | None = None) -> torch.Tensor:
+    """Exact single-token attention over all (valid) keys; returns `[B, Hq, D]` in q's dtype (FullKV's kernel)."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    mask = None
+    if valid_len is not None:
+        mask = length_bias(valid_len, k.shape[2], num_kv_heads, q.dtype)
+    out = F.scaled_dot_product_attention(_packed(q, num_kv_heads), k, v, attn_mask=mask, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                      valid_len: torch.Tensor | None = None) -> PartialState:
+    """Attention of `q` over the leading `valid_len` keys of each (sequence, KV head) row, with its LSE.
+
+    Rows with no valid key come back as the empty state (o = 0, lse = -inf), so merging them is a no-op.
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, num_keys = k.shape[1], k.shape[2]
+    if num_keys == 0:
+        return empty_state(batch, num_heads, head_dim, q.device)
+    if q.device.type == "cuda" and backends.flashinfer_available():
+        return backends.flashinfer_partial(q, k, v, scale, valid_len)
+    q4 = _packed(q, num_kv_heads)
+    bias = None if valid_len is None else length_bias(valid_len, num_keys, num_kv_heads, q.dtype)
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q4, k, v, 0.0, False, attn_mask=bias, scale=scale)[:2]
+        out = out.float()
+    else:
+        logits = torch.matmul(q4, k.transpose(-1, -2)).float() * scale
+        if bias is not None:
+            logits = logits + bias.float()
+        lse = torch.logsumexp(logits, dim=-1)
+        probs = torch.exp(logits - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(-1))
+        out = torch.matmul(probs.to(v.dtype), v).float()
+    if valid_len is not None:
+        empty = (_expand_valid_len(valid_len, batch, num_kv_heads) <= 0)[:, :, None].expand_as(lse)
+        lse = lse.masked_fill(empty, float("-inf"))
+        out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+    return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+
+
+def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:
+    return PartialState(torch.zeros(batch, num_heads, head_dim, device=device),
+                        torch.full((batch, num_heads), float("-inf"), device=device))
+
+
+def merge_states(*states: PartialState) -> PartialState:
+    """Exact merge of partial results over disjoint key sets: `lse = logsumexp(lse_i)`, `o = sum exp(lse_i - lse) o_i`.
+
+    Empty parts (lse = -inf) get weight 0; if every part is empty the result is the empty state, never NaN.
+    """
+    lses = torch.stack([s.lse for s in states])  # [P, B, Hq]
+    total = torch.logsumexp(lses, dim=0)
+    safe_total = torch.where(torch.isinf(total), torch.zeros_like(total), total)
+    weights = torch.exp(lses - safe_total)  # exp(-inf) = 0 for empty parts
+    out = sum(w.unsqueeze(-1) * s.o for w, s in zip(weights, states))
+    return PartialState(out, total)
+
+
+LN2 = math.log(2.0)
+
+
+def lse_base2_to_natural(lse_base2: torch.Tensor) -> torch.Tensor:
+    """FlashInfer reports log2-sum-exp2; everything else here is natural log."""
+    return lse_base2 * LN2
+
+
+def lse_natural_to_base2(lse: torch.Tensor) -> torch.Tensor:
+    return lse / LN2
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense causal attention for a prompt: q `[B, Hq, L, D]`, k/v `[B, Hkv, L, D]` -> `[B, Hq, L, D]`.
+
+    Right-padded prompts are safe: with a causal mask no real token sees a pad to its right.
+    """
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1])

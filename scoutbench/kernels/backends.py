@@ -1,0 +1,77 @@
+"""Optional GPU fast paths, imported lazily: any failure on import means "unavailable", never a crash.
+
+flashinfer's kernels run only on CUDA (sm75+); on a CPU machine the import may even succeed while every kernel
+call raises, so it is probed only when a CUDA tensor asks for it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def _flashinfer() -> tuple[Any, str | None]:
+    try:
+        import flashinfer  # noqa: PLC0415
+
+        return flashinfer, None
+    except Exception as exc:  # noqa: BLE001 - any import failure (even a crash on CPU-only boxes) = unavailable
+        return None, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
+def flashinfer_available() -> bool:
+    return torch.cuda.is_available() and _flashinfer()[0] is not None
+
+
+def flashinfer_status() -> str:
+    module, reason = _flashinfer()
+    if module is None:
+        return f"unavailable ({reason})"
+    if not torch.cuda.is_available():
+        return f"installed {getattr(module, '__version__', '?')} but no CUDA device"
+    return f"available {getattr(module, '__version__', '?')}"
+
+
+@functools.lru_cache(maxsize=8)
+def _workspace(device_index: int) -> torch.Tensor:
+    return torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=f"cuda:{device_index}")
+
+
+def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                       valid_len: torch.Tensor | None):
+    """Partial attention through flashinfer's paged decode kernel.
+
+    Each (sequence, KV head) row becomes one request with one page of N tokens in HND layout, so ragged
+    `valid_len` per KV head maps onto `last_page_len`. The base-2 LSE is converted to natural log here.
+    """
+    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural  # noqa: PLC0415
+
+    flashinfer = _flashinfer()[0]
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, num_keys = k.shape[1], k.shape[2]
+    group = num_heads // num_kv_heads
+    rows = batch * num_kv_heads
+    if valid_len is None:
+        last_len = torch.full((rows,), num_keys, dtype=torch.int32, device=q.device)
+    else:
+        if valid_len.dim() == 1:
+            valid_len = valid_len[:, None].expand(batch, num_kv_heads)
+        last_len = valid_len.reshape(rows).clamp(min=1).to(torch.int32)
+    indptr = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
+    indices = torch.arange(rows, dtype=torch.int32, device=q.device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device.index or 0), "HND")
+    wrapper.plan(indptr, indices, last_len, group, 1, head_dim, num_keys, q_data_type=q.dtype,
+                 kv_data_type=k.dtype, sm_scale=scale)
+    pages_k = k.reshape(rows, 1, num_keys, head_dim)
+    pages_v = v.reshape(rows, 1, num_keys, head_dim)
+    out, lse2 = wrapper.run(q.reshape(rows, group, head_dim), (pages_k, pages_v), return_lse=True)
+    lse = lse_base2_to_natural(lse2.float()).reshape(batch, num_heads)
+    out = out.float().reshape(batch, num_heads, head_dim)
+    if valid_len is not None:
+        empty = (valid_len <= 0).repeat_interleave(group, dim=1)
+        lse = lse.masked_fill(empty, float("-inf"))
+        out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+    return PartialState(out, lse)

@@ -1,0 +1,133 @@
+"""Models: built-in random-weight presets (no download), Hugging Face ids and local folders.
+
+Presets carry the true shapes of the paper's models (layers, heads, KV heads, head_dim, hidden, intermediate),
+so a GPU user can benchmark at paper scale without weights; results mark them `random_weights: true`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from scoutbench.errors import ScoutbenchError, UsageError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+# name -> (architecture, config fields). Shapes of the real models from their published config.json files.
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    # the embedded default: small enough that every method runs in seconds on 2 CPU cores
+    "tiny-qwen3": ("qwen3", dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                                 num_attention_heads=8, num_key_value_heads=2, head_dim=32, rope_theta=1e6,
+                                 tie_word_embeddings=True)),
+    "tiny-llama": ("llama", dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                                 num_attention_heads=8, num_key_value_heads=2, head_dim=32, rope_theta=1e5,
+                                 tie_word_embeddings=True)),
+    # attention-dominated CPU benchmark shape (issue: 4 layers, 32 query heads, 8 KV heads, head_dim 128)
+    "bench-attn": ("qwen3", dict(vocab_size=8192, hidden_size=1024, intermediate_size=1024, num_hidden_layers=4,
+                                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                                 tie_word_embeddings=True)),
+    "qwen3-8b": ("qwen3", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                               tie_word_embeddings=False)),
+    "qwen3-14b": ("qwen3", dict(vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+                                num_attention_heads=40, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                                tie_word_embeddings=False)),
+    "qwen3-32b": ("qwen3", dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                                num_attention_heads=64, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                                tie_word_embeddings=False)),
+    "llama3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                  rope_theta=5e5, tie_word_embeddings=False)),
+}
+
+# Built-in models with real weights, loaded by a function "module:attr"(dtype, device) -> LoadedModel.
+REAL_MODELS: dict[str, str] = {"smollm2-135m": "scoutbench.smollm:load_smollm2"}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    name: str
+    source: str  # "preset" | "builtin" | "hub" | "local"
+    random_weights: bool
+    tokenizer: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self, dtype: torch.dtype) -> dict[str, Any]:
+        cfg = self.model.config
+        return {
+            "name": self.name, "source": self.source, "random_weights": self.random_weights,
+            "dtype": str(dtype).removeprefix("torch."), "architecture": cfg.model_type,
+            "num_layers": cfg.num_hidden_layers, "num_heads": cfg.num_attention_heads,
+            "num_kv_heads": cfg.num_key_value_heads,
+            "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "vocab_size": cfg.vocab_size, **self.info,
+        }
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise UsageError(f"unknown dtype {name!r}: use float32, bfloat16 or float16 (fp32, bf16, fp16)") from None
+
+
+def builtin_names() -> list[str]:
+    return [*PRESETS, *REAL_MODELS]
+
+
+def preset_config(name: str):
+    """The transformers config of a preset (used by `scoutbench plan` without building the model)."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    arch, fields = PRESETS[name]
+    fields = dict(fields)
+    rope = {"rope_type": "default", "rope_theta": fields.pop("rope_theta")}
+    cls = Qwen3Config if arch == "qwen3" else LlamaConfig
+    return cls(**fields, rope_parameters=rope, max_position_embeddings=1 << 20)
+
+
+def load_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               seed: int = 0) -> LoadedModel:
+    """A preset (random weights, seeded), a built-in real model, a local folder, or a Hugging Face id."""
+    if name in PRESETS:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(preset_config(name), dtype=dtype, attn_implementation="sdpa")
+        return LoadedModel(model.eval(), name, "preset", True)
+    if name in REAL_MODELS:
+        module, attr = REAL_MODELS[name].split(":")
+        return getattr(importlib.import_module(module), attr)(dtype=dtype, device=device)
+    return _load_pretrained(name, device, dtype)
+
+
+def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    is_local = os.path.isdir(name)
+    if not is_local and (name.startswith((".", "/")) or os.sep in name.strip("/") and name.count("/") > 1):
+        raise UsageError(f"model folder {name!r} does not exist")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa").to(device)
+    except (OSError, ValueError) as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or not is_local
+        hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, and could not "
+                "be fetched from the Hugging Face hub" if offline and not is_local else str(exc).splitlines()[0])
+        raise ScoutbenchError(f"cannot load model {name!r}: {hint}. Pass a local folder with config.json and "
+                              "weights, or a built-in name.") from None
+    if model.config.model_type not in ("llama", "qwen3", "qwen2", "mistral"):
+        raise UsageError(f"model {name!r} has architecture {model.config.model_type!r}; scoutbench's engine supports "
+                         "Llama-family and Qwen3 decoders")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # fine for synthetic workloads: their prompts are token ids
+    return LoadedModel(model.eval(), name, "local" if is_local else "hub", False, tokenizer)

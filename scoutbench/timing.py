@@ -1,0 +1,68 @@
+"""Per-stage decode timers with one API: CUDA events on a GPU, perf_counter on a CPU.
+
+Stages are leaves (`qkv_proj`, `predict`, `attn_device`, `idle`, `merge`, `o_proj`, `mlp`); `other` is the part
+of a step no stage covers (embedding, norms, lm_head, sampling, Python overhead). On CUDA, `idle` is measured
+on the stream: events around a host wait capture exactly the time the GPU had nothing queued.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
+
+
+class StageTimer:
+    def __init__(self, device: torch.device | str):
+        self.use_cuda = torch.device(device).type == "cuda"
+        self.steps: list[dict[str, float]] = []
+        self._open: list[tuple[str, object, object]] = []
+        self._step_start: object = None
+        self.enabled = True
+
+    def _mark(self) -> object:
+        if self.use_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _elapsed_ms(self, start: object, end: object) -> float:
+        if self.use_cuda:
+            return start.elapsed_time(end)  # type: ignore[attr-defined]
+        return (end - start) * 1e3  # type: ignore[operator]
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        start = self._mark()
+        try:
+            yield
+        finally:
+            self._open.append((name, start, self._mark()))
+
+    def begin_step(self) -> None:
+        self._open.clear()
+        self._step_start = self._mark()
+
+    def end_step(self) -> dict[str, float]:
+        """Close a step (synchronising the GPU once) and return ms per stage, plus `total`."""
+        end = self._mark()
+        if self.use_cuda:
+            torch.cuda.synchronize()
+        totals: dict[str, float] = defaultdict(float)
+        for name, start, stop in self._open:
+            totals[name] += self._elapsed_ms(start, stop)
+        step_ms = self._elapsed_ms(self._step_start, end)
+        record = {stage: totals.get(stage, 0.0) for stage in STAGES if stage != "other"}
+        record["other"] = max(0.0, step_ms - sum(record.values()))
+        record["total"] = step_ms
+        self._open.clear()
+        return record

@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3():
+    from scoutbench.models import load_model
+
+    return load_model("tiny-qwen3", "cpu", torch.float32, seed=0).model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    from scoutbench.models import load_model
+
+    return load_model("tiny-llama", "cpu", torch.float32, seed=0).model

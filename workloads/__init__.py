@@ -1,0 +1,1 @@
+"""Workloads (installed as `scoutbench.workloads`): one file each."""
