@@ -115,19 +115,34 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
     is_local = os.path.isdir(name)
     if not is_local and (name.startswith((".", "/")) or os.sep in name.strip("/") and name.count("/") > 1):
         raise UsageError(f"model folder {name!r} does not exist")
+    # Offline (no cached copy, hub unreachable): fail at once instead of after minutes of retries.
+    local_only = is_local or os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable()
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa").to(device)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
+                                                     local_files_only=local_only).to(device)
     except (OSError, ValueError) as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or not is_local
-        hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, and could not "
-                "be fetched from the Hugging Face hub" if offline and not is_local else str(exc).splitlines()[0])
-        raise ScoutbenchError(f"cannot load model {name!r}: {hint}. Pass a local folder with config.json and "
-                              "weights, or a built-in name.") from None
+        hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, not in the "
+                "Hugging Face cache, and the hub is unreachable (offline)" if local_only and not is_local
+                else str(exc).splitlines()[0])
+        error = UsageError if local_only and not is_local else ScoutbenchError
+        raise error(f"cannot load model {name!r}: {hint}. Pass a local folder with config.json and "
+                    "weights, or a built-in name.") from None
     if model.config.model_type not in ("llama", "qwen3", "qwen2", "mistral"):
         raise UsageError(f"model {name!r} has architecture {model.config.model_type!r}; scoutbench's engine supports "
                          "Llama-family and Qwen3 decoders")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
     except (OSError, ValueError, TypeError):
         tokenizer = None  # fine for synthetic workloads: their prompts are token ids
     return LoadedModel(model.eval(), name, "local" if is_local else "hub", False, tokenizer)
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    import socket
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((endpoint, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False

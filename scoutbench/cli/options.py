@@ -1,0 +1,58 @@
+"""Option parsing shared by `throughput` and `sweep`: method lists and `--method-arg key=value`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scoutbench.errors import UsageError
+
+
+def parse_method_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"bad --method-arg {pair!r}: use key=value, e.g. --method-arg recall_interval=4")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def expand_methods(names: tuple[str, ...] | list[str]) -> list[str]:
+    """`all` (or nothing) means the compared methods; names are checked against the registry."""
+    from scoutbench.methods import ALL_METHODS, METHODS
+
+    if not names or "all" in names:
+        return list(ALL_METHODS)
+    for name in names:
+        METHODS.canonical(name)  # raises with a did-you-mean hint
+    return list(dict.fromkeys(names))
+
+
+def method_args_for(method: str, common: dict[str, Any], budget: int | None, block_size: int | None,
+                    used: set[str]) -> dict[str, Any]:
+    """The args that apply to `method`: shared `--method-arg`s it has a field for, plus --budget/--block-size.
+
+    `used` collects the keys some method accepted, so a key no method knows can be reported as an error.
+    """
+    from scoutbench.throughput import BUDGET_FIELDS, method_field_names
+
+    fields = method_field_names(method)
+    args = {k: v for k, v in common.items() if k in fields}
+    used.update(args)
+    if budget is not None:
+        for name in BUDGET_FIELDS:
+            if name in fields:
+                args[name] = budget
+                used.add("--budget")
+                break
+    if block_size is not None and "block_size" in fields:
+        args["block_size"] = block_size
+        used.add("--block-size")
+    return args
+
+
+def check_all_used(common: dict[str, Any], used: set[str], methods: list[str]) -> None:
+    unknown = [k for k in common if k not in used]
+    if unknown:
+        raise UsageError(f"--method-arg {unknown[0]!r} is not a field of any selected method ({', '.join(methods)}); "
+                         "see `scoutbench methods`")

@@ -1,0 +1,143 @@
+"""`scoutbench throughput`: decode throughput and per-stage latency breakdown of one or more methods."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from scoutbench.cli.options import check_all_used, expand_methods, method_args_for, parse_method_args
+from scoutbench.units import format_length, parse_length
+
+DEFAULT_OUTPUT = "results/runs"
+
+
+@click.command(name="throughput")
+@click.option("--method", "methods", multiple=True, metavar="NAME",
+              help="Method to run (repeatable), or 'all' (default: all compared methods).")
+@click.option("--model", default="tiny-qwen3", show_default=True,
+              help="Built-in name (tiny-qwen3, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
+@click.option("--len", "length", default="4k", show_default=True,
+              help="Prompt tokens per sequence: 4096, 4k (=4096), 64k, 1m.")
+@click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
+@click.option("--steps", default=16, show_default=True, type=int, help="Timed decode steps.")
+@click.option("--warmup", default=3, show_default=True, type=int, help="Untimed decode steps first.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
+@click.option("--dtype", default=None, help="float32|bfloat16|float16 (fp32/bf16/fp16); default fp32 on CPU, bf16 on CUDA.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--prefill", type=click.Choice(["real", "synthetic"]), default="real", show_default=True,
+              help="real: run the model on the prompt; synthetic: fill the KV cache with random K/V (decode only).")
+@click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
+@click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
+@click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
+              help="Set a method field (repeatable); applies to the selected methods that have it.")
+@click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
+              help="A .json file (single method) or a folder receiving one file per method.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing .json output instead of failing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+def command(methods, model, length, batch, steps, warmup, device, dtype, seed, prefill, budget, block_size,
+            method_args, output, overwrite, as_json):
+    """Decode throughput and latency breakdown. With no arguments: every compared method on tiny-qwen3 at 4k."""
+    from rich.console import Console
+
+    from scoutbench.results import check_writable, unique_path, write_json_atomic
+    from scoutbench.throughput import ThroughputConfig, resolve_device, resolve_dtype
+    from scoutbench.errors import UsageError
+
+    resolved = resolve_device(device)
+    resolve_dtype(dtype, resolved)
+    length_tokens = parse_length(length)
+    budget_tokens = parse_length(budget) if budget is not None else None
+    names = expand_methods(methods)
+    common = parse_method_args(method_args)
+    used: set[str] = set()
+    per_method = {name: method_args_for(name, common, budget_tokens, block_size, used) for name in names}
+    check_all_used(common, used, names)
+    out_path = Path(output)
+    single_file = out_path.suffix == ".json"
+    if single_file and len(names) > 1:
+        raise UsageError(f"-o {output} is a single .json file but {len(names)} methods were selected; "
+                         "pass a folder instead")
+    check_writable(out_path)
+    err = Console(stderr=True)
+    configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length_tokens,
+                                batch=batch, steps=steps, warmup=warmup, device=device, dtype=dtype, seed=seed,
+                                prefill=prefill, command=["scoutbench", *sys.argv[1:]]) for name in names]
+    for cfg in configs:  # validate every method's fields before loading anything
+        from scoutbench.throughput import build_method, validate_against_context
+        from scoutbench.workloads.synthetic import SyntheticWorkload
+
+        SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed, cfg.prefill)
+        validate_against_context(build_method(cfg.method, cfg.method_args), cfg.length)
+    results = _run_all(configs, err)
+    paths = []
+    for result in results:
+        if single_file:
+            path = write_json_atomic(out_path, result, overwrite=overwrite)
+        else:
+            name = f"throughput_{result['method']}_{model.replace('/', '--')}_len{format_length(length_tokens)}_b{batch}.json"
+            path = write_json_atomic(unique_path(out_path / name), result)
+        paths.append(str(path))
+    if as_json:
+        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths)], indent=2))
+    else:
+        Console().print(_table(results))
+        err.print(f"results: {', '.join(paths)}")
+
+
+def _run_all(configs, console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from scoutbench.models import load_model
+    from scoutbench.throughput import resolve_device, resolve_dtype, run_throughput
+
+    first = configs[0]
+    device = resolve_device(first.device)
+    dtype = resolve_dtype(first.dtype, device)
+    with console.status(f"loading {first.model} ..."):
+        loaded = load_model(first.model, device, dtype, first.seed)
+    results = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        for cfg in configs:
+            task = progress.add_task(f"{cfg.method:<10} prefill", total=cfg.warmup + cfg.steps)
+
+            def on_step(done, total, task=task, name=cfg.method):
+                progress.update(task, completed=done, description=f"{name:<10} decode")
+
+            results.append(run_throughput(cfg, loaded, on_step))
+            progress.remove_task(task)
+    return results
+
+
+def _summary(result, path):
+    return {"method": result["method"], "model": result["model"]["name"], "len": result["workload"]["len"],
+            "batch": result["workload"]["batch"], "decode_throughput_tok_s": result["decode_throughput_tok_s"],
+            "decode_step_ms": result["decode_step_ms"], "gpu_idle_frac": result["gpu_idle_frac"],
+            "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
+
+
+STAGE_HEADERS = {"qkv_proj": "qkv", "predict": "pred", "attn_device": "attn", "merge": "merge", "o_proj": "oproj",
+                 "mlp": "mlp", "other": "other"}
+
+
+def _table(results):
+    from rich import box
+    from rich.table import Table
+
+    first = results[0]
+    table = Table(title=f"{first['model']['name']} ({first['model']['dtype']}, {first['device']['type']}), "
+                        f"len {first['workload']['len']}, batch {first['workload']['batch']}; stages in ms/step",
+                  box=box.SIMPLE_HEAD)
+    for header in ("method", "tok/s", "step ms", "vs full", "idle %", *STAGE_HEADERS.values()):
+        table.add_column(header, justify="left" if header == "method" else "right")
+    base = next((r["decode_throughput_tok_s"] for r in results if r["method"] in ("fullkv", "full")), None)
+    for r in results:
+        speedup = f"{r['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
+        row = [r["method"], f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
+               f"{100 * r['gpu_idle_frac']:.1f}"]
+        row += [f"{r['latency_breakdown_ms'][s]:.2f}" for s in STAGE_HEADERS]
+        table.add_row(*row)
+    return table

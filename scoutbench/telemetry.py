@@ -1,0 +1,118 @@
+"""NVML telemetry sampled on a background thread during the timed decode region.
+
+`nvidia-ml-py` provides the `pynvml` module; it is imported lazily and any failure (no driver, no GPU, CPU-only
+machine) means "no GPU telemetry" (`null` in the result), never a crash. NVML's utilization is the fraction of
+time *any* kernel ran in the driver's sample window (1/6 s to 1 s), not SM occupancy: runs shorter than about
+2 s are flagged `low_confidence`. Energy comes from the energy counter difference, not integrated power.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from typing import Any
+
+
+def _nvml_index(cuda_index: int) -> int:
+    """NVML ignores CUDA_VISIBLE_DEVICES: map the visible ordinal to the physical index."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return cuda_index
+    entries = [v.strip() for v in visible.split(",") if v.strip()]
+    if cuda_index < len(entries) and entries[cuda_index].isdigit():
+        return int(entries[cuda_index])
+    return cuda_index
+
+
+class NvmlSampler:
+    """Context manager: samples utilization, memory, power and SM clock every `interval_ms`."""
+
+    def __init__(self, cuda_index: int = 0, interval_ms: int = 100):
+        self.interval_ms = interval_ms
+        self.cuda_index = cuda_index
+        self.samples: list[dict[str, float]] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml: Any = None
+        self._handle: Any = None
+        self._energy_start_mj: int | None = None
+        self._t0 = self._t1 = 0.0
+
+    def __enter__(self) -> NvmlSampler:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(self.cuda_index))
+        except Exception as exc:  # noqa: BLE001 - no NVML = no telemetry
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._nvml = None
+            return self
+        self._energy_start_mj = self._energy_mj()
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="scoutbench-nvml", daemon=True)
+        self._thread.start()
+        return self
+
+    def _energy_mj(self) -> int | None:
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except Exception:  # noqa: BLE001 - pre-Volta or counter unsupported
+            return None
+
+    def _sample(self) -> None:
+        nvml, handle = self._nvml, self._handle
+        util = nvml.nvmlDeviceGetUtilizationRates(handle)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        sample = {"t_s": time.perf_counter() - self._t0, "gpu_util_pct": float(util.gpu),
+                  "mem_util_pct": float(util.memory), "mem_used_bytes": float(memory.used)}
+        try:
+            sample["power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+            sample["sm_clock_mhz"] = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001
+            pass
+        self.samples.append(sample)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sample()
+            except Exception as exc:  # noqa: BLE001
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+            self._stop.wait(self.interval_ms / 1000.0)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._nvml is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self._t1 = time.perf_counter()
+        self._energy_end_mj = self._energy_mj()
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def summary(self) -> dict[str, Any] | None:
+        """Mean/p50/max per metric, energy, and the sampling parameters; None when NVML was unavailable."""
+        if self._nvml is None or not self.samples:
+            return None
+        duration_s = self._t1 - self._t0
+        out: dict[str, Any] = {"interval_ms": self.interval_ms, "num_samples": len(self.samples),
+                               "duration_s": duration_s, "low_confidence": duration_s < 2.0}
+        for key in ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz"):
+            values = [s[key] for s in self.samples if key in s]
+            if values:
+                out[key] = {"mean": statistics.fmean(values), "p50": statistics.median(values), "max": max(values)}
+        if self._energy_start_mj is not None and self._energy_end_mj is not None \
+                and self._energy_end_mj >= self._energy_start_mj:
+            out["energy_j"] = (self._energy_end_mj - self._energy_start_mj) / 1000.0
+        if self.error:
+            out["error"] = self.error
+        return out

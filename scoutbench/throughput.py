@@ -1,0 +1,180 @@
+"""The throughput benchmark: decode a synthetic workload with one method and measure where the time goes.
+
+Decode is summarised by the median step (as SGLang's bench_one_batch does) and throughput is
+batch x timed steps / timed decode time. Warm-up steps run first and are excluded (their count is recorded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.methods import METHODS
+from scoutbench.methods.base import AttentionMethod
+from scoutbench.models import LoadedModel, load_model, parse_dtype
+from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
+from scoutbench.telemetry import NvmlSampler
+from scoutbench.timing import STAGES, StageTimer
+from scoutbench.workloads.synthetic import SyntheticWorkload
+
+# Convenience flags map onto whichever field a method uses for the same idea.
+BUDGET_FIELDS = ("budget", "max_num_kv")
+
+
+@dataclass
+class ThroughputConfig:
+    method: str = "fullkv"
+    method_args: dict[str, Any] = field(default_factory=dict)
+    model: str = "tiny-qwen3"
+    length: int = 4096
+    batch: int = 1
+    steps: int = 16
+    warmup: int = 3
+    device: str = "auto"
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
+    seed: int = 0
+    prefill: str = "real"
+    nvml_interval_ms: int = 100
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu or auto")
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise UsageError(f"unknown --device {name!r}: use auto, cpu or cuda")
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    if name is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return parse_dtype(name)
+
+
+def build_method(name: str, args: dict[str, Any]) -> AttentionMethod:
+    """Instantiate a registered method; fields come from its preset, then `args` (strings are converted)."""
+    cls = METHODS.load(name)
+    method = cls.from_args(args, METHODS.preset(name))
+    return method
+
+
+def method_field_names(name: str) -> set[str]:
+    return {f.name for f in dataclasses.fields(METHODS.load(name))}
+
+
+def validate_against_context(method: AttentionMethod, context_len: int) -> None:
+    """A sparse budget at or above the context makes the method attend everything: not a benchmark of it."""
+    for name in BUDGET_FIELDS:
+        budget = getattr(method, name, None)
+        if isinstance(budget, int) and budget > context_len:
+            raise UsageError(f"{method.name}: {name} {budget} is larger than the context ({context_len} tokens); "
+                             f"lower --budget or raise --len")
+
+
+def device_description(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return {"type": "cuda", "name": name, "class": f"cuda:{name}", "index": device.index or 0}
+    threads = torch.get_num_threads()
+    name = cpu_model()
+    return {"type": "cpu", "name": name, "class": f"cpu:{name}:{threads}t", "threads": threads}
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarise_steps(records: list[dict[str, float]], batch: int) -> dict[str, Any]:
+    """Per-step records (ms per stage + total) -> the result's timing fields."""
+    totals = [r["total"] for r in records]
+    decode_s = sum(totals) / 1e3
+    breakdown = {stage: statistics.fmean(r[stage] for r in records) for stage in STAGES}
+    mean_total = statistics.fmean(totals)
+    return {
+        "decode_throughput_tok_s": batch * len(records) / decode_s if decode_s > 0 else 0.0,
+        "decode_time_s": decode_s,
+        "decode_step_ms": {"median": statistics.median(totals), "p90": _percentile(totals, 0.9),
+                           "mean": mean_total, "min": min(totals), "max": max(totals)},
+        "latency_breakdown_ms": breakdown,
+        "latency_breakdown_frac": {k: (v / mean_total if mean_total else 0.0) for k, v in breakdown.items()},
+        "gpu_idle_frac": breakdown["idle"] / mean_total if mean_total else 0.0,
+        "step_ms": totals,
+    }
+
+
+def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
+                   on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Run one method on one workload and return its result dict (see docs/results.md)."""
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed, cfg.prefill)
+    method = build_method(cfg.method, cfg.method_args)
+    validate_against_context(method, cfg.length)
+    if loaded is None:
+        loaded = load_model(cfg.model, device, dtype, cfg.seed)
+    from scoutbench.engine import DecodeEngine
+
+    engine = DecodeEngine(loaded.model, method)
+    timer = engine.timer
+    total_steps = workload.warmup + workload.steps
+    records: list[dict[str, float]] = []
+    nvml = None
+    try:
+        engine.start(workload.batch, workload.total_tokens)
+        start = time.perf_counter()
+        if workload.prefill == "real":
+            logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size))
+            tokens = logits.argmax(-1)
+        else:
+            engine.prefill_synthetic(torch.full((workload.batch,), workload.length, dtype=torch.long), cfg.seed)
+            tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        prefill_ms = (time.perf_counter() - start) * 1e3
+        for index in range(total_steps):
+            if index == workload.warmup and device.type == "cuda":
+                nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
+            timer.begin_step()
+            tokens = engine.decode_step(tokens).argmax(-1)
+            record = timer.end_step()
+            if index >= workload.warmup:
+                records.append(record)
+            if on_step is not None:
+                on_step(index + 1, total_steps)
+        if nvml is not None:
+            nvml.__exit__(None, None, None)
+        stats = method.stats()
+    except torch.OutOfMemoryError:
+        raise ScoutbenchError(f"{cfg.method}: out of GPU memory at batch {cfg.batch}, len {cfg.length}; lower "
+                              "--batch or --len (or use --batch auto)") from None
+    except RuntimeError as exc:
+        if "can't allocate memory" in str(exc) or "not enough memory" in str(exc):
+            raise ScoutbenchError(f"{cfg.method}: out of host memory at batch {cfg.batch}, len {cfg.length}; "
+                                  "lower --batch or --len") from None
+        raise
+    finally:
+        method.close()
+    return {
+        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": env_info()["scoutbench"],
+        "created_at": utc_now(), "command": cfg.command, "status": "ok", "error": None,
+        "method": cfg.method, "method_config": method.config(), "method_repr": repr(method),
+        "model": loaded.describe(dtype), "workload": workload.describe(), "device": device_description(device),
+        "prefill_ms": prefill_ms, **summarise_steps(records, workload.batch),
+        "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats, "env": env_info(),
+    }

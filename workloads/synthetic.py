@@ -1,0 +1,55 @@
+"""Synthetic decode workloads: prompts of a given length as random token ids, deterministic with a seed.
+
+`prefill="real"` runs the model over the prompt; `prefill="synthetic"` skips it and fills every layer with
+random post-RoPE K/V (the paper measures decode instances only, with prefill handled elsewhere), so a 64k decode
+benchmark does not pay for a 64k prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from scoutbench.errors import UsageError
+
+PREFILL_MODES = ("real", "synthetic")
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload:
+    length: int  # prompt tokens per sequence
+    batch: int
+    steps: int  # timed decode steps
+    warmup: int  # untimed decode steps before them
+    seed: int = 0
+    prefill: str = "real"
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise UsageError(f"--len must be at least 1 token (got {self.length})")
+        if self.batch < 1:
+            raise UsageError(f"--batch must be at least 1 (got {self.batch})")
+        if self.steps < 1:
+            raise UsageError(f"--steps must be at least 1 (got {self.steps})")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be 0 or more (got {self.warmup})")
+        if self.prefill not in PREFILL_MODES:
+            raise UsageError(f"--prefill must be one of {', '.join(PREFILL_MODES)} (got {self.prefill!r})")
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens each sequence's cache must hold: prompt + warm-up + timed steps."""
+        return self.length + self.warmup + self.steps
+
+    def prompt_ids(self, vocab_size: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.randint(0, vocab_size, (self.batch, self.length), generator=generator)
+
+    def first_tokens(self, vocab_size: int) -> torch.Tensor:
+        """The first decode input when prefill is synthetic (there are no prompt logits to sample from)."""
+        generator = torch.Generator().manual_seed(self.seed + 1)
+        return torch.randint(0, vocab_size, (self.batch,), generator=generator)
+
+    def describe(self) -> dict:
+        return {"name": "synthetic", "len": self.length, **{k: v for k, v in asdict(self).items() if k != "length"}}
