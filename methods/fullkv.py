@@ -19,8 +19,10 @@ class FullKV(AttentionMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         shape = (ctx.batch, ctx.num_kv_heads, ctx.max_len, ctx.head_dim)
-        self.keys = [torch.empty(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
-        self.values = [torch.empty(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
+        # zeros, not empty: in a ragged batch a shorter sequence's masked tail covers slots it never wrote, and a
+        # masked NaN still poisons attention (NaN + -inf = NaN, 0 * NaN = NaN)
+        self.keys = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
+        self.values = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
         self._batch_index = torch.arange(ctx.batch, device=ctx.device)
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):

@@ -135,8 +135,8 @@ class DecodeEngine:
             w = obs_index.shape[1]
             q = torch.randn((batch, self.num_heads, w, self.head_dim), generator=generator, device=self.device,
                             dtype=self.dtype)
-            q = _rope(q, cos[0][obs_index].unsqueeze(1), sin[0][obs_index].unsqueeze(1))
-            k = _rope(k, cos.unsqueeze(1), sin.unsqueeze(1))
+            _rope_(q, cos[0][obs_index].unsqueeze(1), sin[0][obs_index].unsqueeze(1))
+            _rope_(k, cos.unsqueeze(1), sin.unsqueeze(1))
             self.method.ingest_prefill(i, q, k, v, lengths)
             del k, v, q
         self._set_positions(lengths)
@@ -193,10 +193,14 @@ def _gather_positions(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(q, 2, idx)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-rotation RoPE (Llama/Qwen3 convention) for synthetic keys and queries."""
+def _rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, chunk: int = 4096) -> None:
+    """In-place half-rotation RoPE (Llama/Qwen3 convention) for synthetic keys and queries, in chunks along the
+    sequence so the transient stays small at 64k+ (the synthetic prefill then holds only K and V per layer)."""
     half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    for start in range(0, x.shape[-2], chunk):
+        part = x[..., start:start + chunk, :]
+        rotated = torch.cat((-part[..., half:], part[..., :half]), dim=-1)
+        part.mul_(cos[..., start:start + chunk, :]).addcmul_(rotated, sin[..., start:start + chunk, :])
 
 
 def register_hf_attention(name: str = "scoutbench_fullkv") -> str:

@@ -50,12 +50,15 @@ def env_info() -> dict[str, Any]:
     import torch
     import transformers
 
-    from scoutbench.kernels.backends import flashinfer_status
+    from scoutbench.kernels.backends import flashinfer_status, partial_backend, triton_status
 
     info: dict[str, Any] = {
         "scoutbench": __version__, "python": sys.version.split()[0], "torch": torch.__version__,
         "transformers": transformers.__version__, "cuda_available": torch.cuda.is_available(),
-        "torch_cuda": torch.version.cuda, "flashinfer": flashinfer_status(), "git_commit": git_commit(),
+        "torch_cuda": torch.version.cuda, "flashinfer": flashinfer_status(), "triton": triton_status(),
+        "partial_attention_backend": partial_backend(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        "cuda_graphs": False,  # the decode loop runs eagerly: Python hooks and host waits are not graph-safe
+        "git_commit": git_commit(),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

@@ -17,7 +17,7 @@ import torch
 
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import AttentionMethod
+from scoutbench.methods.base import AttentionMethod, ModelShape
 from scoutbench.models import LoadedModel, load_model, parse_dtype
 from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
 from scoutbench.telemetry import NvmlSampler
@@ -34,7 +34,9 @@ class ThroughputConfig:
     method_args: dict[str, Any] = field(default_factory=dict)
     model: str = "tiny-qwen3"
     length: int = 4096
-    batch: int = 1
+    batch: int | str = 1  # or "auto": the planned maximum (scoutbench/planning.py), halved on out-of-memory
+    gpu_mem: int | None = None  # bytes for --batch auto; None: the CUDA device's usable memory (required on CPU)
+    host_mem: int | None = None  # bytes of host memory for offloaded KV; None: this machine's available memory
     steps: int = 16
     warmup: int = 3
     device: str = "auto"
@@ -120,7 +122,36 @@ def summarise_steps(records: list[dict[str, float]], batch: int) -> dict[str, An
 
 def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
                    on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Run one method on one workload and return its result dict (see docs/results.md)."""
+    """Run one method on one workload and return its result dict (see docs/results.md).
+
+    With `batch="auto"` the batch is the method's planned maximum; an out-of-memory error halves it and retries,
+    and the result's `batch_plan` records the plan and every attempt.
+    """
+    if cfg.batch != "auto":
+        return _run_at_batch(cfg, loaded, on_step)
+    from scoutbench.planning import auto_batch, device_free_bytes, run_with_oom_backoff
+
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    method = build_method(cfg.method, cfg.method_args)
+    validate_against_context(method, cfg.length)
+    if loaded is None:
+        loaded = load_model(cfg.model, device, dtype, cfg.seed)
+    config = loaded.model.config
+    gpu_mem = cfg.gpu_mem if cfg.gpu_mem is not None else device_free_bytes(device)
+    planned = auto_batch(method, ModelShape.from_config(config), cfg.length + cfg.warmup + cfg.steps,
+                         torch.empty(0, dtype=dtype).element_size(), gpu_mem, cfg.host_mem,
+                         bool(getattr(config, "tie_word_embeddings", False)))
+    result, attempts = run_with_oom_backoff(
+        lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_step, oom_backoff=True), planned)
+    result["batch_plan"] = {"mode": "auto", "planned": planned, "gpu_mem_bytes": gpu_mem,
+                            "host_mem_bytes": cfg.host_mem, "attempts": attempts}
+    return result
+
+
+def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Callable[[int, int], None] | None,
+                  oom_backoff: bool = False) -> dict[str, Any]:
+    """One measured run at `cfg.batch`; out-of-memory errors propagate when the caller backs off."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed, cfg.prefill)
@@ -161,9 +192,13 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
             nvml.__exit__(None, None, None)
         stats = method.stats()
     except torch.OutOfMemoryError:
+        if oom_backoff:
+            raise
         raise ScoutbenchError(f"{cfg.method}: out of GPU memory at batch {cfg.batch}, len {cfg.length}; lower "
                               "--batch or --len (or use --batch auto)") from None
     except RuntimeError as exc:
+        if oom_backoff:
+            raise
         if "can't allocate memory" in str(exc) or "not enough memory" in str(exc):
             raise ScoutbenchError(f"{cfg.method}: out of host memory at batch {cfg.batch}, len {cfg.length}; "
                                   "lower --batch or --len") from None

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from scoutbench.cli.options import check_all_used, expand_methods, method_args_for, parse_method_args
-from scoutbench.units import format_length, parse_length
+from scoutbench.units import format_length, parse_bytes, parse_length
 
 DEFAULT_OUTPUT = "results/runs"
 
@@ -21,7 +21,13 @@ DEFAULT_OUTPUT = "results/runs"
               help="Built-in name (tiny-qwen3, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
 @click.option("--len", "length", default="4k", show_default=True,
               help="Prompt tokens per sequence: 4096, 4k (=4096), 64k, 1m.")
-@click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together.")
+@click.option("--batch", default="1", show_default=True,
+              help="Sequences decoded together, or 'auto': each method's largest batch that fits --gpu-mem "
+                   "(halved and retried on out-of-memory).")
+@click.option("--gpu-mem", default=None, help="Device memory for --batch auto, e.g. 80GiB (default: the CUDA "
+              "device's usable memory; required on CPU).")
+@click.option("--host-mem", default=None, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB "
+              "(default: this machine's available memory).")
 @click.option("--steps", default=16, show_default=True, type=int, help="Timed decode steps.")
 @click.option("--warmup", default=3, show_default=True, type=int, help="Untimed decode steps first.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
@@ -37,8 +43,8 @@ DEFAULT_OUTPUT = "results/runs"
               help="A .json file (single method) or a folder receiving one file per method.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing .json output instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-def command(methods, model, length, batch, steps, warmup, device, dtype, seed, prefill, budget, block_size,
-            method_args, output, overwrite, as_json):
+def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, budget,
+            block_size, method_args, output, overwrite, as_json):
     """Decode throughput and latency breakdown. With no arguments: every compared method on tiny-qwen3 at 4k."""
     from rich.console import Console
 
@@ -47,6 +53,11 @@ def command(methods, model, length, batch, steps, warmup, device, dtype, seed, p
     from scoutbench.errors import UsageError
 
     resolved = resolve_device(device)
+    batch = _parse_batch(batch)
+    if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
+        raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
+    gpu_mem_bytes = parse_bytes(gpu_mem) if gpu_mem is not None else None
+    host_mem_bytes = parse_bytes(host_mem) if host_mem is not None else None
     resolve_dtype(dtype, resolved)
     length_tokens = parse_length(length)
     budget_tokens = parse_length(budget) if budget is not None else None
@@ -63,13 +74,15 @@ def command(methods, model, length, batch, steps, warmup, device, dtype, seed, p
     check_writable(out_path)
     err = Console(stderr=True)
     configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length_tokens,
-                                batch=batch, steps=steps, warmup=warmup, device=device, dtype=dtype, seed=seed,
+                                batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
+                                warmup=warmup, device=device, dtype=dtype, seed=seed,
                                 prefill=prefill, command=["scoutbench", *sys.argv[1:]]) for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
         from scoutbench.throughput import build_method, validate_against_context
         from scoutbench.workloads.synthetic import SyntheticWorkload
 
-        SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed, cfg.prefill)
+        SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
+                          cfg.prefill)
         validate_against_context(build_method(cfg.method, cfg.method_args), cfg.length)
     results = _run_all(configs, err)
     paths = []
@@ -77,7 +90,7 @@ def command(methods, model, length, batch, steps, warmup, device, dtype, seed, p
         if single_file:
             path = write_json_atomic(out_path, result, overwrite=overwrite)
         else:
-            name = f"throughput_{result['method']}_{model.replace('/', '--')}_len{format_length(length_tokens)}_b{batch}.json"
+            name = f"throughput_{result['method']}_{model.replace('/', '--')}_len{format_length(length_tokens)}_b{result['workload']['batch']}.json"
             path = write_json_atomic(unique_path(out_path / name), result)
         paths.append(str(path))
     if as_json:
@@ -85,6 +98,17 @@ def command(methods, model, length, batch, steps, warmup, device, dtype, seed, p
     else:
         Console().print(_table(results))
         err.print(f"results: {', '.join(paths)}")
+
+
+def _parse_batch(text: str) -> int | str:
+    from scoutbench.errors import UsageError
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)  # the workload checks that it is at least 1
+    except ValueError:
+        raise UsageError(f"bad --batch {text!r}: use a positive integer or 'auto'") from None
 
 
 def _run_all(configs, console):
@@ -119,8 +143,9 @@ def _summary(result, path):
             "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
 
 
-STAGE_HEADERS = {"qkv_proj": "qkv", "predict": "pred", "attn_device": "attn", "merge": "merge", "o_proj": "oproj",
-                 "mlp": "mlp", "other": "other"}
+# Table columns: stage groups in ms/step (the JSON keeps every stage).
+STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "proj": ("qkv_proj", "predict", "o_proj"),
+                "mlp": ("mlp",), "other": ("other",)}
 
 
 def _table(results):
@@ -128,16 +153,18 @@ def _table(results):
     from rich.table import Table
 
     first = results[0]
-    table = Table(title=f"{first['model']['name']} ({first['model']['dtype']}, {first['device']['type']}), "
-                        f"len {first['workload']['len']}, batch {first['workload']['batch']}; stages in ms/step",
-                  box=box.SIMPLE_HEAD)
-    for header in ("method", "tok/s", "step ms", "vs full", "idle %", *STAGE_HEADERS.values()):
-        table.add_column(header, justify="left" if header == "method" else "right")
+    table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
+                        f"len {first['workload']['len']}, batch {first['workload']['batch']} (ms/step)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("method", no_wrap=True)
+    for header in ("tok/s", "step", "vs full", "idle%", *[g for g in STAGE_GROUPS if g != "idle"]):
+        table.add_column(header, justify="right", no_wrap=True)
     base = next((r["decode_throughput_tok_s"] for r in results if r["method"] in ("fullkv", "full")), None)
     for r in results:
         speedup = f"{r['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
         row = [r["method"], f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
                f"{100 * r['gpu_idle_frac']:.1f}"]
-        row += [f"{r['latency_breakdown_ms'][s]:.2f}" for s in STAGE_HEADERS]
+        breakdown = r["latency_breakdown_ms"]
+        row += [f"{sum(breakdown[s] for s in stages):.2f}" for g, stages in STAGE_GROUPS.items() if g != "idle"]
         table.add_row(*row)
     return table

@@ -69,8 +69,13 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     if num_keys == 0:
         return empty_state(batch, num_heads, head_dim, q.device)
-    if q.device.type == "cuda" and backends.flashinfer_available():
+    backend = backends.partial_backend(q.device)
+    if backend == "flashinfer":
         return backends.flashinfer_partial(q, k, v, scale, valid_len)
+    if backend == "triton":
+        from scoutbench.kernels.triton_decode import triton_partial_attention  # noqa: PLC0415
+
+        return triton_partial_attention(q, k, v, scale, valid_len)
     q4 = _packed(q, num_kv_heads)
     bias = None if valid_len is None else length_bias(valid_len, num_keys, num_kv_heads, q.dtype)
     if q.device.type == "cpu":
@@ -90,6 +95,22 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
 
+
+def partial_attention_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                            valid_len: torch.Tensor | None = None) -> tuple[PartialState, torch.Tensor]:
+    """`partial_attention` in explicit form that also returns each query head's probabilities over the part,
+    `[B, Hq, N]` fp32, normalised within the part (0 for invalid keys): for methods that track attention weights
+    (HGCA's moving average) without a second pass over the keys. Empty rows give the empty state and zeros."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, num_keys = k.shape[1], k.shape[2]
+    logits = torch.matmul(_packed(q, num_kv_heads), k.transpose(-1, -2)).float() * scale
+    if valid_len is not None:
+        logits = logits + length_bias(valid_len, num_keys, num_kv_heads, torch.float32)
+    lse = torch.logsumexp(logits, dim=-1)
+    probs = torch.exp(logits - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(-1))
+    out = torch.matmul(probs.to(v.dtype), v).float()
+    state = PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+    return state, probs.reshape(batch, num_heads, num_keys)
 
 def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:
     return PartialState(torch.zeros(batch, num_heads, head_dim, device=device),

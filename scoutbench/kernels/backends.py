@@ -7,32 +7,56 @@ call raises, so it is probed only when a CUDA tensor asks for it.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import torch
 
 
-@functools.lru_cache(maxsize=1)
-def _flashinfer() -> tuple[Any, str | None]:
+@functools.lru_cache(maxsize=2)
+def _optional(module_name: str) -> tuple[Any, str | None]:
     try:
-        import flashinfer  # noqa: PLC0415
-
-        return flashinfer, None
+        return importlib.import_module(module_name), None
     except Exception as exc:  # noqa: BLE001 - any import failure (even a crash on CPU-only boxes) = unavailable
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
+def _flashinfer() -> tuple[Any, str | None]:
+    return _optional("flashinfer")
 
 
 def flashinfer_available() -> bool:
     return torch.cuda.is_available() and _flashinfer()[0] is not None
 
 
-def flashinfer_status() -> str:
-    module, reason = _flashinfer()
+def triton_available() -> bool:
+    return torch.cuda.is_available() and _optional("triton")[0] is not None
+
+
+def _status(module_name: str) -> str:
+    module, reason = _optional(module_name)
     if module is None:
         return f"unavailable ({reason})"
     if not torch.cuda.is_available():
         return f"installed {getattr(module, '__version__', '?')} but no CUDA device"
     return f"available {getattr(module, '__version__', '?')}"
+
+
+def flashinfer_status() -> str:
+    return _status("flashinfer")
+
+
+def triton_status() -> str:
+    return _status("triton")
+
+
+def partial_backend(device: torch.device) -> str:
+    """The implementation `partial_attention` uses on `device`: flashinfer, else the Triton kernel, else torch."""
+    if device.type != "cuda":
+        return "torch"
+    if flashinfer_available():
+        return "flashinfer"
+    return "triton" if triton_available() else "torch"
 
 
 @functools.lru_cache(maxsize=8)

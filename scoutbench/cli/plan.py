@@ -1,0 +1,106 @@
+"""`scoutbench plan`: per-method bytes per sequence (device and host) and the maximum batch, from the config alone."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from scoutbench.cli.options import check_all_used, expand_methods, method_args_for, parse_method_args
+from scoutbench.units import format_length, parse_bytes, parse_length
+
+
+@click.command(name="plan")
+@click.option("--model", required=True, help="Built-in preset (qwen3-8b, qwen3-14b, ...) or a local folder with config.json.")
+@click.option("--len", "length", required=True, help="Tokens each sequence holds: 8k, 32k, 64k, 131072.")
+@click.option("--gpu-mem", default=None, help="Device memory to plan for, e.g. 80GiB (default: the free memory of "
+              "the CUDA device; required without CUDA).")
+@click.option("--host-mem", default=None, help="Host memory for offloaded KV, e.g. 512GiB (default: not limited).")
+@click.option("--method", "methods", multiple=True, metavar="NAME", help="Method (repeatable) or 'all' (default).")
+@click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
+@click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
+@click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE", help="Set a method field (repeatable).")
+@click.option("--dtype", default="bf16", show_default=True, help="KV and weight dtype: bf16, fp16 or fp32.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per method.")
+def command(model, length, gpu_mem, host_mem, methods, budget, block_size, method_args, dtype, as_json):
+    """Memory per sequence and maximum batch of each method, without building the model (see scoutbench/planning.py
+    for what is counted and the safety margin)."""
+    import torch
+
+    from scoutbench.methods.base import ModelShape
+    from scoutbench.models import parse_dtype
+    from scoutbench.planning import device_free_bytes, plan_method
+    from scoutbench.throughput import build_method
+
+    context_len = parse_length(length)
+    elem_bytes = torch.empty(0, dtype=parse_dtype(dtype)).element_size()
+    gpu_mem_bytes = _positive_bytes(gpu_mem, "--gpu-mem") if gpu_mem is not None else None
+    host_mem_bytes = _positive_bytes(host_mem, "--host-mem") if host_mem is not None else None
+    names = expand_methods(methods)
+    common = parse_method_args(method_args)
+    used: set[str] = set()
+    budget_tokens = parse_length(budget) if budget is not None else None
+    built = {name: build_method(name, method_args_for(name, common, budget_tokens, block_size, used)) for name in names}
+    check_all_used(common, used, names)
+    config = _model_config(model)
+    if gpu_mem_bytes is None:
+        gpu_mem_bytes = device_free_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    shape = ModelShape.from_config(config)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    # keyed by the name asked for (scout-pc, not the class's scout)
+    plans = [{**plan_method(method, shape, context_len, elem_bytes, gpu_mem_bytes, host_mem_bytes, tied).to_dict(),
+              "method": name, "model": model} for name, method in built.items()]
+    if as_json:
+        click.echo(json.dumps(plans, indent=2))
+        return
+    _print_table(model, dtype, context_len, plans)
+
+
+def _positive_bytes(text: str, flag: str) -> int:
+    from scoutbench.errors import UsageError
+
+    value = parse_bytes(text)
+    if value <= 0:
+        raise UsageError(f"bad {flag} {text!r}: must be more than 0 bytes, e.g. 80GiB")
+    return value
+
+
+def _model_config(model: str):
+    """A preset's config, or config.json of a local folder; never weights."""
+    from scoutbench.errors import UsageError
+    from scoutbench.models import PRESETS, preset_config
+
+    if model in PRESETS:
+        return preset_config(model)
+    if os.path.isdir(model):
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(model)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read {model}/config.json: {str(exc).splitlines()[0]}") from None
+    raise UsageError(f"plan needs a preset ({', '.join(PRESETS)}) or a local folder with config.json, not {model!r}")
+
+
+def _print_table(model, dtype, context_len, plans):
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from scoutbench.planning import format_bytes
+
+    first = plans[0]
+    host = "unlimited" if first["host_mem_bytes"] is None else format_bytes(first["host_mem_bytes"])
+    table = Table(title=f"{model} ({dtype}), len {format_length(context_len)}: device {format_bytes(first['gpu_mem_bytes'])}"
+                        f" = weights {format_bytes(first['weights_bytes'])} + reserve "
+                        f"{format_bytes(first['reserved_bytes'])} + batch x per-seq; host {host}",
+                  box=box.SIMPLE_HEAD)
+    for header in ("method", "device/seq", "workspace/seq", "host/seq", "max batch", "limited by"):
+        table.add_column(header, justify="left" if header in ("method", "limited by") else "right")
+    for p in plans:
+        table.add_row(p["method"], format_bytes(p["device_bytes_per_seq"]), format_bytes(p["workspace_bytes_per_seq"]),
+                      format_bytes(p["host_bytes_per_seq"]), str(p["max_batch"]), p["limited_by"])
+    Console().print(table)
+    if first["limited_by"] == "weights":
+        click.echo("the weights and the reserve alone do not fit: no batch is possible at this --gpu-mem")

@@ -1,0 +1,85 @@
+"""The Triton decode kernel against the torch reference `partial_attention`, run on CPU through the Triton
+interpreter. Skipped when triton is not installed (it is not a default dependency).
+
+TRITON_INTERPRET=1 must be set before triton is first imported (triton's own library functions are decorated at
+import), and setting it in this process would turn a CUDA run's compiled kernels into interpreted ones. So the
+checks run in a child pytest on this file with the variable set; in the parent they are skipped.
+The interpreter computes `tl.dot` on bfloat16 inputs wrongly (triton 3.9: a bf16 load is fine, a bf16 dot is
+not), so bf16 is checked on CUDA only, in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scoutbench.kernels.attention import partial_attention
+
+pytest.importorskip("triton")
+triton_decode = pytest.importorskip("scoutbench.kernels.triton_decode")
+
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernel_checks_in_triton_interpreter's child")
+SCALE = 0.19
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child run")
+def test_kernel_checks_in_triton_interpreter():
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    summary = child.stdout.strip().splitlines()[-1]
+    assert child.returncode == 0 and " passed" in summary, child.stdout[-4000:] + child.stderr[-2000:]
+
+
+def _inputs(batch, num_heads, num_kv_heads, num_keys, head_dim, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, num_heads, head_dim, generator=generator).to(dtype)
+    # keys as a slice of a longer cache: the kernel must honour strides, not assume contiguity
+    k = torch.randn(batch, num_kv_heads, num_keys + 7, head_dim, generator=generator).to(dtype)[:, :, :num_keys]
+    v = torch.randn(batch, num_kv_heads, num_keys, head_dim, generator=generator).to(dtype)
+    return q, k, v
+
+
+def _assert_matches(state, reference, atol):
+    assert state.o.dtype == torch.float32 and state.lse.dtype == torch.float32
+    torch.testing.assert_close(state.lse, reference.lse, atol=atol, rtol=0)
+    torch.testing.assert_close(state.o, reference.o, atol=atol, rtol=0)
+
+
+VALID_LENS = {
+    "all": None,
+    "per_sequence": torch.tensor([1, 130]),
+    "per_row_with_empty": torch.tensor([[130, 0], [37, 64]]),
+}
+
+
+@interpreted
+@pytest.mark.parametrize("valid_name", list(VALID_LENS))
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kernel_matches_partial_attention_fp32(valid_name, num_splits):
+    q, k, v = _inputs(2, 8, 2, 130, 32, torch.float32)
+    valid_len = VALID_LENS[valid_name]
+    state = triton_decode.triton_partial_attention(q, k, v, SCALE, valid_len, num_splits=num_splits)
+    _assert_matches(state, partial_attention(q, k, v, SCALE, valid_len), atol=2e-6)
+
+
+@interpreted
+def test_kernel_odd_group_and_head_dim_fp16():
+    """Qwen3-14B's group of 5 query heads per KV head, a head_dim that is not a power of two, fp16 inputs
+    against the fp32 reference on the same (rounded) values."""
+    q, k, v = _inputs(2, 10, 2, 70, 40, torch.float16, seed=1)
+    valid_len = torch.tensor([[3, 70], [70, 64]])
+    state = triton_decode.triton_partial_attention(q, k, v, SCALE, valid_len, num_splits=2)
+    _assert_matches(state, partial_attention(q.float(), k.float(), v.float(), SCALE, valid_len), atol=2e-3)
+
+
+@interpreted
+def test_kernel_all_rows_empty_is_the_empty_state():
+    q, k, v = _inputs(1, 4, 2, 20, 16, torch.float32)
+    state = triton_decode.triton_partial_attention(q, k, v, SCALE, torch.zeros(1, dtype=torch.long))
+    assert torch.equal(state.o, torch.zeros_like(state.o))
+    assert torch.isneginf(state.lse).all()
