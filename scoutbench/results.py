@@ -96,6 +96,9 @@ def write_json_atomic(path: str | Path, obj: Any, overwrite: bool = False) -> Pa
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

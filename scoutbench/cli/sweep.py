@@ -1,0 +1,229 @@
+"""`scoutbench sweep`, `scoutbench report` and `scoutbench gate`: grids of throughput points, the paper's figures
+from their results, and regression gates for CI. Heavy imports stay inside the commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from scoutbench.sweep import PRESETS  # light: no torch at import time
+
+
+def _console(stderr: bool = False):
+    """Rich console; logs that are not a terminal (CI) get a wide fixed width so tables do not wrap."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    """Repeated or comma-separated: `--len 4k --len 8k` == `--len 4k,8k`."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | str]:
+    from scoutbench.errors import UsageError
+
+    out: list[int | str] = []
+    for value in _split(values):
+        if auto and value.lower() == "auto":
+            out.append("auto")
+        elif value.isdigit() and int(value) >= 1:
+            out.append(int(value))
+        else:
+            raise UsageError(f"bad {flag} {value!r}: use positive integers{' or auto' if auto else ''}, "
+                             "repeated or comma-separated")
+    return out
+
+
+@click.command(name="sweep")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="A paper figure: lengths (Fig. 8), batch (Fig. 9), block-size (Fig. 10), breakdown (Fig. 11), "
+                   "ablation (Fig. 12). Any axis flag below overrides the preset's.")
+@click.option("--scale", type=click.Choice(["paper", "cpu"]), default=None,
+              help="Preset sizes: paper (Qwen3-14B, 8k-64k, GPU) or cpu (bench-attn, 4k-32k, minutes on 2 cores). "
+                   "Default: paper on CUDA, cpu otherwise.")
+@click.option("--method", "methods", multiple=True, metavar="NAME", help="Method (repeatable or a,b), or 'all'.")
+@click.option("--len", "lengths", multiple=True, metavar="N", help="Prompt tokens (repeatable or 4k,8k; k = 1024).")
+@click.option("--batch", "batches", multiple=True, metavar="N",
+              help="Batch size (repeatable or 1,2), or 'auto': each method's largest batch that fits --gpu-mem.")
+@click.option("--gpu-mem", default=None, help="Device memory for --batch auto, e.g. 80GiB (required on CPU).")
+@click.option("--host-mem", default=None, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB.")
+@click.option("--budget", "budgets", multiple=True, metavar="N",
+              help="Sparse token budget (repeatable), for the methods that have one.")
+@click.option("--block-size", "block_sizes", multiple=True, metavar="N",
+              help="Block size (repeatable), for block-sparse methods.")
+@click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
+              help="A method field (repeatable; repeating a key sweeps its values).")
+@click.option("--model", default=None, help="Model (default: the preset's, else tiny-qwen3).")
+@click.option("--steps", default=None, type=int, help="Timed decode steps per point (default 16; cpu presets 8).")
+@click.option("--warmup", default=None, type=int, help="Untimed decode steps first (default 3; cpu presets 2).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
+@click.option("--dtype", default=None, help="float32|bfloat16|float16; default fp32 on CPU, bf16 on CUDA.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--prefill", type=click.Choice(["real", "synthetic"]), default=None,
+              help="real or synthetic (random K/V, decode only); default synthetic with a preset, else real.")
+@click.option("-o", "--output", required=True, help="Sweep folder: one JSON per point and sweep.json.")
+@click.option("--retry-failed", is_flag=True, help="Run points recorded as failed again (ok points are kept).")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
+def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets, block_sizes, method_args, model,
+            steps, warmup, device, dtype, seed, prefill, output, retry_failed, as_json):
+    """Run a grid of throughput points (methods x lengths x batches x budgets x block sizes x method args) into
+    one folder. Resumable: a rerun skips finished points. A failing point is recorded and the sweep goes on."""
+    from dataclasses import replace
+
+    from scoutbench.cli.options import expand_methods, parse_method_args
+    from scoutbench.errors import ScoutbenchError, UsageError
+    from scoutbench.sweep import Grid, Settings, expand, run_sweep
+    from scoutbench.throughput import build_method, resolve_device, resolve_dtype
+    from scoutbench.units import parse_bytes, parse_length
+    from scoutbench.workloads.synthetic import SyntheticWorkload
+
+    resolved = resolve_device(device)
+    resolve_dtype(dtype, resolved)
+    if scale and not preset:
+        raise UsageError("--scale chooses a preset's sizes: add --preset NAME, or set --len/--batch directly")
+    if preset:
+        grid, settings = PRESETS[preset].grid_and_settings(scale or ("paper" if resolved.type == "cuda" else "cpu"))
+    else:
+        grid, settings = Grid(tuple(expand_methods(())), (4096,), (1,)), Settings()
+    common: dict[str, tuple[str, ...]] = {}
+    for pair in method_args:  # a repeated key sweeps its values
+        for key, value in parse_method_args([pair]).items():
+            common[key] = (*common.get(key, ()), value)
+    grid = replace(
+        grid,
+        methods=tuple(expand_methods(_split(methods))) if methods else grid.methods,
+        lengths=tuple(parse_length(v) for v in _split(lengths)) or grid.lengths,
+        batches=tuple(_ints(batches, "--batch", auto=True)) or grid.batches,
+        budgets=tuple(parse_length(v) for v in _split(budgets)) or grid.budgets,
+        block_sizes=tuple(_ints(block_sizes, "--block-size")) or grid.block_sizes,
+        method_args=common)
+    settings = replace(settings, device=device, dtype=dtype, seed=seed,
+                       gpu_mem=parse_bytes(gpu_mem) if gpu_mem else None,
+                       host_mem=parse_bytes(host_mem) if host_mem else None,
+                       **{k: v for k, v in dict(model=model, steps=steps, warmup=warmup, prefill=prefill).items()
+                          if v is not None})
+    if "auto" in grid.batches and settings.gpu_mem is None and resolved.type != "cuda":
+        raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
+    points = expand(grid)
+    for point in points:  # every usage error before the first point runs
+        SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,
+                          settings.warmup, settings.seed, settings.prefill)
+        build_method(point.method, point.args)
+    err = _console(stderr=True)
+    title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
+    err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
+    outcome = run_sweep(points, settings, output, preset=preset, command=["scoutbench", *sys.argv[1:]],
+                        retry_failed=retry_failed, log=lambda line: err.print(line, highlight=False))
+    if as_json:
+        click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
+    else:
+        _console().print(_sweep_table(outcome.manifest))
+        err.print(f"ran {outcome.ran}, skipped {outcome.skipped} (already done); results in {output}")
+    if outcome.failed:
+        raise ScoutbenchError(f"{len(outcome.failed)} of {len(outcome.manifest['points'])} points failed "
+                              f"(recorded in {output}); fix the cause and rerun with --retry-failed")
+
+
+def _sweep_table(manifest: dict):
+    from rich.table import Table
+
+    from scoutbench.units import format_length
+
+    settings = manifest["settings"]
+    table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)")
+    for name in ("method", "args", "len", "batch", "status", "tok/s", "step ms", "idle %", "vs fullkv"):
+        table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
+    fullkv = {(p["len"], p["batch"]): p.get("decode_throughput_tok_s") for p in manifest["points"]
+              if p["method"] in ("fullkv", "full") and p["status"] == "ok"}
+    for p in manifest["points"]:
+        tok_s = p.get("decode_throughput_tok_s")
+        base = fullkv.get((p["len"], p["batch"]))
+        ok = p["status"] == "ok" and tok_s is not None
+        status = p["status"] if p["status"] != "failed" else f"failed: {p.get('error')}"
+        batch = f"auto ({p['batch_used']})" if p["batch"] == "auto" and isinstance(p.get("batch_used"), int) else str(p["batch"])
+        table.add_row(p["method"], " ".join(f"{k}={v}" for k, v in p["method_args"].items()),
+                      format_length(p["len"]), batch, status, f"{tok_s:.2f}" if ok else "-",
+                      f"{p['decode_step_ms_median']:.1f}" if ok else "-",
+                      f"{100 * (p.get('gpu_idle_frac') or 0.0):.1f}" if ok else "-",
+                      f"{tok_s / base:.2f}x" if ok and base else "-")
+    return table
+
+
+@click.command(name="report")
+@click.argument("results", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="Folder for the PNG figures and summary.md.")
+def report_command(results, output):
+    """PNG figures (throughput vs length, batch scaling, block size, latency breakdown, ablation) and a markdown
+    summary from result files or folders of any runs. Lists what it skipped and why."""
+    from scoutbench.report import build_report
+
+    report = build_report(results, output)
+    console = _console()
+    for title, path in report.figures:
+        console.print(f"figure  {path}  ({title})", highlight=False)
+    console.print(f"summary {report.summary}", highlight=False)
+    for what, why in report.skipped:
+        console.print(f"skipped {what}: {why}", highlight=False, soft_wrap=True)
+
+
+@click.command(name="gate")
+@click.option("--baseline", "baseline", multiple=True, metavar="FILE_OR_DIR",
+              help="Baseline results (repeatable). Without it only --ratio gates run.")
+@click.option("--current", "current", multiple=True, required=True, metavar="FILE_OR_DIR",
+              help="Results of the run under test (repeatable).")
+@click.option("--tolerance", "tolerances", multiple=True, metavar="[METRIC=]FRACTION",
+              help="Allowed regression: 5% (default for every metric) or METRIC=10% (repeatable).")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="Gate only these metrics (repeatable; default all: decode_throughput_tok_s, decode_step_ms, "
+                   "accuracy scores).")
+@click.option("--ratio", "ratios", multiple=True, metavar="[METRIC:]A/B>=X",
+              help="Speed-up between two methods of the current run, e.g. scout/fullkv>=3 (repeatable).")
+@click.option("--force", is_flag=True, help="Compare results from different hardware anyway.")
+@click.option("--allow-missing", is_flag=True, help="Baseline points absent from the current run do not fail.")
+def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_missing):
+    """Exit 1 when a metric regresses beyond tolerance against the baseline or a --ratio gate fails; 0 when all
+    pass; 2 on a usage error, unreadable input or mismatched hardware (without --force)."""
+    from scoutbench.gate import fail_if_regressed, load_side, parse_ratio, parse_tolerances, run_gate
+
+    tol = parse_tolerances(tolerances)
+    ratio_gates = [parse_ratio(spec) for spec in ratios]
+    baseline_results = load_side(baseline, "baseline") if baseline else None
+    current_results = load_side(current, "current")
+    report = run_gate(baseline_results, current_results, tol, ratio_gates, set(metrics) or None, force,
+                      allow_missing)
+    console = _console()
+    if report.rows:
+        console.print(_gate_table(report.rows, "against the baseline", ratio_column=True))
+    if report.ratio_rows:
+        title = "ratio gates on the current run" + ("; the baseline's ratio for reference" if baseline else "")
+        console.print(_gate_table(report.ratio_rows, title, ratio_column=False))
+    for warning in report.warnings:
+        console.print(f"warning: {warning}", highlight=False)
+    fail_if_regressed(report)
+    console.print(f"gate passed ({len(report.rows)} comparisons, {len(report.ratio_rows)} ratio checks)")
+
+
+def _gate_table(rows, title: str, ratio_column: bool):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("point", "metric", "baseline", "current", *(["ratio", "tolerance"] if ratio_column else []),
+                 "verdict", "note"):
+        table.add_column(name, justify="right" if name in ("baseline", "current", "ratio", "tolerance") else "left")
+    style = {"REGRESSED": "bold red", "MISSING": "bold red", "FAILED": "bold red", "improved": "green"}
+    for row in rows:
+        cells = [row.point, row.metric, _fmt(row.baseline), _fmt(row.current)]
+        if ratio_column:
+            cells += [_fmt(row.ratio, ".3f"), "-" if row.tolerance is None else f"{100 * row.tolerance:.0f}%"]
+        table.add_row(*cells, f"[{style[row.verdict]}]{row.verdict}[/]" if row.verdict in style else row.verdict,
+                      row.note)
+    return table
+
+
+def _fmt(value: float | None, spec: str = ".4g") -> str:
+    return "-" if value is None else format(value, spec)

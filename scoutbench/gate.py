@@ -1,0 +1,430 @@
+"""Performance gates: compare a current run with a baseline, or methods with each other within one run.
+
+Points match on what was measured (kind, method and its full config, model, dtype, length, batch); the device
+class is checked separately so that numbers from different hardware are refused instead of silently "missing".
+Repeated measurements of one point are summarised by their median, which a single slow outlier cannot move.
+Verdicts: a metric regresses when it is worse than the baseline by more than its tolerance (throughput and
+accuracy: higher is better; step time: lower is better); a baseline point absent from the current run fails the
+gate (a crashed benchmark must not pass as "nothing regressed") unless missing points are explicitly allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.units import format_length, parse_fraction
+
+THROUGHPUT_METRICS = {"decode_throughput_tok_s": True, "decode_step_ms": False}  # name -> higher is better
+DEFAULT_RATIO_METRIC = "decode_throughput_tok_s"
+
+
+def canonical_method(name: str) -> str:
+    """`full` and `fullkv` are one method; unknown (third-party) names are kept as they are."""
+    from scoutbench.methods import METHODS
+
+    try:
+        return METHODS.canonical(name)
+    except UsageError:
+        return name
+
+
+@dataclass(frozen=True)
+class PointKey:
+    """What was measured. Two results with equal keys are repeats of one measurement."""
+
+    kind: str
+    method: str
+    config: str  # the method's full config as canonical JSON
+    model: str
+    dtype: str
+    length: int | None
+    batch: int | str | None  # "auto" when each method ran at its own planned maximum (the paper's comparison)
+
+    def describe(self, label: str | None = None) -> str:
+        parts = [label or self.method, self.model]
+        if self.length is not None:
+            parts.append(f"len {format_length(self.length)}")
+        if self.batch is not None:
+            parts.append(batch_text(self.batch))
+        return " ".join(parts)
+
+    def sort_key(self) -> tuple:
+        return (self.kind, self.model, self.dtype, self.length or 0, batch_order(self.batch), self.method,
+                self.config)
+
+
+def batch_text(batch: int | str) -> str:
+    return f"b{batch}" if isinstance(batch, int) else f"batch {batch}"
+
+
+def batch_order(batch: int | str | None) -> tuple[int, str]:
+    """Numeric batches in order, then `auto`."""
+    return (batch, "") if isinstance(batch, int) else (1 << 30, str(batch))
+
+
+def point_key(result: dict[str, Any]) -> PointKey:
+    model = result.get("model") or {}
+    workload = result.get("workload") or {}
+    return PointKey(
+        kind=str(result.get("kind", "?")), method=canonical_method(str(result.get("method", "?"))),
+        config=json.dumps(result.get("method_config") or {}, sort_keys=True, default=str),
+        model=str(model.get("name", "?")), dtype=str(model.get("dtype", "?")),
+        length=workload.get("len", result.get("max_length")),
+        batch="auto" if (result.get("batch_plan") or {}).get("mode") == "auto" else workload.get("batch"))
+
+
+def device_class(result: dict[str, Any]) -> str:
+    return str((result.get("device") or {}).get("class", "unknown"))
+
+
+def method_label(method: str, config: dict[str, Any], varying: Iterable[str]) -> str:
+    """`scout budget=1024`: the method plus only those config fields that differ among the results shown."""
+    shown = [f"{k}={config[k]}" for k in sorted(varying) if k in config]
+    return " ".join([method, *shown])
+
+
+def varying_fields(results: list[dict[str, Any]], exclude: Iterable[str] = ()) -> dict[str, set[str]]:
+    """Per method, the config fields whose value is not the same in every result of that method."""
+    values: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for r in results:
+        for k, v in (r.get("method_config") or {}).items():
+            values[canonical_method(r["method"])][k].add(json.dumps(v, default=str))
+    skip = set(exclude)
+    return {m: {k for k, seen in fields.items() if len(seen) > 1 and k not in skip} for m, fields in values.items()}
+
+
+def metric_values(result: dict[str, Any]) -> dict[str, tuple[float, bool]]:
+    """The gated metrics of one ok result: name -> (value, higher is better)."""
+    if result.get("kind") == "throughput":
+        out = {}
+        if isinstance(result.get("decode_throughput_tok_s"), (int, float)):
+            out["decode_throughput_tok_s"] = (float(result["decode_throughput_tok_s"]), True)
+        median = (result.get("decode_step_ms") or {}).get("median")
+        if isinstance(median, (int, float)):
+            out["decode_step_ms"] = (float(median), False)
+        return out
+    if result.get("kind") == "accuracy":  # results[task] = {"score": value, "n": count, ...}
+        return {f"{task}.score": (float(entry["score"]), True) for task, entry in (result.get("results") or {}).items()
+                if isinstance(entry, dict) and isinstance(entry.get("score"), (int, float))}
+    return {}
+
+
+@dataclass
+class Point:
+    """All results of one measurement on one side, summarised by the median of each metric."""
+
+    key: PointKey
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[dict[str, Any]]:
+        return [r for r in self.results if r.get("status", "ok") == "ok"]
+
+    @property
+    def device_classes(self) -> set[str]:
+        return {device_class(r) for r in self.results}
+
+    def metrics(self) -> dict[str, tuple[float, bool]]:
+        per_metric: dict[str, list[float]] = defaultdict(list)
+        direction: dict[str, bool] = {}
+        for r in self.ok:
+            for name, (value, higher) in metric_values(r).items():
+                per_metric[name].append(value)
+                direction[name] = higher
+        return {name: (statistics.median(vals), direction[name]) for name, vals in per_metric.items()}
+
+    def error(self) -> str:
+        failed = [r for r in self.results if r.get("status", "ok") != "ok"]
+        return str(failed[-1].get("error") or failed[-1].get("status")) if failed else ""
+
+
+def group_points(results: list[dict[str, Any]]) -> dict[PointKey, Point]:
+    points: dict[PointKey, Point] = {}
+    for r in results:
+        key = point_key(r)
+        points.setdefault(key, Point(key)).results.append(r)
+    return points
+
+
+# ---- tolerances and ratio gates -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tolerances:
+    default: float
+    per_metric: dict[str, float]
+
+    def of(self, metric: str) -> float:
+        return self.per_metric.get(metric, self.default)
+
+
+def parse_tolerances(specs: Iterable[str], default: str = "5%") -> Tolerances:
+    """`5%` sets the default; `decode_step_ms=10%` one metric's."""
+    value = _fraction(default)
+    per_metric: dict[str, float] = {}
+    for spec in specs:
+        name, sep, amount = spec.rpartition("=")
+        if sep:
+            if not name.strip():
+                raise UsageError(f"bad --tolerance {spec!r}: use 5% or METRIC=5%")
+            per_metric[name.strip()] = _fraction(amount)
+        else:
+            value = _fraction(amount)
+    return Tolerances(value, per_metric)
+
+
+def _fraction(text: str) -> float:
+    value = parse_fraction(text)
+    if not 0 <= value < 10:
+        raise UsageError(f"bad tolerance {text!r}: use a non-negative fraction such as 5% or 0.05")
+    return value
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le, ">": operator.gt,
+                                                    "<": operator.lt}
+_RATIO_RE = re.compile(r"^\s*(?:(?P<metric>[\w.:-]+):)?(?P<num>[\w.+-]+)\s*/\s*(?P<den>[\w.+-]+)\s*"
+                       r"(?P<op>>=|<=|>|<)\s*(?P<value>\d+(?:\.\d+)?)\s*x?\s*$")
+
+
+@dataclass(frozen=True)
+class RatioGate:
+    """`scout/fullkv>=3`: metric(numerator) / metric(denominator) compared with a bound, within one run."""
+
+    numerator: str
+    denominator: str
+    op: str
+    bound: float
+    metric: str = DEFAULT_RATIO_METRIC
+
+    def __str__(self) -> str:
+        prefix = "" if self.metric == DEFAULT_RATIO_METRIC else f"{self.metric}:"
+        return f"{prefix}{self.numerator}/{self.denominator}{self.op}{self.bound:g}"
+
+    def holds(self, ratio: float) -> bool:
+        return _OPS[self.op](ratio, self.bound)
+
+
+def parse_ratio(spec: str) -> RatioGate:
+    match = _RATIO_RE.match(spec)
+    if not match:
+        raise UsageError(f"bad --ratio {spec!r}: use NUM/DEN>=X, e.g. scout/fullkv>=3 "
+                         "(optionally METRIC: first, e.g. decode_step_ms:scout/fullkv<=0.5)")
+    return RatioGate(canonical_method(match["num"]), canonical_method(match["den"]), match["op"],
+                     float(match["value"]), match["metric"] or DEFAULT_RATIO_METRIC)
+
+
+# ---- comparison -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    """One line of the gate table."""
+
+    point: str
+    metric: str
+    baseline: float | None
+    current: float | None
+    tolerance: float | None
+    verdict: str  # ok | improved | REGRESSED | MISSING | FAILED | new | skipped
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline and self.current is not None:
+            return self.current / self.baseline
+        return None
+
+    @property
+    def fails(self) -> bool:
+        return self.verdict in ("REGRESSED", "MISSING", "FAILED")
+
+
+@dataclass
+class GateReport:
+    rows: list[Row] = field(default_factory=list)
+    ratio_rows: list[Row] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Row]:
+        return [r for r in [*self.rows, *self.ratio_rows] if r.fails]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def check_hardware(baseline: dict[PointKey, Point], current: dict[PointKey, Point]) -> str | None:
+    """A message when the two sides were measured on different device classes, else None."""
+    pairs = [(baseline[k].device_classes, current[k].device_classes) for k in baseline.keys() & current.keys()]
+    if not pairs:  # nothing matched: compare the sides as wholes so the refusal still names the hardware
+        pairs = [({c for p in baseline.values() for c in p.device_classes},
+                  {c for p in current.values() for c in p.device_classes})]
+    for base_classes, cur_classes in pairs:
+        if base_classes != cur_classes:
+            return (f"baseline measured on {', '.join(sorted(base_classes))} but current on "
+                    f"{', '.join(sorted(cur_classes))}: absolute numbers are not comparable across hardware. "
+                    "Use a baseline from this machine, a relative --ratio gate, or --force to compare anyway")
+    return None
+
+
+def compare(baseline_results: list[dict[str, Any]], current_results: list[dict[str, Any]],
+            tolerances: Tolerances, metrics: set[str] | None = None, force: bool = False,
+            allow_missing: bool = False) -> GateReport:
+    """Every baseline point against the matching current point, metric by metric."""
+    baseline, current = group_points(baseline_results), group_points(current_results)
+    report = GateReport()
+    mismatch = check_hardware(baseline, current)
+    if mismatch:
+        if not force:
+            raise UsageError(mismatch)
+        report.warnings.append(f"--force: {mismatch.split(': absolute')[0]}")
+    _check_metric_names(tolerances, metrics, [*baseline_results, *current_results])
+    labels = _labels([*baseline_results, *current_results])
+    for key in sorted(baseline.keys() | current.keys(), key=PointKey.sort_key):
+        name = key.describe(labels.get(key))
+        base, cur = baseline.get(key), current.get(key)
+        if base is None:
+            report.rows.append(Row(name, "-", None, None, None, "new", "no baseline point"))
+            continue
+        if not base.ok:
+            report.rows.append(Row(name, "-", None, None, None, "skipped", f"baseline failed: {base.error()}"))
+            continue
+        if cur is None or not cur.ok:
+            verdict = "MISSING" if cur is None else "FAILED"
+            note = "not in current run" if cur is None else cur.error()
+            if allow_missing and cur is None:
+                verdict, note = "skipped", "not in current run (--allow-missing)"
+            report.rows.append(Row(name, "-", None, None, None, verdict, note))
+            continue
+        base_metrics, cur_metrics = base.metrics(), cur.metrics()
+        for metric in sorted(base_metrics):
+            if metrics is not None and metric not in metrics:
+                continue
+            base_value, higher = base_metrics[metric]
+            tol = tolerances.of(metric)
+            if metric not in cur_metrics:
+                report.rows.append(Row(name, metric, base_value, None, tol, "MISSING", "metric absent in current"))
+                continue
+            cur_value = cur_metrics[metric][0]
+            report.rows.append(Row(name, metric, base_value, cur_value, tol, _verdict(base_value, cur_value, higher, tol),
+                                   _repeats_note(base, cur)))
+    _warn_env(baseline_results, current_results, report)
+    return report
+
+
+def _verdict(base: float, cur: float, higher_is_better: bool, tolerance: float) -> str:
+    if higher_is_better:
+        worse, better = cur < base * (1 - tolerance), cur > base * (1 + tolerance)
+    else:
+        worse, better = cur > base * (1 + tolerance), cur < base * (1 - tolerance)
+    return "REGRESSED" if worse else "improved" if better else "ok"
+
+
+def _repeats_note(base: Point, cur: Point) -> str:
+    counts = (len(base.ok), len(cur.ok))
+    return f"median of {counts[0]} vs {counts[1]} runs" if counts != (1, 1) else ""
+
+
+def _labels(results: list[dict[str, Any]]) -> dict[PointKey, str]:
+    varying = varying_fields(results)
+    return {point_key(r): method_label(canonical_method(r["method"]), r.get("method_config") or {},
+                                       varying.get(canonical_method(r["method"]), ())) for r in results}
+
+
+def _check_metric_names(tolerances: Tolerances, metrics: set[str] | None, results: list[dict[str, Any]]) -> None:
+    known = {name for r in results for name in metric_values(r)} | set(THROUGHPUT_METRICS)
+    for name in [*tolerances.per_metric, *(metrics or ())]:
+        if name not in known:
+            raise UsageError(f"unknown metric {name!r}: the results have {', '.join(sorted(known))}")
+
+
+def _warn_env(baseline: list[dict[str, Any]], current: list[dict[str, Any]], report: GateReport) -> None:
+    for name in ("torch", "transformers"):
+        seen = {side: {str((r.get("env") or {}).get(name)) for r in results if r.get("env")}
+                for side, results in (("baseline", baseline), ("current", current))}
+        if seen["baseline"] and seen["current"] and seen["baseline"] != seen["current"]:
+            report.warnings.append(f"{name} differs: baseline {', '.join(sorted(seen['baseline']))}, "
+                                   f"current {', '.join(sorted(seen['current']))}")
+
+
+def ratio_rows(gate: RatioGate, current_results: list[dict[str, Any]],
+               baseline_results: list[dict[str, Any]] | None = None) -> list[Row]:
+    """Check `gate` in every group (model, dtype, length, batch, device) that has both methods."""
+    cur = _ratios(gate, current_results)
+    base = _ratios(gate, baseline_results or [])
+    if not cur:
+        return [Row(str(gate), gate.metric, None, None, None, "MISSING",
+                    f"no point of the current run has both {gate.numerator} and {gate.denominator} "
+                    f"with {gate.metric}")]
+    rows = []
+    for group, ratio in sorted(cur.items()):
+        verdict = "ok" if gate.holds(ratio) else "REGRESSED"
+        rows.append(Row(f"{gate} @ {group}", gate.metric, base.get(group), ratio, None, verdict,
+                        f"needs {gate.op}{gate.bound:g}"))
+    return rows
+
+
+def _ratios(gate: RatioGate, results: list[dict[str, Any]]) -> dict[str, float]:
+    """group description -> ratio; with several configs of one method, every pair is its own entry."""
+    by_group: dict[tuple, dict[PointKey, Point]] = defaultdict(dict)
+    for key, point in group_points(results).items():
+        if point.ok and key.method in (gate.numerator, gate.denominator):
+            classes = ",".join(sorted(point.device_classes))
+            by_group[(key.model, key.dtype, key.length or 0, key.batch, classes)][key] = point
+    labels = _labels(results)
+    several_devices = len({group[4] for group in by_group}) > 1
+    out: dict[str, float] = {}
+    for (model, dtype, length, batch, classes), points in sorted(by_group.items(), key=lambda g: str(g[0])):
+        nums = [(k, p) for k, p in points.items() if k.method == gate.numerator]
+        dens = [(k, p) for k, p in points.items() if k.method == gate.denominator]
+        for num_key, num in nums:
+            for den_key, den in dens:
+                num_value, den_value = num.metrics().get(gate.metric), den.metrics().get(gate.metric)
+                if num_value is None or den_value is None or den_value[0] == 0:
+                    continue
+                pair = f"{labels[num_key]}/{labels[den_key]}" if len(nums) > 1 or len(dens) > 1 else ""
+                where = f"{model} {dtype} len {format_length(length)} {batch_text(batch)}" + (f" {pair}" if pair else "") \
+                    + (f" on {classes}" if several_devices else "")
+                out[where] = num_value[0] / den_value[0]
+    return out
+
+
+def run_gate(baseline_results: list[dict[str, Any]] | None, current_results: list[dict[str, Any]],
+             tolerances: Tolerances, ratios: list[RatioGate], metrics: set[str] | None = None,
+             force: bool = False, allow_missing: bool = False) -> GateReport:
+    if baseline_results is None and not ratios:
+        raise UsageError("nothing to check: pass --baseline for an absolute comparison and/or --ratio A/B>=X")
+    report = GateReport()
+    if baseline_results is not None:
+        report = compare(baseline_results, current_results, tolerances, metrics, force, allow_missing)
+    for gate in ratios:
+        report.ratio_rows.extend(ratio_rows(gate, current_results, baseline_results))
+    return report
+
+
+def load_side(paths: Iterable[str], side: str) -> list[dict[str, Any]]:
+    """Results of one side; an empty side is a usage error (exit 2), never a vacuous pass."""
+    from scoutbench.results import load_results
+
+    paths = list(paths)
+    results = load_results(paths)
+    if not results:
+        raise UsageError(f"--{side} {' '.join(paths)}: no result files found")
+    return results
+
+
+def fail_if_regressed(report: GateReport) -> None:
+    if report.passed:
+        return
+    counts: dict[str, int] = defaultdict(int)
+    for row in report.failures:
+        counts[row.verdict.lower()] += 1
+    summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
+    raise ScoutbenchError(f"gate failed: {summary}")

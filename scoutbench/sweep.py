@@ -1,0 +1,327 @@
+"""Sweeps: a grid of throughput points run into one folder, one JSON per point plus a `sweep.json` manifest.
+
+The point files are the source of truth, so a sweep is resumable by construction: a rerun skips every point whose
+file exists, and a point interrupted by Ctrl-C or a kill never has a file (results are written with a temp file
+and a rename, and the manifest is rewritten the same way after every point). A point that fails (out of memory,
+a budget above its context, any error) gets a file with `"status": "failed"` and its error, and the sweep goes on.
+
+Presets reproduce the paper's performance figures at two scales: `paper` (Qwen3-14B shapes, 8k-64k, each method
+at its own largest batch as in the paper, `--batch auto`, or batch 16-64 for Figure 9: a GPU) and `cpu` (the
+attention-dominated `bench-attn` shape at 4k-32k, batch 1-4: minutes on two cores). Every axis a preset sets can be
+overridden by the matching flag.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scoutbench import __version__
+from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.units import format_length
+
+MANIFEST = "sweep.json"
+COMPARED = ("fullkv", "infinigen", "hgca", "scout")
+ABLATION = ("scout-base", "scout-pc", "scout")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes of a sweep; `method_args` maps a field name to the values to sweep."""
+
+    methods: tuple[str, ...]
+    lengths: tuple[int, ...]
+    batches: tuple[int | str, ...]  # a size, or "auto": each method's largest batch (scoutbench/planning.py)
+    budgets: tuple[int | None, ...] = (None,)
+    block_sizes: tuple[int | None, ...] = (None,)
+    method_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every point of a sweep shares; a rerun into the same folder must use the same settings."""
+
+    model: str = "tiny-qwen3"
+    steps: int = 16
+    warmup: int = 3
+    device: str = "auto"
+    dtype: str | None = None
+    seed: int = 0
+    prefill: str = "real"
+    gpu_mem: int | None = None  # bytes, for batch "auto"
+    host_mem: int | None = None
+
+
+@dataclass(frozen=True)
+class Scale:
+    model: str
+    lengths: tuple[int, ...]
+    batches: tuple[int | str, ...]
+    budget: int
+    block_sizes: tuple[int, ...] = (32,)
+    steps: int = 16
+    warmup: int = 3
+
+
+@dataclass(frozen=True)
+class Preset:
+    figure: str
+    methods: tuple[str, ...]
+    paper: Scale
+    cpu: Scale
+
+    def grid_and_settings(self, scale: str) -> tuple[Grid, Settings]:
+        s = self.paper if scale == "paper" else self.cpu
+        grid = Grid(self.methods, s.lengths, s.batches, (s.budget,), s.block_sizes)
+        return grid, Settings(model=s.model, steps=s.steps, warmup=s.warmup, prefill="synthetic")
+
+
+K = 1024
+# Paper setting (section 5): Qwen3-14B, sparse budget 2048, block size 32, decode only, methods compared at their own
+# maximum batch (FullKV is capped by memory: that is the point of Figure 8). The CPU scale keeps the
+# paper's budget/length ratios (1/4 .. 1/32) on the bench-attn shape, where attention dominates a step as it
+# does on a GPU at long context. The paper does not name its three block sizes; 16/32/64 bracket its default.
+_CPU_STEPS = dict(steps=8, warmup=2)
+PRESETS: dict[str, Preset] = {
+    "lengths": Preset("Figure 8: decode throughput vs input length", COMPARED,
+                      Scale("qwen3-14b", (8 * K, 16 * K, 32 * K, 64 * K), ("auto",), 2048),
+                      Scale("bench-attn", (4 * K, 8 * K, 16 * K, 32 * K), (1,), 1024, **_CPU_STEPS)),
+    "batch": Preset("Figure 9: decode throughput vs batch size", COMPARED,
+                    Scale("qwen3-14b", (32 * K,), (16, 32, 64), 2048),
+                    Scale("bench-attn", (8 * K,), (1, 2, 4), 512, **_CPU_STEPS)),
+    "block-size": Preset("Figure 10: ScoutAttention throughput vs block size", ("scout",),
+                         Scale("qwen3-14b", (32 * K,), ("auto",), 2048, (16, 32, 64)),
+                         Scale("bench-attn", (16 * K,), (2,), 1024, (16, 32, 64), **_CPU_STEPS)),
+    "breakdown": Preset("Figure 11: latency breakdown with GPU idle time", COMPARED,
+                        Scale("qwen3-14b", (32 * K,), ("auto",), 2048),
+                        Scale("bench-attn", (16 * K,), (1,), 1024, **_CPU_STEPS)),
+    "ablation": Preset("Figure 12: ablation, parallel co-attention then +PC then +PC+PR", ABLATION,
+                       Scale("qwen3-14b", (32 * K,), ("auto",), 2048),
+                       Scale("bench-attn", (16 * K,), (1,), 1024, **_CPU_STEPS)),
+}
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    method: str
+    length: int
+    batch: int | str
+    method_args: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return dict(self.method_args)
+
+    def point_id(self, model: str) -> str:
+        """Deterministic file stem, e.g. `scout_bench-attn_len16k_b1_block_size-32_budget-1024`; a hash is
+        appended when the readable form had to be altered, so two different points never share a file."""
+        parts = [self.method, model.replace("/", "--"), f"len{format_length(self.length)}", f"b{self.batch}"]
+        parts += [f"{k}-{v}" for k, v in self.method_args]
+        readable = "_".join(parts)
+        safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", readable).strip("._") or "point"
+        if safe != readable or len(safe) > 150:
+            identity = json.dumps([self.method, model, self.length, self.batch, self.method_args], default=str)
+            safe = f"{safe[:150]}_{hashlib.sha1(identity.encode()).hexdigest()[:8]}"
+        return safe
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
+
+
+def expand(grid: Grid) -> list[SweepPoint]:
+    """Cartesian product of the axes, lengths outermost (an interrupted sweep has whole lengths done).
+
+    --budget, --block-size and --method-arg apply only to methods with such a field (FullKV has no budget), so
+    the product collapses where an axis does not apply; an arg no method knows is a usage error.
+    """
+    from scoutbench.cli.options import check_all_used, method_args_for
+
+    keys = sorted(grid.method_args)
+    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid.method_args[k] for k in keys))]
+    used: set[str] = set()
+    points: dict[SweepPoint, None] = {}
+    for length, batch, method, budget, block_size, common in itertools.product(
+            grid.lengths, grid.batches, grid.methods, grid.budgets, grid.block_sizes, combos):
+        args = method_args_for(method, common, budget, block_size, used)
+        points[SweepPoint(method, length, batch, tuple(sorted(args.items())))] = None
+    check_all_used({k: None for k in keys}, used, list(grid.methods))
+    return list(points)
+
+
+# ---- running --------------------------------------------------------------------------------------------------
+
+Runner = Callable[[Any], dict[str, Any]]  # ThroughputConfig -> result dict
+
+
+class ThroughputRunner:
+    """Runs points with `run_throughput`, loading the model once for the whole sweep."""
+
+    def __init__(self) -> None:
+        self._loaded: Any = None
+
+    def __call__(self, cfg: Any) -> dict[str, Any]:
+        from scoutbench.models import load_model
+        from scoutbench.throughput import resolve_device, resolve_dtype, run_throughput
+
+        if self._loaded is None:
+            device = resolve_device(cfg.device)
+            self._loaded = load_model(cfg.model, device, resolve_dtype(cfg.dtype, device), cfg.seed)
+        try:
+            return run_throughput(cfg, self._loaded)
+        finally:
+            _release_memory()
+
+
+def _release_memory() -> None:
+    """Free the previous point's KV storage before the next one allocates (matters after an out-of-memory)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class SweepOutcome:
+    manifest: dict[str, Any]
+    ran: int = 0
+    skipped: int = 0
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [p for p in self.manifest["points"] if p["status"] == "failed"]
+
+
+def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path, runner: Runner | None = None,
+              preset: str | None = None, command: list[str] | None = None, retry_failed: bool = False,
+              log: Callable[[str], None] = lambda line: None) -> SweepOutcome:
+    """Run every point whose file is not in `out_dir` yet (failed points too with `retry_failed`)."""
+    from scoutbench.results import SCHEMA_VERSION, check_writable, utc_now, write_json_atomic
+    from scoutbench.throughput import ThroughputConfig, device_description, resolve_device, resolve_dtype
+
+    out = Path(out_dir)
+    check_writable(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp"):  # left by a kill during a write; never a result
+        stale.unlink(missing_ok=True)
+        log(f"removed stale temp file {stale.name}")
+    previous = _read_manifest(out)
+    if previous is not None and previous.get("settings") != asdict(settings):
+        raise UsageError(f"{out} holds a sweep with other settings ({_settings_diff(previous['settings'], settings)}); "
+                         "use another -o folder or the same settings to resume it")
+    command = command or ["scoutbench", "sweep"]
+    resolved = resolve_device(settings.device)
+    device = device_description(resolved)
+    dtype = str(resolve_dtype(settings.dtype, resolved)).removeprefix("torch.")
+    runner = runner or ThroughputRunner()
+    entries: dict[str, dict[str, Any]] = {e["id"]: e for e in (previous or {}).get("points", [])}
+    manifest = {"schema_version": SCHEMA_VERSION, "kind": "sweep", "scoutbench_version": __version__,
+                "created_at": (previous or {}).get("created_at", utc_now()), "updated_at": utc_now(),
+                "command": command, "preset": preset, "settings": asdict(settings), "points": []}
+    order = [p.point_id(settings.model) for p in points]
+    by_id = {p.point_id(settings.model): p for p in points}
+
+    def save() -> None:
+        manifest["updated_at"] = utc_now()
+        manifest["points"] = [entries[i] for i in [*order, *(i for i in entries if i not in by_id)]]
+        write_json_atomic(out / MANIFEST, manifest, overwrite=True)
+
+    for point_id, point in by_id.items():
+        entries[point_id] = _entry(point_id, point, _read_point(out / f"{point_id}.json"))
+    save()
+    outcome = SweepOutcome(manifest)
+    for index, (point_id, point) in enumerate(by_id.items(), 1):
+        done = entries[point_id]
+        where = f"[{index}/{len(by_id)}] {point_id}"
+        if done["status"] == "ok" or (done["status"] == "failed" and not retry_failed):
+            outcome.skipped += 1
+            log(f"{where}: already {done['status']}, skipped")
+            continue
+        cfg = ThroughputConfig(method=point.method, method_args=point.args, model=settings.model,
+                               length=point.length, batch=point.batch, gpu_mem=settings.gpu_mem,
+                               host_mem=settings.host_mem, steps=settings.steps,
+                               warmup=settings.warmup, device=settings.device, dtype=settings.dtype,
+                               seed=settings.seed, prefill=settings.prefill, command=list(command))
+        log(f"{where}: running")
+        try:
+            result = runner(cfg)
+        except Exception as exc:  # noqa: BLE001 - any failing point is recorded; Ctrl-C is not an Exception
+            error = str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
+            result = failed_result(cfg, error, device, dtype)
+        write_json_atomic(out / f"{point_id}.json", result, overwrite=True)
+        entries[point_id] = _entry(point_id, point, result)
+        outcome.ran += 1
+        log(f"{where}: {_one_line(result)}")
+        save()
+    return outcome
+
+
+def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """A failed point's file: the identifying fields of a result (the method's full config when it can be built,
+    so that gates match it with the baseline's point), `status: failed` and the error."""
+    from scoutbench.results import SCHEMA_VERSION, utc_now
+    from scoutbench.throughput import build_method
+
+    try:
+        method_config = build_method(cfg.method, cfg.method_args).config()
+    except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
+        method_config = dict(cfg.method_args)
+    return {"schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": __version__,
+            "created_at": utc_now(), "command": cfg.command, "status": "failed", "error": error,
+            "method": cfg.method, "method_config": method_config, "method_repr": None,
+            "model": {"name": cfg.model, "dtype": dtype},
+            "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
+                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill},
+            "device": device}
+
+
+def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> dict[str, Any]:
+    entry = {"id": point_id, "file": f"{point_id}.json", **point.describe(),
+             "status": "pending" if result is None else result.get("status", "ok"), "error": None}
+    if result is not None:
+        entry["error"] = result.get("error")
+        entry["batch_used"] = (result.get("workload") or {}).get("batch")
+        entry["decode_throughput_tok_s"] = result.get("decode_throughput_tok_s")
+        entry["decode_step_ms_median"] = (result.get("decode_step_ms") or {}).get("median")
+        entry["gpu_idle_frac"] = result.get("gpu_idle_frac")
+    return entry
+
+
+def _read_point(path: Path) -> dict[str, Any] | None:
+    """A finished point's result, or None (absent, or unreadable: then it is simply run again)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("status") in ("ok", "failed") else None
+
+
+def _read_manifest(out: Path) -> dict[str, Any] | None:
+    path = out / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path} is not a readable sweep manifest ({exc}); remove it or use another -o") from None
+    if not isinstance(data, dict) or data.get("kind") != "sweep":
+        raise UsageError(f"{path} is not a sweep manifest; use another -o folder")
+    return data
+
+
+def _settings_diff(old: dict[str, Any], new: Settings) -> str:
+    return ", ".join(f"{k} {old.get(k)!r} there vs {v!r} now" for k, v in asdict(new).items() if old.get(k) != v)
+
+
+def _one_line(result: dict[str, Any]) -> str:
+    if result.get("status") != "ok":
+        return f"FAILED: {result.get('error')}"
+    return (f"{result['decode_throughput_tok_s']:.2f} tok/s, step {result['decode_step_ms']['median']:.1f} ms, "
+            f"idle {100 * result.get('gpu_idle_frac', 0.0):.1f}%")

@@ -1,0 +1,53 @@
+"""Hand-made throughput/accuracy result dicts in the runner's schema, for the gate, report and sweep tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TEST_DEVICE = "cpu:Test CPU:2t"
+SCOUT_CONFIG = {"budget": 1024, "block_size": 32, "pc": True, "pr": True}
+
+
+def make_result(method: str = "fullkv", tok_s: float = 100.0, *, length: int = 4096, batch: int = 1,
+                config: dict[str, Any] | None = None, step_ms: float | None = None, idle_frac: float = 0.0,
+                device_class: str = TEST_DEVICE, model: str = "tiny-qwen3", status: str = "ok",
+                error: str | None = None, torch_version: str = "2.13.0+cpu") -> dict[str, Any]:
+    """A throughput result; the step time and the breakdown follow from the throughput unless given."""
+    step = step_ms if step_ms is not None else 1000.0 * batch / tok_s
+    rest = step * (1 - idle_frac)
+    breakdown = {"qkv_proj": 0.1 * rest, "predict": 0.05 * rest, "attn_device": 0.4 * rest, "idle": step * idle_frac,
+                 "merge": 0.05 * rest, "o_proj": 0.1 * rest, "mlp": 0.2 * rest, "other": 0.1 * rest}
+    result = {
+        "schema_version": 1, "kind": "throughput", "scoutbench_version": "0.1.0",
+        "created_at": "2026-11-29T08:30:00+00:00", "command": ["scoutbench", "throughput"], "status": status,
+        "error": error, "method": method, "method_config": dict(config or {}), "method_repr": f"{method}()",
+        "model": {"name": model, "random_weights": True, "dtype": "float32", "num_layers": 4},
+        "workload": {"name": "synthetic", "len": length, "batch": batch, "steps": 8, "warmup": 2,
+                     "prefill": "synthetic", "seed": 0},
+        "device": {"type": "cpu", "name": "Test CPU", "class": device_class, "threads": 2},
+        "env": {"python": "3.11.7", "torch": torch_version, "transformers": "5.24.0"},
+    }
+    if status == "ok":
+        result.update({
+            "decode_throughput_tok_s": tok_s,
+            "decode_step_ms": {"median": step, "p90": step, "mean": step, "min": step, "max": step},
+            "latency_breakdown_ms": breakdown,
+            "latency_breakdown_frac": {k: v / step for k, v in breakdown.items()}, "gpu_idle_frac": idle_frac,
+        })
+    return result
+
+
+def make_accuracy(method: str, scores: dict[str, float], model: str = "smollm2-135m") -> dict[str, Any]:
+    return {"schema_version": 1, "kind": "accuracy", "status": "ok", "method": method, "method_config": {},
+            "model": {"name": model, "dtype": "float32"}, "device": {"type": "cpu", "class": TEST_DEVICE},
+            "max_length": 4096, "results": {task: {"score": value, "n": 20, "metric": "qa_f1", "max_new_tokens": 128}
+                                            for task, value in scores.items()}}
+
+
+def write_results(folder: Path, results: list[dict[str, Any]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, result in enumerate(results):
+        (folder / f"{index:02d}_{result['method']}.json").write_text(json.dumps(result), encoding="utf-8")
+    return folder

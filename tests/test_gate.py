@@ -1,0 +1,191 @@
+"""`scoutbench gate`: matching, tolerances and directions, missing points, hardware refusal, ratio gates, and the
+exit codes (0 pass, 1 regression, 2 usage error or unreadable input) through the real entry point."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
+
+from scoutbench.errors import UsageError
+from scoutbench.gate import compare, parse_ratio, parse_tolerances, run_gate
+
+
+def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:
+    """`scoutbench ARGS` in-process through the same `main` as the console script; returns (exit code, output)."""
+    from scoutbench.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["scoutbench", *map(str, args)])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def pair(tmp_path, baseline, current):
+    return write_results(tmp_path / "base", baseline), write_results(tmp_path / "cur", current)
+
+
+def test_identical_runs_pass(tmp_path, monkeypatch, capsys):
+    points = [make_result("fullkv", 50.0), make_result("scout", 200.0, config=SCOUT_CONFIG)]
+    base, cur = pair(tmp_path, points, points)
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur, "--tolerance", "5%")
+    assert code == 0, out
+    assert "gate passed (4 comparisons" in out  # 2 points x (throughput, step time)
+
+
+def test_throughput_drop_beyond_tolerance_fails(tmp_path, monkeypatch, capsys):
+    base, cur = pair(tmp_path, [make_result("fullkv", 100.0)], [make_result("fullkv", 90.0)])
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur, "--tolerance", "5%")
+    assert code == 1
+    assert "REGRESSED" in out and "0.900" in out
+    # within a looser tolerance the same numbers pass
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur, "--tolerance", "15%")
+    assert code == 0, out
+
+
+def test_per_metric_tolerance_and_directions():
+    baseline = [make_result("fullkv", 100.0, step_ms=10.0)]
+    slower_steps = [make_result("fullkv", 100.0, step_ms=11.5)]  # step time up 15%: lower is better -> worse
+    report = compare(baseline, slower_steps, parse_tolerances(["5%", "decode_step_ms=20%"]))
+    assert {r.metric: r.verdict for r in report.rows} == {"decode_step_ms": "ok", "decode_throughput_tok_s": "ok"}
+    report = compare(baseline, slower_steps, parse_tolerances(["5%"]))
+    assert {r.metric: r.verdict for r in report.rows}["decode_step_ms"] == "REGRESSED"
+    faster = [make_result("fullkv", 130.0, step_ms=7.0)]
+    report = compare(baseline, faster, parse_tolerances(["5%"]))
+    assert {r.verdict for r in report.rows} == {"improved"}
+    assert report.passed
+
+
+def test_accuracy_is_higher_is_better():
+    baseline = [make_accuracy("scout", {"qasper": 40.0, "samsum": 30.0})]
+    current = [make_accuracy("scout", {"qasper": 36.0, "samsum": 31.0})]
+    report = compare(baseline, current, parse_tolerances(["5%"]))
+    verdicts = {r.metric: r.verdict for r in report.rows}
+    assert verdicts == {"qasper.score": "REGRESSED", "samsum.score": "ok"}
+
+
+def test_repeats_are_summarised_by_their_median():
+    baseline = [make_result("fullkv", 100.0)]
+    current = [make_result("fullkv", 100.0), make_result("fullkv", 40.0), make_result("fullkv", 102.0)]
+    report = compare(baseline, current, parse_tolerances(["5%"]), metrics={"decode_throughput_tok_s"})
+    (row,) = report.rows
+    assert row.current == 100.0 and row.verdict == "ok" and "median of 1 vs 3 runs" in row.note
+
+
+def test_points_missing_on_either_side_are_reported(tmp_path, monkeypatch, capsys):
+    baseline = [make_result("fullkv", 100.0, length=4096), make_result("fullkv", 60.0, length=8192)]
+    current = [make_result("fullkv", 100.0, length=4096), make_result("fullkv", 30.0, length=16384)]
+    base, cur = pair(tmp_path, baseline, current)
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur)
+    assert code == 1
+    assert "MISSING" in out and "not in current run" in out  # 8k: baseline only
+    assert "new" in out and "no baseline point" in out  # 16k: current only
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur, "--allow-missing")
+    assert code == 0, out
+    assert "not in current run (--allow-missing)" in out
+
+
+def test_failed_current_point_fails_the_gate():
+    baseline = [make_result("scout", 200.0, config=SCOUT_CONFIG)]
+    current = [make_result("scout", config=SCOUT_CONFIG, status="failed", error="out of memory")]
+    report = compare(baseline, current, parse_tolerances([]))
+    (row,) = report.rows
+    assert row.verdict == "FAILED" and row.note == "out of memory" and not report.passed
+
+
+def test_different_method_configs_are_different_points():
+    baseline = [make_result("scout", 200.0, config={**SCOUT_CONFIG, "budget": 1024})]
+    current = [make_result("scout", 100.0, config={**SCOUT_CONFIG, "budget": 2048})]
+    report = compare(baseline, current, parse_tolerances([]))
+    assert sorted(r.verdict for r in report.rows) == ["MISSING", "new"]
+    assert any("budget=1024" in r.point for r in report.rows)
+
+
+def test_hardware_mismatch_refused_unless_forced(tmp_path, monkeypatch, capsys):
+    baseline = [make_result("fullkv", 100.0, device_class="cpu:Other CPU:2t")]
+    base, cur = pair(tmp_path, baseline, [make_result("fullkv", 100.0)])
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur)
+    assert code == 2
+    assert "cpu:Other CPU:2t" in out and "--force" in out
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur, "--force")
+    assert code == 0, out
+    assert "warning: --force" in out
+
+
+def test_ratio_gate_on_current_run_only(tmp_path, monkeypatch, capsys):
+    good = write_results(tmp_path / "good", [make_result("fullkv", 50.0),
+                                              make_result("scout", 200.0, config=SCOUT_CONFIG)])
+    code, out = run_cli(monkeypatch, capsys, "gate", "--current", good, "--ratio", "scout/fullkv>=3")
+    assert code == 0, out
+    assert "4" in out and "needs >=3" in out
+    lost = write_results(tmp_path / "lost", [make_result("full", 50.0),  # an alias of fullkv
+                                              make_result("scout", 100.0, config=SCOUT_CONFIG)])
+    code, out = run_cli(monkeypatch, capsys, "gate", "--current", lost, "--ratio", "scout/fullkv>=3")
+    assert code == 1
+    assert "REGRESSED" in out and "2" in out
+
+
+def test_ratio_gate_values_and_missing_methods():
+    results = [make_result("fullkv", 50.0, length=4096), make_result("scout", 150.0, length=4096, config=SCOUT_CONFIG),
+               make_result("fullkv", 20.0, length=8192), make_result("scout", 100.0, length=8192, config=SCOUT_CONFIG)]
+    report = run_gate(None, results, parse_tolerances([]), [parse_ratio("scout/fullkv>=3")])
+    assert sorted(r.current for r in report.ratio_rows) == [3.0, 5.0] and report.passed
+    step = run_gate(None, results, parse_tolerances([]), [parse_ratio("decode_step_ms:scout/fullkv<=0.25")])
+    assert [r.verdict for r in step.ratio_rows] == ["REGRESSED", "ok"]  # 4k: 1/3 > 0.25; 8k: 1/5
+    missing = run_gate(None, results, parse_tolerances([]), [parse_ratio("hgca/fullkv>=1")])
+    assert [r.verdict for r in missing.ratio_rows] == ["MISSING"] and not missing.passed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--current", "{cur}"], "nothing to check"),
+    (["--current", "{cur}", "--ratio", "scout>fullkv"], "bad --ratio"),
+    (["--current", "{cur}", "--baseline", "{cur}", "--tolerance", "lots"], "bad fraction"),
+    (["--current", "{cur}", "--baseline", "{cur}", "--metric", "tok_per_joule"], "unknown metric"),
+    (["--current", "{tmp}/nowhere", "--ratio", "scout/fullkv>=1"], "no such result file or folder"),
+    (["--current", "{empty}", "--ratio", "scout/fullkv>=1"], "no result files found"),
+    (["--current", "{corrupt}", "--ratio", "scout/fullkv>=1"], "cannot read result"),
+])
+def test_usage_errors_and_unreadable_input_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    cur = write_results(tmp_path / "cur", [make_result("fullkv", 50.0)])
+    (tmp_path / "empty").mkdir()
+    corrupt = write_results(tmp_path / "corrupt", [make_result("fullkv", 50.0)])
+    (corrupt / "truncated.json").write_text('{"schema_version": 1, "kind": "thr', encoding="utf-8")
+    paths = {"cur": cur, "tmp": tmp_path, "empty": tmp_path / "empty", "corrupt": corrupt}
+    code, out = run_cli(monkeypatch, capsys, "gate", *[a.format(**paths) for a in args])
+    assert code == 2, out
+    assert message in out
+
+
+def test_parse_ratio_and_tolerances():
+    gate = parse_ratio("scout/full>=2.5")
+    assert (gate.numerator, gate.denominator, gate.op, gate.bound) == ("scout", "fullkv", ">=", 2.5)
+    tolerances = parse_tolerances(["10%", "decode_step_ms=0.2"])
+    assert tolerances.of("decode_throughput_tok_s") == pytest.approx(0.10)
+    assert tolerances.of("decode_step_ms") == pytest.approx(0.20)
+    with pytest.raises(UsageError):
+        parse_tolerances(["-5%"])
+
+
+def test_console_script_exit_code(tmp_path):
+    """The installed entry point (python -m scoutbench) maps a regression to exit code 1."""
+    base, cur = pair(tmp_path, [make_result("fullkv", 100.0)], [make_result("fullkv", 50.0)])
+    proc = subprocess.run([sys.executable, "-m", "scoutbench", "gate", "--baseline", str(base), "--current",
+                           str(cur)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: gate failed: 2 regressed" in proc.stderr
+
+
+def test_auto_batch_points_compare_methods_at_their_own_batch():
+    """`--batch auto` runs each method at its planned maximum: the ratio compares those, as paper Figure 8 does."""
+    full = {**make_result("fullkv", 40.0, batch=4), "batch_plan": {"mode": "auto", "planned": 4}}
+    scout = {**make_result("scout", 200.0, batch=16, config=SCOUT_CONFIG),
+             "batch_plan": {"mode": "auto", "planned": 16}}
+    report = run_gate(None, [full, scout], parse_tolerances([]), [parse_ratio("scout/fullkv>=4")])
+    (row,) = report.ratio_rows
+    assert row.current == 5.0 and row.verdict == "ok" and "batch auto" in row.point
