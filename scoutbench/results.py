@@ -62,6 +62,7 @@ def env_info() -> dict[str, Any]:
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     if torch.cuda.is_available():
         info["gpu_name"] = torch.cuda.get_device_name()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -65,6 +66,9 @@ def main() -> None:
     """Entry point: user-fixable errors become one line on stderr and a non-zero exit code."""
     from scoutbench.errors import ScoutbenchError
 
+    # OpenMP threads that spin while waiting steal the cores a concurrent CPU attention worker (or a loaded
+    # machine) needs: measured 2-10x slower CPU steps with the default policy. Must be set before torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         cli.main(standalone_mode=False)
     except ScoutbenchError as exc:
