@@ -38,12 +38,19 @@ class CopyStream:
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
-        """Enqueue `dst.copy_(src)` after the work already queued on the current stream; return its event."""
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any = None) -> Any:
+        """Enqueue `dst.copy_(src)` after the work already queued on the current stream, or only after the event
+        `after` (a copy issued from a worker thread must not wait for compute queued since); return its event."""
         if self.stream is None:
             dst.copy_(src)
             return _DoneEvent()
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        if after is None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        else:
+            self.stream.wait_event(after)
+        for tensor in (dst, src):
+            if tensor.is_cuda:  # keep the caching allocator from reusing its memory before the copy ran
+                tensor.record_stream(self.stream)
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()

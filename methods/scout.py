@@ -1,0 +1,733 @@
+"""ScoutAttention (arXiv 2603.27138): block-sparse GPU-CPU co-attention with layer-ahead CPU pre-computation (PC)
+and asynchronous periodic recall (PR). Paper Algorithm 1; ../shared/specs/methods.md section 7."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+
+from scoutbench.errors import UsageError
+from scoutbench.kernels.attention import PartialState, decode_attention, merge_states, partial_attention
+from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
+from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
+from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+
+PRED_NORMS = ("next", "self")
+
+
+class _Done:
+    """A completed event (CPU runs, or nothing to wait for)."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+_DONE = _Done()
+
+
+@dataclass
+class _Plan:
+    """One layer's split for one step: what the device reads and what the CPU worker computes."""
+
+    layer: int
+    step: int
+    parity: int  # which set of host buffers (consecutive layers alternate)
+    q: torch.Tensor  # host query of the CPU part [B, Hq, D] (predicted, or the true one)
+    payload: torch.Tensor  # host int64 [B, Hkv, 3k + 4]: cpu ids | pending | victims | n_cpu n_sel n_avail n_res
+    event: Any  # completes when `q` and `payload` are on the host
+    pool_use: torch.Tensor  # device bool [B, Hkv, k_sel]: pool slots read by the device part
+    predicted: bool
+    wait_events: tuple = ()  # events the worker waits for before reusing this parity's host buffers
+    future: Future | None = None
+    result: Any = None
+
+
+@dataclass
+class _CpuResult:
+    state: PartialState | None  # None: nothing attended on the CPU
+    width: int  # gathered blocks per (sequence, KV head) row
+    ms: float
+
+
+@dataclass
+class ScoutAttention(AttentionMethod):
+    """ScoutAttention: Quest block selection split between a device pool and CPU attention over host blocks.
+
+    Storage. Layers `< dense_layers` are FullKV on the device. A sparse layer keeps every complete block in host
+    memory (`host_empty`, pinned on CUDA) as block-major rows `[max_blocks * B * Hkv, block_size, D]`, so a flat
+    `index_select(out=)` gathers any set of blocks and a block completed by all sequences at once is one
+    contiguous copy; on the device it keeps Quest digests (kmax/kmin of post-RoPE
+    keys) of every complete block and one contiguous region per (sequence, KV head) of `budget // block_size`
+    block slots: `k_sel` pool slots, `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the
+    local blocks and the tail (the partial block with the current token). `BlockTable` records which block sits in
+    which pool slot.
+
+    Budget. `budget` counts every attended token, the always-on ones included (Quest convention): per
+    (sequence, KV head) the method attends `k_sel = budget // block_size - sink_blocks - local_blocks - 1`
+    selected blocks, plus the sink blocks, the local blocks and the tail (the remainder of `budget` modulo
+    `block_size` is unused). Only complete blocks that are neither sink nor local can be selected; top-k per
+    (sequence, KV head) with the group's query heads max-aggregated (GQA).
+
+    Prefill. Everything goes to the host tier; digests, sink/local/tail blocks and the initial resident set (the
+    top `k_sel` blocks for the last prompt query) go to the device.
+
+    Decode (Algorithm 1), `pc=True`: `before_layer(i)` predicts layer i+1's query from layer i's input
+    (`pred_norm="next"`: layer i+1's input norm applied to layer i's residual input; `"self"`: layer i's
+    normalised input, the literal `W_Q^{i+1} X^i`), rotated at the current position; scores layer i+1's digests,
+    selects top-k, and submits the CPU partial attention of the selected blocks that are not resident (`B_cpu`) to
+    the worker pool. `decode(i)` appends k/v, computes the device part with the true query over the resident
+    selected blocks plus sink/local/tail (which hold the current token), waits for layer i's CPU result (timed as
+    `idle`) and merges the two by LSE. The first sparse layer is predicted from layer `dense_layers - 1`; with
+    `dense_layers == 0`, layer 0's CPU part runs synchronously with the true query.
+    `pc=False` is the parallel co-attention baseline: selection with the true query inside `decode(i)`, the CPU
+    part submitted and run while the device part of the same layer runs. `oracle=True` behaves like `pc=False`
+    (true query everywhere): the exactness tests use it.
+
+    Periodic recall (`pr=True`): after layer l's attention, every `recall_interval` steps (per layer from
+    `recall_profile`, a `scoutbench profile-recall` JSON, when given) or whenever the layer's CPU compute ratio
+    exceeds `beta`, the blocks the CPU just computed are copied into the pool (from the worker's gather buffer; on
+    CUDA on a copy stream with an event), evicting free slots first, then resident blocks outside the latest
+    selection, lowest score first. A recalled slot is readable only after its copy event has completed, and
+    victims are never selected or in-flight blocks, so the layer's next use never reads a half-copied slot.
+
+    CPU compute ratio = tokens attended on the CPU / `budget` per layer, averaged over (sequence, KV head).
+    `stats()` reports it (mean and per layer) with blocks selected/resident, recall counters, CPU attention time
+    and idle time. On CUDA the worker gets the query and block ids by a non-blocking D2H copy and an event; its
+    result returns by H2D; the decode loop has no `.item()`/`.cpu()` sync. On a CPU-only machine both tiers are
+    CPU memory and the worker thread still runs concurrently with the main thread (torch ops release the GIL).
+    """
+
+    name: ClassVar[str] = "scout"
+    layer_ahead: ClassVar[bool] = True
+
+    budget: int = 2048
+    block_size: int = 32
+    dense_layers: int = 2
+    sink_blocks: int = 1
+    local_blocks: int = 1
+    pc: bool = True
+    pr: bool = True
+    recall_interval: int = 8
+    beta: float = 0.12
+    recall_profile: str | None = None
+    oracle: bool = False
+    pred_norm: str = "next"
+    cpu_workers: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.block_size >= 1, f"block_size must be >= 1 (got {self.block_size})")
+        require(self.dense_layers >= 0, f"dense_layers must be >= 0 (got {self.dense_layers})")
+        require(self.sink_blocks >= 0, f"sink_blocks must be >= 0 (got {self.sink_blocks})")
+        require(self.local_blocks >= 0, f"local_blocks must be >= 0 (got {self.local_blocks})")
+        require(self.k_sel >= 1, f"budget {self.budget} leaves no selectable block: need budget >= block_size * "
+                f"(sink_blocks + local_blocks + 2) = {self.block_size * (self.sink_blocks + self.local_blocks + 2)}")
+        require(self.recall_interval >= 1, f"recall_interval must be >= 1 (got {self.recall_interval})")
+        require(0.0 <= self.beta <= 1.0, f"beta must be in [0, 1] (got {self.beta})")
+        require(self.pred_norm in PRED_NORMS, f"pred_norm must be one of {', '.join(PRED_NORMS)} "
+                f"(got {self.pred_norm!r})")
+        require(self.cpu_workers >= 1, f"cpu_workers must be >= 1 (got {self.cpu_workers})")
+        self._profile_intervals: list[int | None] | None = None
+        if self.recall_profile is not None:
+            self._profile_intervals = load_recall_profile(self.recall_profile)
+        self.trace: list[dict[str, Any]] | None = None  # tests/profiling: per layer-step records (host syncs)
+        self._pool: CpuWorkerPool | None = None
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def k_sel(self) -> int:
+        """Selectable blocks per (sequence, KV head): the budget minus sink, local and tail blocks."""
+        return self.budget // self.block_size - self.sink_blocks - self.local_blocks - 1
+
+    @property
+    def layer_ahead_active(self) -> bool:
+        return self.pc and not self.oracle
+
+    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
+        kv = shape.kv_bytes_per_token_layer(elem_bytes)
+        dense = min(self.dense_layers, shape.num_layers)
+        sparse = shape.num_layers - dense
+        n_blocks = math.ceil(context_len / self.block_size)
+        device = dense * context_len * kv + sparse * (
+            n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + self.budget * kv)
+        host = sparse * context_len * kv
+        return Footprint(device, host)
+
+    # ------------------------------------------------------------------ setup
+    def bind(self, ctx: MethodContext) -> None:
+        self.close()
+        super().bind(ctx)
+        b, B, Hkv, H, D = self.block_size, ctx.batch, ctx.num_kv_heads, ctx.num_heads, ctx.head_dim
+        dev, dtype = ctx.device, ctx.dtype
+        self._L = ctx.num_layers
+        self._dense = min(self.dense_layers, ctx.num_layers)
+        self._max_blocks = math.ceil(ctx.max_len / b)
+        self._n_ring = self.local_blocks + 1
+        self._n_slots = self.k_sel + self.sink_blocks + self._n_ring  # device block slots per (b, h)
+        self._region = self._n_slots * b
+        self._cuda = torch.device(dev).type == "cuda"
+        self._elem = torch.tensor([], dtype=dtype).element_size()
+        if self._profile_intervals is not None and len(self._profile_intervals) != ctx.num_layers:
+            raise UsageError(f"recall_profile {self.recall_profile!r} has {len(self._profile_intervals)} layers, "
+                             f"the model has {ctx.num_layers}")
+        self._intervals = [
+            max(1, int(self._profile_intervals[i])) if self._profile_intervals is not None
+            and self._profile_intervals[i] is not None else self.recall_interval
+            for i in range(ctx.num_layers)]
+        # dense layers: FullKV storage
+        dense_shape = (B, Hkv, ctx.max_len, D)
+        self._dense_k = [torch.empty(dense_shape, dtype=dtype, device=dev) for _ in range(self._dense)]
+        self._dense_v = [torch.empty(dense_shape, dtype=dtype, device=dev) for _ in range(self._dense)]
+        # sparse layers: host tier, block-major rows `j * B * Hkv + (b * Hkv + h)` so that the blocks of all
+        # (sequence, KV head) rows completed at one step are one contiguous (async on CUDA) copy. Zeroed: gathers
+        # may read never-written rows, masked out, but they must be finite.
+        rows = self._max_blocks * B * Hkv
+        self._host_k: dict[int, torch.Tensor] = {}
+        self._host_v: dict[int, torch.Tensor] = {}
+        self._dev_k: dict[int, torch.Tensor] = {}
+        self._dev_v: dict[int, torch.Tensor] = {}
+        self._kmax: dict[int, torch.Tensor] = {}
+        self._kmin: dict[int, torch.Tensor] = {}
+        self._tables: dict[int, BlockTable] = {}
+        for layer in range(self._dense, ctx.num_layers):
+            self._host_k[layer] = host_empty((rows, b, D), dtype, dev).zero_()
+            self._host_v[layer] = host_empty((rows, b, D), dtype, dev).zero_()
+            self._dev_k[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
+            self._dev_v[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
+            self._kmax[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=dtype, device=dev)
+            self._kmin[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=dtype, device=dev)
+            self._tables[layer] = BlockTable(B, Hkv, self.k_sel, self._max_blocks, dev)
+        # host buffers of the CPU part, two sets (consecutive layers alternate, at most two plans in flight)
+        k = self.k_sel
+        gather_rows = B * Hkv * k
+        self._gather_k = [host_empty((gather_rows, b, D), dtype, dev).zero_() for _ in range(2)]
+        self._gather_v = [host_empty((gather_rows, b, D), dtype, dev).zero_() for _ in range(2)]
+        self._parity_free: list[list[Any]] = [[], []]
+        if self._cuda:
+            self._q_host = [host_empty((B, H, D), dtype, dev) for _ in range(2)]
+            self._payload_host = [host_empty((B, Hkv, 3 * k + 4), torch.long, dev) for _ in range(2)]
+            self._out_o = [host_empty((B, H, D), torch.float32, dev) for _ in range(2)]
+            self._out_lse = [host_empty((B, H), torch.float32, dev) for _ in range(2)]
+            self._stage_k = torch.empty((gather_rows, b, D), dtype=dtype, device=dev)
+            self._stage_v = torch.empty((gather_rows, b, D), dtype=dtype, device=dev)
+        self._copy = CopyStream(dev)
+        self._bh_host = torch.arange(B * Hkv).view(B, Hkv)  # host row index b * Hkv + h, for the worker
+        self._bias = torch.zeros((B, Hkv, 1, self._region), dtype=dtype, device=dev)
+        # CPU path: the digests also as fp32 center = max + min and radius = max - min, kept up to date at prefill
+        # and block completion, so that scoring is two matmuls (recomputing them per call from bf16 digests is
+        # 3-5 ms at 32k on one core: fresh fp32 temporaries and conversion passes; on CUDA that is negligible).
+        self._center: dict[int, torch.Tensor] = {}
+        self._radius: dict[int, torch.Tensor] = {}
+        if not self._cuda:
+            for layer in self._kmax:
+                self._center[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=torch.float32)
+                self._radius[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=torch.float32)
+        self._batch_index = torch.arange(B, device=dev)
+        self._arange_k = torch.arange(k, device=dev)
+        self._plans: dict[int, _Plan] = {}
+        self._pool = CpuWorkerPool(self.cpu_workers)
+        self._since = [0] * ctx.num_layers
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        """Zero the statistics (e.g. after warm-up steps); the method state is untouched."""
+        L = self._L
+        self._ratio_sum = [0.0] * L
+        self._ratio_n = [0] * L
+        self._sel_sum = [0.0] * L
+        self._res_sum = [0.0] * L
+        self._recalls = [0] * L
+        self._recall_blocks = [0] * L
+        self._cpu_ms = 0.0
+        self._idle_ms = 0.0
+        self._cpu_tasks = 0
+        self._steps = 0
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for plan in getattr(self, "_plans", {}).values():
+                if plan.future is not None:
+                    plan.future.cancel()
+            self._pool.close()
+            self._pool = None
+
+    # ------------------------------------------------------------------ prefill
+    def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       lengths: torch.Tensor) -> None:
+        num_tokens = k.shape[2]
+        if layer < self._dense:
+            self._dense_k[layer][:, :, :num_tokens].copy_(k)
+            self._dense_v[layer][:, :, :num_tokens].copy_(v)
+            return
+        ctx, b = self.ctx, self.block_size
+        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
+        complete = num_tokens // b
+        for host, src in ((self._host_k[layer], k), (self._host_v[layer], v)):  # complete blocks, block-major
+            blocks = src[:, :, : complete * b].reshape(B, Hkv, complete, b, D).permute(2, 0, 1, 3, 4)
+            host.view(self._max_blocks, B, Hkv, b, D)[:complete].copy_(blocks)
+        kmax, kmin = block_digests(k, b)
+        self._kmax[layer][:, :, :complete].copy_(kmax)
+        self._kmin[layer][:, :, :complete].copy_(kmin)
+        self._refresh_center(layer, (slice(None), slice(None), slice(0, complete)))
+        lengths_host = [int(n) for n in lengths.tolist()]
+        dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]
+        dev_k.zero_()
+        dev_v.zero_()
+        table = self._tables[layer]
+        table.reset()
+        # always-on blocks: sink slots and the local/tail ring (the tail's prompt tokens), from the prompt's K/V
+        for seq, n in enumerate(lengths_host):
+            tail = n // b  # block of the first decode token
+            blocks = [(j, self.k_sel + j) for j in range(min(self.sink_blocks, tail + 1))]
+            blocks += [(j, self._ring_slot(j)) for j in range(max(0, tail - self.local_blocks), tail + 1)]
+            for j, slot in blocks:
+                count = min(n, (j + 1) * b) - j * b
+                if count > 0:
+                    dev_k[seq, :, slot * b: slot * b + count].copy_(k[seq, :, j * b: j * b + count])
+                    dev_v[seq, :, slot * b: slot * b + count].copy_(v[seq, :, j * b: j * b + count])
+        # initial resident set: top-k_sel selectable blocks for the last prompt query
+        positions = lengths.to(self._kmax[layer].device)
+        ids, valid, _ = self._select(layer, q_obs[:, :, -1], positions, max(lengths_host))
+        valid = self._initial_selection(layer, ids, valid)
+        ids_host, valid_host = ids.cpu(), valid.cpu()
+        bh, kk = valid_host.view(B * Hkv, -1).nonzero(as_tuple=True)
+        if bh.numel():
+            blocks = ids_host.view(B * Hkv, -1)[bh, kk]
+            src = blocks * (B * Hkv) + bh
+            dst = bh * self._n_slots + kk
+            for host, dev in ((self._host_k[layer], dev_k), (self._host_v[layer], dev_v)):
+                dev.view(-1, b, D).index_copy_(0, dst.to(dev.device), host.index_select(0, src).to(dev.device))
+            device = dev_k.device
+            table.assign(bh.to(device), kk.to(device), blocks.to(device))
+
+    def _initial_selection(self, layer: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Which of the selected blocks `ids` (`valid` entries) go into the pool at prefill: all of them (a hook:
+        the tests vary the residency split through it). Returns a bool mask like `valid`."""
+        return valid
+
+    def _ring_slot(self, block: int) -> int:
+        return self.k_sel + self.sink_blocks + block % self._n_ring
+
+    # ------------------------------------------------------------------ decode
+    def begin_step(self, step: StepInfo) -> None:
+        super().begin_step(step)
+        b = self.block_size
+        pos = step.positions
+        if self._L > self._dense:
+            self._step_bias(pos)
+            if not step.uniform:
+                self._ring_row = (self.k_sel + self.sink_blocks + (pos // b) % self._n_ring) * b + pos % b
+        self._steps += 1
+
+    def _step_bias(self, pos: torch.Tensor) -> None:
+        """The always-on part of this step's device mask (same for every sparse layer): sink and ring slots."""
+        b, dev = self.block_size, pos.device
+        tail, off = pos // b, pos % b
+        t = torch.arange(b, device=dev)
+        sink_ok = torch.arange(self.sink_blocks, device=dev)[None, :] < tail[:, None]  # complete sink blocks
+        sink_tok = sink_ok[:, :, None].expand(-1, -1, b)
+        r = torch.arange(self._n_ring, device=dev)
+        j = tail[:, None] - ((tail[:, None] - r[None, :]) % self._n_ring)  # block held by ring slot r
+        ring_ok = (j >= 0) & ((j >= self.sink_blocks) | (j == tail[:, None]))
+        ring_tok = ring_ok[:, :, None] & ((j < tail[:, None])[:, :, None] | (t[None, None, :] <= off[:, None, None]))
+        ok = torch.cat([sink_tok.reshape(pos.shape[0], -1), ring_tok.reshape(pos.shape[0], -1)], dim=1)
+        always = torch.zeros(ok.shape, dtype=self._bias.dtype, device=dev).masked_fill_(~ok, float("-inf"))
+        self._bias[:, :, 0, self.k_sel * b:] = always[:, None, :]
+
+    def before_layer(self, layer: int, hidden: torch.Tensor, normed: torch.Tensor) -> None:
+        target = layer + 1
+        if not self.layer_ahead_active or target >= self._L or target < self._dense:
+            return
+        if self.pred_norm == "next":
+            q_pred = self.ctx.predict_query(target, hidden)
+        else:
+            q_pred = self.ctx.predict_query(target, hidden, normed)
+        plan = self._make_plan(target, q_pred, predicted=True)
+        self._submit(plan)
+
+    def decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if layer < self._dense:
+            return self._decode_dense(layer, q, k, v)
+        timer = self.ctx.timer
+        plan = self._plans.pop(layer, None)
+        inline = False
+        if plan is None:  # pc off / oracle: select with the true query now; or the first layer when dense_layers=0
+            with timer.stage("attn_device"):
+                plan = self._make_plan(layer, q, predicted=False)
+                if self.layer_ahead_active:
+                    inline = True  # synchronous: the worker is busy with the next layer's pre-computation
+                else:
+                    self._submit(plan)
+        with timer.stage("attn_device"):
+            self._append(layer, k, v)
+            device_state = self._device_partial(layer, q, plan)
+        if inline:
+            with timer.stage("idle"):
+                plan.result = self._run_cpu(plan)
+        else:
+            with timer.stage("idle"):
+                t0 = time.perf_counter()
+                plan.result = plan.future.result()
+                self._idle_ms += (time.perf_counter() - t0) * 1e3
+            self._log_event("wait", layer)
+        result: _CpuResult = plan.result
+        with timer.stage("merge"):
+            if result.state is None:
+                merged = device_state
+            else:
+                cpu_state = result.state
+                if self._cuda:
+                    cpu_state = PartialState(cpu_state.o.to(q.device, non_blocking=True),
+                                             cpu_state.lse.to(q.device, non_blocking=True))
+                    event = torch.cuda.Event()
+                    event.record()
+                    self._parity_free[plan.parity].append(event)  # the H2D read the pinned output buffer
+                merged = merge_states(device_state, cpu_state)
+            out = merged.o.to(q.dtype)
+        self._account(layer, plan, result)
+        if self.pr:
+            with timer.stage("attn_device"):  # issuing the recall (asynchronous on CUDA)
+                self._maybe_recall(layer, plan, result)
+        return out
+
+    def end_step(self) -> None:
+        if self._plans:  # a plan nobody consumed (never in a well-formed loop): do not leak its future
+            for plan in self._plans.values():
+                if plan.future is not None:
+                    plan.future.result()
+            self._plans.clear()
+
+    # ------------------------------------------------------------------ dense layers (FullKV)
+    def _decode_dense(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        step = self.step
+        keys, values = self._dense_k[layer], self._dense_v[layer]
+        span = max(step.positions_host) + 1
+        with self.ctx.timer.stage("attn_device"):
+            if step.uniform:
+                keys[:, :, step.positions_host[0]].copy_(k)
+                values[:, :, step.positions_host[0]].copy_(v)
+                valid_len = None
+            else:
+                keys[self._batch_index, :, step.positions] = k
+                values[self._batch_index, :, step.positions] = v
+                valid_len = step.positions + 1
+            return decode_attention(q, keys[:, :, :span], values[:, :, :span], self.ctx.scale, valid_len)
+
+    # ------------------------------------------------------------------ selection and the CPU part
+    def _select(self, layer: int, q: torch.Tensor, positions: torch.Tensor, max_position: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Top-k_sel selectable blocks for query `q` `[B, Hq, D]` when the new token sits at `positions`.
+
+        Selectable: complete blocks `j` with `sink_blocks <= j < tail - local_blocks`. Returns ids `[B, Hkv, k_sel]`
+        (descending score, padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`.
+        """
+        b = self.block_size
+        num_scored = max(1, max_position // b)
+        scores = self._scores(layer, q, num_scored)
+        limit = (positions // b - self.local_blocks).clamp(min=0)
+        excluded = None
+        if self.sink_blocks:
+            excluded = (torch.arange(num_scored, device=scores.device) < self.sink_blocks)[None, None, :]
+        ids, count = select_top_blocks(scores, limit, self.k_sel, excluded)
+        ids = pad_last(ids, self.k_sel)
+        count = count.expand(scores.shape[0], scores.shape[1])  # [B, 1] when nothing is excluded per head
+        valid = self._arange_k[None, None, :] < count[:, :, None]
+        return ids, valid, scores
+
+    def _scores(self, layer: int, q: torch.Tensor, num_blocks: int) -> torch.Tensor:
+        """`upper_bound_scores(q, kmax, kmin)` over the first `num_blocks` digests; on CPU from the fp32
+        center/radius copies (the kernel's own arithmetic, bit-identical, without its per-call conversions)."""
+        if self._cuda:
+            return upper_bound_scores(q, self._kmax[layer][:, :, :num_blocks], self._kmin[layer][:, :, :num_blocks])
+        center = self._center[layer][:, :, :num_blocks].transpose(-1, -2)
+        radius = self._radius[layer][:, :, :num_blocks].transpose(-1, -2)
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = center.shape[1]
+        q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
+        scores = 0.5 * (torch.matmul(q4, center) + torch.matmul(q4.abs(), radius))
+        return scores.amax(dim=2)
+
+    def _refresh_center(self, layer: int, index: tuple) -> None:
+        """Recompute the CPU path's fp32 center/radius digests at `index` from kmax/kmin."""
+        if self._cuda:
+            return
+        kmax, kmin = self._kmax[layer][index].float(), self._kmin[layer][index].float()
+        self._center[layer][index] = kmax + kmin
+        self._radius[layer][index] = kmax - kmin
+
+    def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
+        """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
+        table = self._tables[layer]
+        table.poll()
+        ids, valid, scores = self._select(layer, q, self.step.positions, max(self.step.positions_host))
+        on_dev, pending, slot = table.split(ids, valid)
+        on_cpu = valid & ~on_dev
+        order = torch.argsort((~on_cpu).to(torch.uint8), dim=-1, stable=True)  # CPU blocks first, by score
+        if self.pr:
+            victims, available = table.victims(ids, valid, scores)
+        else:  # no recall will read them
+            victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
+        counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, table.resident_count()], dim=-1)
+        payload = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
+        pool_use = table.slot_mask(on_dev, slot)
+        parity = layer % 2
+        if self._cuda:
+            q_host = self._q_host[parity]
+            q_host.copy_(q, non_blocking=True)
+            payload_host = self._payload_host[parity]
+            payload_host.copy_(payload, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            q_host, payload_host, event = q, payload, _DONE
+        plan = _Plan(layer, self.step.index, parity, q_host, payload_host, event, pool_use, predicted,
+                     tuple(self._parity_free[parity]))
+        self._parity_free[parity] = []
+        if self.trace is not None:
+            self._trace_plan(plan, ids, valid, on_dev, table)
+        return plan
+
+    def _submit(self, plan: _Plan) -> None:
+        plan.future = self._pool.submit(self._run_cpu, plan)
+        self._plans[plan.layer] = plan
+        self._log_event("submit", plan.layer)
+
+    def _run_cpu(self, plan: _Plan) -> _CpuResult:
+        """The CPU part (worker thread): gather the non-resident selected blocks from host memory into this
+        parity's preallocated buffers and attend to them with the plan's query."""
+        plan.event.synchronize()
+        for event in plan.wait_events:
+            event.synchronize()
+        t0 = time.perf_counter()
+        ctx, b, k = self.ctx, self.block_size, self.k_sel
+        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
+        n_cpu = plan.payload[..., 3 * k]
+        width = int(n_cpu.max())
+        if width == 0:
+            return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3)
+        rows = (plan.payload[..., :width] * (B * Hkv) + self._bh_host[:, :, None]).reshape(-1)
+        used = B * Hkv * width
+        gk, gv = self._gather_k[plan.parity][:used], self._gather_v[plan.parity][:used]
+        torch.index_select(self._host_k[plan.layer], 0, rows, out=gk)
+        torch.index_select(self._host_v[plan.layer], 0, rows, out=gv)
+        valid_len = None if bool((n_cpu == width).all()) else n_cpu * b
+        state = partial_attention(plan.q, gk.view(B, Hkv, width * b, D), gv.view(B, Hkv, width * b, D),
+                                  ctx.scale, valid_len)
+        if self._cuda:
+            self._out_o[plan.parity].copy_(state.o)
+            self._out_lse[plan.parity].copy_(state.lse)
+            state = PartialState(self._out_o[plan.parity], self._out_lse[plan.parity])
+        ms = (time.perf_counter() - t0) * 1e3
+        self._log_event("cpu", plan.layer)
+        return _CpuResult(state, width, ms)
+
+    # ------------------------------------------------------------------ device part
+    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new token into the device ring (and a sink slot while the context is that short); when it
+        completes a block, finalise the block's digest and copy the block to the host tier (one contiguous copy,
+        asynchronous on CUDA). The host tier only ever needs complete blocks: the tail is attended on the device."""
+        step, b = self.step, self.block_size
+        ctx = self.ctx
+        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
+        dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]
+        positions = step.positions_host
+        if step.uniform:
+            p = positions[0]
+            row = self._ring_slot(p // b) * b + p % b
+            dev_k[:, :, row].copy_(k)
+            dev_v[:, :, row].copy_(v)
+        else:
+            dev_k[self._batch_index, :, self._ring_row] = k
+            dev_v[self._batch_index, :, self._ring_row] = v
+        for seq, p in enumerate(positions):
+            j = p // b
+            if j < self.sink_blocks:  # context shorter than the sink region: the sink slot fills as we go
+                row = (self.k_sel + j) * b + p % b
+                dev_k[seq, :, row].copy_(k[seq])
+                dev_v[seq, :, row].copy_(v[seq])
+        done = [seq for seq, p in enumerate(positions) if (p + 1) % b == 0]
+        if not done:
+            return
+        kmax, kmin = self._kmax[layer], self._kmin[layer]
+        host_k = self._host_k[layer].view(self._max_blocks, B, Hkv, b, D)
+        host_v = self._host_v[layer].view(self._max_blocks, B, Hkv, b, D)
+        if len(done) == B and step.uniform:
+            j = positions[0] // b
+            slot = self._ring_slot(j)
+            block_k = dev_k[:, :, slot * b:(slot + 1) * b]
+            kmax[:, :, j].copy_(block_k.amax(dim=2))
+            kmin[:, :, j].copy_(block_k.amin(dim=2))
+            self._refresh_center(layer, (slice(None), slice(None), j))
+            host_k[j].copy_(block_k.contiguous(), non_blocking=True)
+            host_v[j].copy_(dev_v[:, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
+            return
+        for seq in done:
+            j = positions[seq] // b
+            slot = self._ring_slot(j)
+            block_k = dev_k[seq, :, slot * b:(slot + 1) * b]
+            kmax[seq, :, j].copy_(block_k.amax(dim=1))
+            kmin[seq, :, j].copy_(block_k.amin(dim=1))
+            self._refresh_center(layer, (seq, slice(None), j))
+            host_k[j, seq].copy_(block_k.contiguous(), non_blocking=True)
+            host_v[j, seq].copy_(dev_v[seq, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
+
+    def _device_partial(self, layer: int, q: torch.Tensor, plan: _Plan) -> PartialState:
+        """Exact attention of the true query over the resident selected blocks and the always-on blocks."""
+        b = self.block_size
+        pool_bias = torch.zeros(plan.pool_use.shape, dtype=self._bias.dtype, device=q.device)
+        pool_bias.masked_fill_(~plan.pool_use, float("-inf"))
+        self._bias[:, :, 0, : self.k_sel * b].view(*pool_bias.shape, b).copy_(pool_bias.unsqueeze(-1).expand(-1, -1, -1, b))
+        self._log_event("device", layer)
+        return region_attention(q, self._dev_k[layer], self._dev_v[layer], self.ctx.scale, self._bias)
+
+    # ------------------------------------------------------------------ periodic recall
+    def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
+        self._since[layer] += 1
+        n_cpu = plan.payload[..., 3 * self.k_sel]
+        ratio = float(n_cpu.sum()) * self.block_size / (self.budget * n_cpu.numel())
+        if self._since[layer] < self._intervals[layer] and ratio <= self.beta:
+            return
+        self._since[layer] = 0
+        if result.width == 0:
+            return
+        self._recall(layer, plan, result.width)
+
+    def _recall(self, layer: int, plan: _Plan, width: int) -> None:
+        """Copy the blocks the CPU just computed (minus in-flight ones) into the pool, most important first, into
+        free slots, then over resident blocks outside the latest selection (lowest score first)."""
+        ctx, k, b = self.ctx, self.k_sel, self.block_size
+        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
+        payload = plan.payload.view(B * Hkv, -1)
+        ids, pending, victims = payload[:, :k], payload[:, k:2 * k].bool(), payload[:, 2 * k:3 * k]
+        n_cpu, available = payload[:, 3 * k], payload[:, 3 * k + 2]
+        take = (torch.arange(k)[None, :] < n_cpu[:, None]) & ~pending
+        rank = take.long().cumsum(-1) - 1
+        take &= rank < available[:, None]
+        bh, kk = take.nonzero(as_tuple=True)
+        if bh.numel() == 0:
+            return
+        slots = victims[bh, rank[bh, kk]]
+        blocks = ids[bh, kk]
+        src = bh * width + kk  # row of the block in this plan's gather buffer
+        dst = bh * self._n_slots + slots
+        used = B * Hkv * width
+        gk, gv = self._gather_k[plan.parity], self._gather_v[plan.parity]
+        dk, dv = self._dev_k[layer].view(-1, b, D), self._dev_v[layer].view(-1, b, D)
+        device = dk.device
+        if self._cuda:
+            def job() -> None:
+                src_d, dst_d = _to_device(src, device), _to_device(dst, device)
+                for stage, gather, pool in ((self._stage_k, gk, dk), (self._stage_v, gv, dv)):
+                    stage[:used].copy_(gather[:used], non_blocking=True)
+                    pool.index_copy_(0, dst_d, stage.index_select(0, src_d))
+
+            _, event = self._copy.run(job)
+            self._parity_free[plan.parity].append(event)  # the copy reads this parity's gather buffer
+        else:
+            dk.index_copy_(0, dst, gk.index_select(0, src))
+            dv.index_copy_(0, dst, gv.index_select(0, src))
+            event = None
+        self._tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
+        self._recalls[layer] += 1
+        self._recall_blocks[layer] += int(bh.numel())
+        if self.trace is not None:
+            self.trace.append({"kind": "recall", "layer": layer, "step": plan.step,
+                               "blocks": [(int(x) // Hkv, int(x) % Hkv, int(j)) for x, j in zip(bh, blocks, strict=False)]})
+
+    # ------------------------------------------------------------------ statistics
+    def _account(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
+        counts = plan.payload[..., 3 * self.k_sel:].float().mean(dim=(0, 1))  # n_cpu, n_sel, n_avail, n_res
+        self._ratio_sum[layer] += float(counts[0]) * self.block_size / self.budget
+        self._sel_sum[layer] += float(counts[1])
+        self._res_sum[layer] += float(counts[3])
+        self._ratio_n[layer] += 1
+        self._cpu_ms += result.ms
+        self._cpu_tasks += 1
+
+    def stats(self) -> dict[str, Any]:
+        if not hasattr(self, "_ratio_n"):
+            return {}
+        sparse = range(self._dense, self._L)
+        per_layer = [self._ratio_sum[i] / self._ratio_n[i] if i in sparse and self._ratio_n[i] else None
+                     for i in range(self._L)]
+        measured = [r for r in per_layer if r is not None]
+        n_steps = sum(self._ratio_n)
+
+        def mean_of(values: list[float]) -> float | None:
+            return sum(values) / n_steps if n_steps else None
+
+        block_bytes = 2 * self.block_size * self.ctx.head_dim * self._elem  # K and V of one block of one KV head
+        return {
+            "cpu_compute_ratio": {"mean": sum(measured) / len(measured) if measured else None,
+                                  "per_layer": per_layer},
+            "blocks_selected_per_head": mean_of(self._sel_sum),
+            "blocks_resident_per_head": mean_of(self._res_sum),
+            "k_sel": self.k_sel,
+            "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
+                       "bytes": sum(self._recall_blocks) * block_bytes, "per_layer": list(self._recalls),
+                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)]},
+            "cpu_attention_ms": self._cpu_ms,
+            "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,
+            "idle_ms": self._idle_ms,
+            "steps": self._steps,
+            "device_kv_bytes": self._device_bytes(),
+            "host_kv_bytes": sum(t.numel() * t.element_size() for t in (*self._host_k.values(),
+                                                                         *self._host_v.values())),
+        }
+
+    def _device_bytes(self) -> int:
+        tensors = [*self._dense_k, *self._dense_v, *self._dev_k.values(), *self._dev_v.values(),
+                   *self._kmax.values(), *self._kmin.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # ------------------------------------------------------------------ tracing (tests, profiling)
+    def _log_event(self, kind: str, layer: int) -> None:
+        if self.trace is not None:
+            self.trace.append({"kind": kind, "layer": layer, "step": self.step.index,
+                               "thread": threading.current_thread().name})
+
+    def _trace_plan(self, plan: _Plan, ids: torch.Tensor, valid: torch.Tensor, on_dev: torch.Tensor,
+                    table: BlockTable) -> None:
+        ids, valid, on_dev = ids.cpu(), valid.cpu(), on_dev.cpu()
+        B, Hkv = valid.shape[:2]
+        selected = [[{int(j) for j, ok in zip(ids[s, h], valid[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
+        device = [[{int(j) for j, ok in zip(ids[s, h], on_dev[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
+        self.trace.append({"kind": "plan", "layer": plan.layer, "step": plan.step, "predicted": plan.predicted,
+                           "selected": selected, "device": device, "resident": table.resident_sets(),
+                           "positions": list(self.step.positions_host)})
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device` without a blocking copy (pinned staging on CUDA)."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def load_recall_profile(path: str) -> list[int | None]:
+    """Per-layer recall intervals from a `scoutbench profile-recall` JSON (`intervals`: one entry per layer,
+    null for dense layers)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"recall_profile {path!r} does not exist")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        intervals = data["intervals"]
+        if not isinstance(intervals, list) or not all(i is None or (isinstance(i, int) and i >= 1)
+                                                      for i in intervals):
+            raise ValueError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"recall_profile {path!r} is not a profile-recall JSON with an 'intervals' list "
+                         "of positive integers (null for dense layers)") from None
+    return intervals

@@ -1,0 +1,120 @@
+"""`scoutbench profile-recall` and `scoutbench cosine`: ScoutAttention's offline tools."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from scoutbench.cli.options import parse_method_args
+from scoutbench.units import parse_length
+
+_MODEL_HELP = "Built-in name (tiny-qwen3, smollm2-135m, bench-attn, ...), local folder or Hugging Face id."
+
+
+def _common(fn):
+    for option in reversed([
+        click.option("--model", default="tiny-qwen3", show_default=True, help=_MODEL_HELP),
+        click.option("--len", "length", default="4k", show_default=True, help="Prompt tokens: 4096, 4k, 64k."),
+        click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together."),
+        click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
+        click.option("--dtype", default=None, help="fp32|bf16|fp16; default fp32 on CPU, bf16 on CUDA."),
+        click.option("--seed", default=0, show_default=True, type=int),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _check_positive(name: str, value: int) -> None:
+    from scoutbench.errors import UsageError
+
+    if value < 1:
+        raise UsageError(f"{name} must be at least 1 (got {value})")
+
+
+@click.command(name="profile-recall")
+@_common
+@click.option("--steps", default=32, show_default=True, type=int, help="Decode steps profiled (max interval + 1).")
+@click.option("--beta", default=0.12, show_default=True, type=float, help="CPU compute ratio threshold.")
+@click.option("--prefill", type=click.Choice(["real", "synthetic"]), default="real", show_default=True,
+              help="real: the model runs on a random prompt; synthetic: random K/V (decode-only).")
+@click.option("--budget", default=None, help="ScoutAttention token budget (default 2048).")
+@click.option("--block-size", default=None, type=int, help="ScoutAttention block size (default 32).")
+@click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
+              help="Any other ScoutAttention field (repeatable), e.g. dense_layers=2, pred_norm=self.")
+@click.option("-o", "--output", required=True, help="JSON file to write (ScoutAttention's recall_profile).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+def profile_recall_command(model, length, batch, device, dtype, seed, steps, beta, prefill, budget, block_size,
+                           method_args, output, overwrite):
+    """Profile per-layer recall intervals: the largest interval that keeps each layer's CPU compute ratio
+    under BETA after a recall (paper section 3.4). Writes a JSON that `--method-arg recall_profile=FILE` reads."""
+    from scoutbench.errors import UsageError
+    from scoutbench.methods.scout import ScoutAttention
+    from scoutbench.recall import profile_recall
+    from scoutbench.results import check_writable, write_json_atomic
+
+    length_tokens = parse_length(length)
+    _check_positive("--steps", steps)
+    _check_positive("--batch", batch)
+    if not 0.0 <= beta <= 1.0:
+        raise UsageError(f"--beta must be in [0, 1] (got {beta})")
+    args = parse_method_args(method_args)
+    if budget is not None:
+        args["budget"] = str(parse_length(budget))
+    if block_size is not None:
+        args["block_size"] = str(block_size)
+    for key in ("pr", "recall_profile"):
+        if key in args:
+            raise UsageError(f"--method-arg {key} makes no sense here: profiling runs with recall off")
+    ScoutAttention.from_args(args)  # validate before loading the model
+    check_writable(output)
+    result = profile_recall(model, length_tokens, steps, beta, batch=batch, device=device, dtype=dtype, seed=seed,
+                            prefill=prefill, method_args=args)
+    path = write_json_atomic(output, result, overwrite=overwrite)
+    click.echo("layer  interval  expected ratio")
+    for layer, (interval, ratio) in enumerate(zip(result["intervals"], result["expected_ratio"], strict=False)):
+        if interval is None:
+            click.echo(f"{layer:5d}  {'dense':>8}")
+        else:
+            click.echo(f"{layer:5d}  {interval:8d}  {ratio:14.3f}")
+    mean_interval, mean_ratio = result["mean_interval"], result["expected_ratio_mean"]
+    if mean_interval is not None:
+        click.echo(f"mean interval {mean_interval:.1f} steps, expected CPU compute ratio {mean_ratio:.3f} "
+                   f"(beta {beta}); intervals capped at {result['interval_cap']} (= --steps - 1)")
+    click.echo(f"wrote {path}")
+
+
+@click.command(name="cosine")
+@_common
+@click.option("--steps", default=16, show_default=True, type=int, help="Decode steps measured.")
+@click.option("--pred-norm", type=click.Choice(["next", "self"]), default="next", show_default=True,
+              help="Prediction input reported as mean/per_layer (both are measured).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (model, mean, per_layer, ...) instead of a table.")
+@click.option("-o", "--output", default=None, help="Also write the JSON to this file.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, as_json, output, overwrite):
+    """Cosine similarity of the predicted next-layer query vs the true one, per layer (paper Table 1).
+    Entry i of per_layer is the prediction of layer i+1 from layer i's input."""
+    from scoutbench.cosine import query_cosine
+    from scoutbench.results import check_writable, write_json_atomic
+
+    length_tokens = parse_length(length)
+    _check_positive("--steps", steps)
+    _check_positive("--batch", batch)
+    if output is not None:
+        check_writable(output)
+    result = query_cosine(model, length_tokens, steps, batch=batch, device=device, dtype=dtype, seed=seed,
+                          pred_norm=pred_norm)
+    if output is not None:
+        write_json_atomic(output, result, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    other = "self" if pred_norm == "next" else "next"
+    click.echo(f"{result['model']}: len {result['len']}, {result['steps']} decode steps, "
+               f"{'random' if result['random_weights'] else 'real'} weights")
+    click.echo(f"{'layer':>12}  {'cos (' + pred_norm + ')':>12}  {'cos (' + other + ')':>12}")
+    for i, value in enumerate(result["per_layer"]):
+        alt = result["by_pred_norm"][other]["per_layer"][i]
+        click.echo(f"{f'{i} -> {i + 1}':>12}  {value:12.4f}  {alt:12.4f}")
+    click.echo(f"{'mean':>12}  {result['mean']:12.4f}  {result['by_pred_norm'][other]['mean']:12.4f}")

@@ -1,0 +1,167 @@
+"""Block residency for offloading methods: which blocks of which (sequence, KV head) sit in the device pool.
+
+A sparse layer keeps every block in host memory (the authoritative copy, pinned on CUDA) and a fixed pool of
+`num_slots` block slots per (sequence, KV head) on the device. `BlockTable` is the map between the two:
+
+- `block_slot[b, h, j]`: the pool slot holding block `j`, or -1 when the block lives only in host memory;
+- `slot_block[b, h, s]`: the block held by slot `s`, or -1 for an empty slot;
+- `slot_ready[b, h, s]`: the slot's copy has completed. A recall flips a slot to "not ready" when it is issued
+  and back to ready only once its copy event has completed (`poll`), so a block is never read half-copied.
+
+Every tensor has one spare "trash" column at the end, so masked scatters need no compaction (and no host sync):
+masked entries are redirected to the trash column and never read back. All tables live on the compute device.
+
+`region_attention` is the device-side partial attention of such a layer: one call over a contiguous slotted
+region (pool slots + always-on blocks) with an arbitrary per-token mask, returning the natural-log LSE.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from scoutbench.kernels.attention import PartialState
+
+
+class BlockTable:
+    """Residency of one layer's blocks in a device pool of `num_slots` slots per (sequence, KV head)."""
+
+    def __init__(self, batch: int, num_kv_heads: int, num_slots: int, max_blocks: int,
+                 device: torch.device | str):
+        self.batch, self.num_kv_heads = batch, num_kv_heads
+        self.num_slots, self.max_blocks = num_slots, max_blocks
+        self.device = torch.device(device)
+        shape = (batch, num_kv_heads)
+        self.block_slot = torch.full((*shape, max_blocks + 1), -1, dtype=torch.long, device=self.device)
+        self.slot_block = torch.full((*shape, num_slots + 1), -1, dtype=torch.long, device=self.device)
+        self.slot_ready = torch.zeros((*shape, num_slots + 1), dtype=torch.bool, device=self.device)
+        self._pending: list[tuple[Any, torch.Tensor]] = []  # (copy event, flat slot indices)
+
+    # ------------------------------------------------------------------ queries
+    def poll(self) -> None:
+        """Mark the slots of completed copies ready (a non-blocking `event.query()` per in-flight copy)."""
+        if not self._pending:
+            return
+        still = []
+        for event, flat in self._pending:
+            if event.query():
+                self.slot_ready.view(-1).index_fill_(0, flat, True)
+            else:
+                still.append((event, flat))
+        self._pending = still
+
+    @property
+    def pending_copies(self) -> int:
+        return len(self._pending)
+
+    def split(self, ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where the selected blocks `ids` `[B, Hkv, k]` (entries with `valid` False are padding) can be read.
+
+        Returns (on_device, pending, slot), each `[B, Hkv, k]`: `on_device` = selected, resident and ready;
+        `pending` = selected and resident but its copy is still in flight (it must be computed elsewhere);
+        `slot` = the pool slot (-1 if not resident).
+        """
+        slot = self.block_slot.gather(-1, ids.clamp(0, self.max_blocks))
+        resident = valid & (slot >= 0)
+        ready = self.slot_ready.gather(-1, torch.where(resident, slot, self.num_slots))
+        return resident & ready, resident & ~ready, slot
+
+    def slot_mask(self, on_device: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """Bool `[B, Hkv, num_slots]`: the pool slots that hold a block read on the device this time."""
+        mask = torch.zeros((self.batch, self.num_kv_heads, self.num_slots + 1), dtype=torch.bool,
+                           device=self.device)
+        mask.scatter_(-1, torch.where(on_device, slot, self.num_slots), True)
+        return mask[..., : self.num_slots]
+
+    def victims(self, ids: torch.Tensor, valid: torch.Tensor, scores: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eviction order for a recall that follows the selection (`ids`, `valid`) with block `scores`.
+
+        Free slots come first, then resident blocks that are *not* in the latest selection, lowest score first
+        (ties: lower slot first). Slots holding a selected block, or one whose copy is still in flight, are never
+        evicted. Returns (slots `[B, Hkv, num_slots]` in eviction order, available `[B, Hkv]` = how many of them
+        may be used).
+        """
+        selected = torch.zeros((self.batch, self.num_kv_heads, self.max_blocks + 1), dtype=torch.bool,
+                               device=self.device)
+        selected.scatter_(-1, torch.where(valid, ids, self.max_blocks), True)
+        block = self.slot_block[..., : self.num_slots]
+        held = block >= 0
+        in_selection = selected.gather(-1, torch.where(held, block, self.max_blocks)) & held
+        ready = self.slot_ready[..., : self.num_slots]
+        evictable = held & ~in_selection & ready
+        num_scored = scores.shape[-1]
+        block_score = scores.float().gather(-1, block.clamp(0, max(num_scored - 1, 0))) if num_scored else \
+            torch.zeros(block.shape, device=self.device)
+        key = block_score.masked_fill(~evictable, float("inf")).masked_fill(~held, float("-inf"))
+        order = torch.argsort(key, dim=-1, stable=True)
+        return order, (key < float("inf")).sum(-1)
+
+    def resident_count(self) -> torch.Tensor:
+        """Blocks held in the pool per (sequence, KV head), `[B, Hkv]` (in-flight copies included)."""
+        return (self.slot_block[..., : self.num_slots] >= 0).sum(-1)
+
+    def resident_sets(self) -> list[list[set[int]]]:
+        """Host copy of the resident blocks per (sequence, KV head) (tests and tracing only: syncs)."""
+        blocks = self.slot_block[..., : self.num_slots].cpu()
+        return [[{int(j) for j in blocks[b, h] if j >= 0} for h in range(self.num_kv_heads)]
+                for b in range(self.batch)]
+
+    # ------------------------------------------------------------------ updates
+    def assign(self, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, event: Any = None) -> None:
+        """Put `blocks[n]` into slot `slots[n]` of row `bh[n]` (= b * Hkv + h); 1-D device tensors, unique
+        (row, slot) pairs. The previous occupants become host-only. With an `event`, the slots are usable only
+        after `event` completes; with None they are ready at once (the data is already in place)."""
+        if bh.numel() == 0:
+            return
+        rows = self.batch * self.num_kv_heads
+        block_slot = self.block_slot.view(rows, -1)
+        slot_block = self.slot_block.view(rows, -1)
+        old = slot_block[bh, slots]
+        block_slot[bh, torch.where(old >= 0, old, self.max_blocks)] = -1
+        block_slot[:, self.max_blocks] = -1
+        block_slot[bh, blocks] = slots
+        slot_block[bh, slots] = blocks
+        flat = bh * (self.num_slots + 1) + slots
+        self.slot_ready.view(-1)[flat] = event is None
+        if event is not None:
+            self._pending.append((event, flat))
+
+    def reset(self) -> None:
+        self.block_slot.fill_(-1)
+        self.slot_block.fill_(-1)
+        self.slot_ready.fill_(False)
+        self._pending.clear()
+
+
+def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     bias: torch.Tensor) -> PartialState:
+    """Partial attention of `q` `[B, Hq, D]` over a region `k`/`v` `[B, Hkv, S, D]` with an additive mask
+    `bias` `[B, Hkv, 1, S]` (0 = attend, -inf = skip), query heads packed per KV group.
+
+    Every row must have at least one unmasked token (ScoutAttention's region always holds the current token).
+    Returns fp32 output and natural-log LSE. Masked tokens must hold finite values (their weight is exp(-inf)).
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q4, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale)[:2]
+        return PartialState(out.float().reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+    logits = torch.matmul(q4, k.transpose(-1, -2)).float() * scale + bias.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    probs = torch.exp(logits - lse.unsqueeze(-1))
+    out = torch.matmul(probs.to(v.dtype), v).float()
+    return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+
+
+def pad_last(x: torch.Tensor, size: int, value: int | float | bool = 0) -> torch.Tensor:
+    """Right-pad the last dimension of `x` to `size` with `value`."""
+    if x.shape[-1] >= size:
+        return x
+    if x.dtype == torch.bool:
+        return F.pad(x.to(torch.uint8), (0, size - x.shape[-1]), value=int(value)).bool()
+    return F.pad(x, (0, size - x.shape[-1]), value=value)

@@ -1,0 +1,272 @@
+"""Invariants of the shared kernels (../shared/specs/methods.md §1.4 M1-M5 and §2.6 Q1-Q4): partial attention and
+the exact LSE merge, Quest digests, upper-bound scores and top-k selection; plus ScoutAttention's block table."""
+
+import math
+
+import pytest
+import torch
+
+from scoutbench.kernels.attention import (
+    PartialState,
+    decode_attention,
+    empty_state,
+    lse_base2_to_natural,
+    lse_natural_to_base2,
+    merge_states,
+    partial_attention,
+)
+from scoutbench.kernels.block_table import BlockTable, region_attention
+from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
+
+ATOL = 1e-5
+
+
+def _qkv(batch=2, heads=8, kv_heads=2, n=50, dim=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, dim, generator=g)
+    k = torch.randn(batch, kv_heads, n, dim, generator=g)
+    v = torch.randn(batch, kv_heads, n, dim, generator=g)
+    return q, k, v
+
+
+def _logits(q, k, scale):
+    batch, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    q4 = q.view(batch, kv_heads, heads // kv_heads, dim)
+    return (q4 @ k.transpose(-1, -2)).reshape(batch, heads, -1) * scale  # [B, Hq, N]
+
+
+def _random_partition(n, parts, g):
+    labels = torch.randint(0, parts, (n,), generator=g)
+    return [torch.nonzero(labels == p).flatten() for p in range(parts)]
+
+
+# ---------------------------------------------------------------------------------------------- merge: M1-M5
+@pytest.mark.parametrize("seed", range(6))
+def test_m1_merge_over_random_partition_equals_dense(seed):
+    q, k, v = _qkv(seed=seed)
+    scale = 0.25
+    g = torch.Generator().manual_seed(100 + seed)
+    parts = int(torch.randint(2, 9, (1,), generator=g))
+    index_sets = _random_partition(k.shape[2], parts, g)
+    index_sets.append(torch.zeros(0, dtype=torch.long))  # always at least one empty part
+    states = [partial_attention(q, k[:, :, idx], v[:, :, idx], scale) for idx in index_sets]
+    merged = merge_states(*states)
+    dense = decode_attention(q, k, v, scale)
+    torch.testing.assert_close(merged.o, dense.float(), atol=ATOL, rtol=0)
+
+
+def test_m1_ragged_valid_len_parts_with_empty_rows():
+    """valid_len rows (some with zero valid keys) merge exactly; an all-invalid row is the empty state."""
+    q, k, v = _qkv(batch=2, n=40)
+    scale = 0.3
+    valid = torch.tensor([[10, 0], [25, 7]])  # [B, Hkv]
+    first = partial_attention(q, k[:, :, :30], v[:, :, :30], scale, valid)
+    rest = [partial_attention(q, k[:, :, 30:], v[:, :, 30:], scale)]
+    # reference: keys [0, valid) of each row plus keys [30, 40)
+    for b in range(2):
+        for h in range(2):
+            keep = torch.cat([torch.arange(int(valid[b, h])), torch.arange(30, 40)])
+            qs = q[b:b + 1, h * 4:(h + 1) * 4]
+            ref = decode_attention(qs, k[b:b + 1, h:h + 1, keep], v[b:b + 1, h:h + 1, keep], scale)
+            merged = merge_states(PartialState(first.o[b:b + 1, h * 4:(h + 1) * 4],
+                                               first.lse[b:b + 1, h * 4:(h + 1) * 4]),
+                                  PartialState(rest[0].o[b:b + 1, h * 4:(h + 1) * 4],
+                                               rest[0].lse[b:b + 1, h * 4:(h + 1) * 4]))
+            torch.testing.assert_close(merged.o, ref, atol=ATOL, rtol=0)
+    empty_row = first.lse[0, 4:8]
+    assert torch.isinf(empty_row).all() and (empty_row < 0).all()
+    assert (first.o[0, 4:8] == 0).all()
+
+
+def test_m2_merge_is_order_independent_and_associative():
+    q, k, v = _qkv(n=60)
+    scale = 0.2
+    a, b, c = (partial_attention(q, k[:, :, s], v[:, :, s], scale)
+               for s in (slice(0, 13), slice(13, 41), slice(41, 60)))
+    flat = merge_states(a, b, c)
+    for other in (merge_states(c, a, b), merge_states(merge_states(a, b), c), merge_states(a, merge_states(b, c)),
+                  merge_states(merge_states(c, b), a)):
+        torch.testing.assert_close(other.o, flat.o, atol=ATOL, rtol=0)
+        torch.testing.assert_close(other.lse, flat.lse, atol=ATOL, rtol=0)
+
+
+def test_m3_empty_parts():
+    q, k, v = _qkv()
+    state = partial_attention(q, k, v, 0.3)
+    empty = empty_state(*q.shape, q.device)
+    merged = merge_states(state, empty)
+    torch.testing.assert_close(merged.o, state.o, atol=0, rtol=0)
+    torch.testing.assert_close(merged.lse, state.lse, atol=0, rtol=0)
+    none = merge_states(empty, empty_state(*q.shape, q.device))
+    assert not torch.isnan(none.o).any() and not torch.isnan(none.lse).any()
+    assert (none.o == 0).all() and torch.isneginf(none.lse).all()
+    # a zero-key partial attention is the empty state too
+    zero = partial_attention(q, k[:, :, :0], v[:, :, :0], 0.3)
+    assert (zero.o == 0).all() and torch.isneginf(zero.lse).all()
+
+
+def _merge_base2(states_base2):
+    """FlashInfer's merge: LSEs in base 2, weights with exp2 (reference implementation for M4)."""
+    lses = torch.stack([s for _, s in states_base2])
+    top = lses.max(dim=0).values
+    safe = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    weights = torch.exp2(lses - safe)
+    total = weights.sum(0)
+    out = sum(w.unsqueeze(-1) * o for w, (o, _) in zip(weights, states_base2, strict=False)) / total.clamp(min=1e-30).unsqueeze(-1)
+    return out, safe + torch.log2(total)
+
+
+def test_m4_base2_natural_round_trip():
+    q, k, v = _qkv(n=45)
+    parts = [partial_attention(q, k[:, :, s], v[:, :, s], 0.27) for s in (slice(0, 20), slice(20, 45))]
+    natural = merge_states(*parts)
+    out2, lse2 = _merge_base2([(p.o, lse_natural_to_base2(p.lse)) for p in parts])
+    torch.testing.assert_close(out2, natural.o, atol=ATOL, rtol=0)
+    torch.testing.assert_close(lse_base2_to_natural(lse2), natural.lse, atol=ATOL, rtol=0)
+    x = torch.randn(100) * 30
+    torch.testing.assert_close(lse_base2_to_natural(lse_natural_to_base2(x)), x, atol=1e-5, rtol=1e-6)
+    assert lse_natural_to_base2(torch.tensor(1.0)).item() == pytest.approx(1 / math.log(2))
+
+
+def test_m5_merged_lse_is_logsumexp_of_all_logits():
+    q, k, v = _qkv(n=70)
+    scale = 0.31
+    parts = [partial_attention(q, k[:, :, s], v[:, :, s], scale) for s in (slice(0, 5), slice(5, 50), slice(50, 70))]
+    merged = merge_states(*parts)
+    torch.testing.assert_close(merged.lse, torch.logsumexp(_logits(q, k, scale), dim=-1), atol=ATOL, rtol=0)
+
+
+def test_region_attention_matches_masked_partial():
+    """The device-region kernel (arbitrary mask) equals partial_attention over the unmasked keys."""
+    q, k, v = _qkv(batch=2, n=32)
+    g = torch.Generator().manual_seed(3)
+    keep = torch.rand(2, 2, 32, generator=g) < 0.4
+    keep[..., 0] = True
+    bias = torch.zeros(2, 2, 1, 32).masked_fill_(~keep.unsqueeze(2), float("-inf"))
+    state = region_attention(q, k, v, 0.25, bias)
+    for b in range(2):
+        for h in range(2):
+            idx = keep[b, h].nonzero().flatten()
+            ref = partial_attention(q[b:b + 1, h * 4:(h + 1) * 4], k[b:b + 1, h:h + 1, idx], v[b:b + 1, h:h + 1, idx],
+                                    0.25)
+            torch.testing.assert_close(state.o[b:b + 1, h * 4:(h + 1) * 4], ref.o, atol=ATOL, rtol=0)
+            torch.testing.assert_close(state.lse[b:b + 1, h * 4:(h + 1) * 4], ref.lse, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- digests: Q1-Q4
+@pytest.mark.parametrize("block_size", [1, 4, 32])
+@pytest.mark.parametrize("group", [1, 4])
+def test_q1_upper_bound_holds_for_every_key(block_size, group):
+    g = torch.Generator().manual_seed(block_size * 10 + group)
+    kv_heads, dim, blocks = 2, 16, 6
+    keys = torch.randn(3, kv_heads, blocks * block_size, dim, generator=g) * 3
+    q = torch.randn(3, kv_heads * group, dim, generator=g) * 2
+    kmax, kmin = block_digests(keys, block_size)
+    scores = upper_bound_scores(q, kmax, kmin)  # [B, Hkv, nB], group max
+    logits = (q.view(3, kv_heads, group, dim) @ keys.transpose(-1, -2))  # [B, Hkv, G, N]
+    per_block = logits.view(3, kv_heads, group, blocks, block_size).amax(dim=-1).amax(dim=2)
+    assert (scores >= per_block - 1e-4).all()
+    # the group max is exactly the max of the per-head bounds
+    per_head = torch.stack([upper_bound_scores(q.view(3, kv_heads, group, dim)[:, :, i], kmax, kmin)
+                            for i in range(group)])
+    torch.testing.assert_close(scores, per_head.amax(0), atol=0, rtol=0)
+
+
+def test_q1_partial_block_digest_is_an_upper_bound():
+    g = torch.Generator().manual_seed(7)
+    keys = torch.randn(1, 2, 5, 8, generator=g)  # a partial block of 5 tokens (block size 8)
+    q = torch.randn(1, 4, 8, generator=g)
+    kmax, kmin = block_digests(keys, 5)
+    score = upper_bound_scores(q, kmax, kmin)
+    logits = (q.view(1, 2, 2, 8) @ keys.transpose(-1, -2)).amax(-1).amax(-1)
+    assert (score[..., 0] >= logits - 1e-5).all()
+
+
+def test_q2_incremental_digest_equals_recomputed():
+    g = torch.Generator().manual_seed(1)
+    block_size = 8
+    keys = torch.randn(2, 3, 4 * block_size, 16, generator=g)
+    kmax, kmin = block_digests(keys, block_size)
+    for j in range(4):
+        run_max = keys[:, :, j * block_size].clone()
+        run_min = run_max.clone()
+        for t in range(1, block_size):
+            new = keys[:, :, j * block_size + t]
+            run_max = torch.maximum(run_max, new)
+            run_min = torch.minimum(run_min, new)
+        assert torch.equal(run_max, kmax[:, :, j]) and torch.equal(run_min, kmin[:, :, j])
+
+
+def test_q3_single_token_block_score_is_the_dot_product():
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randn(2, 2, 7, 16, generator=g)
+    q = torch.randn(2, 2, 16, generator=g)  # group 1: no aggregation
+    kmax, kmin = block_digests(keys, 1)
+    scores = upper_bound_scores(q, kmax, kmin)
+    dots = torch.einsum("bhd,bhnd->bhn", q, keys)
+    torch.testing.assert_close(scores, dots, atol=1e-5, rtol=1e-6)
+
+
+def test_q4_padding_never_leaks_into_digests_or_selection():
+    g = torch.Generator().manual_seed(4)
+    block_size, valid_tokens = 4, 10  # two complete blocks and a partial one
+    keys = torch.randn(1, 2, 16, 8, generator=g)
+    padded = keys.clone()
+    padded[:, :, valid_tokens:] = 1e6  # garbage after the valid tokens
+    kmax_ref, kmin_ref = block_digests(keys[:, :, :valid_tokens], block_size)
+    kmax, kmin = block_digests(padded[:, :, :valid_tokens], block_size)
+    assert kmax.shape[2] == valid_tokens // block_size  # no digest for the partial block
+    assert torch.equal(kmax, kmax_ref) and torch.equal(kmin, kmin_ref)
+    # blocks at or beyond num_valid_blocks, or excluded, are never selected even with the largest scores
+    full_max, full_min = block_digests(padded, block_size)
+    q = torch.ones(1, 2, 8)
+    scores = upper_bound_scores(q, full_max, full_min)
+    excluded = torch.tensor([True, False, False, False])[None, None, :]
+    ids, count = select_top_blocks(scores, torch.tensor([2]), 3, excluded)
+    assert count.expand(1, 2).tolist() == [[1, 1]]
+    assert (ids[..., :1] == 1).all()
+
+
+def test_select_top_blocks_orders_by_score():
+    scores = torch.tensor([[[0.1, 5.0, 3.0, 4.0, -1.0]]])
+    ids, count = select_top_blocks(scores, torch.tensor([5]), 3)
+    assert ids.tolist() == [[[1, 3, 2]]] and count.tolist() == [[3]]
+
+
+# ---------------------------------------------------------------------------------------------- block table
+def test_block_table_split_victims_and_readiness():
+    table = BlockTable(batch=1, num_kv_heads=1, num_slots=3, max_blocks=10, device="cpu")
+    table.assign(torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([4, 7]))
+    ids = torch.tensor([[[7, 2, 5]]])
+    valid = torch.tensor([[[True, True, False]]])
+    on_dev, pending, slot = table.split(ids, valid)
+    assert on_dev.tolist() == [[[True, False, False]]] and not pending.any()
+    assert slot[0, 0, 0] == 1
+    scores = torch.arange(10.0)[None, None, :]
+    order, available = table.victims(ids, valid, scores)
+    # free slot 2 first, then block 4 (not selected); slot 1 holds the selected block 7
+    assert order[0, 0, :2].tolist() == [2, 0] and available.item() == 2
+
+    class Pending:
+        done = False
+
+        def query(self):
+            return self.done
+
+    event = Pending()
+    table.assign(torch.tensor([0]), torch.tensor([2]), torch.tensor([2]), event)
+    on_dev, pending, _ = table.split(ids, valid)
+    assert on_dev.tolist() == [[[True, False, False]]] and pending.tolist() == [[[False, True, False]]]
+    _, available = table.victims(ids, valid, scores)
+    assert available.item() == 1  # the in-flight slot is not evictable
+    table.poll()
+    assert table.pending_copies == 1
+    event.done = True
+    table.poll()
+    on_dev, pending, _ = table.split(ids, valid)
+    assert on_dev.tolist() == [[[True, True, False]]] and not pending.any()
+    # evicting block 4 from slot 0 makes it host-only
+    table.assign(torch.tensor([0]), torch.tensor([0]), torch.tensor([9]))
+    assert table.block_slot[0, 0, 4] == -1 and table.block_slot[0, 0, 9] == 0
+    assert table.resident_sets() == [[{7, 2, 9}]]
