@@ -8,7 +8,7 @@ The engine (scoutbench/engine.py) runs the layer loop and calls, per run and per
       before_layer(layer, hidden, normed)       per layer, before its attention (layer-ahead hook)
       decode(layer, q, k, v) -> o               per layer: append k/v, return attention output [B, Hq, D]
     end_step()                                  per decode step
-    stats() -> dict                             method statistics for the result JSON
+    stats() -> dict, reset_stats()              method statistics for the result JSON (reset after warm-up)
     close()                                     release workers and buffers (always called)
 
 Hyper-parameters are dataclass fields, validated in __post_init__; `repr(method)` is the full constructor call
@@ -129,6 +129,10 @@ class AttentionMethod:
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    def reset_stats(self) -> None:
+        """Zero the counters behind `stats()`: the throughput runner calls it after warm-up, so statistics cover
+        exactly the timed steps."""
 
     def close(self) -> None:
         pass

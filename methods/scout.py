@@ -18,23 +18,10 @@ from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, M
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import PartialState, decode_attention, merge_states, partial_attention
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
-from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
-from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+from scoutbench.kernels.digest import block_digests, bound_from_center_radius, select_top_blocks, upper_bound_scores
+from scoutbench.kernels.offload import DONE, CopyStream, CpuWorkerPool, host_empty
 
 PRED_NORMS = ("next", "self")
-
-
-class _Done:
-    """A completed event (CPU runs, or nothing to wait for)."""
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-
-_DONE = _Done()
 
 
 @dataclass
@@ -450,13 +437,7 @@ class ScoutAttention(AttentionMethod):
         center/radius copies (the kernel's own arithmetic, bit-identical, without its per-call conversions)."""
         if self._cuda:
             return upper_bound_scores(q, self._kmax[layer][:, :, :num_blocks], self._kmin[layer][:, :, :num_blocks])
-        center = self._center[layer][:, :, :num_blocks].transpose(-1, -2)
-        radius = self._radius[layer][:, :, :num_blocks].transpose(-1, -2)
-        batch, num_heads, head_dim = q.shape
-        num_kv_heads = center.shape[1]
-        q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
-        scores = 0.5 * (torch.matmul(q4, center) + torch.matmul(q4.abs(), radius))
-        return scores.amax(dim=2)
+        return bound_from_center_radius(q, self._center[layer][:, :, :num_blocks], self._radius[layer][:, :, :num_blocks])
 
     def _refresh_center(self, layer: int, index: tuple) -> None:
         """Recompute the CPU path's fp32 center/radius digests at `index` from kmax/kmin."""
@@ -490,7 +471,7 @@ class ScoutAttention(AttentionMethod):
             event = torch.cuda.Event()
             event.record()
         else:
-            q_host, payload_host, event = q, payload, _DONE
+            q_host, payload_host, event = q, payload, DONE
         plan = _Plan(layer, self.step.index, parity, q_host, payload_host, event, pool_use, predicted,
                      tuple(self._parity_free[parity]))
         self._parity_free[parity] = []

@@ -179,8 +179,10 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Ca
             torch.cuda.synchronize(device)
         prefill_ms = (time.perf_counter() - start) * 1e3
         for index in range(total_steps):
-            if index == workload.warmup and device.type == "cuda":
-                nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
+            if index == workload.warmup:
+                method.reset_stats()
+                if device.type == "cuda":
+                    nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
             timer.begin_step()
             tokens = engine.decode_step(tokens).argmax(-1)
             record = timer.end_step()

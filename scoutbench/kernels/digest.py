@@ -24,13 +24,17 @@ def upper_bound_scores(q: torch.Tensor, kmax: torch.Tensor, kmin: torch.Tensor) 
 
     q `[B, Hq, D]`, kmax/kmin `[B, Hkv, nB, D]` -> scores `[B, Hkv, nB]` (fp32, unscaled logits).
     """
+    return bound_from_center_radius(q, kmax.float() + kmin.float(), kmax.float() - kmin.float())
+
+
+def bound_from_center_radius(q: torch.Tensor, center2: torch.Tensor, radius2: torch.Tensor) -> torch.Tensor:
+    """The same bound from fp32 `max + min` and `max - min` (`[B, Hkv, nB, D]`): a method that keeps these
+    up to date at block completion skips the per-call conversions (they dominate on CPU at long context)."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = kmax.shape[1]
+    num_kv_heads = center2.shape[1]
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
-    center = (kmax.float() + kmin.float()).transpose(-1, -2)
-    radius = (kmax.float() - kmin.float()).transpose(-1, -2)
-    scores = 0.5 * (torch.matmul(q4, center) + torch.matmul(q4.abs(), radius))  # [B, Hkv, G, nB]
-    return scores.amax(dim=2)
+    scores = 0.5 * (torch.matmul(q4, center2.transpose(-1, -2)) + torch.matmul(q4.abs(), radius2.transpose(-1, -2)))
+    return scores.amax(dim=2)  # [B, Hkv, G, nB] -> group max
 
 
 def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: int,
@@ -52,5 +56,5 @@ def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: i
         allowed = allowed & ~excluded
     masked = scores.masked_fill(~allowed, float("-inf"))
     _, ids = torch.topk(masked, k, dim=-1, sorted=True)
-    count = allowed.sum(dim=-1).clamp(max=k)
+    count = allowed.sum(dim=-1).clamp(max=k).expand(scores.shape[:2])
     return ids, count

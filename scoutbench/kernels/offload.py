@@ -21,6 +21,8 @@ def host_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
 
 
 class _DoneEvent:
+    """An event that has already completed: what CPU-only copies (or nothing to wait for) return."""
+
     def synchronize(self) -> None:
         pass
 
@@ -29,6 +31,9 @@ class _DoneEvent:
 
     def wait(self, stream: Any = None) -> None:
         pass
+
+
+DONE = _DoneEvent()
 
 
 class CopyStream:
@@ -43,7 +48,7 @@ class CopyStream:
         `after` (a copy issued from a worker thread must not wait for compute queued since); return its event."""
         if self.stream is None:
             dst.copy_(src)
-            return _DoneEvent()
+            return DONE
         if after is None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         else:
@@ -60,7 +65,7 @@ class CopyStream:
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (which enqueues copies) on the copy stream; return (result, event)."""
         if self.stream is None:
-            return fn(), _DoneEvent()
+            return fn(), DONE
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             result = fn()
