@@ -115,11 +115,15 @@ class DecodeEngine:
         return logits
 
     @torch.no_grad()
-    def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0) -> None:
+    def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = 0.3,
+                          skew_block: int = 32) -> None:
         """Skip the prompt's forward pass: fill every layer with random post-RoPE K/V (decode-only benchmarks).
 
-        Keys get a realistic RoPE phase structure (random vectors rotated at their positions); values are
-        standard normal. Decode cost does not depend on the values, only on where they live.
+        Keys get a realistic RoPE phase structure (random vectors rotated at their positions) and, with
+        `key_skew > 0`, a log-normal magnitude per run of `skew_block` tokens (scale `exp(key_skew * N(0, 1))`):
+        real KV caches have heavy-hitter regions that stay important across decode steps, which is the temporal
+        locality block-sparse offloading relies on; i.i.d. keys (`key_skew=0`) make every step's selection
+        independent, the worst case for ScoutAttention's resident set. Values are standard normal.
         """
         batch = lengths.shape[0]
         seq_len = int(lengths.max())
@@ -131,6 +135,11 @@ class DecodeEngine:
         kv_shape = (batch, self.num_kv_heads, seq_len, self.head_dim)
         for i in range(self.num_layers):
             k = torch.randn(kv_shape, generator=generator, device=self.device, dtype=self.dtype)
+            if key_skew > 0:
+                num_runs = -(-seq_len // skew_block)
+                scale = torch.exp(key_skew * torch.randn((batch, self.num_kv_heads, num_runs, 1), generator=generator,
+                                                         device=self.device)).to(self.dtype)
+                k.mul_(scale.repeat_interleave(skew_block, dim=2)[:, :, :seq_len])
             v = torch.randn(kv_shape, generator=generator, device=self.device, dtype=self.dtype)
             w = obs_index.shape[1]
             q = torch.randn((batch, self.num_heads, w, self.head_dim), generator=generator, device=self.device,

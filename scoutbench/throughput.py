@@ -43,6 +43,7 @@ class ThroughputConfig:
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     seed: int = 0
     prefill: str = "real"
+    kv_skew: float = 0.3
     nvml_interval_ms: int = 100
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -154,7 +155,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Ca
     """One measured run at `cfg.batch`; out-of-memory errors propagate when the caller backs off."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed, cfg.prefill)
+    workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed, cfg.prefill, cfg.kv_skew)
     method = build_method(cfg.method, cfg.method_args)
     validate_against_context(method, cfg.length)
     if loaded is None:
@@ -173,7 +174,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Ca
             logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size))
             tokens = logits.argmax(-1)
         else:
-            engine.prefill_synthetic(torch.full((workload.batch,), workload.length, dtype=torch.long), cfg.seed)
+            engine.prefill_synthetic(torch.full((workload.batch,), workload.length, dtype=torch.long), cfg.seed,
+                                     key_skew=workload.kv_skew)
             tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

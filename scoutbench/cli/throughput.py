@@ -35,6 +35,8 @@ DEFAULT_OUTPUT = "results/runs"
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--prefill", type=click.Choice(["real", "synthetic"]), default="real", show_default=True,
               help="real: run the model on the prompt; synthetic: fill the KV cache with random K/V (decode only).")
+@click.option("--kv-skew", default=0.3, show_default=True, type=float,
+              help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
 @click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
 @click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
@@ -43,7 +45,7 @@ DEFAULT_OUTPUT = "results/runs"
               help="A .json file (single method) or a folder receiving one file per method.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing .json output instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, budget,
+def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew, budget,
             block_size, method_args, output, overwrite, as_json):
     """Decode throughput and latency breakdown. With no arguments: every compared method on tiny-qwen3 at 4k."""
     from rich.console import Console
@@ -76,13 +78,13 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length_tokens,
                                 batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
                                 warmup=warmup, device=device, dtype=dtype, seed=seed,
-                                prefill=prefill, command=["scoutbench", *sys.argv[1:]]) for name in names]
+                                prefill=prefill, kv_skew=kv_skew, command=["scoutbench", *sys.argv[1:]]) for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
         from scoutbench.throughput import build_method, validate_against_context
         from scoutbench.workloads.synthetic import SyntheticWorkload
 
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
-                          cfg.prefill)
+                          cfg.prefill, cfg.kv_skew)
         validate_against_context(build_method(cfg.method, cfg.method_args), cfg.length)
     results = _run_all(configs, err)
     paths = []
