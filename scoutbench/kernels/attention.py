@@ -112,6 +112,7 @@ def partial_attention_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     state = PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
     return state, probs.reshape(batch, num_heads, num_keys)
 
+
 def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:
     return PartialState(torch.zeros(batch, num_heads, head_dim, device=device),
                         torch.full((batch, num_heads), float("-inf"), device=device))

@@ -1,0 +1,299 @@
+"""HGCA (arXiv 2507.03153): same-layer hybrid GPU-CPU attention over a recent window and offloaded older tokens.
+
+What the seed says: the newest 25% of the tokens stay on the device with full attention there; the older 75% live
+in host memory, where the CPU runs sparse attention over the tokens with the highest moving-average attention
+weights; device and CPU run in parallel within the same layer and the two parts are merged exactly. The paper
+leaves the rest open (methods.md §6); our choices, all fields:
+- window: relative, `ceil(window_frac * n)` of a sequence's n tokens; it grows with decode and its oldest
+  `migrate_block` tokens move to host memory whenever it exceeds the target by a whole block. Within a step the
+  partition is fixed (host [0, split), window [split, n)); a migration of layer l starts after layer l's merge
+  and the split moves at the end of the step, and no reader touches the moved tokens before their copy has
+  landed (the worker that owns the host side waits for the copy event first).
+- CPU sparsity: per query head (the CPU metric therefore counts (query head, token) pairs), the top
+  `ceil(cpu_topk_frac * N_host)` host tokens by moving average, plus the first `sink_tokens` tokens, always.
+  `refresh_interval` > 0 makes every N-th step dense on the CPU, so that stale tokens can come back.
+- moving average: a <- ema_decay * a + (1 - ema_decay) * p, where p is the probability renormalised to the
+  whole context, exp(logit - lse_merged) = p_cpu * exp(lse_cpu - lse_merged), for the computed tokens and 0 for
+  the others. It starts, for prompt tokens on the host, as the mean attention of the observed prompt queries
+  (their causal softmax over the prompt); a token that migrates to the host enters at its row's current maximum,
+  so the CPU computes it at least once before the average judges it. The update runs on the CPU worker after the
+  merge, off the critical path.
+- layers below `dense_layers` (default none: HGCA is window + CPU, not query-aware) keep full KV on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.fullkv import FullKV
+
+from scoutbench.kernels.attention import (
+    PartialState,
+    merge_states,
+    partial_attention,
+    partial_attention_probs,
+)
+from scoutbench.kernels.gather import gather_blocks, write_tokens
+from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+
+
+@dataclass
+class HGCA(AttentionMethod):
+    """Recent window on the device, older tokens on the host attended sparsely by the CPU in the same layer."""
+
+    name = "hgca"
+    window_frac: float = 0.25  # share of each sequence's tokens kept on the device
+    cpu_topk_frac: float = 0.1  # kappa: share of the host tokens the CPU attends, per query head
+    ema_decay: float = 0.9  # gamma of the moving-average attention weights
+    sink_tokens: int = 4  # first tokens always attended on the CPU
+    migrate_block: int = 32  # tokens moved from the window to the host at once
+    refresh_interval: int = 0  # every N-th step the CPU attends every host token (0 = never)
+    dense_layers: int = 0
+
+    def __post_init__(self) -> None:
+        require(0.0 < self.window_frac <= 1.0, f"window_frac must be in (0, 1], got {self.window_frac}")
+        require(0.0 < self.cpu_topk_frac <= 1.0, f"cpu_topk_frac must be in (0, 1], got {self.cpu_topk_frac}")
+        require(0.0 <= self.ema_decay < 1.0, f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        require(self.sink_tokens >= 0, f"sink_tokens must be >= 0, got {self.sink_tokens}")
+        require(self.migrate_block >= 1, f"migrate_block must be >= 1, got {self.migrate_block}")
+        require(self.refresh_interval >= 0, f"refresh_interval must be >= 0 (0 = never), got {self.refresh_interval}")
+        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+
+    def window_target(self, num_tokens: int) -> int:
+        return math.ceil(self.window_frac * num_tokens)
+
+    # ------------------------------------------------------------------ setup
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        batch, kv_heads, head_dim = ctx.batch, ctx.num_kv_heads, ctx.head_dim
+        dense = min(self.dense_layers, ctx.num_layers)
+        self.dense = FullKV()
+        self.dense.bind(dataclasses.replace(ctx, num_layers=dense))
+        self.sparse_layers = range(dense, ctx.num_layers)
+        # the window never exceeds its target by a whole block (it migrates then)
+        self.window_capacity = min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block)
+        window_shape = (batch, kv_heads, self.window_capacity, head_dim)
+        host_shape = (batch, kv_heads, ctx.max_len, head_dim)
+        staging_shape = (batch, kv_heads, self.migrate_block, head_dim)
+        # zeroed: masked slots of a ragged batch are read, and a masked NaN still poisons attention
+        self.window_k, self.window_v, self.host_k, self.host_v, self.ema, self._staging = {}, {}, {}, {}, {}, {}
+        for i in self.sparse_layers:
+            self.window_k[i] = torch.zeros(window_shape, dtype=ctx.dtype, device=ctx.device)
+            self.window_v[i] = torch.zeros(window_shape, dtype=ctx.dtype, device=ctx.device)
+            self.host_k[i] = host_empty(host_shape, ctx.dtype, ctx.device).zero_()
+            self.host_v[i] = host_empty(host_shape, ctx.dtype, ctx.device).zero_()
+            self.ema[i] = torch.zeros((batch, ctx.num_heads, ctx.max_len))  # fp32, host
+            self._staging[i] = (host_empty(staging_shape, ctx.dtype, ctx.device),
+                                host_empty(staging_shape, ctx.dtype, ctx.device))
+        self._shift_scratch = torch.empty(window_shape[1:], dtype=ctx.dtype, device=ctx.device)
+        on_cuda = ctx.device.type == "cuda"
+        self._q_host = {i: host_empty((batch, ctx.num_heads, head_dim), ctx.dtype, ctx.device)
+                        for i in self.sparse_layers} if on_cuda else None
+        self._lse_host = {i: host_empty((batch, ctx.num_heads), torch.float32, ctx.device)
+                          for i in self.sparse_layers} if on_cuda else None
+        most = ctx.max_len if self.refresh_interval else min(
+            ctx.max_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * ctx.max_len))
+        numel = batch * ctx.num_heads * most * head_dim
+        self._gathered = (torch.empty(numel, dtype=ctx.dtype), torch.empty(numel, dtype=ctx.dtype))
+        self.copy = CopyStream(ctx.device)
+        self.pool = CpuWorkerPool(1)
+        self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
+        self._split_device = torch.zeros(batch, dtype=torch.long, device=ctx.device)  # kept in step with `split`
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.pool.submit(lambda: None).result()  # the worker adds to the timers: let it finish first
+        self._cpu_pairs = [0] * self.ctx.num_layers
+        self._device_pairs = [0] * self.ctx.num_layers
+        self._cpu_ms = self._ema_ms = self._wait_ms = 0.0
+        self._steps = 0
+
+    def ingest_prefill(self, layer, q_obs, k, v, lengths):
+        if layer not in self.sparse_layers:
+            self.dense.ingest_prefill(layer, q_obs, k, v, lengths)
+            return
+        lengths_host = [int(n) for n in lengths.tolist()]
+        self.split = [n - self.window_target(n) for n in lengths_host]
+        self._split_device = torch.tensor(self.split, device=self.ctx.device)
+        for b, (n, split) in enumerate(zip(lengths_host, self.split, strict=True)):
+            for host, window, source in ((self.host_k, self.window_k, k), (self.host_v, self.window_v, v)):
+                host[layer][b, :, :split].copy_(source[b, :, :split])
+                window[layer][b, :, : n - split].copy_(source[b, :, split:n])
+        self.ema[layer][:, :, : k.shape[2]].copy_(self.observed_weights(q_obs, k, lengths))
+
+    def observed_weights(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Mean causal attention `[B, Hq, N]` (fp32) of the observed last W prompt queries over the prompt."""
+        batch, num_heads, window, _ = q_obs.shape
+        kv_heads, num_keys = k.shape[1], k.shape[2]
+        group = num_heads // kv_heads
+        query_pos = lengths[:, None] - window + torch.arange(window, device=k.device)  # as the engine observes
+        hidden = torch.arange(num_keys, device=k.device)[None, None, :] > query_pos[:, :, None]  # [B, W, N]
+        weights = torch.empty((batch, num_heads, num_keys))
+        for h in range(kv_heads):  # one KV group at a time bounds the [B, G, W, N] logits
+            heads = slice(h * group, (h + 1) * group)
+            logits = torch.matmul(q_obs[:, heads].float(), k[:, h, None].float().transpose(-1, -2)) * self.ctx.scale
+            weights[:, heads] = logits.masked_fill_(hidden[:, None], float("-inf")).softmax(dim=-1).mean(dim=2).cpu()
+        return weights
+
+    # ------------------------------------------------------------------ decode
+    def begin_step(self, step: StepInfo) -> None:
+        super().begin_step(step)
+        self.dense.begin_step(step)
+        lengths = [p + 1 for p in step.positions_host]
+        self.window_len = [n - s for n, s in zip(lengths, self.split, strict=True)]
+        slots = [p - s for p, s in zip(step.positions_host, self.split, strict=True)]
+        slots_device = step.positions - self._split_device  # device arithmetic: no host-to-device copy
+        self._slots = (slots_device, slots)
+        self._window_valid = None if min(self.window_len) == max(self.window_len) else slots_device + 1
+        refresh = self.refresh_interval > 0 and step.index % self.refresh_interval == self.refresh_interval - 1
+        self.cpu_take = [host if refresh else min(host, min(self.sink_tokens, host) + math.ceil(
+            self.cpu_topk_frac * host)) for host in self.split]
+        self._migrating = [b for b, (n, w) in enumerate(zip(lengths, self.window_len, strict=True))
+                           if w - self.window_target(n) >= self.migrate_block]
+        self._steps += 1
+
+    def decode(self, layer, q, k, v):
+        if layer not in self.sparse_layers:
+            return self.dense.decode(layer, q, k, v)
+        ctx = self.ctx
+        window_k, window_v = self.window_k[layer], self.window_v[layer]
+        with ctx.timer.stage("attn_device"):
+            write_tokens(window_k, k, *self._slots)
+            write_tokens(window_v, v, *self._slots)
+        future = None
+        if max(self.cpu_take) > 0:
+            q_host, q_ready = q, None
+            if self._q_host is not None:
+                q_host = self._q_host[layer]
+                q_ready = self.copy.copy(q_host, q)
+            future = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
+                                      list(self.cpu_take))
+        with ctx.timer.stage("attn_device"):
+            span = max(self.window_len)
+            device_part = partial_attention(q, window_k[:, :, :span], window_v[:, :, :span], ctx.scale,
+                                            self._window_valid)
+        if future is None:  # nothing on the host yet (or window_frac = 1)
+            out = device_part.o.to(q.dtype)
+        else:
+            with ctx.timer.stage("idle"):
+                start = time.perf_counter()
+                cpu_host, ids, probs = future.result()
+                self._wait_ms += (time.perf_counter() - start) * 1e3
+                # CPU results are fresh host tensors: a small synchronous copy, after a wait that synchronised anyway
+                cpu_part = PartialState(cpu_host.o.to(ctx.device), cpu_host.lse.to(ctx.device))
+            with ctx.timer.stage("merge"):
+                out = merge_states(device_part, cpu_part).o.to(q.dtype)
+            self._schedule_ema_update(layer, ids, probs, cpu_host.lse, device_part.lse)
+        for b in self._migrating:
+            self._migrate(layer, b)
+        self._cpu_pairs[layer] += ctx.num_heads * sum(self.cpu_take)
+        self._device_pairs[layer] += ctx.num_heads * sum(self.window_len)
+        return out
+
+    def cpu_select(self, layer: int, split: list[int], take: list[int]) -> torch.Tensor:
+        """Host tokens each query head attends: ids `[B, Hq, max(take)]`, the first `take[b]` of row b valid: the
+        sinks and the top tokens by moving average."""
+        span = max(split)
+        position = torch.arange(span)
+        host_tokens = torch.tensor(split)[:, None, None]
+        scores = self.ema[layer][:, :, :span].masked_fill(position >= host_tokens, float("-inf"))
+        scores.masked_fill_(position < host_tokens.clamp(max=self.sink_tokens), float("inf"))
+        # ordered only when the rows keep different counts (a third faster unordered, measured at 24k tokens)
+        return scores.topk(max(take), dim=-1, sorted=min(take) != max(take)).indices
+
+    def _cpu_attention(self, layer: int, q: torch.Tensor, q_ready: Any, split: list[int], take: list[int]
+                       ) -> tuple[PartialState, torch.Tensor, torch.Tensor]:
+        """Worker thread: sparse attention of every query head over its selected host tokens."""
+        if q_ready is not None:
+            q_ready.synchronize()
+        start = time.perf_counter()
+        batch, num_heads, head_dim = q.shape
+        ids = self.cpu_select(layer, split, take)
+        most = ids.shape[-1]
+        shape = (batch, num_heads, most, head_dim)
+        numel = math.prod(shape)
+        keys, values = (buffer[:numel].view(shape) for buffer in self._gathered)
+        gather_blocks(self.host_k[layer], ids, 1, keys)
+        gather_blocks(self.host_v[layer], ids, 1, values)
+        valid = None if min(take) == most else torch.tensor(take)
+        state, probs = partial_attention_probs(q, keys, values, self.ctx.scale, valid)
+        self._cpu_ms += (time.perf_counter() - start) * 1e3
+        return state, ids, probs
+
+    def _schedule_ema_update(self, layer: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
+                             lse_device: torch.Tensor) -> None:
+        ready = None
+        if self._lse_host is not None:
+            ready = self.copy.copy(self._lse_host[layer], lse_device)
+            lse_device = self._lse_host[layer]
+        self.pool.submit(self._update_ema, layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)
+
+    def _update_ema(self, layer: int, span: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
+                    lse_device: torch.Tensor, ready: Any) -> None:
+        """Worker thread, after the merge: a <- gamma a + (1 - gamma) p over the host tokens (p = 0 if not computed)."""
+        if ready is not None:
+            ready.synchronize()
+        start = time.perf_counter()
+        cpu_share = torch.exp(lse_cpu - torch.logaddexp(lse_cpu, lse_device))  # [B, Hq]: CPU part of the mass
+        ema = self.ema[layer][:, :, :span]
+        ema.mul_(self.ema_decay)
+        ema.scatter_add_(2, ids, probs * (cpu_share * (1.0 - self.ema_decay))[..., None])
+        self._ema_ms += (time.perf_counter() - start) * 1e3
+
+    def _migrate(self, layer: int, b: int) -> None:
+        """Move the oldest `migrate_block` window tokens of sequence b to the host (the split moves at end_step)."""
+        block, length = self.migrate_block, self.window_len[b]
+        for window, staging in zip((self.window_k[layer], self.window_v[layer]), self._staging[layer], strict=True):
+            copied = self.copy.copy(staging[b], window[b, :, :block])
+            copied.wait()  # the compute stream shifts the window only after the copy has read it
+            scratch = self._shift_scratch[:, : length - block]
+            scratch.copy_(window[b, :, block:length])
+            window[b, :, : length - block].copy_(scratch)
+        self.pool.submit(self._admit, layer, b, self.split[b], copied)
+
+    def _admit(self, layer: int, b: int, start: int, copied: Any) -> None:
+        """Worker thread: the migrated tokens join the host cache, their moving average at the row's maximum."""
+        copied.synchronize()
+        stop = start + self.migrate_block
+        self.host_k[layer][b, :, start:stop].copy_(self._staging[layer][0][b])
+        self.host_v[layer][b, :, start:stop].copy_(self._staging[layer][1][b])
+        ema = self.ema[layer][b]
+        ema[:, start:stop] = ema[:, :start].amax(dim=-1, keepdim=True) if start else 1.0
+
+    def end_step(self) -> None:
+        for b in self._migrating:
+            self.split[b] += self.migrate_block
+            self._split_device[b] += self.migrate_block
+
+    def close(self) -> None:
+        if hasattr(self, "pool"):
+            self.pool.close()
+
+    # ------------------------------------------------------------------ accounting
+    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
+        kv = shape.kv_bytes_per_token_layer(elem_bytes)
+        dense = min(self.dense_layers, shape.num_layers)
+        sparse = shape.num_layers - dense
+        window = math.ceil(self.window_frac * context_len)
+        device = dense * context_len * kv + sparse * window * kv
+        host = sparse * (context_len - window) * kv + sparse * shape.num_heads * (context_len - window) * 4
+        return Footprint(device, host)
+
+    def stats(self):
+        steps = max(self._steps, 1)
+        cpu, device = sum(self._cpu_pairs), sum(self._device_pairs)
+        return {
+            "cpu_tokens_per_layer": [n / steps for n in self._cpu_pairs],  # (query head, token) pairs, whole batch
+            "cpu_pair_fraction": cpu / max(cpu + device, 1),
+            "cpu_attention_ms_per_step": self._cpu_ms / steps,
+            "ema_update_ms_per_step": self._ema_ms / steps,
+            "wait_ms_per_step": self._wait_ms / steps,
+            "window_tokens_mean": sum(self.window_len) / len(self.window_len) if self._steps else 0.0,
+            "host_tokens_mean": sum(self.split) / len(self.split),
+        }

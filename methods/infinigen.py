@@ -1,0 +1,267 @@
+"""InfiniGen (OSDI 2024): recall-based KV offloading with a speculated, layer-ahead prefetch of important tokens.
+
+Faithful to the official code (snu-comparch/InfiniGen, methods.md §5), with the Llama-style runtime skew (RoPE
+forbids folding the skew into W_Q):
+- prefill, per sparse layer and KV group: an orthogonal skewing matrix A from the SVD of the prompt's post-RoPE
+  queries (the last <= 256 prompt queries the engine observes) and keys; the columns of A are Q's right singular
+  vectors ordered by sigma_q * sigma_k, as the original orders them. The partial channels are the
+  `ceil(partial_ratio * head_dim)` skewed channels with the largest sum of |q A|. The device keeps the partial
+  keys (those channels of k A); the full KV lives in host memory (pinned on CUDA), token-major `[N, B, Hkv, D]`
+  like the original, so each step's new token is one contiguous asynchronous device-to-host copy.
+- decode, before layer i: layer i+1's query is predicted from layer i's normalised input with layer i+1's weights
+  (rotated at the current position), skewed and cut to the partial channels; every cached token of layer i+1 is
+  scored with the partial keys (scaled logits); per query head the tokens above `max - alpha` are counted and
+  n = min(floor(mean count), max_num_kv) (>= 1, the same for every head and sequence, as in the original; in a
+  ragged batch a short sequence lowers the mean, and its fetched slots past its own length are masked), and
+  the top-n tokens of each (sequence, KV head) are fetched from host memory one layer ahead: a worker thread
+  gathers them (and on CUDA copies them to the device on a copy stream) while layer i computes.
+- layer i+1 waits for its fetch (timed as idle) and attends exactly, with its true query, over the fetched tokens
+  and the current token, merged by LSE.
+GQA (the original is MHA-only): A, the channels and the selection are shared by the query heads of a KV group;
+A and the channels come from the group's stacked queries, tokens are ranked by the max over the group's heads,
+and the count is averaged over query heads as the original does. Layers below `dense_layers` keep their full KV
+on the device and run dense. With dense_layers = 0, layer 0 has no previous layer: it speculates with its own
+true query and fetches synchronously.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.fullkv import FullKV
+
+from scoutbench.kernels.attention import merge_states, partial_attention
+from scoutbench.kernels.gather import write_tokens
+from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+
+
+@dataclass
+class InfiniGen(AttentionMethod):
+    """Partial keys on the device, full KV on the host, the next layer's important tokens prefetched."""
+
+    name = "infinigen"
+    layer_ahead = True
+    partial_ratio: float = 0.2  # fraction of head_dim kept as speculation channels
+    alpha: float = 5.0  # a token counts if its speculated logit is within alpha of the head's max (inf: all)
+    max_num_kv: int = 2048  # cap on the tokens fetched per (sequence, KV head) and layer
+    dense_layers: int = 2
+
+    def __post_init__(self) -> None:
+        require(0.0 < self.partial_ratio <= 1.0, f"partial_ratio must be in (0, 1], got {self.partial_ratio}")
+        require(self.alpha > 0.0, f"alpha must be > 0 (logit units; inf fetches every token), got {self.alpha}")
+        require(self.max_num_kv >= 1, f"max_num_kv must be >= 1, got {self.max_num_kv}")
+        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+
+    def partial_dim(self, head_dim: int) -> int:
+        return math.ceil(self.partial_ratio * head_dim)
+
+    # ------------------------------------------------------------------ setup
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        batch, kv_heads, head_dim = ctx.batch, ctx.num_kv_heads, ctx.head_dim
+        dense = min(self.dense_layers, ctx.num_layers)
+        self.dense = FullKV()
+        self.dense.bind(dataclasses.replace(ctx, num_layers=dense))
+        self.sparse_layers = range(dense, ctx.num_layers)
+        channels = self.partial_dim(head_dim)
+        # zeroed: a short sequence of a ragged batch fetches (masked) rows it never wrote, and 0 * NaN is NaN
+        host_shape = (ctx.max_len, batch, kv_heads, head_dim)
+        self.host_k = {i: host_empty(host_shape, ctx.dtype, ctx.device).zero_() for i in self.sparse_layers}
+        self.host_v = {i: host_empty(host_shape, ctx.dtype, ctx.device).zero_() for i in self.sparse_layers}
+        self.partial_keys = {i: torch.empty((batch, kv_heads, ctx.max_len, channels), dtype=ctx.dtype,
+                                            device=ctx.device) for i in self.sparse_layers}
+        self.skew: dict[int, torch.Tensor] = {}  # [Hkv, D, D] fp32, orthogonal
+        self.partial_proj: dict[int, torch.Tensor] = {}  # [Hkv, D, channels]: the partial columns of the skew
+        # double-buffered fetch targets: layer i+1's fetch lands while layer i still reads the other buffer
+        self.capacity = min(self.max_num_kv, ctx.max_len)
+        numel = batch * kv_heads * self.capacity * head_dim
+        on_cuda = ctx.device.type == "cuda"
+        self._fetched = [(torch.empty(numel, dtype=ctx.dtype, device=ctx.device),
+                          torch.empty(numel, dtype=ctx.dtype, device=ctx.device)) for _ in range(2)]
+        # on CUDA the worker gathers into pinned staging first; on CPU it gathers straight into the fetch buffer
+        self._staging = [(host_empty((numel,), ctx.dtype, ctx.device), host_empty((numel,), ctx.dtype, ctx.device))
+                         for _ in range(2)] if on_cuda else self._fetched
+        self._ids_host = [host_empty((batch * kv_heads * self.capacity,), torch.long, ctx.device)
+                          for _ in range(2)] if on_cuda else None
+        # host row of token 0 of each (sequence, KV head) in the token-major host cache
+        self._row_offset = torch.arange(batch * kv_heads, device=ctx.device).view(batch, kv_heads, 1)
+        self.copy = CopyStream(ctx.device)
+        self.pool = CpuWorkerPool(1)
+        self._pending: dict[int, tuple[Any, int]] = {}  # layer -> (future of its fetch, n)
+        self._appended: dict[int, Any] = {i: None for i in self.sparse_layers}  # event of the last host append
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self._fetched_tokens = [0] * self.ctx.num_layers
+        self._wait_ms = [0.0] * self.ctx.num_layers
+        self._steps = 0
+
+    def ingest_prefill(self, layer, q_obs, k, v, lengths):
+        if layer not in self.sparse_layers:
+            self.dense.ingest_prefill(layer, q_obs, k, v, lengths)
+            return
+        skew, channels = self.skewing(q_obs, k, lengths)
+        self.skew[layer] = skew
+        proj = skew.gather(2, channels[:, None, :].expand(-1, skew.shape[1], -1))
+        self.partial_proj[layer] = proj.to(self.ctx.dtype)
+        num_tokens = k.shape[2]
+        self.partial_keys[layer][:, :, :num_tokens].copy_(torch.matmul(k, self.partial_proj[layer]))
+        self.host_k[layer][:num_tokens].copy_(k.permute(2, 0, 1, 3))
+        self.host_v[layer][:num_tokens].copy_(v.permute(2, 0, 1, 3))
+
+    def skewing(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A `[Hkv, D, D]` fp32 orthogonal, partial channels `[Hkv, r]`) for one layer, from the observed prompt
+        queries `[B, Hq, W, D]` and the keys `[B, Hkv, N, D]` (valid up to `lengths`), all sequences together.
+
+        Q's right singular vectors and singular values are the eigenvectors and square-rooted eigenvalues of QᵀQ
+        (a D x D problem: always a full orthogonal basis, even with fewer observed queries than channels).
+        """
+        batch, num_heads, window, head_dim = q_obs.shape
+        kv_heads = k.shape[1]
+        queries = q_obs.float().reshape(batch, kv_heads, num_heads // kv_heads * window, head_dim)
+        valid = torch.arange(k.shape[2], device=k.device)[None, :] < lengths[:, None]
+        keys = k.float() * valid[:, None, :, None]
+        q_eigenvalues, q_vectors = torch.linalg.eigh(torch.einsum("bhnd,bhne->hde", queries, queries).double())
+        k_eigenvalues = torch.linalg.eigvalsh(torch.einsum("bhnd,bhne->hde", keys, keys).double())
+        sigma_q = q_eigenvalues.clamp(min=0).sqrt().flip(-1)  # descending, as an SVD returns them
+        sigma_k = k_eigenvalues.clamp(min=0).sqrt().flip(-1)
+        order = torch.argsort(sigma_q * sigma_k, dim=-1, descending=True, stable=True)
+        skew = q_vectors.flip(-1).gather(2, order[:, None, :].expand(-1, head_dim, -1)).float()
+        mass = torch.matmul(queries, skew).abs().sum(dim=(0, 2))  # [Hkv, D]
+        return skew, mass.topk(self.partial_dim(head_dim), dim=-1).indices
+
+    # ------------------------------------------------------------------ decode
+    def begin_step(self, step: StepInfo) -> None:
+        super().begin_step(step)
+        self.dense.begin_step(step)
+        # [B, 1, 1, max_len]: slots not cached yet. Speculation scores the whole preallocated partial-key buffer and
+        # masks them: a matmul over a prefix slice of it is 5x slower on CPU (a strided batch forces a copy).
+        slots = torch.arange(self.ctx.max_len, device=self.ctx.device)
+        self._uncached = (slots[None, :] >= step.positions[:, None])[:, None, None, :]
+        self._steps += 1
+
+    def before_layer(self, layer, hidden, normed):
+        target = layer + 1
+        if target in self.sparse_layers:
+            self._launch_fetch(target, self.ctx.predict_query(target, hidden, normed))
+
+    def speculate(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Speculated important tokens of `layer` for the query `q` `[B, Hq, D]`: (ids `[B, Hkv, n]`, n)."""
+        ctx = self.ctx
+        batch, num_heads, head_dim = q.shape
+        partial_q = torch.matmul(q.reshape(batch, ctx.num_kv_heads, ctx.group_size, head_dim),
+                                 self.partial_proj[layer])
+        scores = torch.matmul(partial_q, self.partial_keys[layer].transpose(-1, -2)).float().mul_(ctx.scale)
+        scores.masked_fill_(self._uncached, float("-inf"))  # [B, Hkv, G, max_len]
+        counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
+        # The one host sync of the method: n sizes the fetch (the original calls .item() at the same point).
+        n = max(1, min(int(counts.float().mean().item()), self.capacity))
+        return scores.amax(dim=2).topk(n, dim=-1).indices, n
+
+    def _launch_fetch(self, layer: int, q: torch.Tensor) -> None:
+        ids, n = self.speculate(layer, q)
+        slot = layer % 2
+        rows = self.ctx.batch * self.ctx.num_kv_heads
+        host_rows = (ids * rows + self._row_offset).reshape(-1)
+        slot_free = ids_ready = None
+        if self._ids_host is not None:
+            # the fetch buffer was last read by layer `layer - 2`'s attention, already queued on this stream
+            slot_free = torch.cuda.current_stream(self.ctx.device).record_event()
+            ids_ready = self.copy.copy(self._ids_host[slot][: host_rows.numel()], host_rows)
+            host_rows = self._ids_host[slot][: host_rows.numel()]
+        future = self.pool.submit(self._gather, layer, slot, host_rows, (ids_ready, self._appended[layer]), slot_free)
+        self._pending[layer] = (future, n)
+        self._fetched_tokens[layer] += n
+
+    def _gather(self, layer: int, slot: int, host_rows: torch.Tensor, inputs_ready: tuple, slot_free: Any) -> Any:
+        """Worker thread: gather the selected host rows; on CUDA also start their copy to the device."""
+        for event in inputs_ready:
+            if event is not None:
+                event.synchronize()
+        numel = host_rows.numel() * self.ctx.head_dim
+        head_dim = self.ctx.head_dim
+        copied = None
+        for host, staging, fetched in zip((self.host_k[layer], self.host_v[layer]), self._staging[slot],
+                                          self._fetched[slot], strict=True):
+            torch.index_select(host.view(-1, head_dim), 0, host_rows, out=staging[:numel].view(-1, head_dim))
+            if staging is not fetched:
+                copied = self.copy.copy(fetched[:numel], staging[:numel], after=slot_free)
+        return copied
+
+    def decode(self, layer, q, k, v):
+        if layer not in self.sparse_layers:
+            return self.dense.decode(layer, q, k, v)
+        ctx, step = self.ctx, self.step
+        if layer not in self._pending:  # no layer ahead of it: speculate with the true query, fetch now
+            with ctx.timer.stage("predict"):
+                self._launch_fetch(layer, q)
+        future, n = self._pending.pop(layer)
+        with ctx.timer.stage("attn_device"):
+            self._append(layer, k, v)
+        with ctx.timer.stage("idle"):
+            start = time.perf_counter()
+            copied = future.result()
+            if copied is not None:
+                copied.wait()  # the compute stream waits for the copy; the host does not
+            self._wait_ms[layer] += (time.perf_counter() - start) * 1e3
+        with ctx.timer.stage("attn_device"):
+            shape = (ctx.batch, ctx.num_kv_heads, n, ctx.head_dim)
+            numel = math.prod(shape)
+            fetched_k, fetched_v = (buffer[:numel].view(shape) for buffer in self._fetched[layer % 2])
+            valid = None if step.uniform else step.positions.clamp(max=n)  # a short sequence has fewer tokens
+            fetched = partial_attention(q, fetched_k, fetched_v, ctx.scale, valid)
+            current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
+        with ctx.timer.stage("merge"):
+            return merge_states(fetched, current).o.to(q.dtype)
+
+    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The new token: partial key to the device tier, K/V to host memory (asynchronously on CUDA)."""
+        step = self.step
+        partial_key = torch.matmul(k.unsqueeze(2), self.partial_proj[layer]).squeeze(2)
+        write_tokens(self.partial_keys[layer], partial_key, step.positions, step.positions_host)
+        host_k, host_v = self.host_k[layer], self.host_v[layer]
+        if step.uniform:
+            position = step.positions_host[0]
+            self.copy.copy(host_k[position], k)
+            event = self.copy.copy(host_v[position], v)
+        else:
+            for b, position in enumerate(step.positions_host):
+                self.copy.copy(host_k[position, b], k[b])
+                event = self.copy.copy(host_v[position, b], v[b])
+        self._appended[layer] = event  # copies on one stream: the last event covers them all
+
+    def close(self) -> None:
+        if hasattr(self, "pool"):
+            self.pool.close()
+
+    # ------------------------------------------------------------------ accounting
+    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
+        kv = shape.kv_bytes_per_token_layer(elem_bytes)
+        dense = min(self.dense_layers, shape.num_layers)
+        sparse = shape.num_layers - dense
+        partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
+        device = dense * context_len * kv + partial_keys + 2 * self.max_num_kv * kv  # double-buffered prefetch
+        return Footprint(device, sparse * context_len * kv)
+
+    def stats(self):
+        ctx = self.ctx
+        steps = max(self._steps, 1)
+        elem_bytes = torch.tensor([], dtype=ctx.dtype).element_size()
+        bytes_per_token = ctx.batch * ctx.num_kv_heads * 2 * ctx.head_dim * elem_bytes
+        fetched = [n / steps for n in self._fetched_tokens]
+        return {
+            "tokens_fetched_per_layer": fetched,  # per (sequence, KV head), mean per step
+            "bytes_h2d_per_layer": [n * bytes_per_token for n in fetched],
+            "bytes_h2d_per_step": sum(fetched) * bytes_per_token,
+            "fetch_wait_ms_per_layer": [ms / steps for ms in self._wait_ms],
+            "fetch_wait_ms_per_step": sum(self._wait_ms) / steps,
+            "partial_dim": self.partial_dim(ctx.head_dim),
+            "device_kv_bytes": self.dense.stats()["device_kv_bytes"],
+        }

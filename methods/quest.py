@@ -1,0 +1,166 @@
+"""Quest (ICML 2024): query-aware block-sparse decode attention with every token on the device.
+
+It is ScoutAttention's accuracy reference: the same digests and the same selection, without offloading. We follow
+the official kernel path (methods.md §4): the budget counts the tail block, the top `budget // block_size - 1`
+complete blocks by the digest upper bound of the true query are attended together with the tail block (the
+possibly partial block holding the newest token), and a layer whose context fits in the budget runs dense.
+GQA (the official kernel is MHA-only): one selection per KV head, the group's query heads aggregated by max, which
+keeps the score an upper bound for every head of the group (methods.md §2.5). Deviation from the official HF
+evaluation path, on purpose: no 3-block floor and a forced tail, as in the kernels the paper times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from scoutbench.methods.base import Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.fullkv import FullKV
+
+from scoutbench.kernels.attention import decode_attention
+from scoutbench.kernels.digest import (
+    block_digests,
+    bound_from_center_radius,
+    select_top_blocks,
+    upper_bound_scores,
+)
+from scoutbench.kernels.gather import gather_blocks, write_tokens
+
+
+@dataclass
+class Quest(FullKV):
+    """FullKV's device cache plus block digests; sparse layers attend only the selected blocks and the tail."""
+
+    name = "quest"
+    budget: int = 2048  # tokens attended per (sequence, KV head) in a sparse layer, tail block included
+    block_size: int = 32
+    dense_layers: int = 2  # the first layers stay dense (under 10% sparsity there, Quest §3.4)
+
+    def __post_init__(self) -> None:
+        require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
+        require(self.budget >= self.block_size,
+                f"budget ({self.budget}) must hold at least one block of block_size ({self.block_size}) tokens")
+        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+
+    @property
+    def page_budget(self) -> int:
+        """Blocks attended per (sequence, KV head), the tail block included."""
+        return self.budget // self.block_size
+
+    def bind(self, ctx: MethodContext) -> None:
+        # Storage rounded up to whole blocks, so that a block gather is one index_select over a blocked view.
+        rounded = math.ceil(ctx.max_len / self.block_size) * self.block_size
+        super().bind(dataclasses.replace(ctx, max_len=rounded))
+        digest_shape = (ctx.batch, ctx.num_kv_heads, rounded // self.block_size, ctx.head_dim)
+        sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
+        self.digest_max = {layer: torch.zeros(digest_shape, dtype=ctx.dtype, device=ctx.device) for layer in sparse}
+        self.digest_min = {layer: torch.zeros(digest_shape, dtype=ctx.dtype, device=ctx.device) for layer in sparse}
+        # CPU path only, as ScoutAttention's: the digests also as fp32 max + min and max - min, kept up to date when
+        # blocks complete, so scoring skips four conversions of every digest per call (they dominate on CPU)
+        on_cpu = ctx.device.type == "cpu"
+        self._center = {layer: torch.zeros(digest_shape) for layer in sparse} if on_cpu else None
+        self._radius = {layer: torch.zeros(digest_shape) for layer in sparse} if on_cpu else None
+        gather_shape = (ctx.batch, ctx.num_kv_heads, self.page_budget * self.block_size, ctx.head_dim)
+        self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
+        self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        # sum over decode steps of the mean tokens attended per (sequence, KV head); on the device, no sync
+        self._attended_sum = torch.zeros(self.ctx.num_layers, device=self.ctx.device)
+        self._steps = 0
+
+    def ingest_prefill(self, layer, q_obs, k, v, lengths):
+        super().ingest_prefill(layer, q_obs, k, v, lengths)
+        if layer in self.digest_max:
+            # Blocks that reach into a sequence's right padding get a wrong digest here; they are never candidates
+            # before decode completes them, and completing a block recomputes its digest (_update_digests).
+            kmax, kmin = block_digests(k, self.block_size)
+            self._store_digests(layer, slice(None), slice(0, kmax.shape[2]), kmax, kmin)
+
+    def begin_step(self, step: StepInfo) -> None:
+        super().begin_step(step)
+        block = self.block_size
+        lengths = [p + 1 for p in step.positions_host]  # tokens per sequence once the new one is appended
+        tail_block = [(n - 1) // block for n in lengths]  # = complete blocks before the tail: the candidates
+        self._max_candidates = max(tail_block)
+        self._fits = max(math.ceil(n / block) for n in lengths) <= self.page_budget
+        # the same on the device, from the device positions (a host list would cost a synchronising copy)
+        self._tail_block = torch.div(step.positions, block, rounding_mode="floor")
+        self._tail_len = step.positions + 1 - self._tail_block * block
+        # blocks that the new token completes: their digests are built after the append
+        if step.uniform:
+            self._completed = [(slice(None), lengths[0] // block - 1)] if lengths[0] % block == 0 else []
+        else:
+            self._completed = [(slice(b, b + 1), n // block - 1) for b, n in enumerate(lengths) if n % block == 0]
+        self._attended_step = sum(lengths) / len(lengths)
+        self._steps += 1
+
+    def decode(self, layer, q, k, v):
+        if layer < self.dense_layers or self._fits:
+            out = super().decode(layer, q, k, v)
+            self._attended_sum[layer] += self._attended_step
+            if layer >= self.dense_layers:
+                with self.ctx.timer.stage("attn_device"):
+                    self._update_digests(layer)
+            return out
+        step, keys, values = self.step, self.keys[layer], self.values[layer]
+        with self.ctx.timer.stage("attn_device"):
+            write_tokens(keys, k, step.positions, step.positions_host)
+            write_tokens(values, v, step.positions, step.positions_host)
+            self._update_digests(layer)
+            block_ids, valid_len = self.select(layer, q)
+            gather_blocks(keys, block_ids, self.block_size, self._gathered_k)
+            gather_blocks(values, block_ids, self.block_size, self._gathered_v)
+            self._attended_sum[layer] += valid_len.float().mean()
+            return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, valid_len)
+
+    def select(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The blocks a sparse layer attends in this step (after the append), per (sequence, KV head).
+
+        Returns (block_ids `[B, Hkv, page_budget]`, valid_len `[B, Hkv]` in tokens): the selected complete blocks
+        in descending score order, then the tail block, then padding; valid_len counts the selected blocks' tokens
+        plus the tail's, so the valid tokens of a gather of these blocks come first.
+        """
+        pages = self.page_budget
+        candidates = self._max_candidates
+        if self._center is not None:
+            scores = bound_from_center_radius(q, self._center[layer][:, :, :candidates],
+                                              self._radius[layer][:, :, :candidates])
+        else:
+            scores = upper_bound_scores(q, self.digest_max[layer][:, :, :candidates],
+                                        self.digest_min[layer][:, :, :candidates])
+        ids, count = select_top_blocks(scores, self._tail_block, pages - 1)
+        block_ids = torch.nn.functional.pad(ids, (0, pages - ids.shape[-1]))
+        slot = torch.arange(pages, device=q.device)
+        block_ids = torch.where(slot == count[..., None], self._tail_block[:, None, None], block_ids)
+        # (count is [B, 1] when every KV head has the same candidates)
+        return block_ids, (count * self.block_size + self._tail_len[:, None]).expand(block_ids.shape[:2])
+
+    def _update_digests(self, layer: int) -> None:
+        for rows, block in self._completed:
+            start = block * self.block_size
+            kmax, kmin = block_digests(self.keys[layer][rows, :, start: start + self.block_size], self.block_size)
+            self._store_digests(layer, rows, slice(block, block + 1), kmax, kmin)
+
+    def _store_digests(self, layer: int, rows: slice, blocks: slice, kmax: torch.Tensor, kmin: torch.Tensor) -> None:
+        self.digest_max[layer][rows, :, blocks] = kmax
+        self.digest_min[layer][rows, :, blocks] = kmin
+        if self._center is not None:
+            self._center[layer][rows, :, blocks] = kmax.float() + kmin.float()
+            self._radius[layer][rows, :, blocks] = kmax.float() - kmin.float()
+
+    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
+        kv = shape.kv_bytes_per_token_layer(elem_bytes)
+        sparse = shape.num_layers - min(self.dense_layers, shape.num_layers)
+        digest_bytes_per_block = 2 * shape.num_kv_heads * shape.head_dim * elem_bytes
+        device = (shape.num_layers * context_len * kv
+                  + sparse * math.ceil(context_len / self.block_size) * digest_bytes_per_block)
+        return Footprint(device, 0)
+
+    def stats(self):
+        digest_bytes = sum(t.numel() * t.element_size() for t in (*self.digest_max.values(), *self.digest_min.values()))
+        attended = (self._attended_sum / max(self._steps, 1)).tolist()
+        return {**super().stats(), "digest_bytes": digest_bytes, "attended_tokens_per_layer": attended}

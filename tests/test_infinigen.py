@@ -1,0 +1,151 @@
+"""InfiniGen against its invariants (methods.md §5.8): FullKV when every token is fetched (I1), an orthogonal skew
+that preserves q.k (I2), speculation = the exact scores when every channel is kept (I3), one fetch count for every
+head within bounds (I4), byte counters that match it (I5), and exact attention over what was fetched."""
+
+import math
+
+import pytest
+import torch
+from method_harness import (
+    fullkv_reference,
+    hand_context,
+    ragged_prompt,
+    run_engine,
+    step_info,
+    tiny_mha_model,
+)
+from scoutbench.methods.base import ModelShape
+from scoutbench.methods.infinigen import InfiniGen
+
+from scoutbench.engine import DecodeEngine
+from scoutbench.errors import UsageError
+
+
+def _model(name, request):
+    return tiny_mha_model() if name == "tiny_mha" else request.getfixturevalue(name)
+
+
+# dense_layers=0: layer 0 has no layer ahead of it and speculates with its own query, synchronously
+@pytest.mark.parametrize(("model_name", "dense_layers"), [("tiny_qwen3", 2), ("tiny_llama", 0), ("tiny_mha", 2)])
+def test_fetching_every_token_equals_fullkv(model_name, dense_layers, request):
+    model = _model(model_name, request)
+    # uniform lengths: n is one count for the whole batch (the mean over sequences and heads, as the original)
+    prompt, lengths = ragged_prompt(model.config.vocab_size, [40, 40])
+    reference, tokens = fullkv_reference(model, prompt, lengths, steps=5)
+    method = InfiniGen(alpha=float("inf"), max_num_kv=4096, dense_layers=dense_layers)
+    ours = run_engine(model, method, prompt, lengths, tokens)
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert method.stats()["tokens_fetched_per_layer"][dense_layers:] == [40 + 2] * (4 - dense_layers)
+
+
+def test_skew_is_orthogonal_and_preserves_dot_products(tiny_qwen3):
+    method = InfiniGen()
+    engine = DecodeEngine(tiny_qwen3, method)
+    engine.start(batch=2, max_len=64)
+    engine.prefill(*ragged_prompt(tiny_qwen3.config.vocab_size, [50, 33]))
+    method.close()
+    head_dim = engine.head_dim
+    q, k = torch.randn(engine.num_kv_heads, 1, head_dim), torch.randn(engine.num_kv_heads, head_dim, 1)
+    for layer in method.sparse_layers:
+        skew = method.skew[layer]  # [Hkv, D, D]
+        identity = torch.eye(head_dim).expand_as(skew)
+        assert torch.linalg.matrix_norm(skew @ skew.transpose(1, 2) - identity).max() < 1e-3
+        torch.testing.assert_close((q @ skew) @ (skew.transpose(1, 2) @ k), q @ k, atol=1e-4, rtol=1e-4)
+        # the partial channels are the columns of A with the largest |q A| mass (ceil(0.2 * 32) = 7 of them)
+        assert method.partial_proj[layer].shape == (engine.num_kv_heads, head_dim, math.ceil(0.2 * head_dim))
+
+
+def _bound_infinigen(lengths, num_kv_heads, seed=0, **fields):
+    generator = torch.Generator().manual_seed(seed)
+    ctx = hand_context(batch=len(lengths), max_len=max(lengths) + 1, num_kv_heads=num_kv_heads)
+    method = InfiniGen(dense_layers=1, **fields)
+    method.bind(ctx)
+    shape = (len(lengths), num_kv_heads, max(lengths), ctx.head_dim)
+    keys, values = [], []
+    for layer in range(ctx.num_layers):
+        k, v = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        q_obs = torch.randn((len(lengths), ctx.num_heads, min(lengths), ctx.head_dim), generator=generator)
+        method.ingest_prefill(layer, q_obs, k, v, torch.tensor(lengths))
+        keys.append(k)
+        values.append(v)
+    method.begin_step(step_info(lengths))
+    return method, ctx, keys, values, generator
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2])  # GQA group 1 and 2
+def test_speculation_with_every_channel_ranks_by_the_exact_scores(num_kv_heads):
+    lengths, alpha = [30, 17], 2.0
+    method, ctx, keys, _, generator = _bound_infinigen(lengths, num_kv_heads, partial_ratio=1.0, alpha=alpha,
+                                                       max_num_kv=64)
+    group = ctx.num_heads // num_kv_heads
+    q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
+    ids, n = method.speculate(2, q)
+    counts, top = [], []
+    for b, length in enumerate(lengths):
+        for h in range(num_kv_heads):
+            scores = q[b, h * group: (h + 1) * group] @ keys[2][b, h, :length].T * ctx.scale  # [G, n_b]
+            counts += (scores > scores.amax(-1, keepdim=True) - alpha).sum(-1).tolist()
+            top.append(scores.amax(0).argsort(descending=True))
+    assert n == max(1, math.floor(sum(counts) / len(counts)))
+    assert ids.shape == (len(lengths), num_kv_heads, n)  # one n for every head and sequence
+    for b, length in enumerate(lengths):
+        for h in range(num_kv_heads):
+            valid = min(n, length)
+            assert set(ids[b, h, :valid].tolist()) == set(top[b * num_kv_heads + h][:valid].tolist())
+    method.close()
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_heads):
+    lengths, max_num_kv = [30, 5], 8  # the short sequence has fewer cached tokens than the fetch count
+    method, ctx, keys, values, generator = _bound_infinigen(lengths, num_kv_heads, max_num_kv=max_num_kv,
+                                                            alpha=float("inf"))
+    group = ctx.num_heads // num_kv_heads
+    for layer in range(1, ctx.num_layers):  # layers 1 and 2 are sparse; with no layer ahead, they fetch now
+        q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
+        k_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
+        v_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
+        ids, n = method.speculate(layer, q)
+        assert 1 <= n <= max_num_kv
+        out = method.decode(layer, q, k_new, v_new)
+        for b, length in enumerate(lengths):
+            for h in range(num_kv_heads):
+                chosen = ids[b, h, : min(n, length)]
+                assert len(set(chosen.tolist())) == len(chosen) and int(chosen.max()) < length
+                k = torch.cat([keys[layer][b, h, chosen], k_new[b, h, None]])
+                v = torch.cat([values[layer][b, h, chosen], v_new[b, h, None]])
+                heads = q[b, h * group: (h + 1) * group]
+                expected = (heads @ k.T * ctx.scale).softmax(-1) @ v
+                torch.testing.assert_close(out[b, h * group: (h + 1) * group], expected, atol=1e-5, rtol=1e-5)
+    stats = method.stats()
+    method.close()
+    assert stats["tokens_fetched_per_layer"] == [0, max_num_kv, max_num_kv]
+    token_bytes = len(lengths) * num_kv_heads * 2 * ctx.head_dim * 4
+    assert stats["bytes_h2d_per_layer"] == [n * token_bytes for n in stats["tokens_fetched_per_layer"]]
+
+
+def test_engine_run_respects_the_fetch_cap(tiny_llama):
+    prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [60, 41])
+    _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=4)
+    method = InfiniGen(max_num_kv=8)
+    logits = run_engine(tiny_llama, method, prompt, lengths, tokens)
+    assert all(torch.isfinite(x).all() for x in logits)
+    fetched = method.stats()["tokens_fetched_per_layer"]
+    assert fetched[:2] == [0, 0] and all(1 <= n <= 8 for n in fetched[2:])
+
+
+def test_method_args_and_footprint():
+    method = InfiniGen.from_args({"alpha": "inf", "max_num_kv": "2k", "partial_ratio": "0.25"})
+    assert (method.alpha, method.max_num_kv, method.partial_ratio) == (float("inf"), 2048, 0.25)
+    with pytest.raises(UsageError, match="partial_ratio"):
+        InfiniGen.from_args({"partial_ratio": "0"})
+    method, ctx, *_ = _bound_infinigen([40, 40], num_kv_heads=2, max_num_kv=16)
+    shape = ModelShape(ctx.num_layers, ctx.num_heads, ctx.num_kv_heads, ctx.head_dim, 64, 64, 64)
+    device = [*method.dense.keys, *method.dense.values, *method.partial_keys.values(),
+              *(buffer for pair in method._fetched for buffer in pair)]
+    host = [*method.host_k.values(), *method.host_v.values()]
+    footprint = method.memory_footprint(shape, ctx.max_len, elem_bytes=4)
+    assert footprint.device_bytes_per_seq == sum(t.numel() * t.element_size() for t in device) // ctx.batch
+    assert footprint.host_bytes_per_seq == sum(t.numel() * t.element_size() for t in host) // ctx.batch
+    method.close()

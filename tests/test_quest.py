@@ -1,0 +1,125 @@
+"""Quest against its invariants (methods.md §4.7): FullKV when the budget covers the context (QS1), the selected
+set (QS2), sparse attention = dense attention with the other keys masked (QS3), dense layers = FullKV (QS4)."""
+
+import math
+
+import pytest
+import torch
+from method_harness import (
+    fullkv_reference,
+    hand_context,
+    ragged_prompt,
+    run_engine,
+    step_info,
+    tiny_mha_model,
+)
+from scoutbench.methods.base import ModelShape
+from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.quest import Quest
+
+from scoutbench.errors import UsageError
+
+
+def _model(name, request):
+    return tiny_mha_model() if name == "tiny_mha" else request.getfixturevalue(name)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_qwen3", "tiny_llama", "tiny_mha"])
+def test_budget_covering_the_context_equals_fullkv(model_name, request):
+    model = _model(model_name, request)
+    prompt, lengths = ragged_prompt(model.config.vocab_size, [37, 24])
+    reference, tokens = fullkv_reference(model, prompt, lengths, steps=5)
+    ours = run_engine(model, Quest(budget=64, block_size=8), prompt, lengths, tokens)
+    for a, b in zip(ours, reference, strict=True):
+        assert torch.equal(a, b)
+
+
+def _bound_quest(lengths, num_kv_heads, budget=24, block_size=8, seed=0):
+    """A Quest bound to a hand-made context after a random prefill; returns it with the full K/V per layer."""
+    generator = torch.Generator().manual_seed(seed)
+    ctx = hand_context(batch=len(lengths), max_len=max(lengths) + 1, num_kv_heads=num_kv_heads)
+    method, fullkv = Quest(budget=budget, block_size=block_size, dense_layers=1), FullKV()
+    method.bind(ctx)
+    fullkv.bind(ctx)
+    shape = (len(lengths), num_kv_heads, max(lengths), ctx.head_dim)
+    keys, values = [], []
+    for layer in range(ctx.num_layers):
+        k, v = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        q_obs = torch.randn((len(lengths), ctx.num_heads, 1, ctx.head_dim), generator=generator)
+        method.ingest_prefill(layer, q_obs, k, v, torch.tensor(lengths))
+        fullkv.ingest_prefill(layer, q_obs, k, v, torch.tensor(lengths))
+        keys.append(k)
+        values.append(v)
+    method.begin_step(step_info(lengths))
+    fullkv.begin_step(step_info(lengths))
+    return method, fullkv, ctx, keys, values, generator
+
+
+def _with_new_token(cache, new, lengths):
+    """Per sequence: its prefill K or V up to its length, then the new token -> list of `[Hkv, n, D]`."""
+    return [torch.cat([cache[b, :, :n], new[b, :, None]], dim=1) for b, n in enumerate(lengths)]
+
+
+# lengths: [context shorter than a block, long]; [exact multiple of the block after the append, long]
+@pytest.mark.parametrize("lengths", [[5, 70], [63, 40]])
+@pytest.mark.parametrize("num_kv_heads", [4, 2])  # GQA group 1 and 2
+def test_selection_and_sparse_attention(lengths, num_kv_heads):
+    method, fullkv, ctx, keys, values, generator = _bound_quest(lengths, num_kv_heads)
+    block, pages, group = method.block_size, method.page_budget, ctx.num_heads // num_kv_heads
+    for layer in range(ctx.num_layers):
+        q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
+        k_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
+        v_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
+        out = method.decode(layer, q, k_new, v_new)
+        full_k, full_v = _with_new_token(keys[layer], k_new, lengths), _with_new_token(values[layer], v_new, lengths)
+        if layer < method.dense_layers:  # QS4: exactly FullKV
+            assert torch.equal(out, fullkv.decode(layer, q, k_new, v_new))
+            continue
+        block_ids, valid_len = method.select(layer, q)
+        for b, n in enumerate(lengths):
+            n += 1
+            tail = (n - 1) // block
+            for h in range(num_kv_heads):
+                # QS2: min(pages, blocks) blocks, the tail among them, no duplicates
+                num_selected = math.ceil(int(valid_len[b, h]) / block)
+                chosen = block_ids[b, h, :num_selected].tolist()
+                assert num_selected == min(pages, math.ceil(n / block))
+                assert chosen[-1] == tail and len(set(chosen)) == len(chosen)
+                # the selected complete blocks are the top ones by the Quest bound (max over the group's heads)
+                heads = q[b, h * group: (h + 1) * group]
+                bound = [max(float(torch.maximum(qh * k.amax(0), qh * k.amin(0)).sum()) for qh in heads)
+                         for k in full_k[b][h][: tail * block].reshape(tail, block, ctx.head_dim)]
+                others = [bound[j] for j in range(tail) if j not in chosen]
+                if others:
+                    assert min(bound[j] for j in chosen[:-1]) >= max(others)
+                # the digest of a block the new token completed equals the recomputed one
+                if n % block == 0:
+                    assert torch.equal(method.digest_max[layer][b, h, tail], full_k[b][h][-block:].amax(0))
+                    assert torch.equal(method.digest_min[layer][b, h, tail], full_k[b][h][-block:].amin(0))
+                # QS3: the sparse output equals dense attention with every other key masked
+                token_mask = torch.zeros(n, dtype=torch.bool)
+                for j in chosen:
+                    token_mask[j * block: (j + 1) * block] = True
+                logits = heads @ full_k[b][h].T * ctx.scale
+                probs = logits.masked_fill(~token_mask, float("-inf")).softmax(-1)
+                torch.testing.assert_close(out[b, h * group: (h + 1) * group], probs @ full_v[b][h],
+                                           atol=1e-5, rtol=1e-5)
+
+
+def test_method_args_and_validation():
+    assert Quest.from_args({"budget": "1k"}).budget == 1024
+    assert Quest.from_args({"block_size": "16", "dense_layers": "0"}) == Quest(block_size=16, dense_layers=0)
+    with pytest.raises(UsageError, match="budget"):
+        Quest.from_args({"budget": "16", "block_size": "32"})
+    with pytest.raises(UsageError, match="unknown"):
+        Quest.from_args({"topk": "4"})
+
+
+def test_footprint_matches_what_bind_allocates():
+    """KV and digests; the fp32 scoring copies of the CPU path are a CPU-only workspace, outside the GPU model."""
+    method, _, ctx, *_ = _bound_quest([63, 40], num_kv_heads=2)
+    shape = ModelShape(ctx.num_layers, ctx.num_heads, ctx.num_kv_heads, ctx.head_dim, 64, 64, 64)
+    tensors = [*method.keys, *method.values, *method.digest_max.values(), *method.digest_min.values()]
+    allocated = sum(t.numel() * t.element_size() for t in tensors) // ctx.batch
+    footprint = method.memory_footprint(shape, method.ctx.max_len, elem_bytes=4)
+    assert (footprint.device_bytes_per_seq, footprint.host_bytes_per_seq) == (allocated, 0)
