@@ -21,8 +21,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
 import torch  # noqa: E402
-from scoutbench.methods import ALL_METHODS, METHODS
 
+from scoutbench.methods import ALL_METHODS, METHODS
 from scoutbench.models import load_model
 from scoutbench.throughput import ThroughputConfig, run_throughput
 from scoutbench.timing import STAGES

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
-from scoutbench.methods.fullkv import FullKV
 
 from scoutbench.kernels.attention import (
     PartialState,
@@ -41,6 +39,8 @@ from scoutbench.kernels.attention import (
 )
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.fullkv import FullKV
 
 
 @dataclass

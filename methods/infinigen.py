@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
-from scoutbench.methods.fullkv import FullKV
 
 from scoutbench.kernels.attention import merge_states, partial_attention
 from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.fullkv import FullKV
 
 
 @dataclass

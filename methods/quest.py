@@ -16,8 +16,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from scoutbench.methods.base import Footprint, MethodContext, ModelShape, StepInfo, require
-from scoutbench.methods.fullkv import FullKV
 
 from scoutbench.kernels.attention import decode_attention
 from scoutbench.kernels.digest import (
@@ -27,6 +25,8 @@ from scoutbench.kernels.digest import (
     upper_bound_scores,
 )
 from scoutbench.kernels.gather import gather_blocks, write_tokens
+from scoutbench.methods.base import Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.fullkv import FullKV
 
 
 @dataclass

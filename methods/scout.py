@@ -13,13 +13,18 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
 
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import PartialState, decode_attention, merge_states, partial_attention
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
-from scoutbench.kernels.digest import block_digests, bound_from_center_radius, select_top_blocks, upper_bound_scores
+from scoutbench.kernels.digest import (
+    block_digests,
+    bound_from_center_radius,
+    select_top_blocks,
+    upper_bound_scores,
+)
 from scoutbench.kernels.offload import DONE, CopyStream, CpuWorkerPool, host_empty
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
 
 PRED_NORMS = ("next", "self")
 

@@ -10,9 +10,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError

@@ -10,8 +10,9 @@ import dataclasses
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from scoutbench.methods.base import AttentionMethod, ModelShape
 from scoutbench.models import LoadedModel, load_model, parse_dtype
 from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
 from scoutbench.telemetry import NvmlSampler
-from scoutbench.timing import STAGES, StageTimer
+from scoutbench.timing import STAGES
 from scoutbench.workloads.synthetic import SyntheticWorkload
 
 # Convenience flags map onto whichever field a method uses for the same idea.

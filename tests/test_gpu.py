@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+
 from scoutbench.methods import METHODS
 
 pytestmark = pytest.mark.gpu
@@ -144,9 +145,8 @@ def _cpu_tensors(obj, seen=None):
 def test_host_tier_is_pinned(models, name):
     """Large host tensors (host KV, staging buffers) are pinned, so device<->host copies can be asynchronous;
     methods that offload (memory_footprint has host bytes) really hold some."""
-    from scoutbench.methods.base import ModelShape
-
     from scoutbench.engine import DecodeEngine
+    from scoutbench.methods.base import ModelShape
 
     method = _method(name)
     _, cuda_model = models
@@ -197,7 +197,6 @@ def test_decode_step_has_no_implicit_device_sync(models, name):
 def test_throughput_run_on_cuda(name):
     """A short bf16 run at the planned batch: CUDA-event stage times add up to the step."""
     from scoutbench.methods.base import ModelShape
-
     from scoutbench.models import preset_config
     from scoutbench.planning import auto_batch
     from scoutbench.throughput import ThroughputConfig, run_throughput

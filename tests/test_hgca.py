@@ -15,10 +15,10 @@ from method_harness import (
     step_info,
     tiny_mha_model,
 )
-from scoutbench.methods.fullkv import FullKV
-from scoutbench.methods.hgca import HGCA
 
 from scoutbench.errors import UsageError
+from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.hgca import HGCA
 
 
 def _model(name, request):

@@ -14,11 +14,11 @@ from method_harness import (
     step_info,
     tiny_mha_model,
 )
-from scoutbench.methods.base import ModelShape
-from scoutbench.methods.infinigen import InfiniGen
 
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
+from scoutbench.methods.base import ModelShape
+from scoutbench.methods.infinigen import InfiniGen
 
 
 def _model(name, request):

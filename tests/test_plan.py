@@ -12,10 +12,10 @@ import sys
 
 import pytest
 import torch
-from scoutbench.methods import METHODS
-from scoutbench.methods.base import ModelShape
 
 from scoutbench.errors import ScoutbenchError
+from scoutbench.methods import METHODS
+from scoutbench.methods.base import ModelShape
 from scoutbench.models import preset_config
 from scoutbench.planning import (
     auto_batch,

@@ -13,11 +13,11 @@ from method_harness import (
     step_info,
     tiny_mha_model,
 )
+
+from scoutbench.errors import UsageError
 from scoutbench.methods.base import ModelShape
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.quest import Quest
-
-from scoutbench.errors import UsageError
 
 
 def _model(name, request):

@@ -10,13 +10,13 @@ import threading
 import pytest
 import torch
 from method_harness import assert_logits_close, fullkv_reference, ragged_prompt, run_engine, tiny_mha_model
-from scoutbench.methods.base import ModelShape
-from scoutbench.methods.fullkv import FullKV
-from scoutbench.methods.scout import ScoutAttention
 
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import partial_attention
 from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
+from scoutbench.methods.base import ModelShape
+from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.scout import ScoutAttention
 
 
 # ---------------------------------------------------------------------------------------------- references

@@ -50,9 +50,9 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     """Decode throughput and latency breakdown. With no arguments: every compared method on tiny-qwen3 at 4k."""
     from rich.console import Console
 
+    from scoutbench.errors import UsageError
     from scoutbench.results import check_writable, unique_path, write_json_atomic
     from scoutbench.throughput import ThroughputConfig, resolve_device, resolve_dtype
-    from scoutbench.errors import UsageError
 
     resolved = resolve_device(device)
     batch = _parse_batch(batch)
@@ -96,7 +96,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
             path = write_json_atomic(unique_path(out_path / name), result)
         paths.append(str(path))
     if as_json:
-        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths)], indent=2))
+        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
     else:
         Console().print(_table(results))
         err.print(f"results: {', '.join(paths)}")

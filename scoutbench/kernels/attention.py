@@ -127,7 +127,7 @@ def merge_states(*states: PartialState) -> PartialState:
     total = torch.logsumexp(lses, dim=0)
     safe_total = torch.where(torch.isinf(total), torch.zeros_like(total), total)
     weights = torch.exp(lses - safe_total)  # exp(-inf) = 0 for empty parts
-    out = sum(w.unsqueeze(-1) * s.o for w, s in zip(weights, states))
+    out = sum(w.unsqueeze(-1) * s.o for w, s in zip(weights, states, strict=True))
     return PartialState(out, total)
 
 
