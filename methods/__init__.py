@@ -14,5 +14,5 @@ METHODS.register("scout-base", "scoutbench.methods.scout:ScoutAttention", preset
 METHODS.register("scout-pc", "scoutbench.methods.scout:ScoutAttention", preset={"pc": True, "pr": False})
 METHODS.register("scout-pr", "scoutbench.methods.scout:ScoutAttention", preset={"pc": False, "pr": True})
 
-# `--method all`: the methods the paper compares, plus Quest (device-only reference).
+# The distinct algorithms (tests and benchmarks iterate over these; `--method all` adds the ablation variants).
 ALL_METHODS = ["fullkv", "quest", "infinigen", "hgca", "scout"]

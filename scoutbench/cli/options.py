@@ -18,11 +18,12 @@ def parse_method_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
 
 
 def expand_methods(names: tuple[str, ...] | list[str]) -> list[str]:
-    """`all` (or nothing) means the compared methods; names are checked against the registry."""
-    from scoutbench.methods import ALL_METHODS, METHODS
+    """`all` (or nothing) means every registered method, ablation variants included; names are checked against
+    the registry."""
+    from scoutbench.methods import METHODS
 
     if not names or "all" in names:
-        return list(ALL_METHODS)
+        return METHODS.names()
     for name in names:
         METHODS.canonical(name)  # raises with a did-you-mean hint
     return list(dict.fromkeys(names))

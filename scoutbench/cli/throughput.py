@@ -16,7 +16,7 @@ DEFAULT_OUTPUT = "results/runs"
 
 @click.command(name="throughput")
 @click.option("--method", "methods", multiple=True, metavar="NAME",
-              help="Method to run (repeatable), or 'all' (default: all compared methods).")
+              help="Method to run (repeatable), or 'all' (default: every registered method).")
 @click.option("--model", default="tiny-qwen3", show_default=True,
               help="Built-in name (tiny-qwen3, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
 @click.option("--len", "length", default="4k", show_default=True,
@@ -47,7 +47,7 @@ DEFAULT_OUTPUT = "results/runs"
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew, budget,
             block_size, method_args, output, overwrite, as_json):
-    """Decode throughput and latency breakdown. With no arguments: every compared method on tiny-qwen3 at 4k."""
+    """Decode throughput and latency breakdown. With no arguments: every registered method on tiny-qwen3 at 4k."""
     from rich.console import Console
 
     from scoutbench.errors import UsageError
