@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MIN_SPEEDUP="${MIN_SPEEDUP:-1.5}"
+MIN_SPEEDUP="${MIN_SPEEDUP:-2.5}"
 REPEATS="${REPEATS:-3}"
 BASELINE=results/baselines/cpu-ci
 # dense_layers=0: every layer of the 4-layer proxy is sparse, as ~95% of a 36-40 layer model's layers are.
