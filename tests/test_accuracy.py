@@ -2,11 +2,11 @@
 with a budget that covers the context giving FullKV's predictions on the real model."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from scoutbench import longbench_metrics as m
 from scoutbench.accuracy import run_accuracy
@@ -21,18 +21,6 @@ from scoutbench.workloads.passkey import PasskeyTask
 DATA = Path(__file__).parent / "data" / "longbench"
 
 
-def run_cli(monkeypatch, capsys, *args):
-    """`scoutbench ARGS` in-process, through main(): returns (exit code, stdout, stderr)."""
-    from scoutbench.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["scoutbench", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ------------------------------------------------------------------------------------------ generation

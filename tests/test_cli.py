@@ -1,26 +1,12 @@
 """Foundation CLI behaviour: registry, length parsing, bad input -> one line + exit 2, the result schema."""
 
 import json
-import sys
 
 import pytest
+from cli_runner import run_cli
 
 from scoutbench.errors import UsageError
 from scoutbench.units import format_length, parse_bytes, parse_fraction, parse_length
-
-
-def run_cli(monkeypatch, capsys, *args):
-    """Run `scoutbench ARGS` in-process; return (exit code, stdout, stderr)."""
-    from scoutbench.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["scoutbench", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("text,tokens", [("4096", 4096), ("4k", 4096), ("64k", 65536), ("1m", 1 << 20),

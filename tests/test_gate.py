@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import cli_runner
 import pytest
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
@@ -14,17 +15,9 @@ from scoutbench.gate import compare, parse_ratio, parse_tolerances, run_gate
 
 
 def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:
-    """`scoutbench ARGS` in-process through the same `main` as the console script; returns (exit code, output)."""
-    from scoutbench.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["scoutbench", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+    """(exit code, stdout + stderr): gate tables and errors are read together."""
+    code, out, err = cli_runner.run_cli(monkeypatch, capsys, *args)
+    return code, out + err
 
 
 def pair(tmp_path, baseline, current):

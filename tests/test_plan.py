@@ -8,10 +8,10 @@ N = 65536 and a 32-token block size gives 2048 blocks, each digest (min and max 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from scoutbench.errors import ScoutbenchError
 from scoutbench.methods import METHODS
@@ -54,17 +54,6 @@ def qwen3_14b():
     return ModelShape.from_config(preset_config("qwen3-14b"))
 
 
-def run_cli(monkeypatch, capsys, *args):
-    from scoutbench.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["scoutbench", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_weights_match_the_built_model(tiny_qwen3, qwen3_14b):

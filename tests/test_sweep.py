@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from result_factory import make_result
 
 from scoutbench.errors import ScoutbenchError, UsageError
@@ -184,17 +185,6 @@ def test_growing_a_sweep_keeps_earlier_points(tmp_path):
     assert ids == ["fullkv_tiny-qwen3_len2k_b1", "fullkv_tiny-qwen3_len4k_b1", "fullkv_tiny-qwen3_len1k_b1"]
 
 
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from scoutbench.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["scoutbench", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_sweep_cli_end_to_end_with_the_real_runner(tmp_path, monkeypatch, capsys):
