@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,14 @@ class FullKV(AttentionMethod):
     """Vanilla decode attention. The cache is preallocated for the whole run (no per-step growth)."""
 
     name = "fullkv"
+
+    @classmethod
+    def for_layers(cls, ctx: MethodContext, num_layers: int) -> FullKV:
+        """FullKV storage bound to the first `num_layers` layers of ctx's model: the dense layers that the sparse
+        methods keep on the device (their layer indices are the same)."""
+        dense = cls()
+        dense.bind(dataclasses.replace(ctx, num_layers=num_layers))
+        return dense
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)

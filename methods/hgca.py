@@ -23,7 +23,6 @@ leaves the rest open (methods.md §6); our choices, all fields:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -73,8 +72,7 @@ class HGCA(AttentionMethod):
         super().bind(ctx)
         batch, kv_heads, head_dim = ctx.batch, ctx.num_kv_heads, ctx.head_dim
         dense = min(self.dense_layers, ctx.num_layers)
-        self.dense = FullKV()
-        self.dense.bind(dataclasses.replace(ctx, num_layers=dense))
+        self.dense = FullKV.for_layers(ctx, dense)
         self.sparse_layers = range(dense, ctx.num_layers)
         # the window never exceeds its target by a whole block (it migrates then)
         self.window_capacity = min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block)

@@ -26,7 +26,6 @@ true query and fetches synchronously.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -66,8 +65,7 @@ class InfiniGen(AttentionMethod):
         super().bind(ctx)
         batch, kv_heads, head_dim = ctx.batch, ctx.num_kv_heads, ctx.head_dim
         dense = min(self.dense_layers, ctx.num_layers)
-        self.dense = FullKV()
-        self.dense.bind(dataclasses.replace(ctx, num_layers=dense))
+        self.dense = FullKV.for_layers(ctx, dense)
         self.sparse_layers = range(dense, ctx.num_layers)
         channels = self.partial_dim(head_dim)
         # zeroed: a short sequence of a ragged batch fetches (masked) rows it never wrote, and 0 * NaN is NaN

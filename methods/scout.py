@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.errors import UsageError
-from scoutbench.kernels.attention import PartialState, decode_attention, merge_states, partial_attention
+from scoutbench.kernels.attention import PartialState, merge_states, partial_attention
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
 from scoutbench.kernels.digest import (
     block_digests,
@@ -25,6 +25,7 @@ from scoutbench.kernels.digest import (
 )
 from scoutbench.kernels.offload import DONE, CopyStream, CpuWorkerPool, host_empty
 from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.fullkv import FullKV
 
 PRED_NORMS = ("next", "self")
 
@@ -177,10 +178,7 @@ class ScoutAttention(AttentionMethod):
             max(1, int(self._profile_intervals[i])) if self._profile_intervals is not None
             and self._profile_intervals[i] is not None else self.recall_interval
             for i in range(ctx.num_layers)]
-        # dense layers: FullKV storage
-        dense_shape = (B, Hkv, ctx.max_len, D)
-        self._dense_k = [torch.empty(dense_shape, dtype=dtype, device=dev) for _ in range(self._dense)]
-        self._dense_v = [torch.empty(dense_shape, dtype=dtype, device=dev) for _ in range(self._dense)]
+        self._dense_kv = FullKV.for_layers(ctx, self._dense)
         # sparse layers: host tier, block-major rows `j * B * Hkv + (b * Hkv + h)` so that the blocks of all
         # (sequence, KV head) rows completed at one step are one contiguous (async on CUDA) copy. Zeroed: gathers
         # may read never-written rows, masked out, but they must be finite.
@@ -259,8 +257,7 @@ class ScoutAttention(AttentionMethod):
                        lengths: torch.Tensor) -> None:
         num_tokens = k.shape[2]
         if layer < self._dense:
-            self._dense_k[layer][:, :, :num_tokens].copy_(k)
-            self._dense_v[layer][:, :, :num_tokens].copy_(v)
+            self._dense_kv.ingest_prefill(layer, q_obs, k, v, lengths)
             return
         ctx, b = self.ctx, self.block_size
         B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
@@ -314,6 +311,7 @@ class ScoutAttention(AttentionMethod):
     # ------------------------------------------------------------------ decode
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
+        self._dense_kv.begin_step(step)
         b = self.block_size
         pos = step.positions
         if self._L > self._dense:
@@ -350,7 +348,7 @@ class ScoutAttention(AttentionMethod):
 
     def decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if layer < self._dense:
-            return self._decode_dense(layer, q, k, v)
+            return self._dense_kv.decode(layer, q, k, v)
         timer = self.ctx.timer
         plan = self._plans.pop(layer, None)
         inline = False
@@ -399,22 +397,6 @@ class ScoutAttention(AttentionMethod):
                 if plan.future is not None:
                     plan.future.result()
             self._plans.clear()
-
-    # ------------------------------------------------------------------ dense layers (FullKV)
-    def _decode_dense(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        step = self.step
-        keys, values = self._dense_k[layer], self._dense_v[layer]
-        span = max(step.positions_host) + 1
-        with self.ctx.timer.stage("attn_device"):
-            if step.uniform:
-                keys[:, :, step.positions_host[0]].copy_(k)
-                values[:, :, step.positions_host[0]].copy_(v)
-                valid_len = None
-            else:
-                keys[self._batch_index, :, step.positions] = k
-                values[self._batch_index, :, step.positions] = v
-                valid_len = step.positions + 1
-            return decode_attention(q, keys[:, :, :span], values[:, :, :span], self.ctx.scale, valid_len)
 
     # ------------------------------------------------------------------ selection and the CPU part
     def _select(self, layer: int, q: torch.Tensor, positions: torch.Tensor, max_position: int
@@ -673,7 +655,7 @@ class ScoutAttention(AttentionMethod):
         }
 
     def _device_bytes(self) -> int:
-        tensors = [*self._dense_k, *self._dense_v, *self._dev_k.values(), *self._dev_v.values(),
+        tensors = [*self._dense_kv.keys, *self._dense_kv.values, *self._dev_k.values(), *self._dev_v.values(),
                    *self._kmax.values(), *self._kmin.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
