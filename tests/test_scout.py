@@ -506,3 +506,14 @@ def test_cli_commands(tmp_path, monkeypatch):
     assert {"model", "mean", "per_layer"} <= set(data) and len(data["per_layer"]) == 3
     bad = runner.invoke(cli, ["profile-recall", "--len", "160", "--method-arg", "budget=8", "-o", str(out)])
     assert bad.exit_code != 0
+
+
+def test_query_prediction_is_accurate_on_a_real_model(smollm2):
+    """The premise of layer-ahead pre-computation on real weights (paper Table 1: 0.93-0.97): past the first two
+    layers, Q_pred^{i+1} from layer i's input is within cosine 0.9 of the true query (SmolLM2-135M)."""
+    from scoutbench.cosine import query_cosine
+
+    result = query_cosine("smollm2-135m", 256, 4, device="cpu", loaded=smollm2)
+    assert len(result["per_layer"]) == 29
+    assert min(result["per_layer"][2:]) >= 0.9, result["per_layer"]
+    assert result["mean"] > 0.85
