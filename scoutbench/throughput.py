@@ -193,8 +193,6 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Ca
                 records.append(record)
             if on_step is not None:
                 on_step(index + 1, total_steps)
-        if nvml is not None:
-            nvml.__exit__(None, None, None)
         stats = method.stats()
     except torch.OutOfMemoryError:
         if oom_backoff:
@@ -209,6 +207,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Ca
                                   "lower --batch or --len") from None
         raise
     finally:
+        if nvml is not None:  # also on errors: never leave the sampler thread running
+            nvml.__exit__(None, None, None)
         method.close()
     return {
         "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": env_info()["scoutbench"],

@@ -45,14 +45,21 @@ DEFAULT_OUTPUT = "results/runs"
               help="A .json file (single method) or a folder receiving one file per method.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing .json output instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew, budget,
-            block_size, method_args, output, overwrite, as_json):
+def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
+            budget, block_size, method_args, output, overwrite, as_json):
     """Decode throughput and latency breakdown. With no arguments: every registered method on tiny-qwen3 at 4k."""
     from rich.console import Console
 
     from scoutbench.errors import UsageError
     from scoutbench.results import check_writable, unique_path, write_json_atomic
-    from scoutbench.throughput import ThroughputConfig, resolve_device, resolve_dtype
+    from scoutbench.throughput import (
+        ThroughputConfig,
+        build_method,
+        resolve_device,
+        resolve_dtype,
+        validate_against_context,
+    )
+    from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
     batch = _parse_batch(batch)
@@ -77,12 +84,10 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     err = Console(stderr=True)
     configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length_tokens,
                                 batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
-                                warmup=warmup, device=device, dtype=dtype, seed=seed,
-                                prefill=prefill, kv_skew=kv_skew, command=["scoutbench", *sys.argv[1:]]) for name in names]
+                                warmup=warmup, device=device, dtype=dtype, seed=seed, prefill=prefill,
+                                kv_skew=kv_skew, command=["scoutbench", *sys.argv[1:]])
+               for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
-        from scoutbench.throughput import build_method, validate_against_context
-        from scoutbench.workloads.synthetic import SyntheticWorkload
-
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
                           cfg.prefill, cfg.kv_skew)
         validate_against_context(build_method(cfg.method, cfg.method_args), cfg.length)
@@ -92,7 +97,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
         if single_file:
             path = write_json_atomic(out_path, result, overwrite=overwrite)
         else:
-            name = f"throughput_{result['method']}_{model.replace('/', '--')}_len{format_length(length_tokens)}_b{result['workload']['batch']}.json"
+            name = (f"throughput_{result['method']}_{model.replace('/', '--')}_len{format_length(length_tokens)}"
+                    f"_b{result['workload']['batch']}.json")
             path = write_json_atomic(unique_path(out_path / name), result)
         paths.append(str(path))
     if as_json:
