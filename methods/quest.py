@@ -18,12 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from scoutbench.kernels.attention import decode_attention
-from scoutbench.kernels.digest import (
-    block_digests,
-    bound_from_center_radius,
-    select_top_blocks,
-    upper_bound_scores,
-)
+from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.methods.base import Footprint, MethodContext, ModelShape, StepInfo, require
 from scoutbench.methods.fullkv import FullKV
@@ -55,13 +50,7 @@ class Quest(FullKV):
         super().bind(dataclasses.replace(ctx, max_len=rounded))
         digest_shape = (ctx.batch, ctx.num_kv_heads, rounded // self.block_size, ctx.head_dim)
         sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
-        self.digest_max = {layer: torch.zeros(digest_shape, dtype=ctx.dtype, device=ctx.device) for layer in sparse}
-        self.digest_min = {layer: torch.zeros(digest_shape, dtype=ctx.dtype, device=ctx.device) for layer in sparse}
-        # CPU path only, as ScoutAttention's: the digests also as fp32 max + min and max - min, kept up to date when
-        # blocks complete, so scoring skips four conversions of every digest per call (they dominate on CPU)
-        on_cpu = ctx.device.type == "cpu"
-        self._center = {layer: torch.zeros(digest_shape) for layer in sparse} if on_cpu else None
-        self._radius = {layer: torch.zeros(digest_shape) for layer in sparse} if on_cpu else None
+        self.digests = DigestTable(sparse, digest_shape, ctx.dtype, ctx.device)
         gather_shape = (ctx.batch, ctx.num_kv_heads, self.page_budget * self.block_size, ctx.head_dim)
         self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
         self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
@@ -74,7 +63,7 @@ class Quest(FullKV):
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         super().ingest_prefill(layer, q_obs, k, v, lengths)
-        if layer in self.digest_max:
+        if layer in self.digests:
             # Blocks that reach into a sequence's right padding get a wrong digest here; they are never candidates
             # before decode completes them, and completing a block recomputes its digest (_update_digests).
             kmax, kmin = block_digests(k, self.block_size)
@@ -126,18 +115,12 @@ class Quest(FullKV):
         """
         pages = self.page_budget
         candidates = self._max_candidates
-        if self._center is not None:
-            scores = bound_from_center_radius(q, self._center[layer][:, :, :candidates],
-                                              self._radius[layer][:, :, :candidates])
-        else:
-            scores = upper_bound_scores(q, self.digest_max[layer][:, :, :candidates],
-                                        self.digest_min[layer][:, :, :candidates])
+        scores = self.digests.scores(layer, q, candidates)
         ids, count = select_top_blocks(scores, self._tail_block, pages - 1)
         block_ids = torch.nn.functional.pad(ids, (0, pages - ids.shape[-1]))
         slot = torch.arange(pages, device=q.device)
         block_ids = torch.where(slot == count[..., None], self._tail_block[:, None, None], block_ids)
-        # (count is [B, 1] when every KV head has the same candidates)
-        return block_ids, (count * self.block_size + self._tail_len[:, None]).expand(block_ids.shape[:2])
+        return block_ids, count * self.block_size + self._tail_len[:, None]
 
     def _update_digests(self, layer: int) -> None:
         for rows, block in self._completed:
@@ -146,11 +129,7 @@ class Quest(FullKV):
             self._store_digests(layer, rows, slice(block, block + 1), kmax, kmin)
 
     def _store_digests(self, layer: int, rows: slice, blocks: slice, kmax: torch.Tensor, kmin: torch.Tensor) -> None:
-        self.digest_max[layer][rows, :, blocks] = kmax
-        self.digest_min[layer][rows, :, blocks] = kmin
-        if self._center is not None:
-            self._center[layer][rows, :, blocks] = kmax.float() + kmin.float()
-            self._radius[layer][rows, :, blocks] = kmax.float() - kmin.float()
+        self.digests.write(layer, (rows, slice(None), blocks), kmax, kmin)
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
@@ -161,6 +140,6 @@ class Quest(FullKV):
         return Footprint(device, 0)
 
     def stats(self):
-        digest_bytes = sum(t.numel() * t.element_size() for t in (*self.digest_max.values(), *self.digest_min.values()))
+        digest_bytes = self.digests.device_bytes()
         attended = (self._attended_sum / max(self._steps, 1)).tolist()
         return {**super().stats(), "digest_bytes": digest_bytes, "attended_tokens_per_layer": attended}

@@ -17,12 +17,7 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import PartialState, merge_states, partial_attention
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
-from scoutbench.kernels.digest import (
-    block_digests,
-    bound_from_center_radius,
-    select_top_blocks,
-    upper_bound_scores,
-)
+from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
 from scoutbench.kernels.offload import DONE, CopyStream, CpuWorkerPool, host_empty
 from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
 from scoutbench.methods.fullkv import FullKV
@@ -187,16 +182,13 @@ class ScoutAttention(AttentionMethod):
         self._host_v: dict[int, torch.Tensor] = {}
         self._dev_k: dict[int, torch.Tensor] = {}
         self._dev_v: dict[int, torch.Tensor] = {}
-        self._kmax: dict[int, torch.Tensor] = {}
-        self._kmin: dict[int, torch.Tensor] = {}
+        self._digests = DigestTable(range(self._dense, ctx.num_layers), (B, Hkv, self._max_blocks, D), dtype, dev)
         self._tables: dict[int, BlockTable] = {}
         for layer in range(self._dense, ctx.num_layers):
             self._host_k[layer] = host_empty((rows, b, D), dtype, dev).zero_()
             self._host_v[layer] = host_empty((rows, b, D), dtype, dev).zero_()
             self._dev_k[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
             self._dev_v[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
-            self._kmax[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=dtype, device=dev)
-            self._kmin[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=dtype, device=dev)
             self._tables[layer] = BlockTable(B, Hkv, self.k_sel, self._max_blocks, dev)
         # host buffers of the CPU part, two sets (consecutive layers alternate, at most two plans in flight)
         k = self.k_sel
@@ -214,15 +206,6 @@ class ScoutAttention(AttentionMethod):
         self._copy = CopyStream(dev)
         self._bh_host = torch.arange(B * Hkv).view(B, Hkv)  # host row index b * Hkv + h, for the worker
         self._bias = torch.zeros((B, Hkv, 1, self._region), dtype=dtype, device=dev)
-        # CPU path: the digests also as fp32 center = max + min and radius = max - min, kept up to date at prefill
-        # and block completion, so that scoring is two matmuls (recomputing them per call from bf16 digests is
-        # 3-5 ms at 32k on one core: fresh fp32 temporaries and conversion passes; on CUDA that is negligible).
-        self._center: dict[int, torch.Tensor] = {}
-        self._radius: dict[int, torch.Tensor] = {}
-        if not self._cuda:
-            for layer in self._kmax:
-                self._center[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=torch.float32)
-                self._radius[layer] = torch.zeros((B, Hkv, self._max_blocks, D), dtype=torch.float32)
         self._batch_index = torch.arange(B, device=dev)
         self._arange_k = torch.arange(k, device=dev)
         self._plans: dict[int, _Plan] = {}
@@ -266,9 +249,7 @@ class ScoutAttention(AttentionMethod):
             blocks = src[:, :, : complete * b].reshape(B, Hkv, complete, b, D).permute(2, 0, 1, 3, 4)
             host.view(self._max_blocks, B, Hkv, b, D)[:complete].copy_(blocks)
         kmax, kmin = block_digests(k, b)
-        self._kmax[layer][:, :, :complete].copy_(kmax)
-        self._kmin[layer][:, :, :complete].copy_(kmin)
-        self._refresh_center(layer, (slice(None), slice(None), slice(0, complete)))
+        self._digests.write(layer, (slice(None), slice(None), slice(0, complete)), kmax, kmin)
         lengths_host = [int(n) for n in lengths.tolist()]
         dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]
         dev_k.zero_()
@@ -286,7 +267,7 @@ class ScoutAttention(AttentionMethod):
                     dev_k[seq, :, slot * b: slot * b + count].copy_(k[seq, :, j * b: j * b + count])
                     dev_v[seq, :, slot * b: slot * b + count].copy_(v[seq, :, j * b: j * b + count])
         # initial resident set: top-k_sel selectable blocks for the last prompt query
-        positions = lengths.to(self._kmax[layer].device)
+        positions = lengths.to(self.ctx.device)
         ids, valid, _ = self._select(layer, q_obs[:, :, -1], positions, max(lengths_host))
         valid = self._initial_selection(layer, ids, valid)
         ids_host, valid_host = ids.cpu(), valid.cpu()
@@ -408,7 +389,7 @@ class ScoutAttention(AttentionMethod):
         """
         b = self.block_size
         num_scored = max(1, max_position // b)
-        scores = self._scores(layer, q, num_scored)
+        scores = self._digests.scores(layer, q, num_scored)
         limit = (positions // b - self.local_blocks).clamp(min=0)
         excluded = None
         if self.sink_blocks:
@@ -418,21 +399,6 @@ class ScoutAttention(AttentionMethod):
         count = count.expand(scores.shape[0], scores.shape[1])  # [B, 1] when nothing is excluded per head
         valid = self._arange_k[None, None, :] < count[:, :, None]
         return ids, valid, scores
-
-    def _scores(self, layer: int, q: torch.Tensor, num_blocks: int) -> torch.Tensor:
-        """`upper_bound_scores(q, kmax, kmin)` over the first `num_blocks` digests; on CPU from the fp32
-        center/radius copies (the kernel's own arithmetic, bit-identical, without its per-call conversions)."""
-        if self._cuda:
-            return upper_bound_scores(q, self._kmax[layer][:, :, :num_blocks], self._kmin[layer][:, :, :num_blocks])
-        return bound_from_center_radius(q, self._center[layer][:, :, :num_blocks], self._radius[layer][:, :, :num_blocks])
-
-    def _refresh_center(self, layer: int, index: tuple) -> None:
-        """Recompute the CPU path's fp32 center/radius digests at `index` from kmax/kmin."""
-        if self._cuda:
-            return
-        kmax, kmin = self._kmax[layer][index].float(), self._kmin[layer][index].float()
-        self._center[layer][index] = kmax + kmin
-        self._radius[layer][index] = kmax - kmin
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
@@ -527,16 +493,13 @@ class ScoutAttention(AttentionMethod):
         done = [seq for seq, p in enumerate(positions) if (p + 1) % b == 0]
         if not done:
             return
-        kmax, kmin = self._kmax[layer], self._kmin[layer]
         host_k = self._host_k[layer].view(self._max_blocks, B, Hkv, b, D)
         host_v = self._host_v[layer].view(self._max_blocks, B, Hkv, b, D)
         if len(done) == B and step.uniform:
             j = positions[0] // b
             slot = self._ring_slot(j)
             block_k = dev_k[:, :, slot * b:(slot + 1) * b]
-            kmax[:, :, j].copy_(block_k.amax(dim=2))
-            kmin[:, :, j].copy_(block_k.amin(dim=2))
-            self._refresh_center(layer, (slice(None), slice(None), j))
+            self._digests.write(layer, (slice(None), slice(None), j), block_k.amax(dim=2), block_k.amin(dim=2))
             host_k[j].copy_(block_k.contiguous(), non_blocking=True)
             host_v[j].copy_(dev_v[:, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
             return
@@ -544,9 +507,7 @@ class ScoutAttention(AttentionMethod):
             j = positions[seq] // b
             slot = self._ring_slot(j)
             block_k = dev_k[seq, :, slot * b:(slot + 1) * b]
-            kmax[seq, :, j].copy_(block_k.amax(dim=1))
-            kmin[seq, :, j].copy_(block_k.amin(dim=1))
-            self._refresh_center(layer, (seq, slice(None), j))
+            self._digests.write(layer, (seq, slice(None), j), block_k.amax(dim=1), block_k.amin(dim=1))
             host_k[j, seq].copy_(block_k.contiguous(), non_blocking=True)
             host_v[j, seq].copy_(dev_v[seq, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
 
@@ -655,9 +616,8 @@ class ScoutAttention(AttentionMethod):
         }
 
     def _device_bytes(self) -> int:
-        tensors = [*self._dense_kv.keys, *self._dense_kv.values, *self._dev_k.values(), *self._dev_v.values(),
-                   *self._kmax.values(), *self._kmin.values()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors = [*self._dense_kv.keys, *self._dense_kv.values, *self._dev_k.values(), *self._dev_v.values()]
+        return sum(t.numel() * t.element_size() for t in tensors) + self._digests.device_bytes()
 
     # ------------------------------------------------------------------ tracing (tests, profiling)
     def _log_event(self, kind: str, layer: int) -> None:

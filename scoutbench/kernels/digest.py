@@ -58,3 +58,42 @@ def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: i
     _, ids = torch.topk(masked, k, dim=-1, sorted=True)
     count = allowed.sum(dim=-1).clamp(max=k).expand(scores.shape[:2])
     return ids, count
+
+
+class DigestTable:
+    """Per-layer digests (kmax/kmin, `[B, Hkv, max_blocks, D]` in the KV dtype) of complete blocks on the compute
+    device, shared by every block-sparse method.
+
+    On CPU it also keeps fp32 `max + min` and `max - min`, updated on every write, so scoring is two matmuls: the
+    per-call conversions of every digest otherwise dominate selection at long context (3-5 ms at 32k on a core).
+    """
+
+    def __init__(self, layers: range, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device):
+        self.kmax = {layer: torch.zeros(shape, dtype=dtype, device=device) for layer in layers}
+        self.kmin = {layer: torch.zeros(shape, dtype=dtype, device=device) for layer in layers}
+        on_cpu = torch.device(device).type == "cpu"
+        self._center2 = {layer: torch.zeros(shape) for layer in layers} if on_cpu else None
+        self._radius2 = {layer: torch.zeros(shape) for layer in layers} if on_cpu else None
+
+    def __contains__(self, layer: int) -> bool:
+        return layer in self.kmax
+
+    def write(self, layer: int, index: tuple, kmax: torch.Tensor, kmin: torch.Tensor) -> None:
+        """Store digests at `index` (over the `[B, Hkv, blocks]` dims)."""
+        self.kmax[layer][index] = kmax
+        self.kmin[layer][index] = kmin
+        if self._center2 is not None:
+            stored_max, stored_min = self.kmax[layer][index].float(), self.kmin[layer][index].float()
+            self._center2[layer][index] = stored_max + stored_min
+            self._radius2[layer][index] = stored_max - stored_min
+
+    def scores(self, layer: int, q: torch.Tensor, num_blocks: int) -> torch.Tensor:
+        """`upper_bound_scores` of q `[B, Hq, D]` against the first `num_blocks` blocks -> `[B, Hkv, num_blocks]`."""
+        if self._center2 is not None:
+            return bound_from_center_radius(q, self._center2[layer][:, :, :num_blocks],
+                                            self._radius2[layer][:, :, :num_blocks])
+        return upper_bound_scores(q, self.kmax[layer][:, :, :num_blocks], self.kmin[layer][:, :, :num_blocks])
+
+    def device_bytes(self) -> int:
+        """The digests' bytes on the compute device (the CPU-only fp32 copies are not a device cost)."""
+        return sum(t.numel() * t.element_size() for t in (*self.kmax.values(), *self.kmin.values()))
