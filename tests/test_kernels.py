@@ -270,3 +270,18 @@ def test_block_table_split_victims_and_readiness():
     table.assign(torch.tensor([0]), torch.tensor([0]), torch.tensor([9]))
     assert table.block_slot[0, 0, 4] == -1 and table.block_slot[0, 0, 9] == 0
     assert table.resident_sets() == [[{7, 2, 9}]]
+
+
+def test_digest_table_scores_equal_the_bound_kernel():
+    """The CPU path's cached fp32 center/radius give exactly the scores of the direct kernel."""
+    from scoutbench.kernels.digest import DigestTable
+
+    torch.manual_seed(3)
+    keys = torch.randn(2, 2, 40, 8, dtype=torch.bfloat16)
+    kmax, kmin = block_digests(keys, 4)
+    table = DigestTable(range(1, 3), (2, 2, 16, 8), torch.bfloat16, torch.device("cpu"))
+    table.write(2, (slice(None), slice(None), slice(0, 10)), kmax, kmin)
+    q = torch.randn(2, 6, 8, dtype=torch.bfloat16)
+    assert 2 in table and 0 not in table
+    assert torch.equal(table.scores(2, q, 10), upper_bound_scores(q, kmax, kmin))
+    assert table.device_bytes() == 2 * 2 * (2 * 2 * 16 * 8 * 2)
