@@ -38,6 +38,16 @@ def _expand_valid_len(valid_len: torch.Tensor, batch: int, num_kv_heads: int) ->
     return valid_len
 
 
+def row_lengths(valid_len: torch.Tensor | None, batch: int, num_kv_heads: int, num_keys: int,
+                device: torch.device) -> torch.Tensor:
+    """Valid keys of each (sequence, KV head) row, flattened to `[B * Hkv]` int32: what row-wise kernels
+    (flashinfer pages, the Triton kernel) take."""
+    if valid_len is None:
+        return torch.full((batch * num_kv_heads,), num_keys, dtype=torch.int32, device=device)
+    lengths = _expand_valid_len(valid_len, batch, num_kv_heads).clamp(0, num_keys)
+    return lengths.to(torch.int32).reshape(batch * num_kv_heads)
+
+
 def length_bias(valid_len: torch.Tensor, num_keys: int, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask `[B, Hkv, 1, N]`: 0 for the first `valid_len` keys of a row, -inf after."""
     valid_len = _expand_valid_len(valid_len, valid_len.shape[0], num_kv_heads)

@@ -71,19 +71,15 @@ def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     Each (sequence, KV head) row becomes one request with one page of N tokens in HND layout, so ragged
     `valid_len` per KV head maps onto `last_page_len`. The base-2 LSE is converted to natural log here.
     """
-    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural  # noqa: PLC0415
+    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural, row_lengths  # noqa: PLC0415
 
     flashinfer = _flashinfer()[0]
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
     rows = batch * num_kv_heads
-    if valid_len is None:
-        last_len = torch.full((rows,), num_keys, dtype=torch.int32, device=q.device)
-    else:
-        if valid_len.dim() == 1:
-            valid_len = valid_len[:, None].expand(batch, num_kv_heads)
-        last_len = valid_len.reshape(rows).clamp(min=1).to(torch.int32)
+    valid = row_lengths(valid_len, batch, num_kv_heads, num_keys, q.device)
+    last_len = valid.clamp(min=1)  # a page holds at least one token; empty rows are masked below
     indptr = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
     indices = torch.arange(rows, dtype=torch.int32, device=q.device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device.index or 0), "HND")
@@ -95,7 +91,7 @@ def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     lse = lse_base2_to_natural(lse2.float()).reshape(batch, num_heads)
     out = out.float().reshape(batch, num_heads, head_dim)
     if valid_len is not None:
-        empty = (valid_len <= 0).repeat_interleave(group, dim=1)
+        empty = (valid <= 0).view(batch, num_kv_heads).repeat_interleave(group, dim=1)
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     return PartialState(out, lse)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scoutbench.kernels.attention import PartialState, _expand_valid_len, merge_states
+from scoutbench.kernels.attention import PartialState, merge_states, row_lengths
 
 BLOCK_N = 64  # keys per inner iteration
 MIN_KEYS_PER_SPLIT = 256  # below this, splitting a row costs more in merging than it gains in parallelism
@@ -108,10 +108,7 @@ def triton_partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
     rows = batch * num_kv_heads
-    if valid_len is None:
-        valid = torch.full((rows,), num_keys, dtype=torch.int32, device=q.device)
-    else:
-        valid = _expand_valid_len(valid_len, batch, num_kv_heads).clamp(0, num_keys).to(torch.int32).reshape(rows)
+    valid = row_lengths(valid_len, batch, num_kv_heads, num_keys, q.device)
     splits = num_splits or _default_splits(rows, num_keys, q.device)
     keys_per_split = triton.cdiv(triton.cdiv(num_keys, splits), BLOCK_N) * BLOCK_N
     splits = triton.cdiv(num_keys, keys_per_split)
