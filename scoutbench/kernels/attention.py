@@ -59,9 +59,12 @@ def length_bias(valid_len: torch.Tensor, num_keys: int, num_kv_heads: int, dtype
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      valid_len: torch.Tensor | None = None) -> torch.Tensor:
-    """Exact single-token attention over all (valid) keys; returns `[B, Hq, D]` in q's dtype (FullKV's kernel)."""
+    """Exact single-token attention over all (valid) keys; returns `[B, Hq, D]` in q's dtype (FullKV's kernel):
+    flashinfer's paged decode on CUDA when installed, else torch SDPA in the packed-GQA form."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
+    if q.device.type == "cuda" and backends.flashinfer_available():
+        return backends.flashinfer_partial(q, k, v, scale, valid_len).o.to(q.dtype)
     mask = None
     if valid_len is not None:
         mask = length_bias(valid_len, k.shape[2], num_kv_heads, q.dtype)

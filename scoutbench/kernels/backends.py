@@ -82,11 +82,10 @@ def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     last_len = valid.clamp(min=1)  # a page holds at least one token; empty rows are masked below
     indptr = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
     indices = torch.arange(rows, dtype=torch.int32, device=q.device)
+    pages_k, pages_v = row_pages(k), row_pages(v)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device.index or 0), "HND")
-    wrapper.plan(indptr, indices, last_len, group, 1, head_dim, num_keys, q_data_type=q.dtype,
+    wrapper.plan(indptr, indices, last_len, group, 1, head_dim, pages_k.shape[2], q_data_type=q.dtype,
                  kv_data_type=k.dtype, sm_scale=scale)
-    pages_k = k.reshape(rows, 1, num_keys, head_dim)
-    pages_v = v.reshape(rows, 1, num_keys, head_dim)
     out, lse2 = wrapper.run(q.reshape(rows, group, head_dim), (pages_k, pages_v), return_lse=True)
     lse = lse_base2_to_natural(lse2.float()).reshape(batch, num_heads)
     out = out.float().reshape(batch, num_heads, head_dim)
@@ -95,3 +94,17 @@ def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     return PartialState(out, lse)
+
+
+def row_pages(kv: torch.Tensor) -> torch.Tensor:
+    """`[B, Hkv, N, D]` as one HND page per (sequence, KV head) row: `[B * Hkv, 1, page_size, D]`.
+
+    A prefix `[:, :, :N]` of a preallocated `[B, Hkv, capacity, D]` cache (FullKV's span) is viewed in place with
+    page_size = capacity (the tokens past N lie beyond each row's `last_page_len`), so no step copies the cache.
+    """
+    batch, num_kv_heads, num_keys, head_dim = kv.shape
+    capacity = kv.stride(1) // head_dim if head_dim else num_keys
+    if kv.stride() == (num_kv_heads * capacity * head_dim, capacity * head_dim, head_dim, 1) and capacity >= num_keys:
+        return kv.as_strided((batch * num_kv_heads, 1, capacity, head_dim),
+                             (capacity * head_dim, capacity * head_dim, head_dim, 1))
+    return kv.reshape(batch * num_kv_heads, 1, num_keys, head_dim)
