@@ -28,6 +28,19 @@ def tiny_llama():
 
 
 @pytest.fixture(scope="session")
+def tiny_mha():
+    """tiny-llama with as many KV heads as query heads (GQA group 1)."""
+    from transformers import AutoModelForCausalLM
+
+    from scoutbench.models import preset_config
+
+    config = preset_config("tiny-llama")
+    config.num_key_value_heads = config.num_attention_heads
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct: real weights and tokenizer, offline. The first use ever converts the GGUF (~30 s)."""
     import importlib.util

@@ -58,18 +58,6 @@ def assert_logits_close(ours: list[torch.Tensor], reference: list[torch.Tensor],
 
 
 @functools.lru_cache(maxsize=1)
-def tiny_mha_model() -> torch.nn.Module:
-    """tiny-llama with as many KV heads as query heads (GQA group 1)."""
-    from transformers import AutoModelForCausalLM
-
-    from scoutbench.models import preset_config
-
-    config = preset_config("tiny-llama")
-    config.num_key_value_heads = config.num_attention_heads
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
-
-
 def hand_context(batch: int, max_len: int, num_layers: int = 3, num_heads: int = 4, num_kv_heads: int = 2,
                  head_dim: int = 16, predict_query=None) -> MethodContext:
     """A fp32 CPU context for calling a method's hooks with hand-made tensors."""

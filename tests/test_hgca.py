@@ -13,16 +13,11 @@ from method_harness import (
     ragged_prompt,
     run_engine,
     step_info,
-    tiny_mha_model,
 )
 
 from scoutbench.errors import UsageError
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.hgca import HGCA
-
-
-def _model(name, request):
-    return tiny_mha_model() if name == "tiny_mha" else request.getfixturevalue(name)
 
 
 def _drain(method):
@@ -34,7 +29,7 @@ def _drain(method):
 @pytest.mark.parametrize(("model_name", "lengths"), [("tiny_qwen3", [50, 31]), ("tiny_llama", [50, 31]),
                                                      ("tiny_mha", [44, 44])])
 def test_every_cpu_token_equals_fullkv(model_name, lengths, request):
-    model = _model(model_name, request)
+    model = request.getfixturevalue(model_name)
     prompt, lengths = ragged_prompt(model.config.vocab_size, lengths)
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=10)
     method = HGCA(cpu_topk_frac=1.0, migrate_block=4)

@@ -12,7 +12,6 @@ from method_harness import (
     ragged_prompt,
     run_engine,
     step_info,
-    tiny_mha_model,
 )
 
 from scoutbench.engine import DecodeEngine
@@ -21,14 +20,10 @@ from scoutbench.methods.base import ModelShape
 from scoutbench.methods.infinigen import InfiniGen
 
 
-def _model(name, request):
-    return tiny_mha_model() if name == "tiny_mha" else request.getfixturevalue(name)
-
-
 # dense_layers=0: layer 0 has no layer ahead of it and speculates with its own query, synchronously
 @pytest.mark.parametrize(("model_name", "dense_layers"), [("tiny_qwen3", 2), ("tiny_llama", 0), ("tiny_mha", 2)])
 def test_fetching_every_token_equals_fullkv(model_name, dense_layers, request):
-    model = _model(model_name, request)
+    model = request.getfixturevalue(model_name)
     # uniform lengths: n is one count for the whole batch (the mean over sequences and heads, as the original)
     prompt, lengths = ragged_prompt(model.config.vocab_size, [40, 40])
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=5)

@@ -11,7 +11,6 @@ from method_harness import (
     ragged_prompt,
     run_engine,
     step_info,
-    tiny_mha_model,
 )
 
 from scoutbench.errors import UsageError
@@ -20,13 +19,9 @@ from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.quest import Quest
 
 
-def _model(name, request):
-    return tiny_mha_model() if name == "tiny_mha" else request.getfixturevalue(name)
-
-
 @pytest.mark.parametrize("model_name", ["tiny_qwen3", "tiny_llama", "tiny_mha"])
 def test_budget_covering_the_context_equals_fullkv(model_name, request):
-    model = _model(model_name, request)
+    model = request.getfixturevalue(model_name)
     prompt, lengths = ragged_prompt(model.config.vocab_size, [37, 24])
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=5)
     ours = run_engine(model, Quest(budget=64, block_size=8), prompt, lengths, tokens)

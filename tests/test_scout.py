@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import torch
-from method_harness import assert_logits_close, fullkv_reference, ragged_prompt, run_engine, tiny_mha_model
+from method_harness import assert_logits_close, fullkv_reference, ragged_prompt, run_engine
 
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import partial_attention
@@ -311,8 +311,8 @@ def test_ragged_batch_matches_reference_and_fullkv(tiny_qwen3, sink, local):
 
 
 @pytest.mark.parametrize("group", [1, 4])
-def test_gqa_groups(tiny_qwen3, group):
-    model = tiny_mha_model() if group == 1 else tiny_qwen3
+def test_gqa_groups(request, group):
+    model = request.getfixturevalue("tiny_mha" if group == 1 else "tiny_qwen3")
     assert model.config.num_attention_heads // model.config.num_key_value_heads == group
     prompt, lengths = ragged_prompt(model.config.vocab_size, [130, 101], seed=11)
     fullkv, tokens = fullkv_reference(model, prompt, lengths, 6)
