@@ -18,7 +18,7 @@ import io
 import json
 import os
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -76,16 +76,23 @@ def default_max_length(model_name: str, config: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- records
-def parse_records(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
-    """Official records, one JSON object per line. Unknown keys are kept; blank lines are skipped."""
-    records = []
+def iter_jsonl(lines: Iterable[str], source: str,
+               error: type[ScoutbenchError] = ScoutbenchError) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line; a line that is not JSON raises `error` naming the
+    source and line (records and prediction files share this format)."""
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield line_number, json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ScoutbenchError(f"{source} line {line_number}: not valid JSON ({exc.msg})") from None
+            raise error(f"{source} line {line_number}: not valid JSON ({exc.msg})") from None
+
+
+def parse_records(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
+    """Official records, one JSON object per line. Unknown keys are kept; blank lines are skipped."""
+    records = []
+    for line_number, record in iter_jsonl(lines, source):
         problem = _record_problem(record)
         if problem:
             raise ScoutbenchError(f"{source} line {line_number}: {problem}")

@@ -173,15 +173,11 @@ def score_command(dataset, predictions, longbench_e, as_json) -> None:
 
 def _read_prediction_file(path: Path, need_length: bool) -> list[dict[str, Any]]:
     """Rows with `pred` (str) and `answers` (list of str), in file order; a bad line is an error naming it."""
+    from scoutbench.workloads.longbench import iter_jsonl
+
     rows = []
     with open(path, encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path} line {line_number}: not valid JSON ({exc.msg})") from None
+        for line_number, row in iter_jsonl(lines, str(path), UsageError):
             required = ("pred", "answers", "length") if need_length else ("pred", "answers")
             missing = [key for key in required if not isinstance(row, dict) or key not in row]
             if missing:
