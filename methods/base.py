@@ -67,7 +67,7 @@ class MethodContext:
 
     def kv_bytes_per_token(self) -> int:
         """K and V bytes of one token in one layer."""
-        return 2 * self.num_kv_heads * self.head_dim * torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -251,7 +251,7 @@ class InfiniGen(AttentionMethod):
     def stats(self):
         ctx = self.ctx
         steps = max(self._steps, 1)
-        elem_bytes = torch.tensor([], dtype=ctx.dtype).element_size()
+        elem_bytes = ctx.dtype.itemsize
         bytes_per_token = ctx.batch * ctx.num_kv_heads * 2 * ctx.head_dim * elem_bytes
         fetched = [n / steps for n in self._fetched_tokens]
         return {

@@ -165,7 +165,6 @@ class ScoutAttention(AttentionMethod):
         self._n_slots = self.k_sel + self.sink_blocks + self._n_ring  # device block slots per (b, h)
         self._region = self._n_slots * b
         self._cuda = torch.device(dev).type == "cuda"
-        self._elem = torch.tensor([], dtype=dtype).element_size()
         if self._profile_intervals is not None and len(self._profile_intervals) != ctx.num_layers:
             raise UsageError(f"recall_profile {self.recall_profile!r} has {len(self._profile_intervals)} layers, "
                              f"the model has {ctx.num_layers}")
@@ -596,7 +595,7 @@ class ScoutAttention(AttentionMethod):
         def mean_of(values: list[float]) -> float | None:
             return sum(values) / n_steps if n_steps else None
 
-        block_bytes = 2 * self.block_size * self.ctx.head_dim * self._elem  # K and V of one block of one KV head
+        block_bytes = 2 * self.block_size * self.ctx.head_dim * self.ctx.dtype.itemsize  # K and V of one block of one KV head
         return {
             "cpu_compute_ratio": {"mean": sum(measured) / len(measured) if measured else None,
                                   "per_layer": per_layer},

@@ -142,7 +142,7 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
     config = loaded.model.config
     gpu_mem = cfg.gpu_mem if cfg.gpu_mem is not None else device_free_bytes(device)
     planned = auto_batch(method, ModelShape.from_config(config), cfg.length + cfg.warmup + cfg.steps,
-                         torch.empty(0, dtype=dtype).element_size(), gpu_mem, cfg.host_mem,
+                         dtype.itemsize, gpu_mem, cfg.host_mem,
                          bool(getattr(config, "tie_word_embeddings", False)))
     result, attempts = run_with_oom_backoff(
         lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_step, oom_backoff=True), planned)

@@ -34,7 +34,7 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, metho
     from scoutbench.throughput import build_method
 
     context_len = parse_length(length)
-    elem_bytes = torch.empty(0, dtype=parse_dtype(dtype)).element_size()
+    elem_bytes = parse_dtype(dtype).itemsize
     gpu_mem_bytes = _positive_bytes(gpu_mem, "--gpu-mem") if gpu_mem is not None else None
     host_mem_bytes = _positive_bytes(host_mem, "--host-mem") if host_mem is not None else None
     names = expand_methods(methods)
