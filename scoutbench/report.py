@@ -89,31 +89,19 @@ def collect(paths: Iterable[str | Path]) -> Report:
 
     report = Report()
     ok: list[dict[str, Any]] = []
-    for raw in paths:
-        path = Path(raw)
-        if not path.exists():
-            raise UsageError(f"no such result file or folder: {path}")
-        for file in sorted(path.rglob("*.json")) if path.is_dir() else [path]:
-            try:
-                loaded = load_results([file])
-            except UsageError as exc:
-                report.skipped.append((str(file), f"unreadable ({exc})"))
-                continue
-            if not loaded and not file.name.startswith(".") and file.name != "sweep.json":
-                report.skipped.append((str(file), "not a scoutbench result (no schema_version)"))
-            for result in loaded:
-                kind, status = result.get("kind"), result.get("status", "ok")
-                if status != "ok":
-                    report.failed.append(result)
-                    report.skipped.append((result["_path"], f"status {status}: {result.get('error')}"))
-                elif kind == "accuracy":
-                    report.accuracy.append(result)
-                elif kind != "throughput":
-                    report.skipped.append((result["_path"], f"kind {kind!r} has no figure or table here"))
-                elif not isinstance(result.get("decode_throughput_tok_s"), (int, float)):
-                    report.skipped.append((result["_path"], "throughput result without decode_throughput_tok_s"))
-                else:
-                    ok.append(result)
+    for result in load_results(paths, on_skip=lambda file, why: report.skipped.append((str(file), why))):
+        kind, status = result.get("kind"), result.get("status", "ok")
+        if status != "ok":
+            report.failed.append(result)
+            report.skipped.append((result["_path"], f"status {status}: {result.get('error')}"))
+        elif kind == "accuracy":
+            report.accuracy.append(result)
+        elif kind != "throughput":
+            report.skipped.append((result["_path"], f"kind {kind!r} has no figure or table here"))
+        elif not isinstance(result.get("decode_throughput_tok_s"), (int, float)):
+            report.skipped.append((result["_path"], "throughput result without decode_throughput_tok_s"))
+        else:
+            ok.append(result)
     report.points = _median_runs(ok, report)
     varying = varying_fields([p.result for p in report.points])
     for p in report.points:

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -131,8 +131,13 @@ def unique_path(path: Path) -> Path:
     return candidate
 
 
-def load_results(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Result JSON files from files and folders (recursively); sweep manifests and temp files are skipped."""
+def load_results(paths: Iterable[str | Path],
+                 on_skip: Callable[[Path, str], None] | None = None) -> list[dict[str, Any]]:
+    """Result JSON files from files and folders (recursively); sweep manifests and temp files are skipped.
+
+    An unreadable file raises a UsageError, unless `on_skip(file, reason)` is given: then it, and any JSON file
+    that is not a scoutbench result, is reported there and skipped (reports list what they left out and why).
+    """
     results: list[dict[str, Any]] = []
     for raw in paths:
         path = Path(raw)
@@ -145,8 +150,14 @@ def load_results(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             try:
                 data = json.loads(file.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as exc:
-                raise UsageError(f"cannot read result {file}: {exc}") from None
+                message = f"cannot read result {file}: {exc}"
+                if on_skip is None:
+                    raise UsageError(message) from None
+                on_skip(file, f"unreadable ({message})")
+                continue
             if isinstance(data, dict) and "schema_version" in data:
                 data.setdefault("_path", str(file))
                 results.append(data)
+            elif on_skip is not None:
+                on_skip(file, "not a scoutbench result (no schema_version)")
     return results
