@@ -114,6 +114,16 @@ class DecodeEngine:
         self._set_positions(lengths)
         return logits
 
+    def adopt_prefill(self, layer_inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                      lengths: torch.Tensor) -> None:
+        """Hand a prefill recorded by another engine (per layer: q_obs, k, v, as `ingest_prefill` got them) to this
+        engine's method. The dense prefill is the same for every method, so comparing methods on one prompt needs
+        it once (`generation.generate_texts_shared_prefill`)."""
+        lengths = lengths.to(self.device)
+        for i, (q_obs, k, v) in enumerate(layer_inputs):
+            self.method.ingest_prefill(i, q_obs, k, v, lengths)
+        self._set_positions(lengths)
+
     @torch.no_grad()
     def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = 0.3,
                           skew_block: int = 32) -> None:

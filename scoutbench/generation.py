@@ -88,22 +88,71 @@ def silent_timer(device: torch.device) -> StageTimer:
 def greedy_generate(model: torch.nn.Module, method: AttentionMethod, prompt_ids: list[int], max_new_tokens: int,
                     stop_ids: frozenset[int] = frozenset(), min_new_tokens: int = 0) -> list[int]:
     """New token ids for one prompt. The first `min_new_tokens` steps cannot pick a stop token (HF min_length)."""
-    if max_new_tokens < 1:
-        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    _check_max_new_tokens(max_new_tokens)
     device = next(model.parameters()).device
     engine = DecodeEngine(model, method, silent_timer(device))
     engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
     logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
-    blocked = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    return _greedy_decode(engine, logits, max_new_tokens, stop_ids, min_new_tokens)
+
+
+def _check_max_new_tokens(max_new_tokens: int) -> None:
+    if max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+
+
+def _greedy_decode(engine: DecodeEngine, logits: torch.Tensor, max_new_tokens: int, stop_ids: frozenset[int],
+                   min_new_tokens: int) -> list[int]:
+    """Argmax decode from the prefill's last-token logits until a stop token or `max_new_tokens`."""
+    blocked = torch.tensor(sorted(stop_ids), dtype=torch.long, device=logits.device)
     generated: list[int] = []
     while True:
         if len(generated) < min_new_tokens and len(blocked):
+            logits = logits.clone()  # the caller's (possibly shared) prefill logits stay untouched
             logits[:, blocked] = float("-inf")
         token = logits.argmax(-1)
         generated.append(int(token))
         if generated[-1] in stop_ids or len(generated) == max_new_tokens:
             return generated
         logits = engine.decode_step(token)
+
+
+@dataclass
+class _PrefillRecorder(AttentionMethod):
+    """Keeps what the dense prefill hands a method, so several methods can start from one prefill."""
+
+    layer_inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def ingest_prefill(self, layer, q_obs, k, v, lengths):
+        self.layer_inputs.append((q_obs, k, v))
+
+
+@torch.no_grad()
+def generate_texts_shared_prefill(model: torch.nn.Module, tokenizer: Any, specs: list[MethodSpec],
+                                  prompt_ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
+                                  min_new_tokens: int = 0) -> list[str]:
+    """`generate_text` for several methods on one prompt, running the (method-independent) dense prefill once:
+    the same predictions as one `generate_text` per method (tests/test_passkey.py), a fraction of the time at
+    long context, where the prefill dominates. The recorded K/V (all layers) is held until the last method ends."""
+    _check_max_new_tokens(max_new_tokens)
+    device = next(model.parameters()).device
+    recorder = _PrefillRecorder()
+    engine = DecodeEngine(model, recorder, silent_timer(device))
+    engine.start(batch=1, max_len=len(prompt_ids))
+    logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
+    lengths = torch.tensor([len(prompt_ids)], dtype=torch.long)
+    predictions = []
+    for spec in specs:
+        method = spec.build()
+        try:
+            engine = DecodeEngine(model, method, silent_timer(device))
+            engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
+            engine.adopt_prefill(recorder.layer_inputs, lengths)
+            new_ids = _greedy_decode(engine, logits, max_new_tokens, stop_ids, min_new_tokens)
+        finally:
+            method.close()
+        predictions.append(tokenizer.decode(new_ids, skip_special_tokens=True))
+    return predictions
 
 
 def generate_text(model: torch.nn.Module, tokenizer: Any, spec: MethodSpec, prompt_ids: list[int],

