@@ -31,7 +31,7 @@ from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError
 from scoutbench.generation import MethodSpec, generate_text, model_eos_ids
 from scoutbench.models import LoadedModel
-from scoutbench.results import SCHEMA_VERSION, env_info, utc_now, write_json_atomic
+from scoutbench.results import SCHEMA_VERSION, env_info, output_lock, utc_now, write_json_atomic
 from scoutbench.throughput import device_description
 
 ProgressCallback = Callable[[str, int, int], None]  # (task name, samples done, samples total)
@@ -77,13 +77,20 @@ def read_predictions(path: Path, records: list[dict[str, Any]]) -> list[dict[str
     if complete_end < len(data):
         with open(path, "r+b") as handle:
             handle.truncate(complete_end)
+    try:
+        text = data[:complete_end].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScoutbenchError(f"{path}: not UTF-8 text (byte {exc.start}); delete the file to regenerate it") from None
     rows = []
-    for line_number, line in enumerate(data[:complete_end].decode("utf-8").splitlines(), start=1):
+    for line_number, line in enumerate(text.splitlines(), start=1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ScoutbenchError(f"{path} line {line_number}: not valid JSON ({exc.msg}); delete the file to "
                                   "regenerate it") from None
+        problem = prediction_row_problem(row)
+        if problem:
+            raise ScoutbenchError(f"{path} line {line_number}: {problem}; delete the file to regenerate it")
         index = len(rows)
         if index >= len(records):
             break  # a previous run with a larger --limit: only the selected samples count
@@ -93,6 +100,21 @@ def read_predictions(path: Path, records: list[dict[str, Any]]) -> list[dict[str
                                   "was made from other data: delete it or use another -o")
         rows.append(row)
     return rows
+
+
+def prediction_row_problem(row: Any) -> str | None:
+    """Why a prediction line cannot be scored (wrong JSON types), or None: `pred` a string, `answers` a list of
+    strings, `length` (when present) a number."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {type(row).__name__}"
+    if not isinstance(row.get("pred"), str):
+        return f"pred must be a string, got {type(row.get('pred')).__name__}"
+    answers = row.get("answers")
+    if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+        return "answers must be a list of strings"
+    if "length" in row and (not isinstance(row["length"], (int, float)) or isinstance(row["length"], bool)):
+        return f"length must be a number, got {type(row['length']).__name__}"
+    return None
 
 
 def prediction_row(index: int, record: dict[str, Any], pred: str, input_tokens: int) -> dict[str, Any]:
@@ -147,13 +169,24 @@ def run_accuracy(tasks: list[Task], loaded: LoadedModel, spec: MethodSpec, out_d
     parameter = next(loaded.model.parameters())
     method = spec.describe()
     folder = run_dir(out_dir, loaded, method, parameter.dtype, parameter.device, max_length, seed)
+    with output_lock(folder):  # two runs appending to one prediction file would interleave their lines
+        return _run_accuracy_locked(tasks, loaded, spec, folder, method, max_length, seed, limit, command,
+                                    on_progress)
+
+
+def _run_accuracy_locked(tasks: list[Task], loaded: LoadedModel, spec: MethodSpec, folder: Path,
+                         method: dict[str, Any], max_length: int | None, seed: int, limit: int | None,
+                         command: list[str] | None, on_progress: ProgressCallback | None) -> tuple[dict[str, Any], Path]:
+    parameter = next(loaded.model.parameters())
     result_path = folder / "result.json"
     results: dict[str, Any] = {}
     if result_path.exists():
         try:
             results = json.loads(result_path.read_text("utf-8")).get("results", {})
-        except (json.JSONDecodeError, AttributeError):
+        except (ValueError, AttributeError):
             results = {}  # an unreadable summary: every score can be recomputed from its predictions
+        if not isinstance(results, dict):
+            results = {}
     for task in tasks:
         file_name = f"{task.name}.jsonl"
         rows = predict_task(task, loaded, spec, folder / file_name, on_progress)

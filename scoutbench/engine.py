@@ -10,6 +10,7 @@ in HF's order and layout, so with the same attention function the logits are bit
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,10 +88,12 @@ class DecodeEngine:
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None,
+                on_layer: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """Dense prefill of right-padded prompts `[B, L]`; hands each layer's K/V to the method.
 
-        Returns the logits of each prompt's last token `[B, vocab]`.
+        Returns the logits of each prompt's last token `[B, vocab]`. `on_layer(done, total)` reports progress
+        (a long prefill is minutes on a CPU).
         """
         batch, seq_len = input_ids.shape
         if lengths is None:
@@ -109,6 +112,8 @@ class DecodeEngine:
             x = residual + layer.self_attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             del q, k, v, o
+            if on_layer is not None:
+                on_layer(i + 1, self.num_layers)
         last = x[torch.arange(batch, device=self.device), lengths - 1].unsqueeze(1)
         logits = self.model.lm_head(self.inner.norm(last))[:, 0]
         self._set_positions(lengths)
@@ -126,7 +131,7 @@ class DecodeEngine:
 
     @torch.no_grad()
     def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = 0.3,
-                          skew_block: int = 32) -> None:
+                          skew_block: int = 32, on_layer: Callable[[int, int], None] | None = None) -> None:
         """Skip the prompt's forward pass: fill every layer with random post-RoPE K/V (decode-only benchmarks).
 
         Keys get a realistic RoPE phase structure (random vectors rotated at their positions) and, with
@@ -158,6 +163,8 @@ class DecodeEngine:
             _rope_(k, cos.unsqueeze(1), sin.unsqueeze(1))
             self.method.ingest_prefill(i, q, k, v, lengths)
             del k, v, q
+            if on_layer is not None:
+                on_layer(i + 1, self.num_layers)
         self._set_positions(lengths)
 
     @staticmethod

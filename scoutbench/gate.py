@@ -181,10 +181,8 @@ def parse_tolerances(specs: Iterable[str], default: str = "5%") -> Tolerances:
 
 
 def _fraction(text: str) -> float:
-    value = parse_fraction(text)
-    if not 0 <= value < 10:
-        raise UsageError(f"bad tolerance {text!r}: use a non-negative fraction such as 5% or 0.05")
-    return value
+    """5% or 0.05; 100% or more could never fail a higher-is-better metric, so it is refused (parse_fraction)."""
+    return parse_fraction(text, "--tolerance")
 
 
 _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le, ">": operator.gt,
@@ -396,11 +394,35 @@ def _ratios(gate: RatioGate, results: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def check_ratio_names(gate: RatioGate, results: list[dict[str, Any]]) -> None:
+    """A method or metric name in a --ratio that neither the registry nor the results know is a typo: a usage
+    error (exit 2) with a did-you-mean, never a MISSING row that reads as a regression (exit 1)."""
+    import difflib
+
+    from scoutbench.methods import METHODS
+
+    present = {canonical_method(str(r.get("method"))) for r in results}
+    known = present | set(METHODS.names())
+    for name in (gate.numerator, gate.denominator):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"--ratio {gate}: unknown method {name!r}{hint} (the current run has "
+                             f"{', '.join(sorted(present))})")
+    metrics = {name for r in results for name in metric_values(r)} | set(THROUGHPUT_METRICS)
+    if gate.metric not in metrics:
+        close = difflib.get_close_matches(gate.metric, sorted(metrics), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UsageError(f"--ratio {gate}: unknown metric {gate.metric!r}{hint} (known: {', '.join(sorted(metrics))})")
+
+
 def run_gate(baseline_results: list[dict[str, Any]] | None, current_results: list[dict[str, Any]],
              tolerances: Tolerances, ratios: list[RatioGate], metrics: set[str] | None = None,
              force: bool = False, allow_missing: bool = False) -> GateReport:
     if baseline_results is None and not ratios:
         raise UsageError("nothing to check: pass --baseline for an absolute comparison and/or --ratio A/B>=X")
+    for gate in ratios:
+        check_ratio_names(gate, current_results)
     report = GateReport()
     if baseline_results is not None:
         report = compare(baseline_results, current_results, tolerances, metrics, force, allow_missing)
@@ -409,14 +431,16 @@ def run_gate(baseline_results: list[dict[str, Any]] | None, current_results: lis
     return report
 
 
-def load_side(paths: Iterable[str], side: str) -> list[dict[str, Any]]:
-    """Results of one side; an empty side is a usage error (exit 2), never a vacuous pass."""
+def load_side(paths: Iterable[str], side: str,
+              on_skip: Callable[[Any, str], None] | None = None) -> list[dict[str, Any]]:
+    """Results of one side; unreadable or malformed files go to `on_skip` (listed by the gate), and a side with no
+    usable result is a usage error (exit 2), never a vacuous pass."""
     from scoutbench.results import load_results
 
     paths = list(paths)
-    results = load_results(paths)
+    results = load_results(paths, on_skip=on_skip)
     if not results:
-        raise UsageError(f"--{side} {' '.join(paths)}: no result files found")
+        raise UsageError(f"--{side} {' '.join(paths)}: no usable result files found")
     return results
 
 

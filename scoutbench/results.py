@@ -1,7 +1,10 @@
-"""Result files: provenance, atomic writes (temp file + rename), and loading for gates and reports."""
+"""Result files: provenance, atomic writes (temp file + atomic claim of the name), the one-writer-per-folder lock,
+and loading (with validation) for gates and reports."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -10,7 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -81,17 +84,18 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def write_json_atomic(path: str | Path, obj: Any, overwrite: bool = False) -> Path:
-    """Write JSON through a temp file in the same folder and rename it into place: a reader never sees a
-    partial file, and an interrupted write leaves only an ignorable `.tmp` file."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise ScoutbenchError(f"{path} exists; pass --overwrite to replace it or choose another -o")
+def _os_error(action: str, path: Path, exc: OSError) -> ScoutbenchError:
+    """One line for an OS failure (disk full, read-only, a folder where a file should be): exit 1."""
+    return ScoutbenchError(f"cannot {action} {path}: {exc.strerror or exc}; free space or choose another -o")
+
+
+def _write_temp(path: Path, obj: Any) -> Path:
+    """The JSON, complete and fsynced, in a temp file beside `path` (same filesystem, so renames are atomic)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise UsageError(f"cannot write results to {path}: {exc.strerror or exc}") from None
+        raise _os_error("write results to", path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(_jsonable(obj), handle, indent=2, allow_nan=False)
@@ -101,42 +105,162 @@ def write_json_atomic(path: str | Path, obj: Any, overwrite: bool = False) -> Pa
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _os_error("write results to", path, exc) from None
         raise
+    return Path(tmp)
+
+
+def _claim(tmp: Path, path: Path) -> bool:
+    """Move the finished temp file to `path` only if no file has that name: a hard link fails atomically when the
+    name is taken, so two writers can never both think they got it (no check-then-rename race). False if taken."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if isinstance(exc, IsADirectoryError) or path.is_dir():
+            raise _os_error("write results to", path, IsADirectoryError(21, "it is a folder")) from None
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+            raise _os_error("write results to", path, exc) from None
+        # a filesystem without hard links: claim the name with O_EXCL, then replace the empty placeholder
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        except OSError as inner:
+            raise _os_error("write results to", path, inner) from None
+        os.replace(tmp, path)
+        return True
+    tmp.unlink(missing_ok=True)
+    return True
+
+
+def write_json_atomic(path: str | Path, obj: Any, overwrite: bool = False) -> Path:
+    """Write JSON through a temp file in the same folder and move it into place: a reader never sees a partial
+    file, an interrupted write leaves only an ignorable `.tmp` file, and an OS error (disk full, read-only, the
+    name is a folder) is one line with exit code 1 and leaves nothing behind. Without `overwrite` an existing
+    file is never replaced, even by a writer that races this one."""
+    path = Path(path)
+    if path.is_dir():
+        raise _os_error("write results to", path, IsADirectoryError(21, "it is a folder"))
+    if path.exists() and not overwrite:
+        raise UsageError(f"{path} exists; pass --overwrite to replace it or choose another -o")
+    tmp = _write_temp(path, obj)
+    try:
+        if overwrite:
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise _os_error("write results to", path, exc) from None
+        elif not _claim(tmp, path):
+            raise UsageError(f"{path} exists; pass --overwrite to replace it or choose another -o")
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
-def check_writable(path: str | Path) -> None:
-    """Fail before a long run, not after it, when the output location cannot be written (creates the folder)."""
+def write_json_unique(path: str | Path, obj: Any) -> Path:
+    """Write to `name.json`, or `name-1.json`, `name-2.json`, ... if taken, claiming the name atomically:
+    results are never overwritten, even by a concurrent writer. Returns the path written."""
     path = Path(path)
-    folder = path.parent if path.suffix == ".json" else path
+    tmp = _write_temp(path, obj)
+    try:
+        index = 0
+        while True:
+            candidate = path if index == 0 else path.with_name(f"{path.stem}-{index}{path.suffix}")
+            if _claim(tmp, candidate):
+                return candidate
+            index += 1
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_writable(path: str | Path, overwrite: bool = True, single_file: bool | None = None) -> None:
+    """Fail before a long run, not after it: an output that cannot be written (OS error: exit 1), a file output
+    that is a folder (exit 1), or one that exists without `overwrite` (usage error: exit 2). Creates the folder.
+    `path` is a file when `single_file`, or by default when it ends in .json; otherwise a folder."""
+    path = Path(path)
+    single_file = path.suffix == ".json" if single_file is None else single_file
+    folder = path.parent if single_file else path
+    if single_file and path.is_dir():
+        raise ScoutbenchError(f"cannot write results to {path}: it is a folder; choose a file name or a folder "
+                              "without .json for -o")
+    if not single_file and path.exists() and not path.is_dir():
+        raise ScoutbenchError(f"cannot write results under {path}: it is a file, not a folder; choose another -o")
+    if single_file and path.exists() and not overwrite:
+        raise UsageError(f"{path} exists; pass --overwrite to replace it or choose another -o")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".probe.", dir=folder)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"cannot write results under {path}: {exc.strerror or exc}; choose another -o") from None
+        raise ScoutbenchError(f"cannot write results under {path}: {exc.strerror or exc}; choose another -o") from None
 
 
-def unique_path(path: Path) -> Path:
-    """`name.json`, or `name-1.json`, `name-2.json`, ... if taken: results are never overwritten silently."""
-    if not path.exists():
-        return path
-    index = 1
-    while (candidate := path.with_name(f"{path.stem}-{index}{path.suffix}")).exists():
-        index += 1
-    return candidate
+LOCK_NAME = ".scoutbench.lock"
+
+
+@contextlib.contextmanager
+def output_lock(folder: str | Path) -> Iterator[None]:
+    """Hold the folder's writer lock for the duration: one scoutbench run writes into a folder at a time, so a
+    second sweep or throughput cannot delete the first's temp files or race it for result names. The lock is an
+    OS file lock (`filelock`), released by the kernel when a run is killed: a stale lock cannot block reruns."""
+    from filelock import FileLock, Timeout
+
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder / LOCK_NAME), timeout=0)
+        lock.acquire()
+    except Timeout:
+        raise ScoutbenchError(f"another scoutbench run is writing to {folder}; wait for it to finish or choose "
+                              "another -o") from None
+    except OSError as exc:
+        raise ScoutbenchError(f"cannot lock {folder}: {exc.strerror or exc}; choose another -o") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# field -> JSON type(s) a result must have when the field is present; `method`, `model`, `kind` are required
+_RESULT_FIELDS: dict[str, tuple[type, ...]] = {
+    "kind": (str,), "method": (str,), "model": (dict,), "status": (str,), "method_config": (dict,),
+    "workload": (dict,), "device": (dict,), "env": (dict,), "results": (dict,), "decode_step_ms": (dict,),
+    "latency_breakdown_ms": (dict,), "batch_plan": (dict,), "decode_throughput_tok_s": (int, float),
+    "gpu_idle_frac": (int, float), "error": (str, type(None)),
+}
+_REQUIRED_FIELDS = ("kind", "method", "model")
+
+
+def result_problem(data: Any) -> str | None:
+    """Why `data` is not a usable scoutbench result (wrong JSON types, missing fields), or None if it is."""
+    if not isinstance(data, dict) or "schema_version" not in data:
+        return "not a scoutbench result (no schema_version)"
+    missing = [name for name in _REQUIRED_FIELDS if name not in data]
+    if missing:
+        return f"malformed result: missing {', '.join(missing)}"
+    for name, types in _RESULT_FIELDS.items():
+        if name in data and (not isinstance(data[name], types) or isinstance(data[name], bool)):
+            expected = " or ".join("null" if t is type(None) else {dict: "object", str: "string"}.get(t, "number")
+                                   for t in types)
+            return f"malformed result: {name} is {type(data[name]).__name__}, expected {expected}"
+    if not isinstance(data["model"].get("name"), str):
+        return "malformed result: model has no name"
+    return None
 
 
 def load_results(paths: Iterable[str | Path],
                  on_skip: Callable[[Path, str], None] | None = None) -> list[dict[str, Any]]:
     """Result JSON files from files and folders (recursively); sweep manifests and temp files are skipped.
 
-    An unreadable file raises a UsageError, unless `on_skip(file, reason)` is given: then it, and any JSON file
-    that is not a scoutbench result, is reported there and skipped (reports list what they left out and why).
+    An unreadable or malformed result (bad JSON, non-UTF-8 bytes, wrong field types) raises a UsageError naming
+    the file, unless `on_skip(file, reason)` is given: then it, and any JSON file that is not a scoutbench
+    result, is reported there and skipped (reports and gates list what they left out and why).
     """
     results: list[dict[str, Any]] = []
     for raw in paths:
@@ -149,15 +273,23 @@ def load_results(paths: Iterable[str | Path],
                 continue
             try:
                 data = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
-                message = f"cannot read result {file}: {exc}"
+            except (OSError, ValueError) as exc:  # ValueError: bad JSON and non-UTF-8 bytes alike
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _first_line(exc)
                 if on_skip is None:
-                    raise UsageError(message) from None
-                on_skip(file, f"unreadable ({message})")
+                    raise UsageError(f"cannot read result {file}: {reason}") from None
+                on_skip(file, f"unreadable ({reason})")
                 continue
-            if isinstance(data, dict) and "schema_version" in data:
+            problem = result_problem(data)
+            if problem is None:
                 data.setdefault("_path", str(file))
                 results.append(data)
             elif on_skip is not None:
-                on_skip(file, "not a scoutbench result (no schema_version)")
+                on_skip(file, problem)
+            elif isinstance(data, dict) and "schema_version" in data:  # other JSON files are not ours to judge
+                raise UsageError(f"{file}: {problem}; fix or remove it")
     return results
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

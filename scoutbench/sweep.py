@@ -202,13 +202,22 @@ class SweepOutcome:
 def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path, runner: Runner | None = None,
               preset: str | None = None, command: list[str] | None = None, retry_failed: bool = False,
               log: Callable[[str], None] = lambda line: None) -> SweepOutcome:
-    """Run every point whose file is not in `out_dir` yet (failed points too with `retry_failed`)."""
-    from scoutbench.results import SCHEMA_VERSION, check_writable, utc_now, write_json_atomic
-    from scoutbench.throughput import ThroughputConfig, device_description, resolve_device, resolve_dtype
+    """Run every point whose file is not in `out_dir` yet (failed points too with `retry_failed`), holding the
+    folder's writer lock throughout."""
+    from scoutbench.results import check_writable, output_lock
 
     out = Path(out_dir)
     check_writable(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):  # one sweep per folder: the stale-temp cleanup below must not hit a live writer's file
+        return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log)
+
+
+def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, runner: Runner | None,
+                      preset: str | None, command: list[str] | None, retry_failed: bool,
+                      log: Callable[[str], None]) -> SweepOutcome:
+    from scoutbench.results import SCHEMA_VERSION, utc_now, write_json_atomic
+    from scoutbench.throughput import ThroughputConfig, device_description, resolve_device, resolve_dtype
+
     for stale in out.glob(".*.tmp"):  # left by a kill during a write; never a result
         stale.unlink(missing_ok=True)
         log(f"removed stale temp file {stale.name}")
@@ -295,12 +304,16 @@ def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> d
 
 
 def _read_point(path: Path) -> dict[str, Any] | None:
-    """A finished point's result, or None (absent, or unreadable: then it is simply run again)."""
+    """A finished point's result, or None (absent, unreadable or malformed: then it is simply run again)."""
+    from scoutbench.results import result_problem
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("status") in ("ok", "failed") else None
+    if result_problem(data) is not None:
+        return None
+    return data if data.get("status") in ("ok", "failed") else None
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:
@@ -309,10 +322,16 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path} is not a readable sweep manifest ({exc}); remove it or use another -o") from None
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON and non-UTF-8 bytes alike
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{path} is not a readable sweep manifest ({reason}); remove it or use another -o") from None
     if not isinstance(data, dict) or data.get("kind") != "sweep":
         raise UsageError(f"{path} is not a sweep manifest; use another -o folder")
+    points = data.get("points")
+    if not isinstance(data.get("settings"), dict) or not isinstance(points, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("id"), str) for p in points):
+        raise UsageError(f"{path} is a malformed sweep manifest (it needs settings and points with ids); remove it "
+                         "to rebuild it from the point files, or use another -o")
     return data
 
 

@@ -43,8 +43,9 @@ class ThroughputConfig:
     device: str = "auto"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     seed: int = 0
-    prefill: str = "real"
+    prefill: str = "auto"  # auto: synthetic for random-weight presets, real for real models (resolve_prefill)
     kv_skew: float = 0.3
+    force: bool = False  # run even when the planned memory exceeds what is free (check_memory)
     nvml_interval_ms: int = 100
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -87,6 +88,68 @@ def validate_against_context(method: AttentionMethod, context_len: int) -> None:
                              f"lower --budget or raise --len")
 
 
+def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
+    """`auto`: a random-weight preset has nothing to learn from a real prefill (random text through random weights,
+    minutes at 64k on a CPU), so its cache is filled synthetically; a real model prefills its prompt."""
+    if mode == "auto":
+        return "synthetic" if loaded.random_weights else "real"
+    return mode
+
+
+def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel, batch: int) -> dict[str, int]:
+    """Bytes the run will allocate beyond the loaded weights, from the planner's footprint functions: the
+    method's device and host tiers plus the per-sequence workspace, for prompt + warm-up + timed tokens."""
+    from scoutbench.planning import workspace_bytes_per_seq
+
+    dtype = next(loaded.model.parameters()).dtype
+    shape = ModelShape.from_config(loaded.model.config)
+    context_len = cfg.length + cfg.warmup + cfg.steps
+    footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
+    workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize)
+    return {"device": batch * (footprint.device_bytes_per_seq + workspace),
+            "host": batch * footprint.host_bytes_per_seq}
+
+
+def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel, batch: int) -> None:
+    """Refuse, in one line, a run whose planned memory exceeds what is free now, unless `cfg.force`: past that
+    point the kernel's OOM killer ends the process with no message (exit 137) or the GPU allocator fails late.
+
+    On a CPU both tiers are host memory and must fit together in MemAvailable less the planner's host reserve.
+    On CUDA the device tier must fit the device's free memory (the loaded weights are already counted as used)
+    and the host tier the host's. A real prefill needs more transient memory than planned (see
+    scoutbench/planning.py); the check is a floor, not a guarantee.
+    """
+    from scoutbench.planning import (
+        HOST_RESERVE_FRACTION,
+        available_host_bytes,
+        device_free_bytes,
+        format_bytes,
+    )
+
+    if cfg.force:
+        return
+    need = memory_need(cfg, method, loaded, batch)
+    device = next(loaded.model.parameters()).device
+    host_free = available_host_bytes()
+    host_usable = None if host_free is None else int(host_free * (1 - HOST_RESERVE_FRACTION))
+    checks = []
+    if device.type == "cuda":
+        device_usable = device_free_bytes(device) - torch.cuda.memory_allocated(device)
+        checks.append(("device memory", need["device"], device_usable))
+        if host_usable is not None:
+            checks.append(("host memory", need["host"], host_usable))
+    elif host_usable is not None:
+        checks.append(("host memory", need["device"] + need["host"], host_usable))
+    for what, needed, usable in checks:
+        if needed > usable:
+            from scoutbench.units import format_length
+
+            raise ScoutbenchError(
+                f"{cfg.method}: batch {batch} at len {format_length(cfg.length)} needs about {format_bytes(needed)} "
+                f"of {what} but {format_bytes(max(usable, 0))} is free; lower --len or --batch (see `scoutbench "
+                "plan`), or pass --force to try anyway")
+
+
 def device_description(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -122,15 +185,19 @@ def summarise_steps(records: list[dict[str, float]], batch: int) -> dict[str, An
     }
 
 
+ProgressCallback = Callable[[str, int, int], None]  # (phase "prefill" | "decode", done, total)
+
+
 def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
-                   on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                   on_progress: ProgressCallback | None = None) -> dict[str, Any]:
     """Run one method on one workload and return its result dict (see docs/results.md).
 
     With `batch="auto"` the batch is the method's planned maximum; an out-of-memory error halves it and retries,
-    and the result's `batch_plan` records the plan and every attempt.
+    and the result's `batch_plan` records the plan and every attempt. `on_progress(phase, done, total)` reports
+    prefill layers and decode steps.
     """
     if cfg.batch != "auto":
-        return _run_at_batch(cfg, loaded, on_step)
+        return _run_at_batch(cfg, loaded, on_progress)
     from scoutbench.planning import auto_batch, device_free_bytes, run_with_oom_backoff
 
     device = resolve_device(cfg.device)
@@ -145,23 +212,31 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
                          dtype.itemsize, gpu_mem, cfg.host_mem,
                          bool(getattr(config, "tie_word_embeddings", False)))
     result, attempts = run_with_oom_backoff(
-        lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_step, oom_backoff=True), planned)
+        lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_progress, oom_backoff=True),
+        planned)
     result["batch_plan"] = {"mode": "auto", "planned": planned, "gpu_mem_bytes": gpu_mem,
                             "host_mem_bytes": cfg.host_mem, "attempts": attempts}
     return result
 
 
-def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Callable[[int, int], None] | None,
+def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress: ProgressCallback | None,
                   oom_backoff: bool = False) -> dict[str, Any]:
-    """One measured run at `cfg.batch`; out-of-memory errors propagate when the caller backs off."""
+    """One measured run at `cfg.batch`; out-of-memory errors propagate when the caller backs off (the batch was
+    planned then, so the free-memory check is skipped)."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed, cfg.prefill, cfg.kv_skew)
     method = build_method(cfg.method, cfg.method_args)
     validate_against_context(method, cfg.length)
     if loaded is None:
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
+    workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
+                                 resolve_prefill(cfg.prefill, loaded), cfg.kv_skew)
+    if not oom_backoff:
+        check_memory(cfg, method, loaded, workload.batch)
     from scoutbench.engine import DecodeEngine
+
+    def report(phase: str) -> Callable[[int, int], None] | None:
+        return None if on_progress is None else lambda done, total: on_progress(phase, done, total)
 
     engine = DecodeEngine(loaded.model, method)
     timer = engine.timer
@@ -172,11 +247,11 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Ca
         engine.start(workload.batch, workload.total_tokens)
         start = time.perf_counter()
         if workload.prefill == "real":
-            logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size))
+            logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size), on_layer=report("prefill"))
             tokens = logits.argmax(-1)
         else:
             engine.prefill_synthetic(torch.full((workload.batch,), workload.length, dtype=torch.long), cfg.seed,
-                                     key_skew=workload.kv_skew)
+                                     key_skew=workload.kv_skew, on_layer=report("prefill"))
             tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -191,8 +266,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_step: Ca
             record = timer.end_step()
             if index >= workload.warmup:
                 records.append(record)
-            if on_step is not None:
-                on_step(index + 1, total_steps)
+            if on_progress is not None:
+                on_progress("decode", index + 1, total_steps)
         stats = method.stats()
     except torch.OutOfMemoryError:
         if oom_backoff:

@@ -10,17 +10,19 @@ _LEN_RE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
 _LEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
 
 
-def parse_length(text: str | int) -> int:
-    """Token count: `4096`, `4k` (= 4096, k is 1024), `64k`, `1m` (= 1048576)."""
+def parse_length(text: str | int, flag: str = "--len") -> int:
+    """Token count: `4096`, `4k` (= 4096, k is 1024), `64k`, `1m` (= 1048576). `flag` names the option in errors
+    (`--budget`, `--max-length`), so the message points at what to fix."""
     if isinstance(text, int):
         value = text
     else:
         match = _LEN_RE.match(str(text))
         if not match:
-            raise UsageError(f"bad length {text!r}: use an integer with an optional k or m suffix, e.g. 4096, 4k, 64k, 1m")
+            raise UsageError(f"bad {flag} {text!r}: use an integer with an optional k or m suffix, e.g. 4096, 4k, "
+                             "64k, 1m")
         value = int(match.group(1)) * _LEN_UNITS[match.group(2).lower()]
     if value < 1:
-        raise UsageError(f"bad length {text!r}: must be at least 1 token")
+        raise UsageError(f"bad {flag} {text!r}: must be at least 1 token")
     return value
 
 
@@ -50,12 +52,21 @@ def parse_bytes(text: str | int) -> int:
     return int(float(match.group(1)) * _BYTE_UNITS[unit])
 
 
-def parse_fraction(text: str | float) -> float:
-    """Tolerance: `5%` or `0.05` -> 0.05."""
+_FRACTION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
+
+
+def parse_fraction(text: str | float, flag: str = "fraction") -> float:
+    """A share in [0, 1): `5%` or `0.05` -> 0.05. A bare number of 1 or more is refused rather than guessed at
+    (`5` could mean 5% or 500%), and so is 100% or more: a tolerance that large could never fail."""
     if isinstance(text, (int, float)):
-        return float(text)
-    s = str(text).strip()
-    try:
-        return float(s[:-1]) / 100.0 if s.endswith("%") else float(s)
-    except ValueError:
-        raise UsageError(f"bad fraction {text!r}: use e.g. 5% or 0.05") from None
+        text = repr(float(text))
+    match = _FRACTION_RE.match(str(text))
+    if not match:
+        raise UsageError(f"bad {flag} {text!r}: use a percentage such as 5% or a fraction such as 0.05")
+    number, percent = float(match.group(1)), match.group(2)
+    value = number / 100.0 if percent else number
+    if value >= 1:
+        hint = f"; did you mean {match.group(1)}%?" if not percent else ""
+        raise UsageError(f"bad {flag} {str(text).strip()!r}: must be below 100% (a tolerance of 100% or more "
+                         f"could never fail){hint}")
+    return value

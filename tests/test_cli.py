@@ -1,11 +1,12 @@
 """Foundation CLI behaviour: registry, length parsing, bad input -> one line + exit 2, the result schema."""
 
+import dataclasses
 import json
 
 import pytest
 from cli_runner import run_cli
 
-from scoutbench.errors import UsageError
+from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.units import format_length, parse_bytes, parse_fraction, parse_length
 
 
@@ -73,7 +74,11 @@ def test_method_from_args_converts_and_rejects():
 
 @pytest.mark.parametrize("args,message", [
     (["--method", "fulkv"], "did you mean 'fullkv'"),
-    (["--method", "fullkv", "--len", "64q"], "bad length '64q'"),
+    (["--method", "fullkv", "--len", "64q"], "bad --len '64q'"),
+    (["--method", "scout", "--budget", "2q"], "bad --budget '2q'"),
+    (["--method", "fullkv", "--seed", str(2**70)], "'--seed'"),
+    (["--method", "fullkv", "--prefill", "fake"], "'--prefill'"),
+    (["--method", "fullkv", "--stepz", "3"], "'--steps'"),
     (["--method", "fullkv", "--batch", "0"], "--batch must be at least 1"),
     (["--method", "fullkv", "--steps", "0"], "--steps must be at least 1"),
     (["--method", "fullkv", "--device", "cuda"], "CUDA is not available"),
@@ -81,7 +86,6 @@ def test_method_from_args_converts_and_rejects():
     (["--method", "fullkv", "--method-arg", "bogus=1"], "not a field of any selected method"),
     (["--method", "fullkv", "--method-arg", "novalue"], "use key=value"),
     (["--method", "fullkv", "--dtype", "int3"], "unknown dtype"),
-    (["--method", "fullkv", "-o", "/proc/forbidden/x.json"], "cannot write results"),
 ])
 def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, message):
     if "cuda" in args:
@@ -89,7 +93,7 @@ def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, message):
 
         if torch.cuda.is_available():
             pytest.skip("CUDA present")
-    code, out, err = run_cli(monkeypatch, capsys, "throughput", *args, "--len" if "--len" not in args else "--seed",
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", *args, "--len" if "--len" not in args else "--warmup",
                              "64" if "--len" not in args else "0")
     assert code == 2, err
     lines = [line for line in err.strip().splitlines() if line.strip()]
@@ -99,7 +103,8 @@ def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, message):
 
 def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
     code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "full",
-                             "--len", "64", "--steps", "3", "--warmup", "1", "-o", str(tmp_path), "--json")
+                             "--model", "tiny-qwen3", "--len", "64", "--steps", "3", "--warmup", "1", "-o",
+                             str(tmp_path), "--json")
     assert code == 0, err
     summary = json.loads(out)
     assert [s["method"] for s in summary] == ["fullkv", "full"]
@@ -112,7 +117,7 @@ def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
         assert key in result, key
     assert result["model"]["random_weights"] is True
     assert result["workload"] == {"name": "synthetic", "len": 64, "batch": 1, "steps": 3, "warmup": 1, "seed": 0,
-                                  "prefill": "real", "kv_skew": 0.3}
+                                  "prefill": "synthetic", "kv_skew": 0.3}  # --prefill auto on random weights
     assert set(result["decode_step_ms"]) >= {"median", "p90", "mean"}
     assert len(result["step_ms"]) == 3  # warm-up excluded
     assert result["decode_throughput_tok_s"] == pytest.approx(3 / (sum(result["step_ms"]) / 1e3))
@@ -128,10 +133,13 @@ def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
 
 def test_single_json_output_refuses_overwrite(monkeypatch, capsys, tmp_path):
     target = tmp_path / "r.json"
-    args = ["throughput", "--method", "fullkv", "--len", "32", "--steps", "1", "--warmup", "0", "-o", str(target)]
+    args = ["throughput", "--method", "fullkv", "--model", "tiny-qwen3", "--len", "32", "--steps", "1", "--warmup",
+            "0", "-o", str(target)]
     assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    monkeypatch.setattr("scoutbench.models.load_model", _never)  # the conflict is found before any work
     code, _, err = run_cli(monkeypatch, capsys, *args)
-    assert code == 1 and "exists" in err
+    assert code == 2 and "exists" in err and len(err.strip().splitlines()) == 1
+    monkeypatch.undo()
     assert run_cli(monkeypatch, capsys, *args, "--overwrite")[0] == 0
     code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "full", "-o",
                            str(target), "--len", "32")
@@ -139,8 +147,9 @@ def test_single_json_output_refuses_overwrite(monkeypatch, capsys, tmp_path):
 
 
 def test_synthetic_prefill_and_ragged_batch(monkeypatch, capsys, tmp_path):
-    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--len", "2k", "--steps", "2",
-                             "--warmup", "1", "--batch", "2", "--prefill", "synthetic", "-o", str(tmp_path), "--json")
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--model", "tiny-qwen3", "--len",
+                             "2k", "--steps", "2", "--warmup", "1", "--batch", "2", "--prefill", "synthetic", "-o",
+                             str(tmp_path), "--json")
     assert code == 0, err
     assert json.loads(out)[0]["batch"] == 2
 
@@ -151,3 +160,236 @@ def test_env_and_methods_commands(monkeypatch, capsys):
     assert code == 0 and info["torch"] and "nvml" in info and "flashinfer" in info
     code, out, _ = run_cli(monkeypatch, capsys, "methods")
     assert code == 0 and out.startswith("fullkv")
+
+
+# ---------------------------------------------------------------------------------------- reliability (issue 12)
+TINY = ["--model", "tiny-qwen3", "--len", "64", "--steps", "1", "--warmup", "0"]
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the run should have stopped before loading the model")
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_unknown_command_did_you_mean(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "thruput")
+    assert code == 2 and "did you mean 'throughput'?" in _one_error_line(err)
+
+
+def test_memory_check_refuses_what_cannot_fit(monkeypatch, capsys, tmp_path):
+    """`--len 64m` used to grow until the kernel killed it (exit 137, no message): now one line before any work."""
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "scout", "--model", "tiny-qwen3", "--len",
+                           "64m", "--prefill", "synthetic", "-o", str(tmp_path))
+    line = _one_error_line(err)
+    assert code == 1 and "of host memory but" in line and "--force" in line
+    assert list(tmp_path.glob("*.json")) == []
+
+
+def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
+    """What the check compares is exactly the planner's method footprint plus workspace, times the batch."""
+    from scoutbench.methods.base import ModelShape
+    from scoutbench.models import LoadedModel
+    from scoutbench.planning import workspace_bytes_per_seq
+    from scoutbench.throughput import ThroughputConfig, build_method, check_memory, memory_need
+
+    cfg = ThroughputConfig(method="scout", length=4096, steps=4, warmup=1)
+    loaded = LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)
+    method = build_method("scout", {})
+    shape = ModelShape.from_config(tiny_qwen3.config)
+    footprint = method.memory_footprint(shape, 4101, 4)
+    need = memory_need(cfg, method, loaded, batch=3)
+    assert need == {"device": 3 * (footprint.device_bytes_per_seq + workspace_bytes_per_seq(shape, 4101, 4)),
+                    "host": 3 * footprint.host_bytes_per_seq}
+    total = need["device"] + need["host"]
+    monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: int(total / 0.8) + 16)
+    check_memory(cfg, method, loaded, 3)  # just fits (the planner's 20% host reserve kept)
+    monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: int(total / 0.8) - 16)
+    with pytest.raises(ScoutbenchError, match="needs about"):
+        check_memory(cfg, method, loaded, 3)
+    check_memory(dataclasses.replace(cfg, force=True), method, loaded, 3)  # --force
+
+
+def test_prefill_auto_is_synthetic_for_random_weights_and_real_otherwise(tiny_qwen3):
+    from scoutbench.models import LoadedModel
+    from scoutbench.throughput import resolve_prefill
+
+    assert resolve_prefill("auto", LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)) == "synthetic"
+    assert resolve_prefill("auto", LoadedModel(tiny_qwen3, "some/model", "hub", False)) == "real"
+    assert resolve_prefill("real", LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)) == "real"
+
+
+def test_default_run_is_the_regime_where_methods_differ():
+    """No arguments: the compared methods on the attention-dominated shape at 32k (timed in the closing note)."""
+    from scoutbench.cli.throughput import command
+
+    defaults = {p.name: p.default for p in command.params}
+    assert (defaults["model"], defaults["length"], defaults["prefill"]) == ("bench-attn", "32k", "auto")
+
+
+def test_progress_lines_when_not_a_terminal():
+    import io
+
+    from scoutbench.progress import PhaseProgress
+
+    stream = io.StringIO()
+    with PhaseProgress(console=None, interval_s=0.0, stream=stream) as progress:
+        for done in range(1, 5):
+            progress.update("[1/1] scout decode", done, 4)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[1/1] scout decode: 1/4, ") and "ETA" in lines[0]
+    assert lines[-1].endswith("done") and len(lines) == 4
+
+
+def test_each_result_is_written_as_soon_as_its_method_finishes(monkeypatch, capsys, tmp_path):
+    """Ctrl-C (or a failure) during the second method keeps the first one's result."""
+    import scoutbench.throughput as throughput
+
+    real = throughput.run_throughput
+    for stop, exit_code in ((KeyboardInterrupt(), 130), (ScoutbenchError("scout: out of host memory"), 1)):
+        out = tmp_path / type(stop).__name__
+
+        def run_then_stop(cfg, *args, stop=stop, **kwargs):
+            if cfg.method == "full":  # the second method (the alias runs FullKV again)
+                raise stop
+            return real(cfg, *args, **kwargs)
+
+        monkeypatch.setattr(throughput, "run_throughput", run_then_stop)
+        code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "full", *TINY,
+                               "-o", str(out))
+        assert code == exit_code, err
+        (kept,) = out.glob("*.json")
+        assert json.loads(kept.read_text())["method"] == "fullkv" and "kept 1 finished result" in err
+
+
+def test_os_errors_are_one_line_exit_1_and_leave_nothing(monkeypatch, capsys, tmp_path):
+    import errno
+    import os
+
+    (tmp_path / "folder.json").mkdir()
+    for output, message in (("/proc/forbidden/x.json", "cannot write results"),
+                            (str(tmp_path / "folder.json"), "it is a folder")):
+        for command in (["throughput", "--method", "fullkv", *TINY], ["sweep", "--method", "fullkv", *TINY],
+                        ["accuracy", "--dataset", "passkey", "--model", "smollm2-135m"]):
+            if command[0] != "throughput" and output.endswith("folder.json"):
+                continue  # a folder named *.json is a fine sweep/accuracy folder
+            monkeypatch.setattr("scoutbench.models.load_model", _never)
+            code, _, err = run_cli(monkeypatch, capsys, *command, "-o", output)
+            assert code == 1 and message in _one_error_line(err), (command, err)
+            monkeypatch.undo()
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "full"
+    monkeypatch.setattr(os, "fsync", disk_full)  # the result's write fails the way a full disk fails it
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", *TINY, "-o", str(out))
+    assert code == 1 and "No space left on device" in _one_error_line(err)
+    assert list(out.iterdir()) == [out / ".scoutbench.lock"]  # no partial result, no temp file
+
+
+def test_second_writer_into_a_folder_is_refused(monkeypatch, capsys, tmp_path):
+    """Another process holds the folder's lock: throughput and sweep refuse at once, before any work."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom scoutbench.results import output_lock\n"
+                               f"with output_lock({str(tmp_path)!r}):\n    print('held', flush=True)\n"
+                               "    time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr("scoutbench.models.load_model", _never)
+        for command in ("throughput", "sweep"):
+            code, _, err = run_cli(monkeypatch, capsys, command, "--method", "fullkv", *TINY, "-o", str(tmp_path))
+            last = err.strip().splitlines()[-1]  # a sweep announces its grid first
+            assert code == 1 and last.startswith("error: another scoutbench run is writing to"), err
+            assert "Traceback" not in err
+    finally:
+        holder.kill()
+        holder.wait()
+    monkeypatch.undo()
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", *TINY, "-o", str(tmp_path))
+    assert code == 0, err  # the kernel released the killed holder's lock
+
+
+def test_result_names_are_claimed_atomically(tmp_path):
+    """Concurrent writers of one name each get their own file (no check-then-rename race), and a no-overwrite
+    write loses to an existing file instead of replacing it."""
+    import threading
+
+    from scoutbench.results import write_json_atomic, write_json_unique
+
+    barrier = threading.Barrier(8)
+    written: list = []
+
+    def writer(index):
+        barrier.wait()
+        for round_ in range(5):
+            written.append(write_json_unique(tmp_path / "r.json", {"writer": index, "round": round_}))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(written)) == 40 and sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written)
+    contents = {(d["writer"], d["round"]) for d in (json.loads(p.read_text()) for p in written)}
+    assert len(contents) == 40  # every write survived
+    before = (tmp_path / "r.json").read_text()
+    with pytest.raises(UsageError, match="exists"):
+        write_json_atomic(tmp_path / "r.json", {"late": True})
+    assert (tmp_path / "r.json").read_text() == before and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
+    """A real SIGKILL while the second method runs: the first method's result is complete on disk, nothing
+    partial, and the folder's lock does not outlive the process (a rerun into the folder works)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    out, started = tmp_path / "runs", tmp_path / "started"
+    script = tmp_path / "killme.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        import scoutbench.throughput as throughput
+        from scoutbench.cli import main
+
+        real = throughput.run_throughput
+
+        def hang_on_second(cfg, *args, **kwargs):
+            if cfg.method == "full":
+                Path({str(started)!r}).touch()
+                time.sleep(120)
+            return real(cfg, *args, **kwargs)
+
+        throughput.run_throughput = hang_on_second
+        sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "full", *{TINY!r}, "-o", {str(out)!r}]
+        main()
+    """), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the second method never started"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    (kept,) = out.glob("*.json")
+    assert json.loads(kept.read_text())["method"] == "fullkv" and not list(out.glob(".*.tmp"))
+    rerun = subprocess.run([sys.executable, "-m", "scoutbench", "throughput", "--method", "fullkv", *TINY, "-o",
+                            str(out)], capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(list(out.glob("*.json"))) == 2

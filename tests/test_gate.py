@@ -3,6 +3,7 @@ exit codes (0 pass, 1 regression, 2 usage error or unreadable input) through the
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -138,21 +139,48 @@ def test_ratio_gate_values_and_missing_methods():
 @pytest.mark.parametrize("args, message", [
     (["--current", "{cur}"], "nothing to check"),
     (["--current", "{cur}", "--ratio", "scout>fullkv"], "bad --ratio"),
-    (["--current", "{cur}", "--baseline", "{cur}", "--tolerance", "lots"], "bad fraction"),
+    (["--current", "{cur}", "--baseline", "{cur}", "--tolerance", "lots"], "bad --tolerance 'lots'"),
+    (["--current", "{cur}", "--baseline", "{cur}", "--tolerance", "5"], "did you mean 5%?"),
+    (["--current", "{cur}", "--baseline", "{cur}", "--tolerance", "100%"], "could never fail"),
+    (["--current", "{cur}", "--baseline", "{cur}", "--tolerance", "1.5"], "below 100%"),
+    (["--current", "{cur}", "--ratio", "scout/fulkv>=2"], "did you mean 'fullkv'?"),
+    (["--current", "{cur}", "--ratio", "decode_tok_s:scout/fullkv>=2"], "unknown metric 'decode_tok_s'"),
     (["--current", "{cur}", "--baseline", "{cur}", "--metric", "tok_per_joule"], "unknown metric"),
     (["--current", "{tmp}/nowhere", "--ratio", "scout/fullkv>=1"], "no such result file or folder"),
-    (["--current", "{empty}", "--ratio", "scout/fullkv>=1"], "no result files found"),
-    (["--current", "{corrupt}", "--ratio", "scout/fullkv>=1"], "cannot read result"),
+    (["--current", "{empty}", "--ratio", "scout/fullkv>=1"], "no usable result files found"),
+    (["--current", "{corrupt}", "--ratio", "scout/fullkv>=1"], "no usable result files found"),
 ])
 def test_usage_errors_and_unreadable_input_exit_2(tmp_path, monkeypatch, capsys, args, message):
-    cur = write_results(tmp_path / "cur", [make_result("fullkv", 50.0)])
+    cur = write_results(tmp_path / "cur", [make_result("fullkv", 50.0), make_result("scout", 80.0)])
     (tmp_path / "empty").mkdir()
-    corrupt = write_results(tmp_path / "corrupt", [make_result("fullkv", 50.0)])
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
     (corrupt / "truncated.json").write_text('{"schema_version": 1, "kind": "thr', encoding="utf-8")
     paths = {"cur": cur, "tmp": tmp_path, "empty": tmp_path / "empty", "corrupt": corrupt}
     code, out = run_cli(monkeypatch, capsys, "gate", *[a.format(**paths) for a in args])
     assert code == 2, out
-    assert message in out
+    assert message in out and "Traceback" not in out
+
+
+def test_malformed_files_are_listed_as_skipped(tmp_path, monkeypatch, capsys):
+    """Non-UTF-8 bytes, wrong JSON types and missing fields: each file is named with its reason, the rest gates."""
+    cur = write_results(tmp_path / "cur", [make_result("fullkv", 50.0), make_result("scout", 150.0)])
+    (cur / "latin1.json").write_bytes(b'{"schema_version": 1, "method": "caf\xe9"}')
+    (cur / "model_string.json").write_text(json.dumps({**make_result("scout", 1.0), "model": "tiny-qwen3"}))
+    no_method = make_result("scout", 1.0)
+    del no_method["method"]
+    (cur / "no_method.json").write_text(json.dumps(no_method))
+    (cur / "tok_s_text.json").write_text(json.dumps({**make_result("scout", 1.0), "decode_throughput_tok_s": "fast"}))
+    code, out = run_cli(monkeypatch, capsys, "gate", "--current", cur, "--ratio", "scout/fullkv>=2.5")
+    assert code == 0, out
+    assert "Traceback" not in out
+    skipped = {line.split()[1].rstrip(":").rsplit("/", 1)[-1]: line for line in out.splitlines()
+               if line.startswith("skipped")}
+    assert set(skipped) == {"latin1.json", "model_string.json", "no_method.json", "tok_s_text.json"}
+    assert "can't decode" in skipped["latin1.json"]
+    assert "model is str, expected object" in skipped["model_string.json"]
+    assert "missing method" in skipped["no_method.json"]
+    assert "decode_throughput_tok_s is str" in skipped["tok_s_text.json"]
 
 
 def test_parse_ratio_and_tolerances():
@@ -163,6 +191,10 @@ def test_parse_ratio_and_tolerances():
     assert tolerances.of("decode_step_ms") == pytest.approx(0.20)
     with pytest.raises(UsageError):
         parse_tolerances(["-5%"])
+    assert parse_tolerances(["0.05"]).default == parse_tolerances(["5%"]).default == pytest.approx(0.05)
+    for never_fails in ("1", "5", "100%", "250%", "0.05%%", "nan", "inf"):
+        with pytest.raises(UsageError):
+            parse_tolerances([never_fails])
 
 
 def test_console_script_exit_code(tmp_path):

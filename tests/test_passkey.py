@@ -30,8 +30,16 @@ def test_needle_sits_at_the_requested_depth(tokenizer):
         context, key = record["context"], record["answers"][0]
         position = context.index(f"The pass key is {key}.") / len(context)
         assert abs(position - depth) < 0.06
-    spread = PasskeyTask("passkey", tokenizer, 300, num_samples=4)
-    assert [r["depth"] for r in spread.records] == [0.125, 0.375, 0.625, 0.875]
+    spread = PasskeyTask("passkey", tokenizer, 300, num_samples=7)
+    assert sorted(r["depth"] for r in spread.records) == [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875]
+
+
+def test_a_larger_limit_extends_the_samples(tokenizer):
+    """Sample i is the same prompt whatever the sample count: a rerun with a larger --limit resumes the run."""
+    three = PasskeyTask("passkey", tokenizer, 256, num_samples=3).records
+    five = PasskeyTask("passkey", tokenizer, 256, num_samples=5).records
+    assert five[:3] == three
+    assert [r["depth"] for r in five] == [0.5, 0.25, 0.75, 0.125, 0.625]
 
 
 def test_records_are_seeded(tokenizer):

@@ -132,7 +132,7 @@ def test_auto_batch_is_the_plan(qwen3_14b):
     (("--gpu-mem", "80XB"), "bad memory size"),
     (("--gpu-mem", "0GiB"), "more than 0"),
     (("--gpu-mem", "80GiB", "--method", "nosuch"), "unknown method"),
-    (("--gpu-mem", "80GiB", "--len", "64q"), "bad length"),
+    (("--gpu-mem", "80GiB", "--len", "64q"), "bad --len"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, message):
     argv = ["plan", "--model", "qwen3-14b", "--len", "64k", *args]

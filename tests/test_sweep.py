@@ -17,7 +17,7 @@ from cli_runner import run_cli
 from result_factory import make_result
 
 from scoutbench.errors import ScoutbenchError, UsageError
-from scoutbench.results import load_results
+from scoutbench.results import LOCK_NAME, load_results
 from scoutbench.sweep import MANIFEST, PRESETS, Grid, Settings, SweepPoint, expand, run_sweep
 
 SCOUT_FIELDS = {"budget", "block_size", "pc", "pr", "recall_interval"}
@@ -48,7 +48,8 @@ class FakeRunner:
 
 
 def files(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
+    """The folder's files but the writer lock (an empty file the OS locks; it stays, unlocked, after a run)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
 
 
 def manifest_statuses(folder: Path) -> list[str]:

@@ -28,7 +28,8 @@ _FIRST_DIGITS = re.compile(r"\d+")
 @dataclass
 class PasskeyTask:
     """`num_samples` prompts of about `context_len` tokens. `depth` in [0, 1] puts the (queried) key at that fraction
-    of the haystack; None spreads the samples evenly over depths."""
+    of the haystack; None spreads the samples over depths in an order whose every prefix is spread too
+    (`spread_depth`), so sample i is the same prompt for any `num_samples`: a larger `--limit` extends a run."""
 
     variant: str  # "passkey" or "passkey-multi"
     tokenizer: Any
@@ -63,7 +64,7 @@ class PasskeyTask:
         return model_eos_ids
 
     def _depth(self, index: int) -> float:
-        return self.depth if self.depth is not None else (index + 0.5) / self.num_samples
+        return self.depth if self.depth is not None else spread_depth(index)
 
     def _record(self, index: int) -> dict[str, Any]:
         rng = random.Random(f"{self.variant}-{self.seed}-{index}")
@@ -121,6 +122,17 @@ class PasskeyTask:
             raise ValueError(f"{self.name}: no predictions to score")
         correct = sum(passkey_correct(row["pred"], row["answers"][0]) for row in rows)
         return {"score": round(100 * correct / len(rows), 2)}
+
+
+def spread_depth(index: int) -> float:
+    """The base-2 van der Corput sequence from 1/2: 0.5, 0.25, 0.75, 0.125, 0.625, ... The first 2^k - 1 depths
+    are evenly spaced, and depth i does not depend on how many samples are asked for."""
+    depth, scale, n = 0.0, 0.5, index + 1
+    while n:
+        depth += scale * (n & 1)
+        n >>= 1
+        scale /= 2
+    return depth
 
 
 def passkey_correct(prediction: str, key: str) -> bool:

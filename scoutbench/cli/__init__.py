@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -33,6 +34,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0] if args else ""
+        if name and name not in COMMANDS and not name.startswith("-"):
+            close = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise click.UsageError(f"no such command {name!r}{hint} (commands: {', '.join(COMMANDS)})", ctx)
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
@@ -70,18 +79,26 @@ def main() -> None:
     # machine) needs: measured 2-10x slower CPU steps with the default policy. Must be set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
-        cli.main(standalone_mode=False)
+        cli.main(standalone_mode=False, prog_name="scoutbench")
     except ScoutbenchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:  # one line, like every other usage error, with where to look for help
+        command = exc.ctx.command_path if exc.ctx is not None else "scoutbench"
+        click.echo(f"error: {exc.format_message()} (see `{command} -h`)", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as exc:  # an OS failure nobody anticipated (disk full, permissions): still one line, exit 1
+        where = f" ({exc.filename})" if exc.filename else ""
+        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        sys.exit(1)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from scoutbench.cli.options import parse_method_args
+from scoutbench.cli.options import SEED, parse_method_args
 from scoutbench.errors import UsageError
 
 LENGTH_HELP = "tokens; k = 1024 (4k = 4096)"
@@ -18,10 +18,10 @@ BUDGET_HELP = ("Token budget: sets `budget` (scout, quest) or `max_num_kv` (infi
                "methods without one (fullkv, hgca) reject it")
 
 
-def _parse_len(text: str | None) -> int | None:
+def _parse_len(text: str | None, flag: str = "--len") -> int | None:
     from scoutbench.units import parse_length
 
-    return None if text is None else parse_length(text)
+    return None if text is None else parse_length(text, flag)
 
 
 def _load(model: str, device: str, dtype: str | None, seed: int):
@@ -44,7 +44,7 @@ def _common_options(func):
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
         click.option("--dtype", default=None,
                      help="float32|bfloat16|float16 (fp32/bf16/fp16); default fp32 on CPU, bf16 on CUDA."),
-        click.option("--seed", default=0, show_default=True, type=int, help="Seed for synthetic prompts."),
+        click.option("--seed", default=0, show_default=True, type=SEED, help="Seed for synthetic prompts."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -53,13 +53,19 @@ def _common_options(func):
 
 # ---------------------------------------------------------------------------------------------- accuracy
 def _expand_datasets(names: tuple[str, ...]) -> list[str]:
+    import difflib
+
     from scoutbench.workloads import longbench, passkey
 
+    known = [*longbench.DATASETS, *longbench.E_DATASETS, *passkey.TASKS, "all"]
     expanded: list[str] = []
     for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"unknown --dataset {name!r}{hint} (LongBench: {', '.join(longbench.DATASETS)}, their "
+                             "_e variants, or 'all'; or passkey, passkey-multi)")
         for item in (longbench.DATASETS if name == "all" else (name,)):
-            if item not in passkey.TASKS:
-                longbench.check_dataset(item)
             if item not in expanded:
                 expanded.append(item)
     return expanded
@@ -92,23 +98,46 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
 
     from scoutbench.accuracy import run_accuracy
     from scoutbench.generation import method_spec
+    from scoutbench.models import PRESETS
+    from scoutbench.results import check_writable
+    from scoutbench.throughput import resolve_device, resolve_dtype
     from scoutbench.workloads import longbench, passkey
 
+    # every option is checked before the model loads (a minute for a real model) and before any data is read
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     names = _expand_datasets(datasets)
-    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget))
-    records = {name: longbench.load_records(name, data_dir)[:limit] for name in names if name not in passkey.TASKS}
+    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"))
+    passkey_len = _parse_len(context_len, "--len")
+    length_limit = _parse_len(max_length, "--max-length")
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise UsageError(f"--depth must be between 0 and 1, got {depth}")
+    if model in PRESETS:
+        raise UsageError(f"model {model!r} has random weights and no tokenizer; accuracy tasks need text "
+                         "(use smollm2-135m, a local folder or a Hugging Face id)")
+    resolve_dtype(dtype, resolve_device(device))
+    records = {}
+    for name in names:
+        if name in passkey.TASKS:
+            continue
+        try:
+            records[name] = longbench.load_records(name, data_dir)[:limit]
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"the {name} data is not UTF-8 text (byte {exc.start}); use the official LongBench "
+                             "files") from None
+    for name, rows in records.items():
+        if not rows:
+            raise UsageError(f"no records for {name} in {data_dir or 'the hub archive'}: the data file is empty")
+    check_writable(out_dir)
     loaded, _ = _load(model, device, dtype, seed)
     if loaded.tokenizer is None:
         raise UsageError(f"model {model!r} has no tokenizer; accuracy tasks need text (use smollm2-135m)")
-    length_limit = None
-    if records:
-        length_limit = _parse_len(max_length) or longbench.default_max_length(loaded.name, loaded.model.config)
+    if records and length_limit is None:
+        length_limit = longbench.default_max_length(loaded.name, loaded.model.config)
     tasks: list[Any] = []
     for name in names:
         if name in passkey.TASKS:
-            tasks.append(passkey.PasskeyTask(name, loaded.tokenizer, _parse_len(context_len), limit or 10, depth, seed))
+            tasks.append(passkey.PasskeyTask(name, loaded.tokenizer, passkey_len, limit or 10, depth, seed))
         else:
             tasks.append(longbench.LongBenchTask(name, records[name], loaded.tokenizer, length_limit))
 
@@ -213,11 +242,13 @@ def fidelity_command(method, model, budget, method_args, device, dtype, seed, co
 
     if steps < 1 or num_prompts < 1:
         raise UsageError("--steps and --prompts must be at least 1")
-    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget))
-    if out_file and Path(out_file).exists() and not overwrite:
-        raise UsageError(f"{out_file} exists; pass --overwrite to replace it or choose another -o")
-    loaded, torch_dtype = _load(model, device, dtype, seed)
+    from scoutbench.results import check_writable
+
+    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"))
     context_tokens = _parse_len(context_len)
+    if out_file:
+        check_writable(out_file, overwrite, single_file=True)
+    loaded, torch_dtype = _load(model, device, dtype, seed)
     prompts = fidelity_prompts(loaded, context_tokens, num_prompts, seed)
     metrics = measure_fidelity(loaded, spec, prompts, steps)
     result = {"schema_version": SCHEMA_VERSION, "kind": "fidelity", "scoutbench_version": __version__,

@@ -1,10 +1,15 @@
-"""Option parsing shared by `throughput` and `sweep`: method lists and `--method-arg key=value`."""
+"""Option parsing shared by the commands: method lists, `--method-arg key=value`, the `--seed` range."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import click
+
 from scoutbench.errors import UsageError
+
+# torch.Generator.manual_seed takes a signed 64-bit integer: a larger --seed would overflow deep inside a run
+SEED = click.IntRange(0, 2**63 - 1)
 
 
 def parse_method_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from scoutbench.cli.options import parse_method_args
+from scoutbench.cli.options import SEED, parse_method_args
 from scoutbench.units import parse_length
 
 _MODEL_HELP = "Built-in name (tiny-qwen3, smollm2-135m, bench-attn, ...), local folder or Hugging Face id."
@@ -19,7 +19,7 @@ def _common(fn):
         click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
         click.option("--dtype", default=None, help="fp32|bf16|fp16; default fp32 on CPU, bf16 on CUDA."),
-        click.option("--seed", default=0, show_default=True, type=int),
+        click.option("--seed", default=0, show_default=True, type=SEED),
     ]):
         fn = option(fn)
     return fn
@@ -60,14 +60,14 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
         raise UsageError(f"--beta must be in [0, 1] (got {beta})")
     args = parse_method_args(method_args)
     if budget is not None:
-        args["budget"] = str(parse_length(budget))
+        args["budget"] = str(parse_length(budget, "--budget"))
     if block_size is not None:
         args["block_size"] = str(block_size)
     for key in ("pr", "recall_profile"):
         if key in args:
             raise UsageError(f"--method-arg {key} makes no sense here: profiling runs with recall off")
     ScoutAttention.from_args(args)  # validate before loading the model
-    check_writable(output)
+    check_writable(output, overwrite, single_file=True)
     result = profile_recall(model, length_tokens, steps, beta, batch=batch, device=device, dtype=dtype, seed=seed,
                             prefill=prefill, method_args=args)
     path = write_json_atomic(output, result, overwrite=overwrite)
@@ -102,7 +102,7 @@ def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, 
     _check_positive("--steps", steps)
     _check_positive("--batch", batch)
     if output is not None:
-        check_writable(output)
+        check_writable(output, overwrite, single_file=True)
     result = query_cosine(model, length_tokens, steps, batch=batch, device=device, dtype=dtype, seed=seed,
                           pred_norm=pred_norm)
     if output is not None:

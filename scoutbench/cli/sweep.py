@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from scoutbench.cli.options import SEED
 from scoutbench.sweep import PRESETS  # light: no torch at import time
 
 
@@ -63,7 +64,7 @@ def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | 
 @click.option("--warmup", default=None, type=int, help="Untimed decode steps first (default 3; cpu presets 2).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default=None, help="float32|bfloat16|float16; default fp32 on CPU, bf16 on CUDA.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--prefill", type=click.Choice(["real", "synthetic"]), default=None,
               help="real or synthetic (random K/V, decode only); default synthetic with a preset, else real.")
 @click.option("-o", "--output", required=True, help="Sweep folder: one JSON per point and sweep.json.")
@@ -77,6 +78,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
 
     from scoutbench.cli.options import expand_methods, parse_method_args
     from scoutbench.errors import ScoutbenchError, UsageError
+    from scoutbench.results import check_writable
     from scoutbench.sweep import Grid, Settings, expand, run_sweep
     from scoutbench.throughput import build_method, resolve_device, resolve_dtype
     from scoutbench.units import parse_bytes, parse_length
@@ -99,7 +101,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         methods=tuple(expand_methods(_split(methods))) if methods else grid.methods,
         lengths=tuple(parse_length(v) for v in _split(lengths)) or grid.lengths,
         batches=tuple(_ints(batches, "--batch", auto=True)) or grid.batches,
-        budgets=tuple(parse_length(v) for v in _split(budgets)) or grid.budgets,
+        budgets=tuple(parse_length(v, "--budget") for v in _split(budgets)) or grid.budgets,
         block_sizes=tuple(_ints(block_sizes, "--block-size")) or grid.block_sizes,
         method_args=common)
     settings = replace(settings, device=device, dtype=dtype, seed=seed,
@@ -114,6 +116,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,
                           settings.warmup, settings.seed, settings.prefill)
         build_method(point.method, point.args)
+    check_writable(output)  # before the first line of output: an unwritable -o is the whole message
     err = _console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
     err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
@@ -192,11 +195,18 @@ def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_mi
 
     tol = parse_tolerances(tolerances)
     ratio_gates = [parse_ratio(spec) for spec in ratios]
-    baseline_results = load_side(baseline, "baseline") if baseline else None
-    current_results = load_side(current, "current")
+    console = _console()
+    skipped: list[tuple[str, str]] = []
+
+    def on_skip(path, why: str) -> None:
+        skipped.append((str(path), why))
+
+    baseline_results = load_side(baseline, "baseline", on_skip) if baseline else None
+    current_results = load_side(current, "current", on_skip)
     report = run_gate(baseline_results, current_results, tol, ratio_gates, set(metrics) or None, force,
                       allow_missing)
-    console = _console()
+    for path, why in skipped:  # listed, never silently dropped: a skipped baseline file gates nothing
+        console.print(f"skipped {path}: {why}", highlight=False, soft_wrap=True)
     if report.rows:
         console.print(_gate_table(report.rows, "against the baseline", ratio_column=True))
     if report.ratio_rows:

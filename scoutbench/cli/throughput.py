@@ -8,18 +8,24 @@ from pathlib import Path
 
 import click
 
-from scoutbench.cli.options import check_all_used, expand_methods, method_args_for, parse_method_args
+from scoutbench.cli.options import SEED, check_all_used, expand_methods, method_args_for, parse_method_args
 from scoutbench.units import format_length, parse_bytes, parse_length
 
 DEFAULT_OUTPUT = "results/runs"
+# The no-argument run: the attention-dominated bench-attn shape at 32k (synthetic prefill, since its weights are
+# random), the regime where sparse methods beat FullKV even on a CPU; every method in under a minute on 2 cores.
+DEFAULT_MODEL = "bench-attn"
+DEFAULT_LEN = "32k"
+DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compared methods; `--method all` adds ablations
 
 
 @click.command(name="throughput")
 @click.option("--method", "methods", multiple=True, metavar="NAME",
-              help="Method to run (repeatable), or 'all' (default: every registered method).")
-@click.option("--model", default="tiny-qwen3", show_default=True,
-              help="Built-in name (tiny-qwen3, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
-@click.option("--len", "length", default="4k", show_default=True,
+              help="Method to run (repeatable), or 'all' for every registered one, ablations included "
+                   f"(default: {', '.join(DEFAULT_METHODS)}).")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Built-in name (tiny-qwen3, bench-attn, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
+@click.option("--len", "length", default=DEFAULT_LEN, show_default=True,
               help="Prompt tokens per sequence: 4096, 4k (=4096), 64k, 1m.")
 @click.option("--batch", default="1", show_default=True,
               help="Sequences decoded together, or 'auto': each method's largest batch that fits --gpu-mem "
@@ -32,9 +38,10 @@ DEFAULT_OUTPUT = "results/runs"
 @click.option("--warmup", default=3, show_default=True, type=int, help="Untimed decode steps first.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default=None, help="float32|bfloat16|float16 (fp32/bf16/fp16); default fp32 on CPU, bf16 on CUDA.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--prefill", type=click.Choice(["real", "synthetic"]), default="real", show_default=True,
-              help="real: run the model on the prompt; synthetic: fill the KV cache with random K/V (decode only).")
+@click.option("--seed", default=0, show_default=True, type=SEED)
+@click.option("--prefill", type=click.Choice(["auto", "real", "synthetic"]), default="auto", show_default=True,
+              help="real: run the model on the prompt; synthetic: fill the KV cache with random K/V (decode only); "
+                   "auto: synthetic for random-weight presets, real for real models.")
 @click.option("--kv-skew", default=0.3, show_default=True, type=float,
               help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
 @click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
@@ -44,14 +51,17 @@ DEFAULT_OUTPUT = "results/runs"
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
               help="A .json file (single method) or a folder receiving one file per method.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing .json output instead of failing.")
+@click.option("--force", is_flag=True, help="Run even when the planned memory exceeds the free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
-            budget, block_size, method_args, output, overwrite, as_json):
-    """Decode throughput and latency breakdown. With no arguments: every registered method on tiny-qwen3 at 4k."""
+            budget, block_size, method_args, output, overwrite, force, as_json):
+    """Decode throughput and latency breakdown. With no arguments: the compared methods on the bench-attn shape
+    (attention-dominated, random weights) at 32k with a synthetic prefill, where sparse methods pull ahead of
+    FullKV; under a minute on two idle CPU cores."""
     from rich.console import Console
 
     from scoutbench.errors import UsageError
-    from scoutbench.results import check_writable, unique_path, write_json_atomic
+    from scoutbench.results import check_writable, output_lock
     from scoutbench.throughput import (
         ThroughputConfig,
         build_method,
@@ -69,8 +79,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     host_mem_bytes = parse_bytes(host_mem) if host_mem is not None else None
     resolve_dtype(dtype, resolved)
     length_tokens = parse_length(length)
-    budget_tokens = parse_length(budget) if budget is not None else None
-    names = expand_methods(methods)
+    budget_tokens = parse_length(budget, "--budget") if budget is not None else None
+    names = expand_methods(methods or DEFAULT_METHODS)
     common = parse_method_args(method_args)
     used: set[str] = set()
     per_method = {name: method_args_for(name, common, budget_tokens, block_size, used) for name in names}
@@ -80,32 +90,24 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     if single_file and len(names) > 1:
         raise UsageError(f"-o {output} is a single .json file but {len(names)} methods were selected; "
                          "pass a folder instead")
-    check_writable(out_path)
-    err = Console(stderr=True)
     configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length_tokens,
                                 batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
                                 warmup=warmup, device=device, dtype=dtype, seed=seed, prefill=prefill,
-                                kv_skew=kv_skew, command=["scoutbench", *sys.argv[1:]])
+                                kv_skew=kv_skew, force=force, command=["scoutbench", *sys.argv[1:]])
                for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
-                          cfg.prefill, cfg.kv_skew)
+                          "real", cfg.kv_skew)
         validate_against_context(build_method(cfg.method, cfg.method_args), cfg.length)
-    results = _run_all(configs, err)
-    paths = []
-    for result in results:
-        if single_file:
-            path = write_json_atomic(out_path, result, overwrite=overwrite)
-        else:
-            name = (f"throughput_{result['method']}_{model.replace('/', '--')}_len{format_length(length_tokens)}"
-                    f"_b{result['workload']['batch']}.json")
-            path = write_json_atomic(unique_path(out_path / name), result)
-        paths.append(str(path))
+    check_writable(out_path, overwrite)
+    err = Console(stderr=True)
+    with output_lock(out_path.parent if single_file else out_path):
+        results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
     if as_json:
         click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
     else:
         Console().print(_table(results))
-        err.print(f"results: {', '.join(paths)}")
+        err.print(f"results: {', '.join(paths)}", highlight=False)
 
 
 def _parse_batch(text: str) -> int | str:
@@ -119,29 +121,49 @@ def _parse_batch(text: str) -> int | str:
         raise UsageError(f"bad --batch {text!r}: use a positive integer or 'auto'") from None
 
 
-def _run_all(configs, console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
+    """Run each method and write its result as soon as it finishes: an interruption or a later method's failure
+    keeps every finished result. The memory check of every method runs before the first one starts."""
     from scoutbench.models import load_model
-    from scoutbench.throughput import resolve_device, resolve_dtype, run_throughput
+    from scoutbench.progress import PhaseProgress
+    from scoutbench.results import write_json_atomic, write_json_unique
+    from scoutbench.throughput import (
+        build_method,
+        check_memory,
+        resolve_device,
+        resolve_dtype,
+        run_throughput,
+    )
 
     first = configs[0]
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
     with console.status(f"loading {first.model} ..."):
         loaded = load_model(first.model, device, dtype, first.seed)
-    results = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        for cfg in configs:
-            task = progress.add_task(f"{cfg.method:<10} prefill", total=cfg.warmup + cfg.steps)
-
-            def on_step(done, total, task=task, name=cfg.method):
-                progress.update(task, completed=done, description=f"{name:<10} decode")
-
-            results.append(run_throughput(cfg, loaded, on_step))
-            progress.remove_task(task)
-    return results
+    for cfg in configs:
+        if cfg.batch != "auto":
+            check_memory(cfg, build_method(cfg.method, cfg.method_args), loaded, cfg.batch)
+    results, paths = [], []
+    try:
+        with PhaseProgress(console) as progress:
+            for index, cfg in enumerate(configs, 1):
+                where = f"[{index}/{len(configs)}] {cfg.method}"
+                result = run_throughput(cfg, loaded,
+                                        lambda phase, done, total, where=where: progress.update(f"{where} {phase}",
+                                                                                                done, total))
+                if single_file is not None:
+                    path = write_json_atomic(single_file, result, overwrite=overwrite)
+                else:
+                    name = (f"throughput_{result['method']}_{cfg.model.replace('/', '--')}_len"
+                            f"{format_length(cfg.length)}_b{result['workload']['batch']}.json")
+                    path = write_json_unique(folder / name, result)
+                results.append(result)
+                paths.append(str(path))
+    except BaseException:
+        if paths:
+            console.print(f"kept {len(paths)} finished result(s): {', '.join(paths)}", highlight=False)
+        raise
+    return results, paths
 
 
 def _summary(result, path):
