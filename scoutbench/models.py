@@ -6,6 +6,7 @@ so a GPU user can benchmark at paper scale without weights; results mark them `r
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,8 +125,10 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
         hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, not in the "
                 "Hugging Face cache, and the hub is unreachable (offline)" if local_only and not is_local
                 else str(exc).splitlines()[0])
+        close = difflib.get_close_matches(name, builtin_names(), n=1, cutoff=0.6)
+        did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
         error = UsageError if local_only and not is_local else ScoutbenchError
-        raise error(f"cannot load model {name!r}: {hint}. Pass a local folder with config.json and "
+        raise error(f"cannot load model {name!r}{did_you_mean}: {hint}. Pass a local folder with config.json and "
                     "weights, or a built-in name.") from None
     if model.config.model_type not in ("llama", "qwen3", "qwen2", "mistral"):
         raise UsageError(f"model {name!r} has architecture {model.config.model_type!r}; scoutbench's engine supports "

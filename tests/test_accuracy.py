@@ -178,6 +178,62 @@ def test_accuracy_command_on_passkey(smollm2, tmp_path, monkeypatch, capsys):
     result = json.loads(out)
     assert code == 0 and result["results"]["passkey_256"]["n"] == 1
     assert result["results"]["passkey_256"]["score"] == 100.0 and result["command"][1] == "accuracy"
+    # a larger --limit extends the run: the first sample is kept, only the new ones are generated
+    generated = []
+    real_generate = generate_text
+
+    def counting_generate(*args, **kwargs):
+        generated.append(1)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr("scoutbench.accuracy.generate_text", counting_generate)
+    code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--len", "256", "--limit", "3",
+                             "--device", "cpu", "-o", str(tmp_path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["results"]["passkey_256"]["n"] == 3 and len(generated) == 2
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the model must not load before every option is checked")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dataset", "qasprr"], "did you mean 'qasper'?"),
+    (["--dataset", "passkey", "--method", "scout", "--budget", "2q"], "bad --budget '2q'"),
+    (["--dataset", "passkey", "--len", "1q"], "bad --len '1q'"),
+    (["--dataset", "passkey", "--max-length", "lots"], "bad --max-length 'lots'"),
+    (["--dataset", "passkey", "--depth", "1.5"], "--depth must be between 0 and 1"),
+    (["--dataset", "passkey", "--limit", "0"], "--limit must be at least 1"),
+    (["--dataset", "passkey", "--seed", str(2**64)], "'--seed'"),
+    (["--dataset", "passkey", "--dtype", "int3"], "unknown dtype"),
+    (["--dataset", "passkey", "--model", "tiny-qwen3"], "random weights and no tokenizer"),
+    (["--dataset", "passkey", "--method", "scuot"], "did you mean 'scout'?"),
+    (["--dataset", "qasper", "--data-dir", "{empty}"], "the data file is empty"),
+])
+def test_accuracy_checks_every_option_before_loading_the_model(tmp_path, monkeypatch, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "qasper.jsonl").write_text("", encoding="utf-8")
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    code, _, err = run_cli(monkeypatch, capsys, "accuracy", *[a.format(empty=tmp_path / "empty") for a in args],
+                           "-o", str(tmp_path / "out"))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content,message", [
+    (b'{"pred": 5, "answers": ["a"], "_id": "x", "index": 0}\n', "pred must be a string"),
+    (b'{"pred": "a", "answers": "a", "_id": "x", "index": 0}\n', "answers must be a list of strings"),
+    (b'["not", "an", "object"]\n', "expected a JSON object"),
+    (b'{"pred": "caf\xe9"}\n', "not UTF-8 text"),
+])
+def test_malformed_prediction_file_is_one_error_naming_it(tmp_path, content, message):
+    from scoutbench.accuracy import read_predictions
+
+    path = tmp_path / "qasper.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ScoutbenchError, match=message):
+        read_predictions(path, [{"_id": "x"}])
 
 
 # ------------------------------------------------------------------------------------------ fidelity

@@ -211,3 +211,38 @@ def test_sweep_cli_exits_1_when_a_point_failed(tmp_path, monkeypatch, capsys):
     assert code == 1
     assert "1 of 2 points failed" in err and "--retry-failed" in err
     assert "failed: out of memory" in out
+
+
+@pytest.mark.parametrize("manifest", [
+    {"kind": "sweep"},  # no settings, no points
+    {"kind": "sweep", "settings": {}, "points": [{"status": "ok"}]},  # a point without its id
+    {"kind": "sweep", "settings": [], "points": []},
+])
+def test_malformed_manifest_is_one_line(tmp_path, manifest):
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(UsageError, match="malformed sweep manifest"):
+        run_sweep(POINTS, SETTINGS, tmp_path, runner=FakeRunner())
+    (tmp_path / MANIFEST).write_bytes(b'{"kind": "sweep", "name": "caf\xe9"}')
+    with pytest.raises(UsageError, match="not a readable sweep manifest"):
+        run_sweep(POINTS, SETTINGS, tmp_path, runner=FakeRunner())
+
+
+def test_malformed_point_file_is_run_again(tmp_path):
+    run_sweep(POINTS, SETTINGS, tmp_path, runner=FakeRunner())
+    point = tmp_path / "fullkv_tiny-qwen3_len2k_b1.json"
+    point.write_text(json.dumps({**json.loads(point.read_text()), "workload": [2048]}), encoding="utf-8")
+    runner = FakeRunner()
+    run_sweep(POINTS, SETTINGS, tmp_path, runner=runner)
+    assert runner.calls == [("fullkv", 2048)]
+
+
+def test_report_lists_malformed_files_as_skipped(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "good.json").write_text(json.dumps(make_result("fullkv", 50.0)), encoding="utf-8")
+    (results / "bad.json").write_text(json.dumps({**make_result("scout", 1.0), "model": "tiny-qwen3"}))
+    (results / "latin1.json").write_bytes(b'{"schema_version": 1, "method": "caf\xe9"}')
+    code, out, err = run_cli(monkeypatch, capsys, "report", str(results), "-o", str(tmp_path / "report"))
+    assert code == 0, err
+    assert f"skipped {results / 'bad.json'}: malformed result: model is str" in out
+    assert f"skipped {results / 'latin1.json'}: unreadable" in out and "Traceback" not in out + err

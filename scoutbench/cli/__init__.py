@@ -86,6 +86,9 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:  # a bare `scoutbench`: the help itself
+        exc.show()
+        sys.exit(2)
     except click.UsageError as exc:  # one line, like every other usage error, with where to look for help
         command = exc.ctx.command_path if exc.ctx is not None else "scoutbench"
         click.echo(f"error: {exc.format_message()} (see `{command} -h`)", err=True)
