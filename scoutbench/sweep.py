@@ -207,7 +207,7 @@ def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path,
     from scoutbench.results import check_writable, output_lock
 
     out = Path(out_dir)
-    check_writable(out)
+    check_writable(out, single_file=False)
     with output_lock(out):  # one sweep per folder: the stale-temp cleanup below must not hit a live writer's file
         return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log)
 

@@ -393,3 +393,22 @@ def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
                             str(out)], capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     assert len(list(out.glob("*.json"))) == 2
+
+
+def test_output_conflicts_have_one_exit_code_everywhere(monkeypatch, capsys, tmp_path):
+    """An existing output without --overwrite is a usage error (2) in every command; an output of the wrong kind
+    (a folder where a file goes, or the reverse) is an OS error (1); both before any model loads."""
+    existing, folder = tmp_path / "r.json", tmp_path / "dir.out"
+    existing.write_text("{}")
+    folder.mkdir()
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    fidelity = ["fidelity", "--model", "tiny-llama", "--len", "64", "--steps", "1", "--prompts", "1"]
+    cosine = ["cosine", "--model", "tiny-qwen3", "--len", "64", "--steps", "1"]
+    for command, output, exit_code, message in (
+            (["throughput", "--method", "fullkv", *TINY], existing, 2, "exists; pass --overwrite"),
+            (fidelity, existing, 2, "exists; pass --overwrite"),
+            (cosine, existing, 2, "exists; pass --overwrite"),
+            (fidelity, folder, 1, "it is a folder"),
+            (["accuracy", "--dataset", "passkey"], existing, 1, "it is a file, not a folder")):
+        code, _, err = run_cli(monkeypatch, capsys, *command, "-o", str(output))
+        assert code == exit_code and message in _one_error_line(err), (command, err)

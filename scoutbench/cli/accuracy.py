@@ -85,7 +85,7 @@ def _expand_datasets(names: tuple[str, ...]) -> list[str]:
               help=f"Passkey prompt length ({LENGTH_HELP}).")
 @click.option("--depth", type=float, default=None, help="Passkey needle depth in [0, 1] (default: spread).")
 @click.option("-o", "--output", "out_dir", default="results/runs/accuracy", show_default=True,
-              type=click.Path(file_okay=False), help="Output folder (predictions + result.json).")
+              help="Output folder (predictions + result.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")
 def command(datasets, method, model, budget, method_args, device, dtype, seed, data_dir, limit, max_length,
             context_len, depth, out_dir, as_json) -> None:
@@ -128,7 +128,7 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
     for name, rows in records.items():
         if not rows:
             raise UsageError(f"no records for {name} in {data_dir or 'the hub archive'}: the data file is empty")
-    check_writable(out_dir)
+    check_writable(out_dir, single_file=False)
     loaded, _ = _load(model, device, dtype, seed)
     if loaded.tokenizer is None:
         raise UsageError(f"model {model!r} has no tokenizer; accuracy tasks need text (use smollm2-135m)")
@@ -223,7 +223,7 @@ def _read_prediction_file(path: Path, need_length: bool) -> list[dict[str, Any]]
 @click.option("--len", "context_len", default="1k", show_default=True, help=f"Prompt length ({LENGTH_HELP}).")
 @click.option("--steps", default=32, show_default=True, type=int, help="Decode steps compared per prompt.")
 @click.option("--prompts", "num_prompts", default=2, show_default=True, type=int, help="Number of prompts.")
-@click.option("-o", "--output", "out_file", default=None, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", "out_file", default=None,
               help="Also write the result JSON to this file.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")

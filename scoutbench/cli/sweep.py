@@ -116,7 +116,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,
                           settings.warmup, settings.seed, settings.prefill)
         build_method(point.method, point.args)
-    check_writable(output)  # before the first line of output: an unwritable -o is the whole message
+    check_writable(output, single_file=False)  # before the first line of output: an unwritable -o is the whole message
     err = _console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
     err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
