@@ -293,3 +293,16 @@ def test_full_budget_predictions_equal_fullkv(smollm2, fullkv_predictions, metho
         got = generate_text(smollm2.model, smollm2.tokenizer, MethodSpec(method, COVERING_ARGS[method]), prompt,
                             16, stops)
         assert got == expected, f"{method}: {got!r} != FullKV's {expected!r}"
+
+
+@pytest.mark.parametrize("content,message", [
+    (b'{"pred": 5, "answers": ["a"]}\n', "line 1: pred must be a string"),
+    (b'{"pred": "a", "answers": [1]}\n', "line 1: answers must be a list of strings"),
+    (b'{"pred": "caf\xe9", "answers": ["a"]}\n', "not UTF-8 text"),
+    (b'\n\n', "no predictions to score"),
+])
+def test_score_command_rejects_malformed_files_in_one_line(tmp_path, monkeypatch, capsys, content, message):
+    path = tmp_path / "predictions.jsonl"
+    path.write_bytes(content)
+    code, _, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err, err

@@ -202,6 +202,17 @@ def score_command(dataset, predictions, longbench_e, as_json) -> None:
 
 def _read_prediction_file(path: Path, need_length: bool) -> list[dict[str, Any]]:
     """Rows with `pred` (str) and `answers` (list of str), in file order; a bad line is an error naming it."""
+    try:
+        rows = _prediction_rows(path, need_length)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    if not rows:
+        raise UsageError(f"{path}: no predictions to score")
+    return rows
+
+
+def _prediction_rows(path: Path, need_length: bool) -> list[dict[str, Any]]:
+    from scoutbench.accuracy import prediction_row_problem
     from scoutbench.workloads.longbench import iter_jsonl
 
     rows = []
@@ -211,9 +222,10 @@ def _read_prediction_file(path: Path, need_length: bool) -> list[dict[str, Any]]
             missing = [key for key in required if not isinstance(row, dict) or key not in row]
             if missing:
                 raise UsageError(f"{path} line {line_number}: missing {', '.join(missing)}")
+            problem = prediction_row_problem(row)
+            if problem:
+                raise UsageError(f"{path} line {line_number}: {problem}")
             rows.append(row)
-    if not rows:
-        raise UsageError(f"{path}: no predictions to score")
     return rows
 
 
