@@ -21,7 +21,8 @@ def format_seconds(seconds: float) -> str:
 
 class PhaseProgress:
     """Phases of known size (a method's prefill layers, then its decode steps) reported as `update(label, done,
-    total)`. The ETA of a phase is its elapsed time scaled by what is left of it."""
+    total)`, starting with `done=0` when the phase starts. The ETA of a phase is its elapsed time scaled by what is
+    left of it."""
 
     def __init__(self, console: Any = None, interval_s: float = 10.0, stream: TextIO | None = None,
                  enabled: bool = True) -> None:
@@ -67,6 +68,8 @@ class PhaseProgress:
                 self._task = self._rich.add_task(label, total=total)
         if self._rich is not None:
             self._rich.update(self._task, completed=done, total=total)
+            return
+        if done == 0:  # a phase announced at its start: nothing measured yet
             return
         finished = done >= total
         if now - self._last_line >= self.interval_s or (finished and now - self._phase_start >= self.interval_s):

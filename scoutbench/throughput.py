@@ -146,8 +146,8 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
 
             raise ScoutbenchError(
                 f"{cfg.method}: batch {batch} at len {format_length(cfg.length)} needs about {format_bytes(needed)} "
-                f"of {what} but {format_bytes(max(usable, 0))} is free; lower --len or --batch (see `scoutbench "
-                "plan`), or pass --force to try anyway")
+                f"of {what} but only {format_bytes(max(usable, 0))} is usable (free less the planner's reserve); "
+                "lower --len or --batch (see `scoutbench plan`), or pass --force to try anyway")
 
 
 def device_description(device: torch.device) -> dict[str, Any]:
@@ -245,6 +245,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
     nvml = None
     try:
         engine.start(workload.batch, workload.total_tokens)
+        if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
+            on_progress("prefill", 0, engine.num_layers)
         start = time.perf_counter()
         if workload.prefill == "real":
             logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size), on_layer=report("prefill"))
@@ -256,6 +258,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         prefill_ms = (time.perf_counter() - start) * 1e3
+        if on_progress is not None:
+            on_progress("decode", 0, total_steps)
         for index in range(total_steps):
             if index == workload.warmup:
                 method.reset_stats()
