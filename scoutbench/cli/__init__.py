@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("scoutbench.cli.sweep:command", "Grid of throughput points and the paper's figure presets."),
     "report": ("scoutbench.cli.sweep:report_command", "PNG figures and a markdown summary of results."),
     "gate": ("scoutbench.cli.sweep:gate_command", "Fail on performance regressions against a baseline."),
+    "project": ("scoutbench.cli.project:command", "Project measured runs onto other hardware and shapes (timeline)."),
+    "calibrate": ("scoutbench.cli.project:calibrate_command", "Measure this machine's hardware profile."),
 }
 
 

@@ -188,11 +188,17 @@ def report_command(results, output):
               help="Speed-up between two methods of the current run, e.g. scout/fullkv>=3 (repeatable).")
 @click.option("--force", is_flag=True, help="Compare results from different hardware anyway.")
 @click.option("--allow-missing", is_flag=True, help="Baseline points absent from the current run do not fail.")
-def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_missing):
+@click.option("--counters", is_flag=True,
+              help="Gate the work counters (KV bytes per tier, bus bytes, attended tokens) against the baseline "
+                   "instead of timings: deterministic and hardware-independent (default tolerance 1%).")
+def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_missing, counters):
     """Exit 1 when a metric regresses beyond tolerance against the baseline or a --ratio gate fails; 0 when all
     pass; 2 on a usage error, unreadable input or mismatched hardware (without --force)."""
     from scoutbench.gate import fail_if_regressed, load_side, parse_ratio, parse_tolerances, run_gate
 
+    if counters:
+        _counter_gate(baseline, current, tolerances, allow_missing)
+        return
     tol = parse_tolerances(tolerances)
     ratio_gates = [parse_ratio(spec) for spec in ratios]
     console = _console()
@@ -216,6 +222,23 @@ def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_mi
         console.print(f"warning: {warning}", highlight=False)
     fail_if_regressed(report)
     console.print(f"gate passed ({len(report.rows)} comparisons, {len(report.ratio_rows)} ratio checks)")
+
+
+def _counter_gate(baseline, current, tolerances, allow_missing) -> None:
+    from scoutbench.counter_gate import DEFAULT_COUNTER_TOLERANCE, counter_gate
+    from scoutbench.errors import UsageError
+    from scoutbench.gate import fail_if_regressed, load_side, parse_tolerances
+
+    if not baseline:
+        raise UsageError("--counters compares with a baseline: add --baseline FILE_OR_DIR")
+    tolerance = parse_tolerances(tolerances, default=f"{DEFAULT_COUNTER_TOLERANCE}").default
+    report = counter_gate(load_side(baseline, "baseline"), load_side(current, "current"), tolerance, allow_missing)
+    console = _console()
+    console.print(_gate_table(report.rows, "work counters against the baseline", ratio_column=True))
+    for warning in report.warnings:
+        console.print(f"warning: {warning}", highlight=False)
+    fail_if_regressed(report)
+    console.print(f"counter gate passed ({len(report.rows)} comparisons)")
 
 
 def _gate_table(rows, title: str, ratio_column: bool):

@@ -1,0 +1,106 @@
+"""`scoutbench project` (measured work -> projected decode step on a hardware profile) and `scoutbench calibrate`
+(this machine's profile). The model is scoutbench/projection.py; docs/projection.md explains it and its limits."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from scoutbench.units import format_length
+
+
+@click.command(name="project")
+@click.argument("results", nargs=-1, required=True)
+@click.option("--hardware", required=True, metavar="NAME|FILE",
+              help="A built-in profile (a100-80gb-pcie, h100-sxm, h100-pcie, h200, l40s, gh200, paper) or a file "
+                   "from `scoutbench calibrate -o`.")
+@click.option("--model", default=None, help="Target model preset (default: each result's own model).")
+@click.option("--len", "length", default=None, help="Target context length, e.g. 64k (default: each result's).")
+@click.option("--batch", default=None, help="Target batch, or 'auto': each method's largest batch that fits the "
+              "profile's device and host memory (default: each result's).")
+@click.option("--budget", default=None, help="Target sparse budget (default: each result's).")
+@click.option("--block-size", default=None, type=int, help="Target block size (default: each result's).")
+@click.option("--dtype", default=None, help="Target weight/KV dtype: bf16, fp16, fp32 (default: each result's).")
+@click.option("--fetch-granularity", type=click.Choice(["gathered", "token"]), default="gathered", show_default=True,
+              help="InfiniGen's copies: gathered (this tool's implementation) or token (one copy per token, as the "
+                   "paper describes its baseline).")
+@click.option("-o", "--output", default=None, help="Write the projection JSON here (atomically; `report` reads it).")
+@click.option("--json", "as_json", is_flag=True, help="Print the projection JSON on stdout.")
+def command(results, hardware, model, length, batch, budget, block_size, dtype, fetch_granularity, output, as_json):
+    """Project each method's decode step from measured runs (RESULTS: files or folders) onto a hardware profile,
+    at the runs' shapes or at --model/--len/--batch: projected tok/s, step breakdown and device idle."""
+    from scoutbench.errors import UsageError
+    from scoutbench.models import parse_dtype
+    from scoutbench.projection import Target, load_hardware, projection_document
+    from scoutbench.results import load_results, write_json_atomic
+    from scoutbench.units import parse_length
+
+    if batch is not None and batch != "auto" and not (batch.isdigit() and int(batch) >= 1):
+        raise UsageError(f"bad --batch {batch!r}: use a positive integer or auto")
+    if dtype is not None:
+        parse_dtype(dtype)
+    if block_size is not None and block_size < 1:
+        raise UsageError(f"bad --block-size {block_size}: must be at least 1")
+    target = Target(model=model, length=parse_length(length) if length else None,
+                    batch=None if batch is None else (batch if batch == "auto" else int(batch)),
+                    budget=parse_length(budget) if budget else None, block_size=block_size, dtype=dtype,
+                    fetch_granularity=fetch_granularity)
+    hw = load_hardware(hardware)
+    document = projection_document(load_results(results), hw, target)
+    if output:
+        write_json_atomic(output, document, overwrite=True)
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+        return
+    _print_table(document)
+    if output:
+        click.echo(f"projection written to {output}")
+
+
+def _print_table(document: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    hw = document["hardware"]
+    table = Table(title=f"projected on {hw['name']} ({hw['labels']['device']}, {hw['labels']['bus']}, "
+                        f"{hw['labels']['host']})")
+    columns = ("method", "model", "len", "batch", "tok/s", "step ms", "idle %", "attn ms", "linear ms", "cpu ms",
+               "bus h2d ms", "bound by", "measured ms")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("method", "model", "bound by") else "right")
+    for p in document["projections"]:
+        stages = p["latency_breakdown_ms"]
+        batch = f"{p['batch']} ({p['batch_limited_by']})" if p["batch_limited_by"] else str(p["batch"])
+        measured = p.get("measured_step_ms")
+        table.add_row(p["method"], p["model"], format_length(p["len"]), batch, f"{p['decode_throughput_tok_s']:.1f}",
+                      f"{p['decode_step_ms']:.2f}", f"{100 * p['gpu_idle_frac']:.1f}", f"{stages['attn_device']:.2f}",
+                      f"{stages['qkv_proj'] + stages['o_proj'] + stages['mlp']:.2f}", f"{p['cpu_ms_per_step']:.2f}",
+                      f"{p['bus_h2d_ms_per_step']:.2f}", p["bound_by"],
+                      "-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})")
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+@click.command(name="calibrate")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 100),
+              help="Timed repeats per measurement (the median is kept).")
+@click.option("-o", "--output", default=None, help="Write the profile JSON here (use it as `project --hardware FILE`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile JSON on stdout.")
+def calibrate_command(device, repeats, output, as_json):
+    """Measure this machine's profile: weight-streaming and attention rates, copy bandwidth and per-copy cost, the
+    CPU worker's gather and attention rates, and the engine's per-layer overhead (about half a minute)."""
+    from scoutbench.calibration import calibrate
+    from scoutbench.projection import parse_hardware
+    from scoutbench.results import write_json_atomic
+    from scoutbench.throughput import resolve_device
+
+    profile = calibrate(resolve_device(device), repeats, log=lambda line: click.echo(line, err=True))
+    parse_hardware(profile, "calibrated profile")  # the same validation `project` applies
+    if output:
+        write_json_atomic(output, profile, overwrite=True)
+        click.echo(f"profile written to {output}", err=True)
+    if as_json or not output:
+        json.dump(profile, sys.stdout, indent=2)
+        click.echo()

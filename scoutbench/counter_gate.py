@@ -1,0 +1,68 @@
+"""The counter gate: compare what methods *read and moved* per decode step, not how long it took.
+
+Timing gates on shared CI machines need wide tolerances (2-4x noise, results/baselines/README.md). The work
+counters of a seeded run (scoutbench/work.py: device and host KV bytes, digest/speculation bytes, CPU- and
+device-attended tokens, bus bytes each way, recall bytes, linear FLOPs) follow only from the method's choices,
+so they are the same on every machine and every rerun: a method that starts reading more fails CI at once,
+however noisy the clock. Points match as in the timing gate (method and full config, model, dtype, length,
+batch), but on any hardware: the device class is not checked.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from scoutbench.gate import GateReport, Point, Row, group_points, method_label, varying_fields
+from scoutbench.work import measured_work, result_shape, step_work
+
+DEFAULT_COUNTER_TOLERANCE = 0.01  # selections are deterministic for a seed; 1% absorbs a rare tie broken otherwise
+
+
+def work_counters(result: dict[str, Any]) -> dict[str, float]:
+    """Per-step work counters of one ok throughput result, at the shape it ran at."""
+    return step_work(measured_work(result), result_shape(result)).totals()
+
+
+def _median_counters(point: Point) -> dict[str, float]:
+    per_run = [work_counters(r) for r in point.ok]
+    return {name: statistics.median(c[name] for c in per_run) for name in per_run[0]} if per_run else {}
+
+
+def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[dict[str, Any]],
+                 tolerance: float = DEFAULT_COUNTER_TOLERANCE, allow_missing: bool = False) -> GateReport:
+    """Every baseline throughput point's counters against the current run's: more work than the baseline by more
+    than `tolerance` is REGRESSED, less is `improved` (refresh the baseline), a missing point fails."""
+    keep = [r for r in baseline_results if r.get("kind") == "throughput"]
+    current = [r for r in current_results if r.get("kind") == "throughput"]
+    baseline_points, current_points = group_points(keep), group_points(current)
+    varying = varying_fields([*keep, *current])
+    report = GateReport()
+    for key in sorted(baseline_points, key=lambda k: k.sort_key()):
+        base = baseline_points[key]
+        if not base.ok:
+            continue
+        first = base.ok[0]
+        label = method_label(key.method, first.get("method_config") or {}, varying.get(key.method, ()))
+        name = key.describe(label)
+        cur = current_points.get(key)
+        if cur is None or not cur.ok:
+            verdict = "FAILED" if cur is not None else ("skipped" if allow_missing else "MISSING")
+            report.rows.append(Row(name, "work counters", None, None, tolerance, verdict,
+                                   cur.error() if cur is not None else "not in current run"))
+            continue
+        base_counters, cur_counters = _median_counters(base), _median_counters(cur)
+        for counter, base_value in base_counters.items():
+            value = cur_counters[counter]
+            if value > base_value * (1 + tolerance) + 1e-9:
+                verdict = "REGRESSED"
+            elif value < base_value * (1 - tolerance) - 1e-9:
+                verdict = "improved"
+            else:
+                verdict = "ok"
+            report.rows.append(Row(name, counter, base_value, value, tolerance, verdict))
+    new = set(current_points) - set(baseline_points)
+    if new:
+        report.warnings.append(f"{len(new)} current point(s) have no baseline: "
+                               + ", ".join(sorted(k.describe() for k in new)))
+    return report

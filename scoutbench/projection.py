@@ -1,0 +1,375 @@
+"""Paper-scale projection: a per-layer timeline of each method's decode step on hardware you do not have.
+
+Inputs: the work a method did in a real run (scoutbench/work.py turns its counters into shape-free fractions and
+multiplies them out for the target model, length, batch and budget) and a hardware profile (device memory,
+bandwidth and peak FLOPs, bus bandwidth and per-copy latency, host CPU attention rate; every number with its
+source, scoutbench/data/hardware/*.json, or a file from `scoutbench calibrate`).
+
+The timeline, per layer (docs/projection.md has the derivation):
+
+    device work   linear layers   max(weight bytes / memory bw, FLOPs / peak)      (roofline)
+                  selection       digests (Quest, Scout) or speculation keys (InfiniGen) / memory bw
+                  attention       device KV bytes / device attention bw
+    host work     CPU attention   host KV bytes / host attention bw
+    bus           a copy of n bytes takes overhead + n / bus bw; copies in one direction are serial
+
+    what the device waits for (idle):
+      none         FullKV, Quest
+      same_layer   HGCA, Scout without PC: max(0, D2H + CPU + H2D - device attention of the same layer)
+      layer_ahead  Scout with PC: the CPU part of layer i+1 runs during layer i:
+                   max(0, D2H + CPU + H2D - (device time of a layer after the prediction))
+      prefetch     InfiniGen: layer i+1's tokens are copied during layer i:
+                   max(0, H2D fetch - (device time of a layer after the speculation))
+    per step      the CPU and the bus are each one serial resource: a step is at least the CPU time and the bus
+                  time (recall copies included) of all its layers.
+
+It is a model: it ignores kernel launch overheads (assumes CUDA graphs as SGLang uses), cache effects, and on a
+GPU the few-percent cost of the merge. On a CPU-only profile (`calibrate` here) "device" and "host" are the same
+cores: the CPU part then also slows the device part while it runs (`host.shares_device`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scoutbench.errors import UsageError
+from scoutbench.work import LayerWork, MeasuredWork, Shape, StepWork, Transfer, measured_work, step_work
+
+HARDWARE_DIR = Path(__file__).resolve().parent / "data" / "hardware"
+STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
+_REQUIRED = {"device": ("memory_bytes", "memory_bw_bytes_s", "peak_flops"),
+             "bus": ("bw_bytes_s", "transfer_overhead_s"),
+             "host": ("cores", "memory_bytes", "memory_bw_bytes_s", "attention_bytes_s")}
+_OPTIONAL = {"device": ("attention_bytes_s", "layer_overhead_s", "cores"), "bus": (), "host": ("task_overhead_s",)}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A hardware profile: numbers (SI units, per second, per direction for the bus) and where each comes from."""
+
+    name: str
+    description: str
+    values: dict[str, float]  # "device.memory_bw_bytes_s" -> value
+    sources: dict[str, str]
+    labels: dict[str, str]  # device.name, bus.generation, host.cpu
+    shares_device: bool = False  # host and device are the same CPU (a calibrated CPU-only profile)
+    path: str = ""
+
+    def get(self, key: str, default: float | None = None) -> float:
+        if key in self.values:
+            return self.values[key]
+        if default is None:
+            raise KeyError(key)
+        return default
+
+    @property
+    def device_attention_bytes_s(self) -> float:
+        return self.get("device.attention_bytes_s", self.values["device.memory_bw_bytes_s"])
+
+    def transfer_s(self, transfer: Transfer) -> float:
+        if transfer.bytes <= 0:
+            return 0.0
+        return transfer.copies * self.values["bus.transfer_overhead_s"] + transfer.bytes / self.values["bus.bw_bytes_s"]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "path": self.path, "labels": self.labels,
+                "shares_device": self.shares_device,
+                "values": {k: {"value": v, "source": self.sources[k]} for k, v in self.values.items()}}
+
+
+def hardware_names() -> list[str]:
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
+
+
+def load_hardware(name_or_path: str) -> Hardware:
+    """A built-in profile by name, or a profile file (from `scoutbench calibrate` or written by hand)."""
+    path = Path(name_or_path)
+    if not path.suffix == ".json" or not path.exists():
+        path = HARDWARE_DIR / f"{name_or_path}.json"
+    if not path.exists():
+        raise UsageError(f"unknown hardware {name_or_path!r}: use one of {', '.join(hardware_names())} "
+                         "or a profile file from `scoutbench calibrate -o FILE`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read hardware profile {path}: {exc}") from None
+    return parse_hardware(data, str(path))
+
+
+def parse_hardware(data: dict[str, Any], path: str = "") -> Hardware:
+    """Validate a profile: every required number present, positive, and with a non-empty `source`."""
+    values: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    where = path or "hardware profile"
+    for section, required in _REQUIRED.items():
+        body = data.get(section)
+        if not isinstance(body, dict):
+            raise UsageError(f"{where}: missing section {section!r}")
+        for key in (*required, *_OPTIONAL[section]):
+            entry = body.get(key)
+            if entry is None and key not in required:
+                continue
+            if not (isinstance(entry, dict) and isinstance(entry.get("value"), (int, float)) and entry["value"] > 0):
+                raise UsageError(f"{where}: {section}.{key} needs {{\"value\": a positive number, \"source\": ...}}")
+            if not str(entry.get("source", "")).strip():
+                raise UsageError(f"{where}: {section}.{key} has no source; say where the number comes from")
+            values[f"{section}.{key}"] = float(entry["value"])
+            sources[f"{section}.{key}"] = str(entry["source"])
+    labels = {"device": str(data["device"].get("name", "")), "bus": str(data["bus"].get("generation", "")),
+              "host": str(data["host"].get("cpu", ""))}
+    return Hardware(str(data.get("name", Path(path).stem)), str(data.get("description", "")), values, sources,
+                    labels, bool(data["host"].get("shares_device", False)), path)
+
+
+# ---- the timeline ------------------------------------------------------------------------------------------------
+
+@dataclass
+class LayerTime:
+    """Seconds of one layer: device stages, and the CPU and bus time it needs."""
+
+    stages: dict[str, float]
+    cpu_s: float = 0.0
+    bus_h2d_s: float = 0.0
+    bus_d2h_s: float = 0.0
+
+
+def layer_time(layer: LayerWork, hw: Hardware) -> LayerTime:
+    """Device stages of one layer, then the idle its overlap pattern leaves (see the module docstring)."""
+    mem_bw, peak = hw.values["device.memory_bw_bytes_s"], hw.values["device.peak_flops"]
+    linear_s = max(layer.weight_bytes / mem_bw, layer.linear_flops / peak)
+    # split the linear time as the weights are split: q/k/v, o and the MLP (fractions from the weight counts)
+    stages = {s: 0.0 for s in STAGES}
+    qkv, o, mlp = layer.linear_split
+    stages["qkv_proj"], stages["o_proj"], stages["mlp"] = linear_s * qkv, linear_s * o, linear_s * mlp
+    stages["predict"] = (layer.predict_weight_bytes + (layer.select_bytes if layer.overlap != "none" else 0.0)) / mem_bw
+    attention_s = (layer.device_kv_bytes + (layer.select_bytes if layer.overlap == "none" else 0.0)) / \
+        hw.device_attention_bytes_s
+    stages["attn_device"] = attention_s
+    stages["merge"] = layer.merge_bytes / mem_bw
+    attend_s = layer.host_kv_bytes / hw.values["host.attention_bytes_s"]
+    gather_s = layer.host_gather_bytes / hw.values["host.memory_bw_bytes_s"]
+    task_s = hw.get("host.task_overhead_s", 0.0) if layer.host_kv_bytes or layer.host_gather_bytes else 0.0
+    # on the critical path: CPU attention, and the gather of a prefetch (a recall's gather is asynchronous)
+    critical_cpu_s = attend_s + task_s + (gather_s if layer.overlap == "prefetch" else 0.0)
+    d2h_s, h2d_s = hw.transfer_s(layer.d2h), hw.transfer_s(layer.h2d)
+    device_s = sum(stages.values())
+    if hw.shares_device and critical_cpu_s:
+        # one CPU: while the host part runs it takes its cores from the device part
+        device_s_share = critical_cpu_s * min(1.0, hw.get("host.cores") / hw.get("device.cores", hw.get("host.cores") * 2))
+        stages["attn_device"] += device_s_share
+        device_s += device_s_share
+    if layer.overlap == "same_layer":
+        idle = max(0.0, d2h_s + critical_cpu_s + h2d_s - stages["attn_device"])
+    elif layer.overlap == "layer_ahead":
+        idle = max(0.0, d2h_s + critical_cpu_s + h2d_s - (device_s - stages["predict"]))
+    elif layer.overlap == "prefetch":  # the host gathers the tokens, then they cross the bus
+        idle = max(0.0, critical_cpu_s + h2d_s - (device_s - stages["predict"]))
+    else:
+        idle = 0.0
+    stages["idle"] = idle
+    return LayerTime(stages, attend_s + gather_s + task_s, h2d_s + hw.transfer_s(layer.h2d_async), d2h_s)
+
+
+@dataclass
+class StepProjection:
+    method: str
+    stages_ms: dict[str, float]
+    step_ms: float
+    batch: int
+    cpu_ms: float
+    bus_h2d_ms: float
+    bus_d2h_ms: float
+    bound_by: str  # device | cpu | bus
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.batch / (self.step_ms / 1e3) if self.step_ms > 0 else 0.0
+
+    @property
+    def idle_frac(self) -> float:
+        return self.stages_ms["idle"] / self.step_ms if self.step_ms > 0 else 0.0
+
+
+def project_step(work: StepWork, hw: Hardware, batch: int, method: str = "") -> StepProjection:
+    """Sum the layers; then the step is at least the CPU's and the bus's serial time (the excess is idle)."""
+    dense, sparse = layer_time(work.dense, hw), layer_time(work.sparse, hw)
+    stages = {s: work.num_dense * dense.stages[s] + work.num_sparse * sparse.stages[s] for s in STAGES}
+    mem_bw, peak = hw.values["device.memory_bw_bytes_s"], hw.values["device.peak_flops"]
+    stages["other"] += max(work.head_weight_bytes / mem_bw, work.head_flops / peak)
+    stages["other"] += hw.get("device.layer_overhead_s", 0.0) * (work.num_dense + work.num_sparse)
+    cpu_s = work.num_dense * dense.cpu_s + work.num_sparse * sparse.cpu_s
+    h2d_s = work.num_dense * dense.bus_h2d_s + work.num_sparse * sparse.bus_h2d_s
+    d2h_s = work.num_dense * dense.bus_d2h_s + work.num_sparse * sparse.bus_d2h_s
+    step_s = sum(stages.values())
+    bound_by = "device"
+    for name, serial_s in (("cpu", cpu_s), ("bus", h2d_s), ("bus", d2h_s)):
+        if serial_s > step_s:
+            stages["idle"] += serial_s - step_s
+            step_s, bound_by = serial_s, name
+    return StepProjection(method, {k: v * 1e3 for k, v in stages.items()}, step_s * 1e3, batch, cpu_s * 1e3,
+                          h2d_s * 1e3, d2h_s * 1e3, bound_by)
+
+
+# ---- from results to a projection table -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """What to project to; None keeps each result's own value."""
+
+    model: str | None = None
+    length: int | None = None
+    batch: int | str | None = None  # "auto": each method's largest batch on the profile (scoutbench/planning.py)
+    budget: int | None = None
+    block_size: int | None = None
+    dtype: str | None = None
+    fetch_granularity: str = "gathered"  # InfiniGen's copies: gathered (this tool) or token (the paper's baseline)
+
+
+@dataclass
+class Projection:
+    method: str
+    method_config: dict[str, Any]
+    model: str
+    length: int
+    batch: int
+    batch_limited_by: str | None
+    step: StepProjection
+    work: dict[str, float]
+    measured: MeasuredWork
+    sources: list[str] = field(default_factory=list)
+    measured_step_ms: float | None = None  # the run's own median step, when projected at its own shape
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "method_config": self.method_config, "model": self.model, "len": self.length,
+                "batch": self.batch, "batch_limited_by": self.batch_limited_by,
+                "decode_throughput_tok_s": self.step.throughput_tok_s, "decode_step_ms": self.step.step_ms,
+                "latency_breakdown_ms": self.step.stages_ms, "gpu_idle_frac": self.step.idle_frac,
+                "cpu_ms_per_step": self.step.cpu_ms, "bus_h2d_ms_per_step": self.step.bus_h2d_ms,
+                "bus_d2h_ms_per_step": self.step.bus_d2h_ms, "bound_by": self.step.bound_by,
+                "work_per_step": self.work, "measured_work": self.measured.describe(), "sources": self.sources,
+                "measured_step_ms": self.measured_step_ms}
+
+
+def target_shape(result: dict[str, Any], target: Target, hw: Hardware) -> tuple[Shape, str, int | None]:
+    """The shape to project one result to, the model name, and the batch limit's reason (auto batch)."""
+    from scoutbench.models import PRESETS, parse_dtype, preset_config
+    from scoutbench.work import result_shape
+
+    own = result_shape(result)
+    model_name = target.model or str((result.get("model") or {}).get("name"))
+    if target.model is not None:
+        if target.model not in PRESETS:
+            raise UsageError(f"--model {target.model!r}: the projection needs a preset's shape "
+                             f"({', '.join(PRESETS)})")
+        from scoutbench.methods.base import ModelShape
+
+        config = preset_config(target.model)
+        model, tied = ModelShape.from_config(config), bool(config.tie_word_embeddings)
+    else:
+        model, tied = own.model, own.tied_embeddings
+    elem = parse_dtype(target.dtype).itemsize if target.dtype else own.elem_bytes
+    length = target.length or own.context_len
+    batch = target.batch if target.batch is not None else own.batch
+    return Shape(model, length, batch if isinstance(batch, int) else 1, elem, tied), model_name, \
+        None if isinstance(batch, int) else -1
+
+
+def _auto_batch(method: str, config: dict[str, Any], target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
+    from scoutbench.planning import plan_method
+    from scoutbench.throughput import build_method
+
+    overrides = dict(config)
+    if target.budget is not None:
+        for key in ("budget", "max_num_kv"):
+            if key in overrides:
+                overrides[key] = target.budget
+    if target.block_size is not None and "block_size" in overrides:
+        overrides["block_size"] = target.block_size
+    built = build_method(method, overrides)
+    plan = plan_method(built, shape.model, shape.context_len, shape.elem_bytes, int(hw.values["device.memory_bytes"]),
+                       int(hw.values["host.memory_bytes"]), shape.tied_embeddings)
+    return plan.max_batch, plan.limited_by
+
+
+def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target) -> list[Projection]:
+    """One projection per (method, config) among the ok throughput results; repeats are merged by the median of
+    their measured fractions (they are deterministic for a seed, so repeats normally agree)."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        if r.get("kind") == "throughput" and r.get("status", "ok") == "ok":
+            key = json.dumps([r["method"], r.get("method_config"), (r.get("model") or {}).get("name"),
+                              (r.get("workload") or {}).get("len"), (r.get("workload") or {}).get("batch")],
+                             sort_keys=True, default=str)
+            groups[key].append(r)
+    if not groups:
+        raise UsageError("no ok throughput results to project: run `scoutbench throughput` or `sweep` first")
+    out = []
+    for runs in groups.values():
+        first = runs[0]
+        works = [measured_work(r) for r in runs]
+        work = _median_work(works)
+        shape, model_name, auto = target_shape(first, target, hw)
+        limited_by = None
+        if auto is not None:
+            batch, limited_by = _auto_batch(first["method"], work.config, target, shape, hw)
+            if batch < 1:
+                raise UsageError(f"{first['method']}: not one sequence of {shape.context_len} tokens of "
+                                 f"{model_name} fits on {hw.name} ({limited_by} memory)")
+            shape = Shape(shape.model, shape.context_len, batch, shape.elem_bytes, shape.tied_embeddings)
+        steps = step_work(work, shape, target.budget, target.block_size, target.fetch_granularity)
+        step = project_step(steps, hw, shape.batch, first["method"])
+        measured = _measured_step_ms(runs, hw) if target == Target(fetch_granularity=target.fetch_granularity) \
+            else None
+        out.append(Projection(first["method"], work.config, model_name, shape.context_len, shape.batch, limited_by,
+                              step, steps.totals(), work, [str(r.get("_path", "")) for r in runs], measured))
+    return sorted(out, key=lambda p: (p.model, p.length, p.batch, p.method))
+
+
+def _measured_step_ms(runs: list[dict[str, Any]], hw: Hardware) -> float | None:
+    """The runs' median step, for comparison, when they ran on the profile's kind of machine: a CPU run with a
+    calibrated CPU profile, a CUDA run with a GPU profile."""
+    steps = [(r.get("decode_step_ms") or {}).get("median") for r in runs]
+    on_cpu = {(r.get("device") or {}).get("type") == "cpu" for r in runs}
+    if not all(isinstance(s, (int, float)) for s in steps) or on_cpu != {hw.shares_device}:
+        return None
+    return statistics.median(steps)
+
+
+def _median_work(works: list[MeasuredWork]) -> MeasuredWork:
+    if len(works) == 1:
+        return works[0]
+    fields = ("cpu_budget_frac", "recall_budget_frac", "fetch_context_frac", "cpu_host_frac", "attended_budget_frac")
+    first = works[0]
+    medians = {f: statistics.median(getattr(w, f) for w in works) for f in fields}
+    return MeasuredWork(first.method, first.family, first.config, **medians, source=first.source)
+
+
+ASSUMPTIONS = (
+    "roofline per layer: linear layers take max(weight bytes / memory bandwidth, FLOPs / peak); decode attention "
+    "and block selection are bandwidth-bound",
+    "no kernel-launch or framework overhead on a GPU profile (CUDA graphs, as SGLang runs decode); a calibrated "
+    "CPU profile adds its measured per-layer engine overhead",
+    "a copy costs the profile's per-copy overhead plus bytes / bus bandwidth; copies in one direction are serial",
+    "the measured selection behaviour (CPU share of the budget, recall volume, fetched and CPU-attended token "
+    "fractions) carries to the target shape as a fraction of the budget or of the context",
+    "the step is at least the serial CPU time and the serial bus time of all its layers",
+    "repeats of one point are merged by the median of their measured fractions",
+)
+
+
+def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Target) -> dict[str, Any]:
+    """The JSON `scoutbench project` prints and writes (kind "projection"; `report` tabulates it)."""
+    from dataclasses import asdict
+
+    from scoutbench import __version__
+    from scoutbench.results import SCHEMA_VERSION, utc_now
+
+    projections = project_results(results, hw, target)
+    return {"schema_version": SCHEMA_VERSION, "kind": "projection", "scoutbench_version": __version__,
+            "created_at": utc_now(), "hardware": hw.describe(), "target": asdict(target),
+            "assumptions": list(ASSUMPTIONS), "projections": [p.to_dict() for p in projections]}
