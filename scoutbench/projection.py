@@ -136,6 +136,7 @@ class LayerTime:
     cpu_s: float = 0.0
     bus_h2d_s: float = 0.0
     bus_d2h_s: float = 0.0
+    waits_on: str | None = None  # what the device's idle in this layer waits for: cpu or bus
 
 
 def layer_time(layer: LayerWork, hw: Hardware) -> LayerTime:
@@ -172,7 +173,8 @@ def layer_time(layer: LayerWork, hw: Hardware) -> LayerTime:
     else:
         idle = 0.0
     stages["idle"] = idle
-    return LayerTime(stages, attend_s + gather_s + task_s, h2d_s + hw.transfer_s(layer.h2d_async), d2h_s)
+    waits_on = None if idle == 0 else ("cpu" if critical_cpu_s >= d2h_s + h2d_s else "bus")
+    return LayerTime(stages, attend_s + gather_s + task_s, h2d_s + hw.transfer_s(layer.h2d_async), d2h_s, waits_on)
 
 
 @dataclass
@@ -184,7 +186,7 @@ class StepProjection:
     cpu_ms: float
     bus_h2d_ms: float
     bus_d2h_ms: float
-    bound_by: str  # device | cpu | bus
+    bound_by: str  # device (never waits), or what the device waits for most: cpu | bus
 
     @property
     def throughput_tok_s(self) -> float:
@@ -206,7 +208,7 @@ def project_step(work: StepWork, hw: Hardware, batch: int, method: str = "") -> 
     h2d_s = work.num_dense * dense.bus_h2d_s + work.num_sparse * sparse.bus_h2d_s
     d2h_s = work.num_dense * dense.bus_d2h_s + work.num_sparse * sparse.bus_d2h_s
     step_s = sum(stages.values())
-    bound_by = "device"
+    bound_by = sparse.waits_on or dense.waits_on or "device"
     for name, serial_s in (("cpu", cpu_s), ("bus", h2d_s), ("bus", d2h_s)):
         if serial_s > step_s:
             stages["idle"] += serial_s - step_s

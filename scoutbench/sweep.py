@@ -201,20 +201,24 @@ class SweepOutcome:
 
 def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path, runner: Runner | None = None,
               preset: str | None = None, command: list[str] | None = None, retry_failed: bool = False,
-              log: Callable[[str], None] = lambda line: None) -> SweepOutcome:
+              log: Callable[[str], None] = lambda line: None, executor: Any = None) -> SweepOutcome:
     """Run every point whose file is not in `out_dir` yet (failed points too with `retry_failed`), holding the
-    folder's writer lock throughout."""
+    folder's writer lock throughout.
+
+    `executor` (scoutbench/executors.py) runs the points, here by default or as Ray tasks; this driver alone
+    writes the result files and the manifest, as each point comes back."""
     from scoutbench.results import check_writable, output_lock
 
     out = Path(out_dir)
     check_writable(out, single_file=False)
     with output_lock(out):  # one sweep per folder: the stale-temp cleanup below must not hit a live writer's file
-        return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log)
+        return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log, executor)
 
 
 def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, runner: Runner | None,
                       preset: str | None, command: list[str] | None, retry_failed: bool,
-                      log: Callable[[str], None]) -> SweepOutcome:
+                      log: Callable[[str], None], executor: Any) -> SweepOutcome:
+    from scoutbench.executors import Job, LocalExecutor
     from scoutbench.results import SCHEMA_VERSION, utc_now, write_json_atomic
     from scoutbench.throughput import ThroughputConfig, device_description, resolve_device, resolve_dtype
 
@@ -246,6 +250,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
         entries[point_id] = _entry(point_id, point, _read_point(out / f"{point_id}.json"))
     save()
     outcome = SweepOutcome(manifest)
+    jobs = []
     for index, (point_id, point) in enumerate(by_id.items(), 1):
         done = entries[point_id]
         where = f"[{index}/{len(by_id)}] {point_id}"
@@ -258,18 +263,21 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
                                host_mem=settings.host_mem, steps=settings.steps,
                                warmup=settings.warmup, device=settings.device, dtype=settings.dtype,
                                seed=settings.seed, prefill=settings.prefill, command=list(command))
-        log(f"{where}: running")
-        try:
-            result = runner(cfg)
-        except Exception as exc:  # noqa: BLE001 - any failing point is recorded; Ctrl-C is not an Exception
-            error = str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
-            result = failed_result(cfg, error, device, dtype)
-        write_json_atomic(out / f"{point_id}.json", result, overwrite=True)
-        entries[point_id] = _entry(point_id, point, result)
+        jobs.append(Job(point_id, where, cfg))
+    for job, result in (executor or LocalExecutor()).run(jobs, runner, log):
+        if not isinstance(result, dict):
+            result = failed_result(job.cfg, point_error(result), device, dtype)
+        write_json_atomic(out / f"{job.point_id}.json", result, overwrite=True)
+        entries[job.point_id] = _entry(job.point_id, by_id[job.point_id], result)
         outcome.ran += 1
-        log(f"{where}: {_one_line(result)}")
+        log(f"{job.where}: {_one_line(result)}")
         save()
     return outcome
+
+
+def point_error(exc: BaseException) -> str:
+    """A failed point's error line: a scoutbench error's own message, otherwise the exception's type and text."""
+    return str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
 
 
 def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:

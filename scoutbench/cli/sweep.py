@@ -70,14 +70,21 @@ def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | 
 @click.option("-o", "--output", required=True, help="Sweep folder: one JSON per point and sweep.json.")
 @click.option("--retry-failed", is_flag=True, help="Run points recorded as failed again (ok points are kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Run points here, one after another, or each as a Ray task (pip install 'scoutbench[ray]').")
+@click.option("--address", default=None, help="Ray cluster to join, e.g. 10.0.0.1:6379 (default: a local instance).")
+@click.option("--cpus-per-point", default=None, type=click.FloatRange(min=0.0, min_open=True),
+              help="CPUs each Ray task asks for (default 1; points sharing a node share its cores and bandwidth).")
 def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets, block_sizes, method_args, model,
-            steps, warmup, device, dtype, seed, prefill, output, retry_failed, as_json):
+            steps, warmup, device, dtype, seed, prefill, output, retry_failed, as_json, executor, address,
+            cpus_per_point):
     """Run a grid of throughput points (methods x lengths x batches x budgets x block sizes x method args) into
     one folder. Resumable: a rerun skips finished points. A failing point is recorded and the sweep goes on."""
     from dataclasses import replace
 
     from scoutbench.cli.options import expand_methods, parse_method_args
     from scoutbench.errors import ScoutbenchError, UsageError
+    from scoutbench.executors import make_executor
     from scoutbench.results import check_writable
     from scoutbench.sweep import Grid, Settings, expand, run_sweep
     from scoutbench.throughput import build_method, resolve_device, resolve_dtype
@@ -86,6 +93,9 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
 
     resolved = resolve_device(device)
     resolve_dtype(dtype, resolved)
+    if cpus_per_point is not None and executor != "ray":
+        raise UsageError("--cpus-per-point is for --executor ray")
+    point_executor = make_executor(executor, address, resolved.type == "cuda", cpus_per_point)
     if scale and not preset:
         raise UsageError("--scale chooses a preset's sizes: add --preset NAME, or set --len/--batch directly")
     if preset:
@@ -121,7 +131,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
     err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
     outcome = run_sweep(points, settings, output, preset=preset, command=["scoutbench", *sys.argv[1:]],
-                        retry_failed=retry_failed, log=lambda line: err.print(line, highlight=False))
+                        retry_failed=retry_failed, log=lambda line: err.print(line, highlight=False),
+                        executor=point_executor)
     if as_json:
         click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
     else:

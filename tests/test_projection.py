@@ -1,0 +1,223 @@
+"""The projection: hardware profiles carry a source for every number; work counters derived from a run agree
+with the method's own statistics; the timeline equals hand-computed references where the model is simple enough
+to compute by hand (FullKV, no-overlap, same-layer and layer-ahead waits, bus saturation); `project`'s CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+from cli_runner import run_cli
+
+from scoutbench.errors import UsageError
+from scoutbench.methods.base import ModelShape
+from scoutbench.models import preset_config
+from scoutbench.projection import Target, hardware_names, load_hardware, parse_hardware, project_results, project_step
+from scoutbench.throughput import ThroughputConfig, run_throughput
+from scoutbench.work import MeasuredWork, Shape, measured_work, result_shape, step_work
+
+PAPER_PROFILES = {"a100-80gb-pcie", "h100-sxm", "h100-pcie", "h200", "l40s", "gh200", "paper"}
+SHAPE = Shape(ModelShape(num_layers=4, num_heads=8, num_kv_heads=2, head_dim=16, hidden_size=64,
+                         intermediate_size=128, vocab_size=1000), context_len=4096, batch=2, elem_bytes=2)
+
+
+def profile(memory_bw=1e9, peak=1e15, bus_bw=1e9, overhead=0.0, host_attention=1e9, host_bw=1e9,
+            shares_device=False, **extra):
+    """A round-number profile: 1 GB/s everywhere makes every time = bytes x 1e-9 s."""
+    def n(value):
+        return {"value": value, "source": "test"}
+
+    data = {"name": "test",
+            "device": {"memory_bytes": n(80e9), "memory_bw_bytes_s": n(memory_bw), "peak_flops": n(peak)},
+            "bus": {"bw_bytes_s": n(bus_bw), "transfer_overhead_s": n(overhead) if overhead else n(1e-30)},
+            "host": {"cores": n(8), "memory_bytes": n(512e9), "memory_bw_bytes_s": n(host_bw),
+                     "attention_bytes_s": n(host_attention), "shares_device": shares_device}}
+    data["device"].update({k: n(v) for k, v in extra.items()})
+    return parse_hardware(data)
+
+
+def test_builtin_profiles_load_with_a_source_for_every_number():
+    assert PAPER_PROFILES <= set(hardware_names())
+    for name in PAPER_PROFILES:
+        hw = load_hardware(name)
+        assert set(hw.values) == set(hw.sources) and all(s.strip() for s in hw.sources.values())
+        assert hw.values["device.memory_bw_bytes_s"] > 1e11 and hw.labels["bus"]
+
+
+def test_profile_without_a_source_is_refused(tmp_path):
+    with open(load_hardware("h200").path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    data["bus"]["bw_bytes_s"]["source"] = " "
+    with pytest.raises(UsageError, match="bus.bw_bytes_s has no source"):
+        parse_hardware(data)
+    data["bus"]["bw_bytes_s"]["source"] = "PCIe spec"
+    del data["host"]["attention_bytes_s"]
+    with pytest.raises(UsageError, match="host.attention_bytes_s"):
+        parse_hardware(data)
+    with pytest.raises(UsageError, match="unknown hardware"):
+        load_hardware("tpu-v9")
+
+
+def test_fullkv_step_equals_the_roofline_by_hand():
+    work = step_work(MeasuredWork("fullkv", "fullkv", {}), SHAPE)
+    m, B, N = SHAPE.model, SHAPE.batch, SHAPE.context_len
+    weights = (m.hidden_size * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads) + 3 * 64 * 128) * 2
+    kv = B * N * 2 * m.num_kv_heads * m.head_dim * 2
+    head = m.vocab_size * m.hidden_size * 2
+    step = project_step(work, profile(), B)
+    assert step.step_ms == pytest.approx((m.num_layers * (weights + kv) + head) * 1e-9 * 1e3)
+    assert step.stages_ms["idle"] == 0 and step.bound_by == "device"
+    compute_bound = project_step(work, profile(peak=1e6), B)  # FLOPs now dominate the linear layers
+    assert compute_bound.stages_ms["mlp"] > step.stages_ms["mlp"] * 100
+
+
+def test_scout_without_a_cpu_part_reads_what_quest_reads():
+    config = {"budget": 512, "block_size": 16, "dense_layers": 1, "pc": True, "pr": False}
+    quest = step_work(MeasuredWork("quest", "quest", {"budget": 512, "block_size": 16, "dense_layers": 1}), SHAPE)
+    scout = step_work(MeasuredWork("scout", "scout", config), SHAPE)
+    assert scout.totals()["device_kv_bytes_per_step"] == quest.totals()["device_kv_bytes_per_step"]
+    assert scout.totals()["select_bytes_per_step"] == quest.totals()["select_bytes_per_step"]
+    split = step_work(MeasuredWork("scout", "scout", config, cpu_budget_frac=0.25), SHAPE).totals()
+    # the CPU share moves tokens between tiers, it does not add any
+    assert split["device_kv_bytes_per_step"] + split["host_kv_bytes_per_step"] == \
+        quest.totals()["device_kv_bytes_per_step"]
+
+
+def test_overlap_patterns_idle_by_hand():
+    config = {"budget": 1024, "block_size": 16, "dense_layers": 0, "pr": False}
+    hw = profile(host_attention=1e8)  # the CPU is 10x slower than the device
+    same = step_work(MeasuredWork("scout-base", "scout", {**config, "pc": False}, cpu_budget_frac=0.5), SHAPE)
+    ahead = step_work(MeasuredWork("scout-pc", "scout", {**config, "pc": True}, cpu_budget_frac=0.5), SHAPE)
+    s = same.sparse
+    cpu_s = s.host_kv_bytes / 1e8
+    chain = cpu_s + (s.d2h.bytes + s.h2d.bytes) * 1e-9
+    idle_same = project_step(same, hw, SHAPE.batch).stages_ms["idle"]
+    assert idle_same == pytest.approx(same.num_sparse * (chain - s.device_kv_bytes * 1e-9) * 1e3)
+    a = ahead.sparse
+    window = (a.weight_bytes + a.device_kv_bytes + a.merge_bytes) * 1e-9  # the layer after the prediction
+    idle_ahead = project_step(ahead, hw, SHAPE.batch).stages_ms["idle"]
+    assert idle_ahead == pytest.approx(ahead.num_sparse * max(0.0, chain - window) * 1e3)
+    assert idle_ahead < idle_same  # pre-computation hides CPU time behind a whole layer
+
+
+def test_prefetch_and_bus_saturation():
+    config = {"max_num_kv": 4096, "partial_ratio": 0.25, "dense_layers": 0}
+    work = MeasuredWork("infinigen", "infinigen", config, fetch_context_frac=0.5)
+    gathered = step_work(work, SHAPE)
+    token = step_work(work, SHAPE, fetch_granularity="token")
+    assert gathered.sparse.h2d.copies == 2 and token.sparse.h2d.copies == SHAPE.batch * SHAPE.context_len * 0.5
+    slow_copies = profile(overhead=1e-5)
+    assert project_step(token, slow_copies, 2).step_ms > 10 * project_step(gathered, slow_copies, 2).step_ms
+    # a bus 1000x slower than memory: the step is the serial bus time, the rest is idle
+    step = project_step(gathered, profile(bus_bw=1e6), 2)
+    assert step.bound_by == "bus" and step.step_ms >= step.bus_h2d_ms and step.idle_frac > 0.9
+
+
+@pytest.fixture(scope="module")
+def tiny_runs():
+    """Real runs of every method family on the tiny preset (seconds on 2 cores)."""
+    runs = {}
+    for method, args in (("fullkv", {}), ("quest", {"budget": "128", "block_size": "16"}),
+                         ("scout", {"budget": "128", "block_size": "16", "recall_interval": "2"}),
+                         ("infinigen", {"max_num_kv": "128"}), ("hgca", {})):
+        cfg = ThroughputConfig(method=method, method_args=args, model="tiny-qwen3", length=512, batch=2, steps=4,
+                               warmup=1, prefill="synthetic", device="cpu", command=["test"])
+        runs[method] = run_throughput(cfg)
+    return runs
+
+
+def test_work_counters_agree_with_method_stats(tiny_runs):
+    scout = tiny_runs["scout"]
+    stats = scout["method_stats"]
+    totals = step_work(measured_work(scout), result_shape(scout)).totals()
+    assert stats["recall"]["blocks"] > 0
+    assert totals["recall_bytes_per_step"] == pytest.approx(stats["recall"]["bytes"] / stats["steps"])
+    infinigen = tiny_runs["infinigen"]
+    totals = step_work(measured_work(infinigen), result_shape(infinigen)).totals()
+    assert totals["h2d_bytes_per_step"] == pytest.approx(infinigen["method_stats"]["bytes_h2d_per_step"])
+    quest = tiny_runs["quest"]
+    shape = result_shape(quest)
+    attended = quest["method_stats"]["attended_tokens_per_layer"]
+    dense = quest["method_config"]["dense_layers"]
+    expected = shape.batch * shape.model.num_kv_heads * (dense * shape.context_len + sum(attended[dense:]))
+    assert step_work(measured_work(quest), shape).totals()["device_attended_tokens_per_step"] == pytest.approx(expected)
+    hgca = tiny_runs["hgca"]
+    shape = result_shape(hgca)
+    pairs = sum(hgca["method_stats"]["cpu_tokens_per_layer"])
+    group = shape.model.num_heads // shape.model.num_kv_heads
+    cpu_tokens = step_work(measured_work(hgca), shape).totals()["cpu_attended_tokens_per_step"]
+    assert cpu_tokens * group == pytest.approx(pairs, rel=0.05)  # mean context vs the run's own host split
+
+
+def test_projection_scales_to_the_target_and_auto_batch_follows_planning(tiny_runs):
+    from scoutbench.planning import plan_method
+    from scoutbench.throughput import build_method
+
+    results = list(tiny_runs.values())
+    hw = load_hardware("paper")
+    target = Target(model="qwen3-14b", length=65536, batch="auto", budget=2048, block_size=32, dtype="bf16")
+    projections = {p.method: p for p in project_results(results, hw, target)}
+    assert set(projections) == set(tiny_runs)
+    shape = ModelShape.from_config(preset_config("qwen3-14b"))
+    plan = plan_method(build_method("fullkv", {}), shape, 65536, 2, int(80e9), int(hw.values["host.memory_bytes"]))
+    assert projections["fullkv"].batch == plan.max_batch and projections["fullkv"].batch_limited_by == "device"
+    scout = projections["scout"]
+    assert scout.batch > projections["fullkv"].batch
+    # the measured CPU share of the budget carries over: CPU tokens = share x 2048 per (sequence, KV head, layer)
+    share = measured_work(tiny_runs["scout"]).cpu_budget_frac
+    sparse_layers = shape.num_layers - scout.method_config["dense_layers"]
+    assert scout.work["cpu_attended_tokens_per_step"] == pytest.approx(
+        share * 2048 * scout.batch * shape.num_kv_heads * sparse_layers)
+    fixed = {p.method: p for p in project_results(results, hw, Target(model="qwen3-14b", length=32768, batch=16))}
+    assert all(p.batch == 16 for p in fixed.values())
+    assert fixed["fullkv"].step.step_ms > fixed["quest"].step.step_ms  # dense reads far more KV at 32k
+
+
+def test_repeats_merge_and_measured_step_is_shown_only_on_matching_hardware(tiny_runs):
+    run = tiny_runs["scout"]
+    twin = copy.deepcopy(run)
+    twin["method_stats"]["cpu_compute_ratio"]["mean"] = 3 * (run["method_stats"]["cpu_compute_ratio"]["mean"] or 0.1)
+    third = copy.deepcopy(twin)
+    merged = project_results([run, twin, third], load_hardware("h200"), Target())
+    assert len(merged) == 1 and merged[0].measured.cpu_budget_frac == twin["method_stats"]["cpu_compute_ratio"]["mean"]
+    assert merged[0].measured_step_ms is None  # a CPU run is not compared with a GPU profile
+    mine = project_results([run], profile(shares_device=True, cores=2), Target())[0]
+    assert mine.measured_step_ms == pytest.approx(run["decode_step_ms"]["median"])
+
+
+def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
+    from scoutbench.results import write_json_atomic
+
+    for name, result in tiny_runs.items():
+        write_json_atomic(tmp_path / "runs" / f"{name}.json", result)
+    out = tmp_path / "projection.json"
+    code, stdout, _ = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", "--hardware", "h100-sxm", "--model",
+                              "qwen3-8b", "--len", "32k", "--batch", "8", "--budget", "2k", "-o", out)
+    assert code == 0 and "scout" in stdout
+    document = json.loads(out.read_text())
+    assert document["kind"] == "projection" and document["hardware"]["name"] == "h100-sxm"
+    for p in document["projections"]:
+        assert p["decode_step_ms"] == pytest.approx(sum(p["latency_breakdown_ms"].values()))
+        assert math.isclose(p["decode_throughput_tok_s"], 8 / (p["decode_step_ms"] / 1e3))
+    for args, message in ((("--hardware", "nope"), "unknown hardware"), (("--hardware", "h200", "--batch", "x"),
+                          "bad --batch"), (("--hardware", "h200", "--model", "gpt-9"), "preset")):
+        code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", *args)
+        assert code == 2 and message in err and "Traceback" not in err
+    code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "empty-does-not-exist", "--hardware", "h200")
+    assert code == 2
+
+
+def test_calibrate_profile_is_valid_for_project(monkeypatch):
+    import scoutbench.calibration as calibration
+
+    # the engine run is the slow part; its own test is the throughput suite
+    monkeypatch.setattr(calibration, "engine_overhead_per_layer_s", lambda device: 1e-4)
+    import torch
+
+    data = calibration.calibrate(torch.device("cpu"), repeats=1)
+    hw = parse_hardware(data)
+    assert hw.shares_device and hw.values["device.layer_overhead_s"] == 1e-4
+    assert all("measured by scoutbench calibrate" in s for s in hw.sources.values())
+    assert 1e8 < hw.values["device.attention_bytes_s"] < 1e12
