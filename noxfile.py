@@ -19,8 +19,8 @@ def _install(session: nox.Session, extras: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU test suite (GPU tests are skipped automatically without CUDA)."""
-    _install(session, "test,smollm")
+    """CPU test suite (GPU tests are skipped automatically without CUDA); Ray for the `sweep --executor ray` test."""
+    _install(session, "test,smollm,ray")
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 
 
@@ -33,7 +33,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def perf_gate(session: nox.Session) -> None:
-    """Small CPU sweep and the relative performance gate against results/baselines (CI runs it after tests)."""
+    """Small CPU sweep, the relative performance gate, and the deterministic work-counter gate against
+    results/baselines (CI runs it after tests)."""
     _install(session, "test")
     session.run("bash", "scripts/ci_gate.sh", external=True)
 

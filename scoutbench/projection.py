@@ -375,3 +375,25 @@ def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Tar
     return {"schema_version": SCHEMA_VERSION, "kind": "projection", "scoutbench_version": __version__,
             "created_at": utc_now(), "hardware": hw.describe(), "target": asdict(target),
             "assumptions": list(ASSUMPTIONS), "projections": [p.to_dict() for p in projections]}
+
+
+def projection_markdown(document: dict[str, Any]) -> list[str]:
+    """A projection document as a markdown table (for `report`'s summary)."""
+    from scoutbench.units import format_length
+
+    hw = document["hardware"]
+    labels = hw.get("labels", {})
+    lines = [f"Projected on **{hw['name']}** ({labels.get('device', '')}, {labels.get('bus', '')}, "
+             f"{labels.get('host', '')}); see docs/projection.md for the model and its assumptions.", "",
+             "| method | model | len | batch | tok/s | step ms | idle % | bound by | vs fullkv |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    projections = document.get("projections", [])
+    fullkv = {(p["model"], p["len"]): p["decode_throughput_tok_s"] for p in projections if p["method"] == "fullkv"}
+    for p in projections:
+        base = fullkv.get((p["model"], p["len"]))
+        batch = f"{p['batch']} ({p['batch_limited_by']})" if p.get("batch_limited_by") else str(p["batch"])
+        speedup = f"{p['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
+        lines.append(f"| {p['method']} | {p['model']} | {format_length(p['len'])} | {batch} "
+                     f"| {p['decode_throughput_tok_s']:.1f} | {p['decode_step_ms']:.2f} "
+                     f"| {100 * p['gpu_idle_frac']:.1f} | {p['bound_by']} | {speedup} |")
+    return lines

@@ -77,6 +77,7 @@ class Point:
 class Report:
     points: list[Point] = field(default_factory=list)
     accuracy: list[dict[str, Any]] = field(default_factory=list)
+    projections: list[dict[str, Any]] = field(default_factory=list)  # `scoutbench project -o` documents
     failed: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
     figures: list[tuple[str, Path]] = field(default_factory=list)  # (title, file)
@@ -96,6 +97,8 @@ def collect(paths: Iterable[str | Path]) -> Report:
             report.skipped.append((result["_path"], f"status {status}: {result.get('error')}"))
         elif kind == "accuracy":
             report.accuracy.append(result)
+        elif kind == "projection":
+            report.projections.append(result)
         elif kind != "throughput":
             report.skipped.append((result["_path"], f"kind {kind!r} has no figure or table here"))
         elif not isinstance(result.get("decode_throughput_tok_s"), (int, float)):
@@ -355,6 +358,7 @@ def _ablation_figure(report: Report, out: Path) -> None:
 def summary_markdown(report: Report, out: Path) -> str:
     lines = ["# scoutbench report", "",
              f"{len(report.points)} throughput points, {len(report.accuracy)} accuracy results, "
+             f"{len(report.projections)} projections, "
              f"{len(report.failed)} failed, {len(report.skipped)} items skipped.", ""]
     if report.points:
         lines += ["## Throughput", "", "| method | model | dtype | len | batch | tok/s | step ms (median) | idle % "
@@ -389,6 +393,12 @@ def summary_markdown(report: Report, out: Path) -> str:
                 lines.append(f"| {canonical_method(str(r.get('method')))} | {(r.get('model') or {}).get('name')} "
                              f"| {metric} | {value:.2f} |")
         lines.append("")
+    if report.projections:
+        from scoutbench.projection import projection_markdown
+
+        lines += ["## Projections", ""]
+        for document in report.projections:
+            lines += projection_markdown(document) + [""]
     if report.figures:
         lines += ["## Figures", ""]
         for title, path in report.figures:

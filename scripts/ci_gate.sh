@@ -6,7 +6,10 @@
 # 2. The gate that can fail CI is relative: ScoutAttention's decode speed-up over FullKV measured in this run must
 #    stay >= MIN_SPEEDUP. A shared 2-core machine moves absolute numbers by 2-4x (results/baselines/README.md), a
 #    ratio of two methods measured side by side far less.
-# 3. The committed baseline (results/baselines/cpu-ci, made by this script) is compared for information only:
+# 3. The work-counter gate (scoutbench gate --counters) compares what each method read and moved per step (KV bytes
+#    per tier, bus bytes, attended tokens) with the committed baseline. Those counters do not depend on the
+#    machine's speed, so this gate fails CI on any regression beyond 1%, however noisy the clock.
+# 4. The committed baseline (results/baselines/cpu-ci, made by this script) is compared for information only:
 #    its ratio is shown next to the current one, and absolute numbers are compared on the same hardware without
 #    failing the job.
 #
@@ -43,6 +46,9 @@ echo "== relative gate: scout/fullkv >= $MIN_SPEEDUP (median of $REPEATS runs)"
 python -m scoutbench gate "${runs[@]}" --ratio "scout/fullkv>=$MIN_SPEEDUP"
 
 if [[ -d "$BASELINE" ]]; then
+  echo "== work counters against $BASELINE (deterministic: fails CI)"
+  python -m scoutbench gate --counters --baseline "$BASELINE" "${runs[@]}"
+
   echo "== absolute comparison with $BASELINE (informational: shared CPUs are too noisy to gate on)"
   python -m scoutbench gate --baseline "$BASELINE" "${runs[@]}" --tolerance 50% --ratio "scout/fullkv>=$MIN_SPEEDUP" \
     || echo "(informational only: not failing CI)"

@@ -14,7 +14,14 @@ from cli_runner import run_cli
 from scoutbench.errors import UsageError
 from scoutbench.methods.base import ModelShape
 from scoutbench.models import preset_config
-from scoutbench.projection import Target, hardware_names, load_hardware, parse_hardware, project_results, project_step
+from scoutbench.projection import (
+    Target,
+    hardware_names,
+    load_hardware,
+    parse_hardware,
+    project_results,
+    project_step,
+)
 from scoutbench.throughput import ThroughputConfig, run_throughput
 from scoutbench.work import MeasuredWork, Shape, measured_work, result_shape, step_work
 
@@ -201,6 +208,10 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
     for p in document["projections"]:
         assert p["decode_step_ms"] == pytest.approx(sum(p["latency_breakdown_ms"].values()))
         assert math.isclose(p["decode_throughput_tok_s"], 8 / (p["decode_step_ms"] / 1e3))
+    from scoutbench.report import build_report
+
+    summary = build_report([out], tmp_path / "report").summary.read_text()
+    assert "## Projections" in summary and "| scout | qwen3-8b | 32k | 8 |" in summary
     for args, message in ((("--hardware", "nope"), "unknown hardware"), (("--hardware", "h200", "--batch", "x"),
                           "bad --batch"), (("--hardware", "h200", "--model", "gpt-9"), "preset")):
         code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", *args)
