@@ -71,17 +71,24 @@ class RayExecutor:
 
     address: str | None = None  # None: a local Ray instance (or the one already initialised)
     cpus_per_point: float = 1.0
-    gpus_per_point: float = 0.0
+    device: str = "auto"  # the sweep's --device: cuda asks one GPU per point, auto does when the cluster has GPUs
+
+    def gpus_per_point(self, cluster_gpus: float) -> float:
+        """One GPU per point on CUDA; with `auto`, one when the cluster has GPUs (the driver may have none)."""
+        if self.device.startswith("cuda"):
+            return 1.0
+        return 1.0 if self.device == "auto" and cluster_gpus >= 1 else 0.0
 
     def run(self, jobs: list[Job], runner: Callable[[Any], dict[str, Any]], log: Log) -> Iterator[tuple[Job, Outcome]]:
         ray = import_ray()
         if not ray.is_initialized():
             ray.init(address=self.address, log_to_driver=False,
                      **({} if self.address else {"num_cpus": os.cpu_count() or 1}))
-        task = ray.remote(num_cpus=self.cpus_per_point, num_gpus=self.gpus_per_point, max_retries=0)(_run_point)
+        gpus = self.gpus_per_point(ray.cluster_resources().get("GPU", 0.0))
+        task = ray.remote(num_cpus=self.cpus_per_point, num_gpus=gpus, max_retries=0)(_run_point)
         refs = {task.remote(job.cfg): job for job in jobs}
         if jobs:
-            log(f"submitted {len(jobs)} points to Ray ({self.cpus_per_point:g} CPU, {self.gpus_per_point:g} GPU each)")
+            log(f"submitted {len(jobs)} points to Ray ({self.cpus_per_point:g} CPU, {gpus:g} GPU each)")
         try:
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1)
@@ -105,7 +112,7 @@ def import_ray() -> Any:
     return ray
 
 
-def make_executor(name: str, address: str | None, cuda: bool, cpus_per_point: float | None = None) -> Any:
+def make_executor(name: str, address: str | None, device: str = "auto", cpus_per_point: float | None = None) -> Any:
     """`local` or `ray`; `--address` only makes sense with Ray."""
     if name not in EXECUTORS:
         raise UsageError(f"unknown --executor {name!r}: use {' or '.join(EXECUTORS)}")
@@ -114,4 +121,4 @@ def make_executor(name: str, address: str | None, cuda: bool, cpus_per_point: fl
             raise UsageError("--address is for --executor ray")
         return LocalExecutor()
     import_ray()
-    return RayExecutor(address, cpus_per_point if cpus_per_point is not None else 1.0, 1.0 if cuda else 0.0)
+    return RayExecutor(address, cpus_per_point if cpus_per_point is not None else 1.0, device)

@@ -34,7 +34,7 @@ def test_ray_sweep_matches_local_and_resumes(tmp_path, local_ray):
     assert len(points) == 4
     local = run_sweep(points, SETTINGS, tmp_path / "local")
     lines: list[str] = []
-    remote = run_sweep(points, SETTINGS, tmp_path / "ray", executor=RayExecutor(cpus_per_point=1), log=lines.append)
+    remote = run_sweep(points, SETTINGS, tmp_path / "ray", executor=RayExecutor(cpus_per_point=1, device="cpu"), log=lines.append)
     assert remote.ran == 4 and not remote.failed and any("submitted 4 points to Ray" in line for line in lines)
     manifest = json.loads((tmp_path / "ray" / MANIFEST).read_text())
     assert [p["id"] for p in manifest["points"]] == [p["id"] for p in local.manifest["points"]]

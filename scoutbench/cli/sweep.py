@@ -95,7 +95,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     resolve_dtype(dtype, resolved)
     if cpus_per_point is not None and executor != "ray":
         raise UsageError("--cpus-per-point is for --executor ray")
-    point_executor = make_executor(executor, address, resolved.type == "cuda", cpus_per_point)
+    point_executor = make_executor(executor, address, device, cpus_per_point)
     if scale and not preset:
         raise UsageError("--scale chooses a preset's sizes: add --preset NAME, or set --len/--batch directly")
     if preset:
