@@ -145,15 +145,19 @@ def in_worker(fn: Callable[[], float]) -> float:
         pool.close()
 
 
-def engine_overhead_per_layer_s(device: torch.device) -> float:
+def engine_overhead_per_layer_s(device: torch.device, memory_bw_bytes_s: float) -> float:
     """Per-layer fixed cost of the eager decode loop: the engine's median step on the tiny preset at a short
-    context (its weights and KV take microseconds to read), divided by its layers."""
+    context, less the time its weights and KV take to read at `memory_bw_bytes_s`, divided by its layers."""
     from scoutbench.throughput import ThroughputConfig, run_throughput
+    from scoutbench.work import measured_work, result_shape, step_work
 
     cfg = ThroughputConfig(method="fullkv", model="tiny-qwen3", length=64, batch=1, steps=8, warmup=2,
                            device=str(device), prefill="synthetic", command=["scoutbench", "calibrate"])
     result = run_throughput(cfg)
-    return result["decode_step_ms"]["median"] / 1e3 / result["model"]["num_layers"]
+    work = step_work(measured_work(result), result_shape(result)).totals()
+    read_s = (work["weight_bytes_per_step"] + work["device_kv_bytes_per_step"]) / memory_bw_bytes_s
+    step_s = result["decode_step_ms"]["median"] / 1e3
+    return max(step_s - read_s, 1e-9) / result["model"]["num_layers"]
 
 
 def total_host_bytes() -> int:
@@ -173,17 +177,19 @@ def calibrate(device: torch.device, repeats: int = 5, log: Callable[[str], None]
 
     cpu = torch.device("cpu")
     device_name = torch.cuda.get_device_name(device) if cuda else f"CPU ({cpu_model()})"
+    memory_bw = weight_stream_bytes_s(device, dtype, repeats)
     device_section: dict[str, Any] = {
         "name": device_name,
         "memory_bytes": measured(float(torch.cuda.get_device_properties(device).total_memory if cuda
                                        else total_host_bytes()), "device memory (bytes)"),
-        "memory_bw_bytes_s": measured(weight_stream_bytes_s(device, dtype, repeats),
-                                      f"{dtype} matrix-vector over 256 MiB of 4096x4096 weights (bytes/s)"),
+        "memory_bw_bytes_s": measured(memory_bw, f"{dtype} matrix-vector over 256 MiB of 4096x4096 weights "
+                                      "(bytes/s)"),
         "peak_flops": measured(peak_flops(device, dtype, repeats), f"{dtype} square matmul (FLOP/s)"),
         "attention_bytes_s": measured(attention_bytes_s(device, dtype, repeats),
                                       f"{dtype} decode attention over 16k tokens, 8 KV heads (KV bytes/s)"),
-        "layer_overhead_s": measured(engine_overhead_per_layer_s(device),
-                                     "engine decode step of tiny-qwen3 at 64 tokens per layer (s)"),
+        "layer_overhead_s": measured(engine_overhead_per_layer_s(device, memory_bw),
+                                     "engine decode step of tiny-qwen3 at 64 tokens, less its weight and KV reads, "
+                                     "per layer (s)"),
     }
     if not cuda:
         device_section["cores"] = measured(float(threads), "torch intra-op threads of the main thread")

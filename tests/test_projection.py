@@ -224,7 +224,7 @@ def test_calibrate_profile_is_valid_for_project(monkeypatch):
     import scoutbench.calibration as calibration
 
     # the engine run is the slow part; its own test is the throughput suite
-    monkeypatch.setattr(calibration, "engine_overhead_per_layer_s", lambda device: 1e-4)
+    monkeypatch.setattr(calibration, "engine_overhead_per_layer_s", lambda device, bw: 1e-4)
     import torch
 
     data = calibration.calibrate(torch.device("cpu"), repeats=1)
