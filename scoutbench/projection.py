@@ -257,8 +257,8 @@ class Projection:
                 "measured_step_ms": self.measured_step_ms}
 
 
-def target_shape(result: dict[str, Any], target: Target, hw: Hardware) -> tuple[Shape, str, int | None]:
-    """The shape to project one result to, the model name, and the batch limit's reason (auto batch)."""
+def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
+    """The shape to project one result to (batch 1 stands in for `auto` until planned) and the model's name."""
     from scoutbench.models import PRESETS, parse_dtype, preset_config
     from scoutbench.work import result_shape
 
@@ -277,8 +277,7 @@ def target_shape(result: dict[str, Any], target: Target, hw: Hardware) -> tuple[
     elem = parse_dtype(target.dtype).itemsize if target.dtype else own.elem_bytes
     length = target.length or own.context_len
     batch = target.batch if target.batch is not None else own.batch
-    return Shape(model, length, batch if isinstance(batch, int) else 1, elem, tied), model_name, \
-        None if isinstance(batch, int) else -1
+    return Shape(model, length, batch if isinstance(batch, int) else 1, elem, tied), model_name
 
 
 def _auto_batch(method: str, config: dict[str, Any], target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
@@ -315,9 +314,9 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
         first = runs[0]
         works = [measured_work(r) for r in runs]
         work = _median_work(works)
-        shape, model_name, auto = target_shape(first, target, hw)
+        shape, model_name = target_shape(first, target)
         limited_by = None
-        if auto is not None:
+        if target.batch == "auto":
             batch, limited_by = _auto_batch(first["method"], work.config, target, shape, hw)
             if batch < 1:
                 raise UsageError(f"{first['method']}: not one sequence of {shape.context_len} tokens of "
