@@ -125,13 +125,18 @@ def test_prefetch_and_bus_saturation():
 @pytest.fixture(scope="module")
 def tiny_runs():
     """Real runs of every method family on the tiny preset (seconds on 2 cores)."""
+    import torch
+
+    from scoutbench.models import load_model
+
+    loaded = load_model("tiny-qwen3", "cpu", torch.float32)
     runs = {}
     for method, args in (("fullkv", {}), ("quest", {"budget": "128", "block_size": "16"}),
                          ("scout", {"budget": "128", "block_size": "16", "recall_interval": "2"}),
                          ("infinigen", {"max_num_kv": "128"}), ("hgca", {})):
         cfg = ThroughputConfig(method=method, method_args=args, model="tiny-qwen3", length=512, batch=2, steps=4,
                                warmup=1, prefill="synthetic", device="cpu", command=["test"])
-        runs[method] = run_throughput(cfg)
+        runs[method] = run_throughput(cfg, loaded)
     return runs
 
 
