@@ -161,7 +161,8 @@ def layer_time(layer: LayerWork, hw: Hardware) -> LayerTime:
     device_s = sum(stages.values())
     if hw.shares_device and critical_cpu_s:
         # one CPU: while the host part runs it takes its cores from the device part
-        device_s_share = critical_cpu_s * min(1.0, hw.get("host.cores") / hw.get("device.cores", hw.get("host.cores") * 2))
+        host_cores = hw.get("host.cores")
+        device_s_share = critical_cpu_s * min(1.0, host_cores / hw.get("device.cores", 2 * host_cores))
         stages["attn_device"] += device_s_share
         device_s += device_s_share
     if layer.overlap == "same_layer":
@@ -370,10 +371,33 @@ def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Tar
     from scoutbench import __version__
     from scoutbench.results import SCHEMA_VERSION, utc_now
 
-    projections = project_results(results, hw, target)
+    usable, skipped = [], []
+    for r in results:
+        reason = unprojectable(r)
+        if reason is None:
+            usable.append(r)
+        else:
+            skipped.append({"file": r.get("_path"), "reason": reason})
+    projections = project_results(usable, hw, target)
     return {"schema_version": SCHEMA_VERSION, "kind": "projection", "scoutbench_version": __version__,
             "created_at": utc_now(), "hardware": hw.describe(), "target": asdict(target),
-            "assumptions": list(ASSUMPTIONS), "projections": [p.to_dict() for p in projections]}
+            "assumptions": list(ASSUMPTIONS), "projections": [p.to_dict() for p in projections],
+            "skipped": skipped}
+
+
+def unprojectable(result: dict[str, Any]) -> str | None:
+    """Why a result file cannot feed a projection (None when it can)."""
+    from scoutbench.work import method_family
+
+    if result.get("kind") != "throughput":
+        return f"kind {result.get('kind')!r} is not a throughput result"
+    if result.get("status", "ok") != "ok":
+        return f"status {result.get('status')}: {result.get('error')}"
+    try:
+        method_family(str(result.get("method")))
+    except UsageError as exc:
+        return str(exc)
+    return None
 
 
 def projection_markdown(document: dict[str, Any]) -> list[str]:

@@ -210,6 +210,7 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
     assert code == 0 and "scout" in stdout
     document = json.loads(out.read_text())
     assert document["kind"] == "projection" and document["hardware"]["name"] == "h100-sxm"
+    assert document["skipped"] == []
     for p in document["projections"]:
         assert p["decode_step_ms"] == pytest.approx(sum(p["latency_breakdown_ms"].values()))
         assert math.isclose(p["decode_throughput_tok_s"], 8 / (p["decode_step_ms"] / 1e3))
@@ -223,6 +224,15 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
         assert code == 2 and message in err and "Traceback" not in err
     code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "empty-does-not-exist", "--hardware", "h200")
     assert code == 2
+    third_party = {**tiny_runs["fullkv"], "method": "my-method"}
+    write_json_atomic(tmp_path / "runs" / "third.json", third_party)
+    write_json_atomic(tmp_path / "runs" / "failed.json", {**tiny_runs["fullkv"], "status": "failed", "error": "oom"})
+    code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", "--hardware", "h200")
+    assert code == 0 and "skipped" in err and "my-method" in err and "oom" in err
+    only_bad = tmp_path / "bad"
+    write_json_atomic(only_bad / "third.json", third_party)
+    code, _, err = run_cli(monkeypatch, capsys, "project", only_bad, "--hardware", "h200")
+    assert code == 2 and "no ok throughput results" in err
 
 
 def test_calibrate_profile_is_valid_for_project(monkeypatch):

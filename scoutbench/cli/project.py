@@ -49,6 +49,8 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
                     fetch_granularity=fetch_granularity)
     hw = load_hardware(hardware)
     document = projection_document(load_results(results), hw, target)
+    for skipped in document["skipped"]:
+        click.echo(f"skipped {skipped['file']}: {skipped['reason']}", err=True)
     if output:
         write_json_atomic(output, document, overwrite=True)
     if as_json:
