@@ -61,12 +61,17 @@ class Plan:
         return asdict(self)
 
 
+def layer_linear_params(shape: ModelShape) -> tuple[int, int]:
+    """(attention, MLP) weights of one decoder layer: the q/k/v/o projections and the gated MLP (gate, up, down)."""
+    attention = shape.hidden_size * shape.head_dim * (2 * shape.num_heads + 2 * shape.num_kv_heads)
+    return attention, 3 * shape.hidden_size * shape.intermediate_size
+
+
 def weights_bytes(shape: ModelShape, elem_bytes: int, tied_embeddings: bool = False) -> int:
     """Parameters of a Llama/Qwen3 decoder. Q/K norms (Qwen3) are counted for every model: 2 x head_dim per
     layer, a few KB too many for a Llama."""
     hidden, head_dim = shape.hidden_size, shape.head_dim
-    attention = hidden * head_dim * (2 * shape.num_heads + 2 * shape.num_kv_heads)  # q, k, v, o projections
-    mlp = 3 * hidden * shape.intermediate_size  # gate, up, down
+    attention, mlp = layer_linear_params(shape)
     norms = 2 * hidden + 2 * head_dim  # input + post-attention norms, q/k norms
     embeddings = shape.vocab_size * hidden * (1 if tied_embeddings else 2)
     params = shape.num_layers * (attention + mlp + norms) + embeddings + hidden  # + final norm

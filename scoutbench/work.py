@@ -208,10 +208,10 @@ def measured_work(result: dict[str, Any]) -> MeasuredWork:
 # ---- to bytes for a shape ---------------------------------------------------------------------------------------
 
 def linear_weight_bytes(shape: Shape) -> float:
-    """q/k/v/o projections and the gated MLP of one layer (the same count as planning.weights_bytes)."""
-    m = shape.model
-    params = m.hidden_size * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads) + 3 * m.hidden_size * m.intermediate_size
-    return params * shape.elem_bytes
+    """q/k/v/o projections and the gated MLP of one layer (planning's count, which sizes the weights)."""
+    from scoutbench.planning import layer_linear_params
+
+    return sum(layer_linear_params(shape.model)) * shape.elem_bytes
 
 
 def linear_split(m: ModelShape) -> tuple[float, float, float]:
