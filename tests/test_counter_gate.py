@@ -71,3 +71,6 @@ def test_gate_cli_counters(baseline, tmp_path, monkeypatch, capsys):
     assert code == 1 and "REGRESSED" in out and "gate failed" in err
     code, _, err = run_cli(monkeypatch, capsys, "gate", "--counters", "--current", tmp_path)
     assert code == 2 and "--baseline" in err
+    code, _, err = run_cli(monkeypatch, capsys, "gate", "--counters", "--baseline", BASELINE / "run1", "--current",
+                           tmp_path, "--ratio", "scout/fullkv>=2")
+    assert code == 2 and "--counters gates work counters only" in err

@@ -208,6 +208,11 @@ def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_mi
     from scoutbench.gate import fail_if_regressed, load_side, parse_ratio, parse_tolerances, run_gate
 
     if counters:
+        if ratios or metrics or force:
+            from scoutbench.errors import UsageError
+
+            raise UsageError("--counters gates work counters only: drop --ratio/--metric/--force, or run the "
+                             "timing gate separately")
         _counter_gate(baseline, current, tolerances, allow_missing)
         return
     tol = parse_tolerances(tolerances)
