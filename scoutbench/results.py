@@ -241,6 +241,8 @@ def result_problem(data: Any) -> str | None:
     """Why `data` is not a usable scoutbench result (wrong JSON types, missing fields), or None if it is."""
     if not isinstance(data, dict) or "schema_version" not in data:
         return "not a scoutbench result (no schema_version)"
+    if data.get("kind") == "projection":  # `scoutbench project -o`: per-method entries, no top-level method/model
+        return None if isinstance(data.get("projections"), list) else "malformed projection: no projections list"
     missing = [name for name in _REQUIRED_FIELDS if name not in data]
     if missing:
         return f"malformed result: missing {', '.join(missing)}"

@@ -224,6 +224,9 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
         assert code == 2 and message in err and "Traceback" not in err
     code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "empty-does-not-exist", "--hardware", "h200")
     assert code == 2
+    write_json_atomic(tmp_path / "runs" / "projection.json", document)  # a projection beside the runs is skipped
+    code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", "--hardware", "h200")
+    assert code == 0 and "kind 'projection' is not a throughput result" in err
     third_party = {**tiny_runs["fullkv"], "method": "my-method"}
     write_json_atomic(tmp_path / "runs" / "third.json", third_party)
     write_json_atomic(tmp_path / "runs" / "failed.json", {**tiny_runs["fullkv"], "status": "failed", "error": "oom"})

@@ -45,7 +45,7 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
         raise UsageError(f"bad --block-size {block_size}: must be at least 1")
     target = Target(model=model, length=parse_length(length) if length else None,
                     batch=None if batch is None else (batch if batch == "auto" else int(batch)),
-                    budget=parse_length(budget) if budget else None, block_size=block_size, dtype=dtype,
+                    budget=parse_length(budget, "--budget") if budget else None, block_size=block_size, dtype=dtype,
                     fetch_granularity=fetch_granularity)
     hw = load_hardware(hardware)
     document = projection_document(load_results(results), hw, target)
