@@ -32,6 +32,7 @@ from scoutbench.errors import ScoutbenchError
 from scoutbench.generation import MethodSpec, generate_text, model_eos_ids
 from scoutbench.models import LoadedModel
 from scoutbench.results import SCHEMA_VERSION, env_info, output_lock, utc_now, write_json_atomic
+from scoutbench.score import prediction_row_problem
 from scoutbench.throughput import device_description
 
 ProgressCallback = Callable[[str, int, int], None]  # (task name, samples done, samples total)
@@ -100,21 +101,6 @@ def read_predictions(path: Path, records: list[dict[str, Any]]) -> list[dict[str
                                   "was made from other data: delete it or use another -o")
         rows.append(row)
     return rows
-
-
-def prediction_row_problem(row: Any) -> str | None:
-    """Why a prediction line cannot be scored (wrong JSON types), or None: `pred` a string, `answers` a list of
-    strings, `length` (when present) a number."""
-    if not isinstance(row, dict):
-        return f"expected a JSON object, got {type(row).__name__}"
-    if not isinstance(row.get("pred"), str):
-        return f"pred must be a string, got {type(row.get('pred')).__name__}"
-    answers = row.get("answers")
-    if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-        return "answers must be a list of strings"
-    if "length" in row and (not isinstance(row["length"], (int, float)) or isinstance(row["length"], bool)):
-        return f"length must be a number, got {type(row['length']).__name__}"
-    return None
 
 
 def prediction_row(index: int, record: dict[str, Any], pred: str, input_tokens: int) -> dict[str, Any]:

@@ -122,30 +122,6 @@ def test_predictions_of_other_data_are_not_mixed_in(smollm2, tmp_path, monkeypat
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def test_score_command_prints_the_official_score(tmp_path, monkeypatch, capsys):
-    answers = ["By conducting a survey among engineers", "Unanswerable"]
-    lines = [{"pred": "unanswerable", "answers": answers, "all_classes": None, "length": 100},
-             {"pred": "They conducted a survey among engineers.", "answers": answers, "all_classes": None,
-              "length": 5000},
-             {"pred": "no", "answers": ["yes"], "all_classes": None, "length": 6000}]
-    path = tmp_path / "qasper.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    code, out, _ = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path), "--json")
-    assert code == 0 and json.loads(out) == {"dataset": "qasper", "score": 53.33}
-    code, out, _ = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path), "--e", "--json")
-    assert json.loads(out) == {"dataset": "qasper", "score": 53.33,
-                               "buckets": {"0-4k": 100.0, "4-8k": 30.0, "8k+": "nan"}}
-    code, out, _ = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path))
-    assert code == 0 and out.strip() == "qasper: 53.33"
-
-
-def test_score_command_rejects_a_bad_line(tmp_path, monkeypatch, capsys):
-    path = tmp_path / "p.jsonl"
-    path.write_text('{"pred": "x", "answers": ["x"]}\n{"pred": "y"}\n')
-    code, _, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path))
-    assert code == 2 and "line 2: missing answers" in err
-
-
 def test_malformed_data_is_an_error_and_nothing_is_written(tmp_path, monkeypatch, capsys):
     out_dir = tmp_path / "out"
     code, _, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "qasper", "--data-dir",

@@ -173,7 +173,8 @@ def test_checklist_3_samsum_skips_the_chat_template_and_stops_at_newline(byte_to
     assert task.min_new_tokens == 1
     qasper = lb.LongBenchTask("qasper", [], byte_tokenizer, max_length=10_000)
     assert qasper.stop_token_ids(frozenset({7})) == {7} and qasper.min_new_tokens == 0
-    assert [d for d in lb.DATASETS if not lb.uses_chat_template(d)] == ["samsum"]
+    assert [d for d in lb.DATASETS if not lb.uses_chat_template(d)] == ["trec", "triviaqa", "samsum", "lsht", "lcc",
+                                                                        "repobench-p"]
 
 
 def test_chat_rules_with_the_real_tokenizer(smollm2):
@@ -188,11 +189,13 @@ def test_chat_rules_with_the_real_tokenizer(smollm2):
 
 
 # ------------------------------------------------------------------------------------------ post-processing
-def test_checklist_2_only_samsum_is_cut_to_its_first_line():
+def test_checklist_2_only_trec_triviaqa_samsum_lsht_are_cut_to_their_first_line():
     assert m.postprocess("samsum", "\n\nBen will come.\nDialogue: x") == "Ben will come."
     assert m.postprocess("samsum_e", "  Spaces stay.\nmore") == "  Spaces stay."  # newlines only are stripped
     for dataset in lb.DATASETS:
-        if dataset != "samsum":
+        if dataset in ("trec", "triviaqa", "samsum", "lsht"):
+            assert m.postprocess(dataset, "\nA\nB") == "A"
+        else:
             assert m.postprocess(dataset, "\n Raw Answer.\nSecond line ") == "\n Raw Answer.\nSecond line "
     # scored raw: the verbose tail dilutes precision / adds digit runs
     assert m.example_score("qasper", "\nyes\nno", ["no"]) == pytest.approx(2 / 3)
@@ -304,6 +307,84 @@ def test_checklist_5_e_buckets_use_the_length_field_and_empty_is_nan():
 
 
 def test_metric_names_per_dataset():
+    """eval.py's dataset2metric for all 21 datasets."""
     assert {d: m.metric_name(d) for d in lb.DATASETS} == {
-        "qasper": "qa_f1", "narrativeqa": "qa_f1", "2wikimqa": "qa_f1", "dureader": "rouge_l_zh",
-        "gov_report": "rouge_l", "qmsum": "rouge_l", "samsum": "rouge_l", "passage_retrieval_en": "retrieval"}
+        "narrativeqa": "qa_f1", "qasper": "qa_f1", "multifieldqa_en": "qa_f1", "multifieldqa_zh": "qa_f1_zh",
+        "hotpotqa": "qa_f1", "2wikimqa": "qa_f1", "musique": "qa_f1", "dureader": "rouge_l_zh",
+        "gov_report": "rouge_l", "qmsum": "rouge_l", "multi_news": "rouge_l", "vcsum": "rouge_l_zh",
+        "trec": "classification", "triviaqa": "qa_f1", "samsum": "rouge_l", "lsht": "classification",
+        "passage_count": "count", "passage_retrieval_en": "retrieval", "passage_retrieval_zh": "retrieval_zh",
+        "lcc": "code_sim", "repobench-p": "code_sim"}
+
+
+def test_registry_matches_the_official_configs():
+    """21 v1 datasets in the official order (dataset2maxlen.json), each with a template and a max length; 13
+    LongBench-E files (byte identity of the configs: the test above)."""
+    assert tuple(lb.max_new_tokens_table()) == lb.DATASETS == tuple(lb.templates())
+    assert len(lb.DATASETS) == 21 and len(lb.E_DATASETS) == 13
+    assert all(m.base_dataset(name) in lb.DATASETS for name in lb.E_DATASETS)
+    assert {"narrativeqa_e", "dureader_e", "qmsum_e", "musique_e", "lsht_e", "vcsum_e"}.isdisjoint(lb.E_DATASETS)
+
+
+def test_the_users_datasets_are_accepted():
+    for name in ("multifieldqa_en", "hotpotqa", "triviaqa", "passage_count", "lcc_e", "repobench-p_e"):
+        assert lb.check_dataset(name) == name
+    with pytest.raises(UsageError, match=r"unknown dataset 'hotpot'; LongBench v1: narrativeqa, .*; also: all, "
+                                         r"passkey$"):
+        lb.check_dataset("hotpot", also=("all", "passkey"))
+
+
+# ------------------------------------------------------------------------------------------ the other metrics
+def test_classification_keeps_the_official_skip_after_removal():
+    # "A" is removed (inside the reference, not equal to it); the loop then skips "B", which stays: 1/2, where a
+    # filter without the skip would give 1
+    assert m.classification_score("A B", "A B", ["A", "B", "A B"]) == 0.5
+    assert m.classification_score("A B", "A B", ["A", "A B", "B"]) == 1.0  # other order: "B" is examined, removed
+    classes = ["Location", "Location City", "Entity"]
+    assert m.classification_score("Location City", "Location City", classes) == 1.0  # "Location" removed
+    assert m.classification_score("Entity or Location City", "Location City", classes) == 0.5
+    assert m.classification_score("nothing", "Entity", classes) == 0.0
+    # trec is scored on the first line, with the classes of the file's last line (eval.py keeps overwriting them)
+    rows = [{"pred": "Entity\nLocation", "answers": ["Entity"], "all_classes": None},
+            {"pred": "Location", "answers": ["Location"], "all_classes": ["Location", "Entity"]}]
+    assert m.dataset_score("trec", rows) == 100.0
+    with pytest.raises(ValueError, match="all_classes"):
+        m.dataset_score("trec", rows[:1])
+
+
+@pytest.mark.parametrize("prediction,expected", [
+    ("There are 12 unique paragraphs.", 1.0), ("12 or 13", 0.5), ("twelve", 0.0), ("012", 0.0)])
+def test_count_score(prediction, expected):
+    assert m.count_score(prediction, "12") == expected
+    assert m.example_score("passage_count", prediction, [12]) == expected  # numeric answers compare as text
+
+
+def test_retrieval_zh():
+    assert m.retrieval_zh_score("段落3", "段落3") == 1.0
+    assert m.retrieval_zh_score("答案是段落3，不是段落13", "段落3") == 0.5
+    with pytest.raises(ValueError, match="段落"):
+        m.retrieval_zh_score("3", "Paragraph 3")
+
+
+def test_qa_f1_zh_normalises_each_jieba_token():
+    assert m.normalize_zh_answer("Ｈello， 世界！ A.b") == "ｈello世界ab"  # full-width letters are not lowered away
+    assert m.qa_f1_zh_score("北京。", "北京") == 1.0  # the full stop becomes an empty token and is dropped
+    assert m.qa_f1_zh_score("", "北京") == 0.0
+    assert 0.0 < m.qa_f1_zh_score("中国的首都是北京", "北京") < 1.0
+
+
+@pytest.mark.filterwarnings("ignore:Using slow pure-python SequenceMatcher")
+def test_code_similarity_is_fuzzywuzzy_ratio_of_the_first_code_line():
+    from difflib import SequenceMatcher
+
+    import fuzzywuzzy.fuzz
+
+    reference = "    return x + 1"
+    prediction = "\n# comment\n```python\n    return x+1\nmore"
+    expected = round(100 * SequenceMatcher(None, "    return x+1", reference).ratio()) / 100
+    if fuzzywuzzy.fuzz.SequenceMatcher is SequenceMatcher:  # python-Levenshtein absent, as in the official setup
+        assert m.code_sim_score(prediction, reference) == expected
+    assert m.code_sim_score(prediction, reference) == fuzzywuzzy.fuzz.ratio("    return x+1", reference) / 100
+    assert m.code_sim_score("# only\n// comments", reference) == 0.0  # no code line: "" scores 0
+    assert m.code_sim_score("# only", "") == 1.0  # "" == "": fuzzywuzzy's equivalence check gives 100
+    assert m.example_score("lcc", "\n\n" + reference + "\nnext", [reference]) == 1.0  # no first-line cut before

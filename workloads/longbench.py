@@ -1,14 +1,16 @@
-"""LongBench v1 for our eight datasets, prompted and truncated exactly as the official `pred.py` (spec: longbench.md).
+"""LongBench v1 (all 21 datasets, 13 LongBench-E files), prompted and truncated exactly as the official `pred.py`
+(spec: longbench.md).
 
 A record becomes model input in four steps, each as the official code does it:
 1. fill the dataset's template (`scoutbench/data/dataset2prompt.json`, verbatim, typos included) with `str.format`;
 2. middle-truncate the filled prompt at text level when it has more than `max_length` tokens (counted with the
    tokenizer's default special tokens, BOS included): decode of the first half + decode of the last half;
-3. wrap it in the model's chat template, except for the datasets that skip it (samsum among ours);
+3. wrap it in the model's chat template, except for trec, triviaqa, samsum, lsht, lcc and repobench-p;
 4. tokenize (template output without extra special tokens, so BOS is never doubled).
 
 Data comes from a folder of official `<name>.jsonl` files (`--data-dir`) or from the hub archive `data.zip` of
 `THUDM/LongBench` (datasets>=4 can no longer run its loading script, so the archive is read directly).
+The module does not import torch (the `score` command uses its record reader).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from typing import Any
 
 from scoutbench import longbench_metrics as metrics
 from scoutbench.errors import ScoutbenchError, UsageError
-from scoutbench.generation import encode_prompt
 
-DATASETS = ("qasper", "narrativeqa", "2wikimqa", "dureader", "gov_report", "qmsum", "samsum", "passage_retrieval_en")
-# LongBench-E variants that exist for our datasets (narrativeqa, dureader and qmsum have none).
-E_DATASETS = ("qasper_e", "2wikimqa_e", "gov_report_e", "samsum_e", "passage_retrieval_en_e")
+# The dataset registry lives with the metrics (torch-free, shared with `scoutbench score`).
+DATASETS = metrics.DATASETS
+E_DATASETS = metrics.E_DATASETS
+check_dataset = metrics.check_dataset
 # The official pred.py feeds these without the chat wrapper ("chat models are better off without" it).
 NO_CHAT_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
 # Datasets that also stop at a newline (and must generate at least one token), as pred.py does for samsum.
@@ -43,8 +45,9 @@ DATA_HINT = (f"download {HUB_ARCHIVE} from https://huggingface.co/datasets/{HUB_
 
 # Prompt-token limit for truncation, per model (the official model2maxlen.json). The official convention is the
 # context window minus ~500 tokens for the chat wrapper and the answer (3500 for 4k models, 7500 for 8k).
-# SmolLM2-135M accepts 8192 positions but only answers sensibly up to ~2k tokens, so its default is 2k - 500.
-MODEL_MAX_LENGTH = {"smollm2-135m": 1500}
+# SmolLM2-135M accepts 8192 positions but only answers sensibly up to ~2k tokens, so its default is 2k - 500;
+# Qwen2.5-0.5B is a 32k model (31500, as the official table's 32k entries).
+MODEL_MAX_LENGTH = {"smollm2-135m": 1500, "qwen2.5-0.5b": 31500}
 CHAT_AND_ANSWER_RESERVE_TOKENS = 500
 
 
@@ -56,13 +59,6 @@ def templates() -> dict[str, str]:
 @functools.cache
 def max_new_tokens_table() -> dict[str, int]:
     return json.loads(resources.files("scoutbench").joinpath("data/dataset2maxlen.json").read_text("utf-8"))
-
-
-def check_dataset(name: str) -> str:
-    if name not in DATASETS and name not in E_DATASETS:
-        known = ", ".join(DATASETS + E_DATASETS)
-        raise UsageError(f"unknown LongBench dataset {name!r} (supported: {known}, or 'all')")
-    return name
 
 
 def default_max_length(model_name: str, config: Any) -> int:
@@ -210,6 +206,8 @@ class LongBenchTask:
         return truncate_middle(fill_template(self.dataset, record), self.tokenizer, self.max_length)
 
     def input_ids(self, record: dict[str, Any]) -> list[int]:
+        from scoutbench.generation import encode_prompt
+
         return encode_prompt(self.tokenizer, self.prompt(record), chat=uses_chat_template(self.dataset))
 
     def describe(self) -> dict[str, Any]:

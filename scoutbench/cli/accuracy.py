@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -37,7 +35,7 @@ def _common_options(func):
     options = [
         click.option("--method", default="fullkv", show_default=True, help="Attention method (scoutbench methods)."),
         click.option("--model", default="smollm2-135m", show_default=True,
-                     help="smollm2-135m (real, offline), a local folder or a Hugging Face id."),
+                     help="smollm2-135m or qwen2.5-0.5b (real, offline), a local folder or a Hugging Face id."),
         click.option("--budget", default=None, help=BUDGET_HELP),
         click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
                      help="Set a method field (repeatable)."),
@@ -73,8 +71,8 @@ def _expand_datasets(names: tuple[str, ...]) -> list[str]:
 
 @click.command("accuracy")
 @click.option("--dataset", "datasets", multiple=True, required=True,
-              help="LongBench dataset (qasper, narrativeqa, 2wikimqa, dureader, gov_report, qmsum, samsum, "
-                   "passage_retrieval_en, their _e variants) or 'all'; or passkey / passkey-multi. Repeatable.")
+              help="LongBench dataset (any of v1's 21, e.g. qasper, hotpotqa, lcc, or a LongBench-E file such as "
+                   "qasper_e), 'all' (the 21 v1 datasets), passkey or passkey-multi. Repeatable.")
 @_common_options
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder of official LongBench <name>.jsonl files (default: the hub archive, when online).")
@@ -169,64 +167,6 @@ def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> 
         buckets = " ".join(f"{k}: {v}" for k, v in entry.get("buckets", {}).items())
         table.add_row(name, entry["metric"], str(entry["n"]), f"{entry['score']:.2f}", buckets)
     console.print(table)
-
-
-# ---------------------------------------------------------------------------------------------- score
-@click.command("score")
-@click.option("--dataset", required=True, help="LongBench dataset whose metric applies (a _e name implies --e).")
-@click.argument("predictions", type=click.Path(exists=True, dir_okay=False))
-@click.option("--e", "longbench_e", is_flag=True, help="LongBench-E: also score the 0-4k / 4-8k / 8k+ buckets.")
-@click.option("--json", "as_json", is_flag=True, help='Print {"dataset": ..., "score": ...} (plus "buckets").')
-def score_command(dataset, predictions, longbench_e, as_json) -> None:
-    """Official LongBench score of an existing prediction file (lines with `pred`, `answers`, `length`)."""
-    from scoutbench import longbench_metrics as metrics
-    from scoutbench.workloads.longbench import check_dataset
-
-    check_dataset(dataset)
-    longbench_e = longbench_e or dataset.endswith("_e")
-    rows = _read_prediction_file(Path(predictions), need_length=longbench_e)
-    try:
-        output: dict[str, Any] = {"dataset": dataset, "score": metrics.dataset_score(dataset, rows)}
-        if longbench_e:
-            output["buckets"] = metrics.dataset_score_e(dataset, rows)
-    except ValueError as exc:
-        raise UsageError(f"{predictions}: {exc}") from None
-    if as_json:  # an empty bucket is NaN, written "nan" as in every scoutbench result (strict JSON)
-        buckets = {k: v if math.isfinite(v) else "nan" for k, v in output.get("buckets", {}).items()}
-        click.echo(json.dumps({**output, **({"buckets": buckets} if buckets else {})}, ensure_ascii=False))
-        return
-    click.echo(f"{dataset}: {output['score']:.2f}")
-    for bucket, value in output.get("buckets", {}).items():
-        click.echo(f"  {bucket}: {value}")
-
-
-def _read_prediction_file(path: Path, need_length: bool) -> list[dict[str, Any]]:
-    """Rows with `pred` (str) and `answers` (list of str), in file order; a bad line is an error naming it."""
-    try:
-        rows = _prediction_rows(path, need_length)
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    if not rows:
-        raise UsageError(f"{path}: no predictions to score")
-    return rows
-
-
-def _prediction_rows(path: Path, need_length: bool) -> list[dict[str, Any]]:
-    from scoutbench.accuracy import prediction_row_problem
-    from scoutbench.workloads.longbench import iter_jsonl
-
-    rows = []
-    with open(path, encoding="utf-8") as lines:
-        for line_number, row in iter_jsonl(lines, str(path), UsageError):
-            required = ("pred", "answers", "length") if need_length else ("pred", "answers")
-            missing = [key for key in required if not isinstance(row, dict) or key not in row]
-            if missing:
-                raise UsageError(f"{path} line {line_number}: missing {', '.join(missing)}")
-            problem = prediction_row_problem(row)
-            if problem:
-                raise UsageError(f"{path} line {line_number}: {problem}")
-            rows.append(row)
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------- fidelity
