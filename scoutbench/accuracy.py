@@ -137,9 +137,10 @@ def predict_task(task: Task, loaded: LoadedModel, spec: MethodSpec, path: Path,
 
 # ---------------------------------------------------------------------------------------------- result
 def scoring_versions() -> dict[str, str | None]:
-    """The scorer's own dependencies: ROUGE and jieba versions decide LongBench numbers."""
+    """The scorer's own dependencies: ROUGE, jieba and fuzzywuzzy versions decide LongBench numbers (fuzzywuzzy's
+    ratio comes from python-Levenshtein when installed, else difflib: `Levenshtein: null` means difflib)."""
     versions: dict[str, str | None] = {}
-    for package in ("rouge", "jieba", "numpy"):
+    for package in ("rouge", "jieba", "fuzzywuzzy", "Levenshtein", "numpy"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

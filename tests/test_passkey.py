@@ -89,3 +89,39 @@ def test_fullkv_finds_the_key(smollm2):
         new_ids = greedy_generate(smollm2.model, FullKV(), task.input_ids(record), task.max_new_tokens, stops)
         prediction = smollm2.tokenizer.decode(new_ids, skip_special_tokens=True)
         assert passkey_correct(prediction, record["answers"][0]), prediction
+
+
+class _IdsTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def test_shared_prefill_predicts_what_separate_runs_predict(tiny_qwen2):
+    """One dense prefill handed to every method (the accuracy grid) gives each method exactly the tokens of its own
+    full run: methods only read the prefill's K/V."""
+    import torch
+
+    from scoutbench.generation import MethodSpec, generate_texts_shared_prefill, method_spec
+
+    model = tiny_qwen2
+    torch.manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (400,)).tolist()
+    specs = [method_spec("fullkv"), *(method_spec(name, budget=128) for name in ("quest", "infinigen", "scout")),
+             MethodSpec("hgca", {"window_frac": 0.1, "cpu_topk_frac": 0.1})]
+    shared = generate_texts_shared_prefill(model, _IdsTokenizer(), specs, prompt, 8, frozenset())
+    for spec, text in zip(specs, shared, strict=True):
+        method = spec.build()
+        try:
+            alone = greedy_generate(model, method, prompt, 8)
+        finally:
+            method.close()
+        assert text == _IdsTokenizer().decode(alone), spec.name
+
+
+@pytest.mark.slow
+def test_qwen25_finds_the_key_at_1k(qwen25):
+    task = PasskeyTask("passkey-multi", qwen25.tokenizer, 1024, num_samples=1)
+    stops = model_eos_ids(qwen25.model, qwen25.tokenizer)
+    record = task.records[0]
+    new_ids = greedy_generate(qwen25.model, FullKV(), task.input_ids(record), task.max_new_tokens, stops)
+    assert passkey_correct(qwen25.tokenizer.decode(new_ids, skip_special_tokens=True), record["answers"][0])
