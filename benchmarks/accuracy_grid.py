@@ -24,8 +24,6 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
-import torch  # noqa: E402
-
 from scoutbench.accuracy import prediction_row, read_predictions, run_accuracy, run_dir  # noqa: E402
 from scoutbench.generation import MethodSpec, generate_texts_shared_prefill, method_spec, model_eos_ids  # noqa: E402
 from scoutbench.models import load_model, parse_dtype  # noqa: E402
@@ -61,7 +59,6 @@ def main() -> None:
     parser.add_argument("--table", help="also write the markdown table here")
     args = parser.parse_args()
 
-    torch.set_num_threads(int(os.environ.get("SCOUTBENCH_THREADS", torch.get_num_threads())))
     loaded = load_model(args.model, "cpu", parse_dtype(args.dtype))
     stop_ids = model_eos_ids(loaded.model, loaded.tokenizer)
     budgets = [int(b) for b in args.budgets.split(",")]
