@@ -295,10 +295,44 @@ class ScoutAttention(AttentionMethod):
         b = self.block_size
         pos = step.positions
         if self._L > self._dense:
+            self._keep_leaving_blocks(step)
             self._step_bias(pos)
             if not step.uniform:
                 self._ring_row = (self.k_sel + self.sink_blocks + (pos // b) % self._n_ring) * b + pos % b
         self._steps += 1
+
+    def _keep_leaving_blocks(self, step: StepInfo) -> None:
+        """Keep the block that leaves the local window this step on the device: move it from its ring slot (which
+        the new tail block is about to overwrite) into a free pool slot, a device-to-device copy.
+
+        The block was on the device all along; without this hand-off it became host-only the moment it turned
+        selectable, so its attention moved to the CPU and used the *predicted* query. With a budget covering the
+        whole context, scout then drifted from FullKV at every block boundary until a recall brought the block
+        back (issue 11 item 1). Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
+        a fixed set of blocks; the periodic recall brings it back when it matters. No host sync: rows without a
+        free slot write to the table's trash column (BlockTable keeps one for masked scatters) and copy the ring
+        slot onto itself.
+        """
+        b, n_ring = self.block_size, self._n_ring
+        leaving = [(seq, p // b - n_ring) for seq, p in enumerate(step.positions_host)
+                   if p % b == 0 and p // b - n_ring >= self.sink_blocks]
+        if not leaving:
+            return
+        Hkv, D, dev = self.ctx.num_kv_heads, self.ctx.head_dim, self.ctx.device
+        bh = torch.tensor([seq * Hkv + h for seq, _ in leaving for h in range(Hkv)], device=dev)
+        block = torch.tensor([j for _, j in leaving for _ in range(Hkv)], device=dev)
+        ring = torch.tensor([self._ring_slot(j) for _, j in leaving for _ in range(Hkv)], device=dev)
+        for layer in range(self._dense, self._L):
+            table = self._tables[layer]
+            free = table.slot_block.view(-1, self.k_sel + 1)[bh, : self.k_sel] < 0
+            has_free = free.any(-1)
+            slot = free.to(torch.uint8).argmax(-1)
+            src = bh * self._n_slots + ring
+            dst = bh * self._n_slots + torch.where(has_free, slot, ring)
+            for region in (self._dev_k[layer], self._dev_v[layer]):
+                rows = region.view(-1, b, D)
+                rows.index_copy_(0, dst, rows.index_select(0, src))
+            table.assign(bh, torch.where(has_free, slot, self.k_sel), torch.where(has_free, block, self._max_blocks))
 
     def _step_bias(self, pos: torch.Tensor) -> None:
         """The always-on part of this step's device mask (same for every sparse layer): sink and ring slots."""

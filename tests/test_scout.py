@@ -517,3 +517,34 @@ def test_query_prediction_is_accurate_on_a_real_model(smollm2):
     assert len(result["per_layer"]) == 29
     assert min(result["per_layer"][2:]) >= 0.9, result["per_layer"]
     assert result["mean"] > 0.85
+
+
+def _license_text_prompt(tokenizer, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`num_tokens` tokens of real English prose (CPython's LICENSE.txt, shipped with every Python install)."""
+    import sysconfig
+    from pathlib import Path
+
+    path = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+    if not path.is_file():
+        pytest.skip(f"no {path} in this Python install")
+    ids = tokenizer(path.read_text(encoding="utf-8"))["input_ids"][:num_tokens]
+    assert len(ids) == num_tokens
+    return torch.tensor([ids]), torch.tensor([num_tokens])
+
+
+def test_budget_covering_the_context_equals_fullkv_on_a_real_model(smollm2):
+    """Issue 11 item 1 (regression): with the default layer-ahead prediction and recall, a budget that covers the
+    whole context leaves nothing to the CPU, so scout equals FullKV up to fp32 summation order. Before the fix a
+    block leaving the local window became host-only and was attended on the CPU with the *predicted* query (KL
+    1e-5 at each block boundary on SmolLM2). The decode crosses a block boundary at position 304."""
+    model = smollm2.model
+    prompt, lengths = _license_text_prompt(smollm2.tokenizer, 300)
+    reference, tokens = fullkv_reference(model, prompt, lengths, 10)
+    method = ScoutAttention(budget=512, block_size=16)
+    ours = scout_run(model, method, prompt, lengths, tokens)
+    assert method.stats()["cpu_compute_ratio"]["mean"] == 0.0
+    for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
+        assert int(a.argmax()) == int(b.argmax()), f"step {step}"
+        kl = (b.log_softmax(-1).exp() * (b.log_softmax(-1) - a.log_softmax(-1))).sum()
+        assert abs(float(kl)) < 1e-6, f"step {step}: KL {float(kl):.3g}"
+    assert_logits_close(ours, reference, atol=2e-3)
