@@ -23,6 +23,7 @@ from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, M
 from scoutbench.methods.fullkv import FullKV
 
 PRED_NORMS = ("next", "self")
+DEVICE_BLOCKS = ("resident", "selected")
 
 
 @dataclass
@@ -75,8 +76,10 @@ class ScoutAttention(AttentionMethod):
     (`pred_norm="next"`: layer i+1's input norm applied to layer i's residual input; `"self"`: layer i's
     normalised input, the literal `W_Q^{i+1} X^i`), rotated at the current position; scores layer i+1's digests,
     selects top-k, and submits the CPU partial attention of the selected blocks that are not resident (`B_cpu`) to
-    the worker pool. `decode(i)` appends k/v, computes the device part with the true query over the resident
-    selected blocks plus sink/local/tail (which hold the current token), waits for layer i's CPU result (timed as
+    the worker pool. `decode(i)` appends k/v, computes the device part with the true query over every resident
+    block (Algorithm 1 line 10, `A_gpu = GPUAttn(Q^i, B_gpu^i)`; `device_blocks="selected"`: only the resident
+    blocks of this step's selection, Quest's set split in two) plus sink/local/tail (which hold the current
+    token), waits for layer i's CPU result (timed as
     `idle`) and merges the two by LSE. The first sparse layer is predicted from layer `dense_layers - 1`; with
     `dense_layers == 0`, layer 0's CPU part runs synchronously with the true query.
     `pc=False` is the parallel co-attention baseline: selection with the true query inside `decode(i)`, the CPU
@@ -84,8 +87,9 @@ class ScoutAttention(AttentionMethod):
     (true query everywhere): the exactness tests use it.
 
     Periodic recall (`pr=True`): after layer l's attention, every `recall_interval` steps (per layer from
-    `recall_profile`, a `scoutbench profile-recall` JSON, when given) or whenever the layer's CPU compute ratio
-    exceeds `beta`, the blocks the CPU just computed are copied into the pool (from the worker's gather buffer; on
+    `recall_profile`, a `scoutbench profile-recall` JSON, when given; the paper sets these intervals offline from
+    beta and recalls purely periodically), and with `beta_trigger=True` also whenever the layer's CPU compute
+    ratio exceeds `beta` (a reactive variant, not the paper's), the blocks the CPU just computed are copied into the pool (from the worker's gather buffer; on
     CUDA on a copy stream with an event), evicting free slots first, then resident blocks outside the latest
     selection, lowest score first. A recalled slot is readable only after its copy event has completed, and
     victims are never selected or in-flight blocks, so the layer's next use never reads a half-copied slot.
@@ -108,7 +112,9 @@ class ScoutAttention(AttentionMethod):
     pc: bool = True
     pr: bool = True
     recall_interval: int = 8
-    beta: float = 0.12
+    beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
+    beta_trigger: bool = False
+    device_blocks: str = "resident"
     recall_profile: str | None = None
     oracle: bool = False
     pred_norm: str = "next"
@@ -125,6 +131,8 @@ class ScoutAttention(AttentionMethod):
         require(0.0 <= self.beta <= 1.0, f"beta must be in [0, 1] (got {self.beta})")
         require(self.pred_norm in PRED_NORMS, f"pred_norm must be one of {', '.join(PRED_NORMS)} "
                 f"(got {self.pred_norm!r})")
+        require(self.device_blocks in DEVICE_BLOCKS, f"device_blocks must be one of {', '.join(DEVICE_BLOCKS)} "
+                f"(got {self.device_blocks!r})")
         require(self.cpu_workers >= 1, f"cpu_workers must be >= 1 (got {self.cpu_workers})")
         self._profile_intervals: list[int | None] | None = None
         if self.recall_profile is not None:
@@ -250,6 +258,7 @@ class ScoutAttention(AttentionMethod):
         kmax, kmin = block_digests(k, b)
         self._digests.write(layer, (slice(None), slice(None), slice(0, complete)), kmax, kmin)
         lengths_host = [int(n) for n in lengths.tolist()]
+        self._prompt_len = lengths_host
         dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]
         dev_k.zero_()
         dev_v.zero_()
@@ -314,8 +323,11 @@ class ScoutAttention(AttentionMethod):
         slot onto itself.
         """
         b, n_ring = self.block_size, self._n_ring
-        leaving = [(seq, p // b - n_ring) for seq, p in enumerate(step.positions_host)
-                   if p % b == 0 and p // b - n_ring >= self.sink_blocks]
+        # the ring held blocks tail - n_ring .. tail - 1 in the previous step only if that step was a decode step
+        # (prefill fills the ring for the first decode token's tail block)
+        leaving = [(seq, p // b - n_ring) for seq, (p, prompt) in enumerate(zip(step.positions_host, self._prompt_len,
+                                                                                  strict=True))
+                   if p % b == 0 and p > prompt and p // b - n_ring >= self.sink_blocks]
         if not leaving:
             return
         Hkv, D, dev = self.ctx.num_kv_heads, self.ctx.head_dim, self.ctx.device
@@ -447,7 +459,10 @@ class ScoutAttention(AttentionMethod):
             victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
         counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, table.resident_count()], dim=-1)
         payload = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
-        pool_use = table.slot_mask(on_dev, slot)
+        if self.device_blocks == "resident":  # every resident block whose copy has landed
+            pool_use = (table.slot_block[..., : self.k_sel] >= 0) & table.slot_ready[..., : self.k_sel]
+        else:
+            pool_use = table.slot_mask(on_dev, slot)
         parity = layer % 2
         if self._cuda:
             q_host = self._q_host[parity]
@@ -556,10 +571,12 @@ class ScoutAttention(AttentionMethod):
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
         self._since[layer] += 1
-        n_cpu = plan.payload[..., 3 * self.k_sel]
-        ratio = float(n_cpu.sum()) * self.block_size / (self.budget * n_cpu.numel())
-        if self._since[layer] < self._intervals[layer] and ratio <= self.beta:
-            return
+        if self._since[layer] < self._intervals[layer]:
+            if not self.beta_trigger:
+                return
+            n_cpu = plan.payload[..., 3 * self.k_sel]
+            if float(n_cpu.sum()) * self.block_size / (self.budget * n_cpu.numel()) <= self.beta:
+                return
         self._since[layer] = 0
         if result.width == 0:
             return
@@ -664,8 +681,12 @@ class ScoutAttention(AttentionMethod):
         B, Hkv = valid.shape[:2]
         selected = [[{int(j) for j, ok in zip(ids[s, h], valid[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
         device = [[{int(j) for j, ok in zip(ids[s, h], on_dev[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
+        pool_blocks = table.slot_block[..., : self.k_sel].cpu()
+        pool_use = plan.pool_use.cpu()
+        pool = [[{int(j) for j, used in zip(pool_blocks[s, h], pool_use[s, h], strict=True) if used}
+                 for h in range(Hkv)] for s in range(B)]
         self.trace.append({"kind": "plan", "layer": plan.layer, "step": plan.step, "predicted": plan.predicted,
-                           "selected": selected, "device": device, "resident": table.resident_sets(),
+                           "selected": selected, "device": device, "pool": pool, "resident": table.resident_sets(),
                            "positions": list(self.step.positions_host)})
 
 

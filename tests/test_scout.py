@@ -154,7 +154,7 @@ def test_oracle_equals_device_only_selection_for_any_residency(tiny_qwen3, promp
     hooks = {"none": _no_initial, "half": _half_initial, "random": _random_initial(5)}
     if residency in hooks:
         monkeypatch.setattr(ScoutAttention, "_initial_selection", hooks[residency])
-    method = ScoutAttention(**REFERENCE_CFG, oracle=True, pr=pr, recall_interval=2)
+    method = ScoutAttention(**REFERENCE_CFG, oracle=True, pr=pr, recall_interval=2, device_blocks="selected")
     ours = scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
     assert_logits_close(ours, reference, atol=1e-5)
     # same selections, and the split really varies
@@ -171,15 +171,16 @@ def test_oracle_equals_quest_without_sink_and_local(tiny_qwen3, prompt_300):
 
     prompt, lengths, tokens = prompt_300
     reference = run_engine(tiny_qwen3, Quest(budget=64, block_size=4), prompt, lengths, tokens)
-    method = ScoutAttention(budget=64, block_size=4, sink_blocks=0, local_blocks=0, oracle=True, recall_interval=2)
+    method = ScoutAttention(budget=64, block_size=4, sink_blocks=0, local_blocks=0, oracle=True, recall_interval=2,
+                            device_blocks="selected")
     assert_logits_close(scout_run(tiny_qwen3, method, prompt, lengths, tokens), reference, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- S6: recall
 def test_recall_never_changes_oracle_outputs(tiny_qwen3, prompt_300):
     prompt, lengths, tokens = prompt_300
-    off = ScoutAttention(budget=64, block_size=4, oracle=True, pr=False)
-    on = ScoutAttention(budget=64, block_size=4, oracle=True, pr=True, recall_interval=1)
+    off = ScoutAttention(budget=64, block_size=4, oracle=True, pr=False, device_blocks="selected")
+    on = ScoutAttention(budget=64, block_size=4, oracle=True, pr=True, recall_interval=1, device_blocks="selected")
     logits_off = scout_run(tiny_qwen3, off, prompt, lengths, tokens)
     logits_on = scout_run(tiny_qwen3, on, prompt, lengths, tokens)
     assert on.stats()["recall"]["issued"] > 0 and off.stats()["recall"]["issued"] == 0
@@ -207,6 +208,40 @@ def test_recall_empties_the_cpu_part_for_the_same_selection(tiny_qwen3, prompt_3
             assert j in after["resident"][s][h]
             if j in after["selected"][s][h]:
                 assert j in after["device"][s][h]
+
+
+@pytest.mark.parametrize("device_blocks", ["resident", "selected"])
+def test_device_part_reads_every_resident_block_by_default(tiny_qwen3, prompt_300, device_blocks):
+    """Algorithm 1 line 10: the device part attends every resident block (B_gpu), not only this step's selected
+    ones; `device_blocks="selected"` keeps Quest's set split in two. The CPU part is the selected blocks the pool
+    does not hold, in both modes."""
+    prompt, lengths, tokens = prompt_300
+    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2, device_blocks=device_blocks)
+    scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    extra = 0
+    for record in plans(method):
+        for s, row in enumerate(record["pool"]):
+            for h, pool in enumerate(row):
+                resident, selected = record["resident"][s][h], record["selected"][s][h]
+                expected = resident if device_blocks == "resident" else resident & selected
+                assert pool == expected
+                extra += len(pool - selected)
+    assert (extra > 0) == (device_blocks == "resident")  # the modes really differ on this run
+
+
+@pytest.mark.parametrize("beta_trigger", [False, True])
+def test_recall_is_periodic_unless_the_beta_trigger_is_on(tiny_qwen3, prompt_300, beta_trigger):
+    """The paper recalls every I_l steps (intervals profiled offline from beta); the reactive beta trigger is an
+    option. With beta 0 every step with CPU work would recall reactively."""
+    prompt, lengths, tokens = prompt_300
+    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=4, beta=0.0, beta_trigger=beta_trigger)
+    scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    steps = {(r["layer"], r["step"]) for r in method.trace if r["kind"] == "recall"}
+    assert steps
+    if not beta_trigger:
+        assert all(step % 4 == 3 for _, step in steps), steps  # the 4th, 8th, ... visit of each layer
+    else:
+        assert any(step % 4 != 3 for _, step in steps)
 
 
 # ---------------------------------------------------------------------------------------------- RoPE / prediction
@@ -291,7 +326,7 @@ def test_edge_lengths_match_reference_and_fullkv(tiny_qwen3, length):
     assert_logits_close(scout_run(tiny_qwen3, big, prompt, lengths, tokens), fullkv, atol=1e-5)
     cfg = dict(budget=32, block_size=4, dense_layers=2)
     reference = run_engine(tiny_qwen3, SelectionReference(**cfg), prompt, lengths, tokens)
-    small = ScoutAttention(**cfg, oracle=True, recall_interval=2)
+    small = ScoutAttention(**cfg, oracle=True, recall_interval=2, device_blocks="selected")
     assert_logits_close(scout_run(tiny_qwen3, small, prompt, lengths, tokens), reference, atol=1e-5)
 
 
@@ -304,7 +339,7 @@ def test_ragged_batch_matches_reference_and_fullkv(tiny_qwen3, sink, local):
     assert_logits_close(scout_run(tiny_qwen3, big, prompt, lengths, tokens), fullkv, atol=1e-5)
     cfg = dict(budget=48, block_size=4, dense_layers=1, sink_blocks=sink, local_blocks=local)
     reference = run_engine(tiny_qwen3, SelectionReference(**cfg), prompt, lengths, tokens)
-    small = ScoutAttention(**cfg, oracle=True, recall_interval=2)
+    small = ScoutAttention(**cfg, oracle=True, recall_interval=2, device_blocks="selected")
     assert_logits_close(scout_run(tiny_qwen3, small, prompt, lengths, tokens, trace=True), reference, atol=1e-5)
     positions = {tuple(r["positions"]) for r in plans(small)}
     assert all(len(set(p)) == 3 for p in positions)  # really ragged
@@ -320,7 +355,7 @@ def test_gqa_groups(request, group):
     assert_logits_close(scout_run(model, big, prompt, lengths, tokens), fullkv, atol=1e-5)
     cfg = dict(budget=40, block_size=4)
     reference = run_engine(model, SelectionReference(**cfg), prompt, lengths, tokens)
-    small = ScoutAttention(**cfg, oracle=True, recall_interval=2)
+    small = ScoutAttention(**cfg, oracle=True, recall_interval=2, device_blocks="selected")
     assert_logits_close(scout_run(model, small, prompt, lengths, tokens), reference, atol=1e-5)
 
 
