@@ -196,3 +196,48 @@ def require(condition: bool, message: str) -> None:
     """Field validation helper for __post_init__."""
     if not condition:
         raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """How a run uses a method's token budget (issue 11 item 4). A budget that covers every token the run will
+    hold attends everything: the run proceeds dense (FullKV) instead of reporting a sparse method's numbers for
+    what is really dense attention, and the result says so."""
+
+    budget: int | None  # the method's `budget` field (None: the method has none, e.g. FullKV)
+    context_tokens: int  # the most tokens one sequence holds during the run (prompt + decoded)
+    effective_budget: int | None  # tokens attended at most per (sequence, KV head): min(budget, context)
+    sparse: bool
+
+    def result_fields(self) -> dict[str, Any]:
+        return {"budget": self.budget, "effective_budget": self.effective_budget, "sparse": self.sparse}
+
+
+_WARNED: set[tuple[str, int, int]] = set()
+
+
+def plan_budget(method: AttentionMethod, context_tokens: int) -> BudgetPlan:
+    budget = getattr(method, "budget", None)
+    if budget is None:
+        return BudgetPlan(None, context_tokens, None, False)
+    return BudgetPlan(budget, context_tokens, min(budget, context_tokens), budget < context_tokens)
+
+
+def dense_if_budget_covers(method: AttentionMethod, context_tokens: int) -> tuple[AttentionMethod, BudgetPlan]:
+    """The method a run should decode with: `method` itself, or FullKV when its budget covers all
+    `context_tokens` (with a one-line warning on stderr, once per method, budget and context). Every runner
+    (throughput, sweep, accuracy, fidelity, profile-recall) goes through here, so they agree."""
+    plan = plan_budget(method, context_tokens)
+    if plan.budget is None or plan.sparse:
+        return method, plan
+    key = (method.name, plan.budget, context_tokens)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        import sys
+
+        print(f"scoutbench: warning: {method.name} budget {plan.budget} covers the whole context "
+              f"({context_tokens} tokens): running dense (FullKV); the result says sparse: false",
+              file=sys.stderr)
+    from scoutbench.methods.fullkv import FullKV
+
+    return FullKV(), plan

@@ -177,7 +177,10 @@ def _run_accuracy_locked(tasks: list[Task], loaded: LoadedModel, spec: MethodSpe
     for task in tasks:
         file_name = f"{task.name}.jsonl"
         rows = predict_task(task, loaded, spec, folder / file_name, on_progress)
-        results[task.name] = {**task.score(rows), "n": len(rows), **task.describe(), "predictions": file_name}
+        budget = method["method_config"].get("budget")
+        dense = sum(budget is not None and budget >= row["input_tokens"] + task.max_new_tokens for row in rows)
+        results[task.name] = {**task.score(rows), "n": len(rows), "dense_records": dense, **task.describe(),
+                              "predictions": file_name}
     result = {
         "schema_version": SCHEMA_VERSION, "kind": "accuracy", "scoutbench_version": __version__,
         "created_at": utc_now(), "command": command if command is not None else list(sys.argv),

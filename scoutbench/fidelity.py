@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from scoutbench.engine import DecodeEngine
 from scoutbench.generation import MethodSpec, silent_timer
+from scoutbench.methods.base import dense_if_budget_covers
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.models import LoadedModel
 
@@ -60,13 +61,15 @@ def measure_fidelity(loaded: LoadedModel, spec: MethodSpec, prompts: list[list[i
     agreement: list[list[float]] = [[] for _ in range(steps)]
     kl: list[list[float]] = [[] for _ in range(steps)]
     cosine: list[list[float]] = [[] for _ in range(steps)]
+    plans = []
     for prompt_ids in prompts:
         reference = FullKV()
         try:
             tokens, ref_log_probs, ref_hidden = _run(loaded.model, reference, prompt_ids, steps, None)
         finally:
             reference.close()
-        method = spec.build()
+        method, plan = dense_if_budget_covers(spec.build(), len(prompt_ids) + steps)
+        plans.append(plan)
         try:
             _, log_probs, hidden = _run(loaded.model, method, prompt_ids, steps, tokens)
         finally:
@@ -84,5 +87,7 @@ def measure_fidelity(loaded: LoadedModel, spec: MethodSpec, prompts: list[list[i
     overall = {"top1_agreement": _mean([a for values in agreement for a in values]),
                "kl_mean": _mean([k for values in kl for k in values]),
                "hidden_cosine": _mean(every_cosine), "hidden_cosine_min": min(every_cosine)}
-    return {"overall": overall, "per_step": per_step, "num_prompts": len(prompts),
+    return {"overall": overall, "per_step": per_step, "budget": plans[0].budget,
+            "effective_budget": max(p.effective_budget or 0 for p in plans) if plans[0].budget is not None else None,
+            "sparse": any(p.sparse for p in plans), "num_prompts": len(prompts),
             "prompt_tokens": [len(p) for p in prompts], "steps": steps}

@@ -13,7 +13,7 @@ import torch
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import AttentionMethod
+from scoutbench.methods.base import AttentionMethod, dense_if_budget_covers
 from scoutbench.throughput import BUDGET_FIELDS, build_method, method_field_names
 from scoutbench.timing import StageTimer
 
@@ -28,6 +28,11 @@ class MethodSpec:
 
     def build(self) -> AttentionMethod:
         return build_method(self.name, self.args)
+
+    def build_for(self, context_tokens: int) -> AttentionMethod:
+        """A fresh method for a run that holds `context_tokens` tokens: FullKV when the budget covers them all
+        (methods.base.dense_if_budget_covers)."""
+        return dense_if_budget_covers(self.build(), context_tokens)[0]
 
     def describe(self) -> dict[str, Any]:
         """`method`, `method_config` and `method_repr`, as in throughput results."""
@@ -159,7 +164,7 @@ def generate_text(model: torch.nn.Module, tokenizer: Any, spec: MethodSpec, prom
                   max_new_tokens: int, stop_ids: frozenset[int], min_new_tokens: int = 0) -> str:
     """Build a fresh method, generate, always close it; the prediction is the decode of the new tokens only,
     special tokens skipped, not stripped (as LongBench's pred.py)."""
-    method = spec.build()
+    method = spec.build_for(len(prompt_ids) + max_new_tokens)
     try:
         new_ids = greedy_generate(model, method, prompt_ids, max_new_tokens, stop_ids, min_new_tokens)
     finally:

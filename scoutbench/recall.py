@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from scoutbench.engine import DecodeEngine
+from scoutbench.methods.base import dense_if_budget_covers
 from scoutbench.methods.scout import ScoutAttention
 
 
@@ -85,6 +86,8 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
     args = dict(method_args or {})
     args["pr"] = False
     method = ScoutAttention.from_args(args)
+    # a budget covering the context runs dense: nothing drifts, every layer's interval is null and sparse: false
+    budget_plan = dense_if_budget_covers(method, length + steps + 1)[1]
     if loaded is None:
         loaded = load_model(model_name, torch_device, torch_dtype, seed)
     model = loaded.model
@@ -93,19 +96,20 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
     engine.start(batch=batch, max_len=length + steps + 1)
     method.trace = []
     try:
-        generator = torch.Generator().manual_seed(seed)
-        vocab = model.config.vocab_size
-        lengths = torch.full((batch,), length, dtype=torch.long)
-        if prefill == "synthetic":
-            engine.prefill_synthetic(lengths, seed)
-            tokens = torch.randint(0, vocab, (batch,), generator=generator).to(torch_device)
-        else:
-            prompt = torch.randint(0, vocab, (batch, length), generator=generator)
-            tokens = engine.prefill(prompt.to(torch_device), lengths).argmax(-1)
-        for _ in range(steps):
-            logits = engine.decode_step(tokens)
-            tokens = logits.argmax(-1) if prefill != "synthetic" else \
-                torch.randint(0, vocab, (batch,), generator=generator).to(torch_device)
+        if budget_plan.sparse:  # a dense run has no selection to profile
+            generator = torch.Generator().manual_seed(seed)
+            vocab = model.config.vocab_size
+            lengths = torch.full((batch,), length, dtype=torch.long)
+            if prefill == "synthetic":
+                engine.prefill_synthetic(lengths, seed)
+                tokens = torch.randint(0, vocab, (batch,), generator=generator).to(torch_device)
+            else:
+                prompt = torch.randint(0, vocab, (batch, length), generator=generator)
+                tokens = engine.prefill(prompt.to(torch_device), lengths).argmax(-1)
+            for _ in range(steps):
+                logits = engine.decode_step(tokens)
+                tokens = logits.argmax(-1) if prefill != "synthetic" else \
+                    torch.randint(0, vocab, (batch,), generator=generator).to(torch_device)
         trace = method.trace
     finally:
         method.trace = None
@@ -143,6 +147,7 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
         "dtype": str(torch_dtype).removeprefix("torch."),
         "device": torch_device.type,
         "method": method.config(),
+        **budget_plan.result_fields(),
         "intervals": intervals,
         "mean_interval": sum(sparse_intervals) / len(sparse_intervals) if sparse_intervals else None,
         "interval_cap": max(1, steps - 1),

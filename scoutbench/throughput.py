@@ -18,15 +18,15 @@ import torch
 
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import AttentionMethod, ModelShape
+from scoutbench.methods.base import AttentionMethod, ModelShape, dense_if_budget_covers
 from scoutbench.models import LoadedModel, load_model, parse_dtype
 from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.timing import STAGES
 from scoutbench.workloads.synthetic import SyntheticWorkload
 
-# Convenience flags map onto whichever field a method uses for the same idea.
-BUDGET_FIELDS = ("budget", "max_num_kv")
+# The field `--budget` sets (every sparse method has one; FullKV has none).
+BUDGET_FIELDS = ("budget",)
 
 
 @dataclass
@@ -77,15 +77,6 @@ def build_method(name: str, args: dict[str, Any]) -> AttentionMethod:
 
 def method_field_names(name: str) -> set[str]:
     return {f.name for f in dataclasses.fields(METHODS.load(name))}
-
-
-def validate_against_context(method: AttentionMethod, context_len: int) -> None:
-    """A sparse budget at or above the context makes the method attend everything: not a benchmark of it."""
-    for name in BUDGET_FIELDS:
-        budget = getattr(method, name, None)
-        if isinstance(budget, int) and budget > context_len:
-            raise UsageError(f"{method.name}: {name} {budget} is larger than the context ({context_len} tokens); "
-                             f"lower --budget or raise --len")
 
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
@@ -202,8 +193,8 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    method = build_method(cfg.method, cfg.method_args)
-    validate_against_context(method, cfg.length)
+    method, _ = dense_if_budget_covers(build_method(cfg.method, cfg.method_args),
+                                       cfg.length + cfg.warmup + cfg.steps)
     if loaded is None:
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
     config = loaded.model.config
@@ -225,8 +216,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
     planned then, so the free-memory check is skipped)."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    method = build_method(cfg.method, cfg.method_args)
-    validate_against_context(method, cfg.length)
+    requested = build_method(cfg.method, cfg.method_args)
+    method, budget_plan = dense_if_budget_covers(requested, cfg.length + cfg.warmup + cfg.steps)
     if loaded is None:
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
     workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
@@ -292,7 +283,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
     return {
         "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": env_info()["scoutbench"],
         "created_at": utc_now(), "command": cfg.command, "status": "ok", "error": None,
-        "method": cfg.method, "method_config": method.config(), "method_repr": repr(method),
+        "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
+        **budget_plan.result_fields(),
         "model": loaded.describe(dtype), "workload": workload.describe(), "device": device_description(device),
         "prefill_ms": prefill_ms, **summarise_steps(records, workload.batch),
         "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats, "env": env_info(),

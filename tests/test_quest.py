@@ -118,3 +118,23 @@ def test_footprint_matches_what_bind_allocates():
     allocated = sum(t.numel() * t.element_size() for t in tensors) // ctx.batch
     footprint = method.memory_footprint(shape, method.ctx.max_len, elem_bytes=4)
     assert (footprint.device_bytes_per_seq, footprint.host_bytes_per_seq) == (allocated, 0)
+
+
+def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
+    """Issue 11 item 4: a budget >= every token the run holds is dense attention: the run uses FullKV, warns in
+    one line, and the result records `sparse: false` and the effective budget (prompt + warm-up + timed steps)."""
+    from scoutbench.throughput import ThroughputConfig, run_throughput
+
+    common = dict(model="tiny-qwen3", length=96, steps=2, warmup=1, device="cpu", command=["test"])
+    dense = run_throughput(ThroughputConfig(method="quest", method_args={"budget": "99"}, **common))
+    assert (dense["budget"], dense["effective_budget"], dense["sparse"]) == (99, 99, False)
+    assert "digest_bytes" not in dense["method_stats"]  # FullKV ran
+    assert dense["method_config"]["budget"] == 99  # the requested method is still what the result names
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "covers the whole context (99 tokens): running dense" in warning[0]
+    sparse = run_throughput(ThroughputConfig(method="quest", method_args={"budget": "64", "block_size": "16"},
+                                             **common))
+    assert (sparse["budget"], sparse["effective_budget"], sparse["sparse"]) == (64, 64, True)
+    assert "digest_bytes" in sparse["method_stats"]
+    full = run_throughput(ThroughputConfig(method="fullkv", **common))
+    assert (full["budget"], full["effective_budget"], full["sparse"]) == (None, None, False)
