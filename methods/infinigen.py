@@ -10,10 +10,11 @@ forbids folding the skew into W_Q):
   like the original, so each step's new token is one contiguous asynchronous device-to-host copy.
 - decode, before layer i: layer i+1's query is predicted from layer i's normalised input with layer i+1's weights
   (rotated at the current position), skewed and cut to the partial channels; every cached token of layer i+1 is
-  scored with the partial keys (scaled logits); per query head the tokens above `max - alpha` are counted and
-  n = min(floor(mean count), max_num_kv) (>= 1, the same for every head and sequence, as in the original; in a
-  ragged batch a short sequence lowers the mean, and its fetched slots past its own length are masked), and
-  the top-n tokens of each (sequence, KV head) are fetched from host memory one layer ahead: a worker thread
+  scored with the partial keys (scaled logits); n = budget - 1 by default, so that InfiniGen attends `budget`
+  tokens like every other sparse method (the paper fixes 2048 for all baselines). `dynamic_count=True` is the
+  original's count: per query head the tokens above `max - alpha` are counted and n = min(floor(mean count),
+  budget - 1) (a host sync, timed as idle). Either way n >= 1 is the same for every head and sequence (in a
+  ragged batch a short sequence's fetched slots past its own length are masked), and the top-n tokens of each (sequence, KV head) are fetched from host memory one layer ahead: a worker thread
   gathers them (and on CUDA copies them to the device on a copy stream) while layer i computes.
 - layer i+1 waits for its fetch (timed as idle) and attends exactly, with its true query, over the fetched tokens
   and the current token, merged by LSE.
@@ -48,13 +49,14 @@ class InfiniGen(AttentionMethod):
     layer_ahead = True
     partial_ratio: float = 0.2  # fraction of head_dim kept as speculation channels
     alpha: float = 5.0  # a token counts if its speculated logit is within alpha of the head's max (inf: all)
-    max_num_kv: int = 2048  # cap on the tokens fetched per (sequence, KV head) and layer
+    budget: int = 2048  # tokens attended per (sequence, KV head) and layer: budget - 1 fetched + the current one
+    dynamic_count: bool = False  # the original's count: n = min(mean #tokens within alpha of the max, budget - 1)
     dense_layers: int = 2
 
     def __post_init__(self) -> None:
         require(0.0 < self.partial_ratio <= 1.0, f"partial_ratio must be in (0, 1], got {self.partial_ratio}")
         require(self.alpha > 0.0, f"alpha must be > 0 (logit units; inf fetches every token), got {self.alpha}")
-        require(self.max_num_kv >= 1, f"max_num_kv must be >= 1, got {self.max_num_kv}")
+        require(self.budget >= 2, f"budget must be >= 2 (one fetched token plus the current one), got {self.budget}")
         require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
 
     def partial_dim(self, head_dim: int) -> int:
@@ -77,7 +79,7 @@ class InfiniGen(AttentionMethod):
         self.skew: dict[int, torch.Tensor] = {}  # [Hkv, D, D] fp32, orthogonal
         self.partial_proj: dict[int, torch.Tensor] = {}  # [Hkv, D, channels]: the partial columns of the skew
         # double-buffered fetch targets: layer i+1's fetch lands while layer i still reads the other buffer
-        self.capacity = min(self.max_num_kv, ctx.max_len)
+        self.capacity = min(self.budget - 1, ctx.max_len)
         numel = batch * kv_heads * self.capacity * head_dim
         on_cuda = ctx.device.type == "cuda"
         self._fetched = [(torch.empty(numel, dtype=ctx.dtype, device=ctx.device),
@@ -158,9 +160,16 @@ class InfiniGen(AttentionMethod):
                                  self.partial_proj[layer])
         scores = torch.matmul(partial_q, self.partial_keys[layer].transpose(-1, -2)).float().mul_(ctx.scale)
         scores.masked_fill_(self._uncached, float("-inf"))  # [B, Hkv, G, max_len]
-        counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
-        # The one host sync of the method: n sizes the fetch (the original calls .item() at the same point).
-        n = max(1, min(int(counts.float().mean().item()), self.capacity))
+        cached = max(self.step.positions_host)
+        if self.dynamic_count:
+            counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
+            # The method's one host sync: n sizes the fetch (the original calls .item() at the same point). The
+            # wait is the GPU's idle time, not prediction work (issue 10 item 6).
+            with ctx.timer.stage("idle"):
+                mean_count = counts.float().mean().item()
+            n = max(1, min(int(mean_count), self.capacity, cached))
+        else:  # a fixed fetch of budget - 1 tokens, the budget every sparse method gets (issue 11 item 2)
+            n = max(1, min(self.capacity, cached))
         return scores.amax(dim=2).topk(n, dim=-1).indices, n
 
     def _launch_fetch(self, layer: int, q: torch.Tensor) -> None:
@@ -245,7 +254,7 @@ class InfiniGen(AttentionMethod):
         dense = min(self.dense_layers, shape.num_layers)
         sparse = shape.num_layers - dense
         partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
-        device = dense * context_len * kv + partial_keys + 2 * self.max_num_kv * kv  # double-buffered prefetch
+        device = dense * context_len * kv + partial_keys + 2 * (self.budget - 1) * kv  # double-buffered prefetch
         return Footprint(device, sparse * context_len * kv)
 
     def stats(self):

@@ -45,8 +45,8 @@ class MethodSpec:
 
 
 def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: int | None = None) -> MethodSpec:
-    """Resolve `--budget` into the method's own budget field (`budget` for Quest and ScoutAttention, InfiniGen's
-    fetch cap `max_num_kv`); methods without one (FullKV, HGCA) reject it rather than silently ignore it."""
+    """Resolve `--budget` into the method's `budget` field; a method without one (FullKV) rejects it rather than
+    silently ignore it."""
     args = dict(method_args or {})
     if budget is not None:
         fields = method_field_names(name)

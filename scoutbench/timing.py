@@ -21,7 +21,10 @@ class StageTimer:
     def __init__(self, device: torch.device | str):
         self.use_cuda = torch.device(device).type == "cuda"
         self.steps: list[dict[str, float]] = []
-        self._open: list[tuple[str, object, object]] = []
+        # (stage, start, end, sign): a stage nested in another is subtracted from the enclosing one (sign -1), so
+        # e.g. a host wait timed as `idle` inside `predict` is not counted twice
+        self._open: list[tuple[str, object, object, float]] = []
+        self._stack: list[str] = []
         self._step_start: object = None
         self.enabled = True
 
@@ -43,10 +46,16 @@ class StageTimer:
             yield
             return
         start = self._mark()
+        parent = self._stack[-1] if self._stack else None
+        self._stack.append(name)
         try:
             yield
         finally:
-            self._open.append((name, start, self._mark()))
+            self._stack.pop()
+            end = self._mark()
+            self._open.append((name, start, end, 1.0))
+            if parent is not None:
+                self._open.append((parent, start, end, -1.0))
 
     def begin_step(self) -> None:
         self._open.clear()
@@ -58,8 +67,8 @@ class StageTimer:
         if self.use_cuda:
             torch.cuda.synchronize()
         totals: dict[str, float] = defaultdict(float)
-        for name, start, stop in self._open:
-            totals[name] += self._elapsed_ms(start, stop)
+        for name, start, stop, sign in self._open:
+            totals[name] += sign * self._elapsed_ms(start, stop)
         step_ms = self._elapsed_ms(self._step_start, end)
         record = {stage: totals.get(stage, 0.0) for stage in STAGES if stage != "other"}
         record["other"] = max(0.0, step_ms - sum(record.values()))

@@ -54,7 +54,7 @@ def test_greedy_matches_hf_generate_with_stops_and_min_length(hf_with_engine_ker
 
 def test_budget_maps_to_the_methods_own_field():
     assert method_spec("quest", budget=512).args == {"budget": 512}
-    assert method_spec("infinigen", budget=512).args == {"max_num_kv": 512}
+    assert method_spec("infinigen", budget=512).args == {"budget": 512}
     with pytest.raises(ScoutbenchError, match="no token budget"):
         method_spec("fullkv", budget=512)
     with pytest.raises(ScoutbenchError, match="no token budget"):
@@ -239,7 +239,7 @@ def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
 # HGCA with the CPU attending all of its tokens).
 COVERING_ARGS = {
     "quest": {"budget": "4096"},
-    "infinigen": {"alpha": "inf", "max_num_kv": "4096"},
+    "infinigen": {"budget": "4096"},
     "hgca": {"cpu_topk_frac": "1"},
     "scout": {"budget": "4096", "oracle": "true"},
 }

@@ -21,13 +21,14 @@ from scoutbench.methods.infinigen import InfiniGen
 
 
 # dense_layers=0: layer 0 has no layer ahead of it and speculates with its own query, synchronously
+@pytest.mark.parametrize("dynamic_count", [False, True])
 @pytest.mark.parametrize(("model_name", "dense_layers"), [("tiny_qwen3", 2), ("tiny_llama", 0), ("tiny_mha", 2)])
-def test_fetching_every_token_equals_fullkv(model_name, dense_layers, request):
+def test_fetching_every_token_equals_fullkv(model_name, dense_layers, dynamic_count, request):
     model = request.getfixturevalue(model_name)
     # uniform lengths: n is one count for the whole batch (the mean over sequences and heads, as the original)
     prompt, lengths = ragged_prompt(model.config.vocab_size, [40, 40])
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=5)
-    method = InfiniGen(alpha=float("inf"), max_num_kv=4096, dense_layers=dense_layers)
+    method = InfiniGen(alpha=float("inf"), budget=4096, dense_layers=dense_layers, dynamic_count=dynamic_count)
     ours = run_engine(model, method, prompt, lengths, tokens)
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -72,7 +73,7 @@ def _bound_infinigen(lengths, num_kv_heads, seed=0, **fields):
 def test_speculation_with_every_channel_ranks_by_the_exact_scores(num_kv_heads):
     lengths, alpha = [30, 17], 2.0
     method, ctx, keys, _, generator = _bound_infinigen(lengths, num_kv_heads, partial_ratio=1.0, alpha=alpha,
-                                                       max_num_kv=64)
+                                                       budget=65, dynamic_count=True)
     group = ctx.num_heads // num_kv_heads
     q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
     ids, n = method.speculate(2, q)
@@ -93,16 +94,15 @@ def test_speculation_with_every_channel_ranks_by_the_exact_scores(num_kv_heads):
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2])
 def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_heads):
-    lengths, max_num_kv = [30, 5], 8  # the short sequence has fewer cached tokens than the fetch count
-    method, ctx, keys, values, generator = _bound_infinigen(lengths, num_kv_heads, max_num_kv=max_num_kv,
-                                                            alpha=float("inf"))
+    lengths, fetch = [30, 5], 8  # the short sequence has fewer cached tokens than the fetch count
+    method, ctx, keys, values, generator = _bound_infinigen(lengths, num_kv_heads, budget=fetch + 1)
     group = ctx.num_heads // num_kv_heads
     for layer in range(1, ctx.num_layers):  # layers 1 and 2 are sparse; with no layer ahead, they fetch now
         q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
         k_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
         v_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
         ids, n = method.speculate(layer, q)
-        assert 1 <= n <= max_num_kv
+        assert n == fetch  # budget - 1, whatever the scores
         out = method.decode(layer, q, k_new, v_new)
         for b, length in enumerate(lengths):
             for h in range(num_kv_heads):
@@ -115,7 +115,7 @@ def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_he
                 torch.testing.assert_close(out[b, h * group: (h + 1) * group], expected, atol=1e-5, rtol=1e-5)
     stats = method.stats()
     method.close()
-    assert stats["tokens_fetched_per_layer"] == [0, max_num_kv, max_num_kv]
+    assert stats["tokens_fetched_per_layer"] == [0, fetch, fetch]
     token_bytes = len(lengths) * num_kv_heads * 2 * ctx.head_dim * 4
     assert stats["bytes_h2d_per_layer"] == [n * token_bytes for n in stats["tokens_fetched_per_layer"]]
 
@@ -123,19 +123,38 @@ def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_he
 def test_engine_run_respects_the_fetch_cap(tiny_llama):
     prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [60, 41])
     _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=4)
-    method = InfiniGen(max_num_kv=8)
+    method = InfiniGen(budget=9, dynamic_count=True)
     logits = run_engine(tiny_llama, method, prompt, lengths, tokens)
     assert all(torch.isfinite(x).all() for x in logits)
     fetched = method.stats()["tokens_fetched_per_layer"]
     assert fetched[:2] == [0, 0] and all(1 <= n <= 8 for n in fetched[2:])
 
 
+@pytest.mark.parametrize("dynamic_count", [False, True])
+def test_fetch_count_and_where_its_host_sync_is_timed(dynamic_count):
+    """Issue 11 item 2: by default n = budget - 1 (budget-matched with the other methods, no host sync); the
+    original's alpha count is an option, and its `.item()` wait is timed as `idle`, not `predict` (issue 10 item 6)."""
+    lengths = [30, 30]
+    method, ctx, _, _, generator = _bound_infinigen(lengths, 2, budget=9, alpha=0.01, dynamic_count=dynamic_count)
+    q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
+    ctx.timer.begin_step()
+    with ctx.timer.stage("predict"):
+        _, n = method.speculate(2, q)
+    names = [name for name, *_ in ctx.timer._open]
+    ctx.timer.end_step()
+    method.close()
+    if dynamic_count:
+        assert n < 8 and "idle" in names  # alpha 0.01 counts about one token per head
+    else:
+        assert n == 8 and "idle" not in names
+
+
 def test_method_args_and_footprint():
-    method = InfiniGen.from_args({"alpha": "inf", "max_num_kv": "2k", "partial_ratio": "0.25"})
-    assert (method.alpha, method.max_num_kv, method.partial_ratio) == (float("inf"), 2048, 0.25)
+    method = InfiniGen.from_args({"alpha": "inf", "budget": "2k", "partial_ratio": "0.25"})
+    assert (method.alpha, method.budget, method.partial_ratio) == (float("inf"), 2048, 0.25)
     with pytest.raises(UsageError, match="partial_ratio"):
         InfiniGen.from_args({"partial_ratio": "0"})
-    method, ctx, *_ = _bound_infinigen([40, 40], num_kv_heads=2, max_num_kv=16)
+    method, ctx, *_ = _bound_infinigen([40, 40], num_kv_heads=2, budget=17)
     shape = ModelShape(ctx.num_layers, ctx.num_heads, ctx.num_kv_heads, ctx.head_dim, 64, 64, 64)
     device = [*method.dense.keys, *method.dense.values, *method.partial_keys.values(),
               *(buffer for pair in method._fetched for buffer in pair)]

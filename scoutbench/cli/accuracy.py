@@ -12,7 +12,7 @@ from scoutbench.cli.options import SEED, parse_method_args
 from scoutbench.errors import UsageError
 
 LENGTH_HELP = "tokens; k = 1024 (4k = 4096)"
-BUDGET_HELP = ("Token budget: sets `budget` (scout, quest) or `max_num_kv` (infinigen, the cap on fetched tokens); "
+BUDGET_HELP = ("Token budget: sets the `budget` field of the sparse methods; "
                "methods without one (fullkv, hgca) reject it")
 
 
