@@ -29,6 +29,7 @@ from scoutbench.gate import (
     point_key,
     varying_fields,
 )
+from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
 SCOUT_FAMILY = {"scout", "scout-base", "scout-pc", "scout-pr"}
@@ -295,8 +296,9 @@ def _breakdown_figure(report: Report, out: Path) -> None:
                    hatch="//" if stage == "idle" else None)
             bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
         for i, p in enumerate(points):
-            idle = 100 * float(p.result.get("gpu_idle_frac") or 0.0)
-            ax.annotate(f"idle {idle:.0f}%", (i, bottoms[i]), ha="center", va="bottom", fontsize=7,
+            idle = 100 * float(wait_frac(p.result) or 0.0)
+            word = "idle" if p.result.get("gpu_idle_frac") is not None else "wait"  # CPU: the main thread's wait
+            ax.annotate(f"{word} {idle:.0f}%", (i, bottoms[i]), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(range(len(points)), labels, fontsize=7)
         ax.set_ylabel("ms per decode step")
@@ -361,7 +363,7 @@ def summary_markdown(report: Report, out: Path) -> str:
              f"{len(report.projections)} projections, "
              f"{len(report.failed)} failed, {len(report.skipped)} items skipped.", ""]
     if report.points:
-        lines += ["## Throughput", "", "| method | model | dtype | len | batch | tok/s | step ms (median) | idle % "
+        lines += ["## Throughput", "", "| method | model | dtype | len | batch | tok/s | step ms (median) | idle/wait % "
                   "| vs fullkv | device |", "|---|---|---|---|---|---|---|---|---|---|"]
         fullkv = {(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device): p.tok_s
                   for p in report.points if p.method == "fullkv"}
@@ -369,7 +371,7 @@ def summary_markdown(report: Report, out: Path) -> str:
                                                       batch_order(p.key.batch), _method_rank(p.method), p.label)):
             base = fullkv.get((p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device))
             step = (p.result.get("decode_step_ms") or {}).get("median")
-            idle = p.result.get("gpu_idle_frac")
+            idle = wait_frac(p.result)
             lines.append(f"| {p.label} | {p.key.model} | {p.key.dtype} | {format_length(p.key.length)} "
                          f"| {_batch_cell(p)} | {p.tok_s:.2f} | {_num(step, '.2f')} "
                          f"| {_num(None if idle is None else 100 * idle, '.1f')} "
@@ -377,7 +379,7 @@ def summary_markdown(report: Report, out: Path) -> str:
         lines.append("")
     groups = ablation_groups(report.points)
     if groups:
-        lines += ["## Ablation (paper Figure 12)", "", "| point | variant | tok/s | speed-up | step-to-step |",
+        lines += ["## Ablation (the variants of paper Figure 12; CPU-only points are not the paper's figure)", "", "| point | variant | tok/s | speed-up | step-to-step |",
                   "|---|---|---|---|---|"]
         for group, members in groups.items():
             where = _describe(("model", "dtype", "length", "batch", "device"), group[:5])

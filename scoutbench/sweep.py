@@ -25,6 +25,7 @@ from typing import Any
 
 from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
 MANIFEST = "sweep.json"
@@ -308,6 +309,7 @@ def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> d
         entry["decode_throughput_tok_s"] = result.get("decode_throughput_tok_s")
         entry["decode_step_ms_median"] = (result.get("decode_step_ms") or {}).get("median")
         entry["gpu_idle_frac"] = result.get("gpu_idle_frac")
+        entry["main_thread_wait_frac"] = result.get("main_thread_wait_frac")
     return entry
 
 
@@ -351,4 +353,4 @@ def _one_line(result: dict[str, Any]) -> str:
     if result.get("status") != "ok":
         return f"FAILED: {result.get('error')}"
     return (f"{result['decode_throughput_tok_s']:.2f} tok/s, step {result['decode_step_ms']['median']:.1f} ms, "
-            f"idle {100 * result.get('gpu_idle_frac', 0.0):.1f}%")
+            f"idle {100 * (wait_frac(result) or 0.0):.1f}%")

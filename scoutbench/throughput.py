@@ -22,6 +22,7 @@ from scoutbench.methods.base import AttentionMethod, ModelShape, dense_if_budget
 from scoutbench.models import LoadedModel, load_model, parse_dtype
 from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
 from scoutbench.telemetry import NvmlSampler
+from scoutbench.tiers import tier_fields, wait_fields
 from scoutbench.timing import STAGES
 from scoutbench.workloads.synthetic import SyntheticWorkload
 
@@ -158,7 +159,7 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summarise_steps(records: list[dict[str, float]], batch: int) -> dict[str, Any]:
+def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:
     """Per-step records (ms per stage + total) -> the result's timing fields."""
     totals = [r["total"] for r in records]
     decode_s = sum(totals) / 1e3
@@ -171,7 +172,7 @@ def summarise_steps(records: list[dict[str, float]], batch: int) -> dict[str, An
                            "mean": mean_total, "min": min(totals), "max": max(totals)},
         "latency_breakdown_ms": breakdown,
         "latency_breakdown_frac": {k: (v / mean_total if mean_total else 0.0) for k, v in breakdown.items()},
-        "gpu_idle_frac": breakdown["idle"] / mean_total if mean_total else 0.0,
+        **wait_fields(breakdown["idle"], mean_total, device_type),
         "step_ms": totals,
     }
 
@@ -285,7 +286,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         "created_at": utc_now(), "command": cfg.command, "status": "ok", "error": None,
         "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
         **budget_plan.result_fields(),
-        "model": loaded.describe(dtype), "workload": workload.describe(), "device": device_description(device),
-        "prefill_ms": prefill_ms, **summarise_steps(records, workload.batch),
+        "model": loaded.describe(dtype), "workload": workload.describe(),
+        "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
+        "prefill_ms": prefill_ms, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
         "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats, "env": env_info(),
     }

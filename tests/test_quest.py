@@ -138,3 +138,9 @@ def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
     assert "digest_bytes" in sparse["method_stats"]
     full = run_throughput(ThroughputConfig(method="fullkv", **common))
     assert (full["budget"], full["effective_budget"], full["sparse"]) == (None, None, False)
+    # issue 11 item 5: a CPU-only run says that both tiers are the same memory and names its wait honestly
+    assert full["tiers"] == {"device": "cpu", "host": "cpu", "shared_memory": True}
+    assert full["gpu_idle_frac"] is None and 0.0 <= full["main_thread_wait_frac"] < 1.0
+    assert full["kv_source"] == "model(tiny-qwen3, random token ids)"
+    synthetic = run_throughput(ThroughputConfig(method="fullkv", prefill="synthetic", kv_skew=0.5, **common))
+    assert synthetic["kv_source"] == "synthetic(kv_skew=0.5)"

@@ -57,5 +57,11 @@ class SyntheticWorkload:
         generator = torch.Generator().manual_seed(self.seed + 1)
         return torch.randint(0, vocab_size, (self.batch,), generator=generator)
 
+    def kv_source(self, model_name: str) -> str:
+        """Where the decoded-over K/V came from: random keys shaped by `kv_skew`, or the model's own prefill."""
+        if self.prefill == "synthetic":
+            return f"synthetic(kv_skew={self.kv_skew})"
+        return f"model({model_name}, random token ids)"
+
     def describe(self) -> dict:
         return {"name": "synthetic", "len": self.length, **{k: v for k, v in asdict(self).items() if k != "length"}}

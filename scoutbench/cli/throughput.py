@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from scoutbench.cli.options import SEED, check_all_used, expand_methods, method_args_for, parse_method_args
+from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length, parse_bytes, parse_length
 
 DEFAULT_OUTPUT = "results/runs"
@@ -169,6 +170,7 @@ def _summary(result, path):
     return {"method": result["method"], "model": result["model"]["name"], "len": result["workload"]["len"],
             "batch": result["workload"]["batch"], "decode_throughput_tok_s": result["decode_throughput_tok_s"],
             "decode_step_ms": result["decode_step_ms"], "gpu_idle_frac": result["gpu_idle_frac"],
+            "main_thread_wait_frac": result["main_thread_wait_frac"], "tiers": result["tiers"],
             "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
 
 
@@ -186,13 +188,14 @@ def _table(results):
                         f"len {first['workload']['len']}, batch {first['workload']['batch']} (ms/step)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("method", no_wrap=True)
-    for header in ("tok/s", "step", "vs full", "idle%", *[g for g in STAGE_GROUPS if g != "idle"]):
+    wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
+    for header in ("tok/s", "step", "vs full", wait_header, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
     base = next((r["decode_throughput_tok_s"] for r in results if r["method"] in ("fullkv", "full")), None)
     for r in results:
         speedup = f"{r['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
         row = [r["method"], f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
-               f"{100 * r['gpu_idle_frac']:.1f}"]
+               f"{100 * (wait_frac(r) or 0.0):.1f}"]
         breakdown = r["latency_breakdown_ms"]
         row += [f"{sum(breakdown[s] for s in stages):.2f}" for g, stages in STAGE_GROUPS.items() if g != "idle"]
         table.add_row(*row)
