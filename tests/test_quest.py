@@ -144,3 +144,11 @@ def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
     assert full["kv_source"] == "model(tiny-qwen3, random token ids)"
     synthetic = run_throughput(ThroughputConfig(method="fullkv", prefill="synthetic", kv_skew=0.5, **common))
     assert synthetic["kv_source"] == "synthetic(kv_skew=0.5)"
+
+
+def test_budget_flag_on_methods_without_a_budget_is_a_usage_error(monkeypatch, capsys):
+    """Issue 11 item 2: `--budget` that no selected method takes is an error (exit 2, one line), not ignored."""
+    from cli_runner import run_cli
+
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--budget", "2k", "--len", "64")
+    assert code == 2 and "no selected method has a token budget" in err and len(err.strip().splitlines()) == 1

@@ -46,6 +46,7 @@ def method_args_for(method: str, common: dict[str, Any], budget: int | None, blo
     args = {k: v for k, v in common.items() if k in fields}
     used.update(args)
     if budget is not None:
+        used.add("--budget given")
         for name in BUDGET_FIELDS:
             if name in fields:
                 args[name] = budget
@@ -58,6 +59,9 @@ def method_args_for(method: str, common: dict[str, Any], budget: int | None, blo
 
 
 def check_all_used(common: dict[str, Any], used: set[str], methods: list[str]) -> None:
+    if "--budget given" in used and "--budget" not in used:
+        raise UsageError(f"--budget: no selected method has a token budget ({', '.join(methods)}); drop --budget "
+                         "or select a sparse method (see `scoutbench methods`)")
     unknown = [k for k in common if k not in used]
     if unknown:
         raise UsageError(f"--method-arg {unknown[0]!r} is not a field of any selected method ({', '.join(methods)}); "
