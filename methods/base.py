@@ -162,6 +162,13 @@ class AttentionMethod:
             raise UsageError(f"{cls.name}: {exc}") from None
 
 
+def transfer_stats(h2d_bytes: int, d2h_bytes: int, steps: int) -> dict[str, float]:
+    """Bytes copied host-to-device and device-to-host per decode step, every layer: the same two keys in every
+    method's stats (issue 10 item 5), counting what the CUDA path really copies (index tensors included)."""
+    steps = max(steps, 1)
+    return {"h2d_bytes_per_step": h2d_bytes / steps, "d2h_bytes_per_step": d2h_bytes / steps}
+
+
 def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
     if not isinstance(raw, str):
         return raw

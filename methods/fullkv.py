@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from scoutbench.kernels.attention import decode_attention
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo
+from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, transfer_stats
 
 
 @dataclass
@@ -62,4 +62,5 @@ class FullKV(AttentionMethod):
 
     def stats(self):
         ctx = self.ctx
-        return {"device_kv_bytes": ctx.num_layers * ctx.batch * ctx.max_len * ctx.kv_bytes_per_token()}
+        return {"device_kv_bytes": ctx.num_layers * ctx.batch * ctx.max_len * ctx.kv_bytes_per_token(),
+                **transfer_stats(0, 0, 1)}  # everything stays on the device

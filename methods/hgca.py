@@ -38,7 +38,15 @@ from scoutbench.kernels.attention import (
 )
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.base import (
+    AttentionMethod,
+    Footprint,
+    MethodContext,
+    ModelShape,
+    StepInfo,
+    require,
+    transfer_stats,
+)
 from scoutbench.methods.fullkv import FullKV
 
 
@@ -110,6 +118,7 @@ class HGCA(AttentionMethod):
         self._cpu_pairs = [0] * self.ctx.num_layers
         self._device_pairs = [0] * self.ctx.num_layers
         self._cpu_ms = self._ema_ms = self._wait_ms = 0.0
+        self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
@@ -188,8 +197,12 @@ class HGCA(AttentionMethod):
             with ctx.timer.stage("merge"):
                 out = merge_states(device_part, cpu_part).o.to(q.dtype)
             self._schedule_ema_update(layer, ids, probs, cpu_host.lse, device_part.lse)
+            # q to the worker; its output and LSE back; the device LSE to the moving-average update
+            self._d2h_bytes += q.numel() * q.element_size() + device_part.lse.numel() * 4
+            self._h2d_bytes += cpu_host.o.numel() * 4 + cpu_host.lse.numel() * 4
         for b in self._migrating:
             self._migrate(layer, b)
+            self._d2h_bytes += 2 * ctx.num_kv_heads * self.migrate_block * ctx.head_dim * ctx.dtype.itemsize
         self._cpu_pairs[layer] += ctx.num_heads * sum(self.cpu_take)
         self._device_pairs[layer] += ctx.num_heads * sum(self.window_len)
         return out
@@ -294,4 +307,5 @@ class HGCA(AttentionMethod):
             "wait_ms_per_step": self._wait_ms / steps,
             "window_tokens_mean": sum(self.window_len) / len(self.window_len) if self._steps else 0.0,
             "host_tokens_mean": sum(self.split) / len(self.split),
+            **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
         }

@@ -37,7 +37,15 @@ import torch
 from scoutbench.kernels.attention import merge_states, partial_attention
 from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.base import (
+    AttentionMethod,
+    Footprint,
+    MethodContext,
+    ModelShape,
+    StepInfo,
+    require,
+    transfer_stats,
+)
 from scoutbench.methods.fullkv import FullKV
 
 
@@ -100,6 +108,7 @@ class InfiniGen(AttentionMethod):
     def reset_stats(self) -> None:
         self._fetched_tokens = [0] * self.ctx.num_layers
         self._wait_ms = [0.0] * self.ctx.num_layers
+        self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
@@ -186,6 +195,8 @@ class InfiniGen(AttentionMethod):
         future = self.pool.submit(self._gather, layer, slot, host_rows, (ids_ready, self._appended[layer]), slot_free)
         self._pending[layer] = (future, n)
         self._fetched_tokens[layer] += n
+        self._d2h_bytes += host_rows.numel() * 8  # the token ids, to the worker
+        self._h2d_bytes += 2 * host_rows.numel() * self.ctx.head_dim * self.ctx.dtype.itemsize  # fetched K and V
 
     def _gather(self, layer: int, slot: int, host_rows: torch.Tensor, inputs_ready: tuple, slot_free: Any) -> Any:
         """Worker thread: gather the selected host rows; on CUDA also start their copy to the device."""
@@ -243,6 +254,7 @@ class InfiniGen(AttentionMethod):
                 self.copy.copy(host_k[position, b], k[b])
                 event = self.copy.copy(host_v[position, b], v[b])
         self._appended[layer] = event  # copies on one stream: the last event covers them all
+        self._d2h_bytes += 2 * k.numel() * k.element_size()
 
     def close(self) -> None:
         if hasattr(self, "pool"):
@@ -266,7 +278,7 @@ class InfiniGen(AttentionMethod):
         return {
             "tokens_fetched_per_layer": fetched,  # per (sequence, KV head), mean per step
             "bytes_h2d_per_layer": [n * bytes_per_token for n in fetched],
-            "bytes_h2d_per_step": sum(fetched) * bytes_per_token,
+            **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
             "fetch_wait_ms_per_layer": [ms / steps for ms in self._wait_ms],
             "fetch_wait_ms_per_step": sum(self._wait_ms) / steps,
             "partial_dim": self.partial_dim(ctx.head_dim),

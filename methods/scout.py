@@ -19,7 +19,15 @@ from scoutbench.kernels.attention import PartialState, merge_states, partial_att
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
 from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
 from scoutbench.kernels.offload import DONE, CopyStream, CpuWorkerPool, host_empty
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.base import (
+    AttentionMethod,
+    Footprint,
+    MethodContext,
+    ModelShape,
+    StepInfo,
+    require,
+    transfer_stats,
+)
 from scoutbench.methods.fullkv import FullKV
 
 PRED_NORMS = ("next", "self")
@@ -232,6 +240,7 @@ class ScoutAttention(AttentionMethod):
         self._cpu_ms = 0.0
         self._idle_ms = 0.0
         self._cpu_tasks = 0
+        self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
 
     def close(self) -> None:
@@ -334,6 +343,7 @@ class ScoutAttention(AttentionMethod):
         bh = torch.tensor([seq * Hkv + h for seq, _ in leaving for h in range(Hkv)], device=dev)
         block = torch.tensor([j for _, j in leaving for _ in range(Hkv)], device=dev)
         ring = torch.tensor([self._ring_slot(j) for _, j in leaving for _ in range(Hkv)], device=dev)
+        self._h2d_bytes += 3 * bh.numel() * 8  # the three index lists; the blocks move device-to-device
         for layer in range(self._dense, self._L):
             table = self._tables[layer]
             free = table.slot_block.view(-1, self.k_sel + 1)[bh, : self.k_sel] < 0
@@ -410,6 +420,7 @@ class ScoutAttention(AttentionMethod):
                     event.record()
                     self._parity_free[plan.parity].append(event)  # the H2D read the pinned output buffer
                 merged = merge_states(device_state, cpu_state)
+                self._h2d_bytes += cpu_state.o.numel() * 4 + cpu_state.lse.numel() * 4
             out = merged.o.to(q.dtype)
         self._account(layer, plan, result)
         if self.pr:
@@ -459,6 +470,7 @@ class ScoutAttention(AttentionMethod):
             victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
         counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, table.resident_count()], dim=-1)
         payload = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
+        self._d2h_bytes += q.numel() * q.element_size() + payload.numel() * payload.element_size()
         if self.device_blocks == "resident":  # every resident block whose copy has landed
             pool_use = (table.slot_block[..., : self.k_sel] >= 0) & table.slot_ready[..., : self.k_sel]
         else:
@@ -539,6 +551,7 @@ class ScoutAttention(AttentionMethod):
                 dev_k[seq, :, row].copy_(k[seq])
                 dev_v[seq, :, row].copy_(v[seq])
         done = [seq for seq, p in enumerate(positions) if (p + 1) % b == 0]
+        self._d2h_bytes += len(done) * Hkv * b * D * dev_k.element_size() * 2  # completed blocks to the host tier
         if not done:
             return
         host_k = self._host_k[layer].view(self._max_blocks, B, Hkv, b, D)
@@ -619,6 +632,9 @@ class ScoutAttention(AttentionMethod):
             event = None
         self._tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
         self._recalls[layer] += 1
+        # the whole used gather buffer goes to the device (then the recalled rows are picked there), plus the
+        # source/destination rows and the table's row/slot/block lists
+        self._h2d_bytes += 2 * used * b * D * gk.element_size() + 5 * bh.numel() * 8
         self._recall_blocks[layer] += int(bh.numel())
         if self.trace is not None:
             self.trace.append({"kind": "recall", "layer": layer, "step": plan.step,
@@ -659,6 +675,7 @@ class ScoutAttention(AttentionMethod):
             "cpu_attention_ms": self._cpu_ms,
             "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,
             "idle_ms": self._idle_ms,
+            **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
             "steps": self._steps,
             "device_kv_bytes": self._device_bytes(),
             "host_kv_bytes": sum(t.numel() * t.element_size() for t in (*self._host_k.values(),

@@ -157,3 +157,16 @@ def test_method_args_and_refresh():
     method.begin_step(step_info([40, 13], index=1))  # every 2nd step the CPU attends every host token
     assert method.cpu_take == method.split
     method.close()
+
+
+def test_transfer_bytes_per_step(tiny_qwen3):
+    """Issue 10 item 5: per layer and step HGCA sends the query and the device LSE to the host and gets the CPU
+    part's output and LSE back (no migration within these steps: migrate_block exceeds the window's growth)."""
+    prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [150])
+    _, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, 4)
+    method = HGCA(migrate_block=64)
+    run_engine(tiny_qwen3, method, prompt, lengths, tokens)
+    ctx = method.ctx
+    per_layer = ctx.batch * ctx.num_heads * (ctx.head_dim + 1) * 4
+    stats = method.stats()
+    assert stats["d2h_bytes_per_step"] == stats["h2d_bytes_per_step"] == ctx.num_layers * per_layer

@@ -118,6 +118,9 @@ def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_he
     assert stats["tokens_fetched_per_layer"] == [0, fetch, fetch]
     token_bytes = len(lengths) * num_kv_heads * 2 * ctx.head_dim * 4
     assert stats["bytes_h2d_per_layer"] == [n * token_bytes for n in stats["tokens_fetched_per_layer"]]
+    # issue 10 item 5: H2D = the fetched K/V; D2H = the fetched ids and each layer's new K/V (one step, 2 layers)
+    assert stats["h2d_bytes_per_step"] == 2 * fetch * token_bytes
+    assert stats["d2h_bytes_per_step"] == 2 * (fetch * len(lengths) * num_kv_heads * 8 + token_bytes)
 
 
 def test_engine_run_respects_the_fetch_cap(tiny_llama):

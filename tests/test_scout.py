@@ -583,3 +583,27 @@ def test_budget_covering_the_context_equals_fullkv_on_a_real_model(smollm2):
         kl = (b.log_softmax(-1).exp() * (b.log_softmax(-1) - a.log_softmax(-1))).sum()
         assert abs(float(kl)) < 1e-6, f"step {step}: KL {float(kl):.3g}"
     assert_logits_close(ours, reference, atol=2e-3)
+
+
+def test_transfer_bytes_count_what_is_copied(tiny_qwen3, prompt_300):
+    """Issue 10 item 5, recall off: per sparse layer and step the query and the plan payload go to the host, each
+    completed block goes to the host tier, the CPU part's output and LSE come back when it is not empty, and a
+    block leaving the local window moves device-to-device (only its three index lists cross)."""
+    prompt, lengths, tokens = prompt_300
+    method = ScoutAttention(budget=64, block_size=4, pr=False)
+    scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    ctx, k = method.ctx, method.k_sel
+    B, H, Hkv, D = ctx.batch, ctx.num_heads, ctx.num_kv_heads, ctx.head_dim
+    sparse = ctx.num_layers - method.dense_layers
+    records = plans(method)
+    positions = [300 + i for i in range(len(tokens))]
+    completed = sum((p + 1) % 4 == 0 for p in positions)
+    handoffs = sum(p % 4 == 0 and p > 300 for p in positions)
+    d2h = len(records) * (B * H * D * 4 + B * Hkv * (3 * k + 4) * 8) + sparse * completed * B * Hkv * 4 * D * 4 * 2
+    cpu_parts = sum(any(s - d for srow, drow in zip(r["selected"], r["device"], strict=True)
+                        for s, d in zip(srow, drow, strict=True)) for r in records)
+    h2d = cpu_parts * B * H * (D + 1) * 4 + handoffs * 3 * B * Hkv * 8  # index lists built once per step
+    stats = method.stats()
+    assert stats["d2h_bytes_per_step"] * len(tokens) == d2h
+    assert stats["h2d_bytes_per_step"] * len(tokens) == h2d
+    assert cpu_parts > 0
