@@ -8,7 +8,14 @@ from dataclasses import dataclass
 import torch
 
 from scoutbench.kernels.attention import decode_attention
-from scoutbench.methods.base import AttentionMethod, Footprint, MethodContext, ModelShape, StepInfo, transfer_stats
+from scoutbench.methods.base import (
+    AttentionMethod,
+    Footprint,
+    MethodContext,
+    ModelShape,
+    StepInfo,
+    transfer_stats,
+)
 
 
 @dataclass
