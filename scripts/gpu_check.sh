@@ -94,6 +94,8 @@ import json
 import os
 import sys
 
+from scoutbench.tiers import wait_frac
+
 points_file, dest = sys.argv[1], sys.argv[2]
 rows, results = [], []
 for line in open(points_file, encoding="utf-8"):
@@ -107,7 +109,7 @@ for line in open(points_file, encoding="utf-8"):
         util = ((result.get("nvml") or {}).get("gpu_util_pct") or {}).get("mean")
         rows.append([point["method"], point["len"], str(result["workload"]["batch"]),
                      f"{result['decode_throughput_tok_s']:.1f}", f"{result['decode_step_ms']['median']:.1f}",
-                     f"{100 * result['gpu_idle_frac']:.1f}", "-" if ratio is None else f"{ratio:.2f}",
+                     f"{100 * (wait_frac(result) or 0.0):.1f}", "-" if ratio is None else f"{ratio:.2f}",
                      "-" if util is None else f"{util:.0f}"])
         results.append(result)
     else:
