@@ -148,7 +148,7 @@ def generate_texts_shared_prefill(model: torch.nn.Module, tokenizer: Any, specs:
     lengths = torch.tensor([len(prompt_ids)], dtype=torch.long)
     predictions = []
     for spec in specs:
-        method = spec.build()
+        method = spec.build_for(len(prompt_ids) + max_new_tokens)
         try:
             engine = DecodeEngine(model, method, silent_timer(device))
             engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
