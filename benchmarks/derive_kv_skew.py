@@ -8,7 +8,7 @@ periodic recall; ScoutAttention reports its CPU compute ratio (tokens attended o
 Synthetic: the same model and method over a synthetic prefill of the same length for each `kv_skew` in the grid.
 The derived default is the grid value whose no-recall ratio is closest to the real one.
 
-    python benchmarks/derive_kv_skew.py --len 3k --budget 384 --steps 32 [--json out.json]
+    python benchmarks/derive_kv_skew.py --len 3k --budget 384 --steps 32 [--model qwen2.5-0.5b] [--json out.json]
 
 The budget/length ratio (1/8 by default) matches the paper's 2048-of-16k regime at the small model's length.
 """
@@ -63,26 +63,27 @@ def cpu_ratio(model, method: ScoutAttention, steps: int, prompt: torch.Tensor | 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="a real model with a tokenizer, e.g. qwen2.5-0.5b")
     parser.add_argument("--len", dest="length", default="3k")
     parser.add_argument("--budget", type=int, default=384)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--json")
     args = parser.parse_args()
     length = parse_length(args.length)
-    loaded = load_model("smollm2-135m", "cpu", torch.float32)
+    loaded = load_model(args.model, "cpu", torch.float32)
     prompt = real_prompt(loaded.tokenizer, length)
 
     def run(pr: bool, source: torch.Tensor | None, skew: float = 0.0) -> float:
         return cpu_ratio(loaded.model, ScoutAttention(budget=args.budget, pr=pr), args.steps, source, length, skew)
 
-    rows = [{"kv_source": "model(smollm2-135m, license text)", "ratio_no_recall": run(False, prompt),
+    rows = [{"kv_source": f"model({args.model}, license text)", "ratio_no_recall": run(False, prompt),
              "ratio_periodic_recall": run(True, prompt)}]
     for skew in SKEWS:
         rows.append({"kv_source": f"synthetic(kv_skew={skew})", "kv_skew": skew,
                      "ratio_no_recall": run(False, None, skew), "ratio_periodic_recall": run(True, None, skew)})
     real = rows[0]["ratio_no_recall"]
     best = min(rows[1:], key=lambda r: abs(r["ratio_no_recall"] - real))
-    print(f"smollm2-135m, len {length}, budget {args.budget}, block 32, {args.steps} steps: CPU compute ratio")
+    print(f"{args.model}, len {length}, budget {args.budget}, block 32, {args.steps} steps: CPU compute ratio")
     print(f"{'kv source':40} {'no recall':>10} {'recall':>10}")
     for r in rows:
         print(f"{r['kv_source']:40} {r['ratio_no_recall']:10.3f} {r['ratio_periodic_recall']:10.3f}")
