@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--len", dest="length", default="3k")
     parser.add_argument("--budget", type=int, default=384)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--skews", default=",".join(map(str, SKEWS)), help="comma-separated kv_skew grid")
     parser.add_argument("--json")
     args = parser.parse_args()
     length = parse_length(args.length)
@@ -78,7 +79,7 @@ def main() -> None:
 
     rows = [{"kv_source": f"model({args.model}, license text)", "ratio_no_recall": run(False, prompt),
              "ratio_periodic_recall": run(True, prompt)}]
-    for skew in SKEWS:
+    for skew in (float(x) for x in args.skews.split(",")):
         rows.append({"kv_source": f"synthetic(kv_skew={skew})", "kv_skew": skew,
                      "ratio_no_recall": run(False, None, skew), "ratio_periodic_recall": run(True, None, skew)})
     real = rows[0]["ratio_no_recall"]

@@ -18,6 +18,7 @@ import torch
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
+from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
 OBS_WINDOW = 256  # prompt queries handed to methods at prefill (initial selection, InfiniGen's SVD, HGCA scores)
 
@@ -130,7 +131,7 @@ class DecodeEngine:
         self._set_positions(lengths)
 
     @torch.no_grad()
-    def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = 0.3,
+    def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = DEFAULT_KV_SKEW,
                           skew_block: int = 32, on_layer: Callable[[int, int], None] | None = None) -> None:
         """Skip the prompt's forward pass: fill every layer with random post-RoPE K/V (decode-only benchmarks).
 

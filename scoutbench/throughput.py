@@ -24,7 +24,7 @@ from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
 from scoutbench.timing import STAGES
-from scoutbench.workloads.synthetic import SyntheticWorkload
+from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
 # The field `--budget` sets (every sparse method has one; FullKV has none).
 BUDGET_FIELDS = ("budget",)
@@ -45,7 +45,7 @@ class ThroughputConfig:
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     seed: int = 0
     prefill: str = "auto"  # auto: synthetic for random-weight presets, real for real models (resolve_prefill)
-    kv_skew: float = 0.3
+    kv_skew: float = DEFAULT_KV_SKEW
     force: bool = False  # run even when the planned memory exceeds what is free (check_memory)
     nvml_interval_ms: int = 100
     command: list[str] = field(default_factory=lambda: list(sys.argv))

@@ -117,7 +117,7 @@ def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
         assert key in result, key
     assert result["model"]["random_weights"] is True
     assert result["workload"] == {"name": "synthetic", "len": 64, "batch": 1, "steps": 3, "warmup": 1, "seed": 0,
-                                  "prefill": "synthetic", "kv_skew": 0.3}  # --prefill auto on random weights
+                                  "prefill": "synthetic", "kv_skew": 0.075}  # --prefill auto on random weights
     assert set(result["decode_step_ms"]) >= {"median", "p90", "mean"}
     assert len(result["step_ms"]) == 3  # warm-up excluded
     assert result["decode_throughput_tok_s"] == pytest.approx(3 / (sum(result["step_ms"]) / 1e3))

@@ -10,6 +10,7 @@ import click
 
 from scoutbench.cli.options import SEED, check_all_used, expand_methods, method_args_for, parse_method_args
 from scoutbench.tiers import wait_frac
+from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 from scoutbench.units import format_length, parse_bytes, parse_length
 
 DEFAULT_OUTPUT = "results/runs"
@@ -43,7 +44,7 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
 @click.option("--prefill", type=click.Choice(["auto", "real", "synthetic"]), default="auto", show_default=True,
               help="real: run the model on the prompt; synthetic: fill the KV cache with random K/V (decode only); "
                    "auto: synthetic for random-weight presets, real for real models.")
-@click.option("--kv-skew", default=0.3, show_default=True, type=float,
+@click.option("--kv-skew", default=DEFAULT_KV_SKEW, show_default=True, type=float,
               help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
 @click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
 @click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
