@@ -10,8 +10,8 @@ import click
 
 from scoutbench.cli.options import SEED, check_all_used, expand_methods, method_args_for, parse_method_args
 from scoutbench.tiers import wait_frac
-from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 from scoutbench.units import format_length, parse_bytes, parse_length
+from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
 DEFAULT_OUTPUT = "results/runs"
 # The no-argument run: the attention-dominated bench-attn shape at 32k (synthetic prefill, since its weights are
