@@ -42,8 +42,9 @@ def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | 
 
 @click.command(name="sweep")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="A paper figure: lengths (Fig. 8), batch (Fig. 9), block-size (Fig. 10), breakdown (Fig. 11), "
-                   "ablation (Fig. 12). Any axis flag below overrides the preset's.")
+              help="The axes of a paper figure: lengths (Fig. 8), batch (Fig. 9), block-size (Fig. 10), breakdown "
+                   "(Fig. 11), ablation (Fig. 12); at --scale cpu a CPU-only measurement, not the paper's figure. "
+                   "Any axis flag below overrides the preset's.")
 @click.option("--scale", type=click.Choice(["paper", "cpu"]), default=None,
               help="Preset sizes: paper (Qwen3-14B, 8k-64k, GPU) or cpu (bench-attn, 4k-32k, minutes on 2 cores). "
                    "Default: paper on CUDA, cpu otherwise.")
