@@ -42,8 +42,8 @@ EXPECTED_64K = {
     "quest": (40 * N * KV + 38 * 2048 * KV, 0),
     # 2 dense layers on the device; 38 sparse layers: digests + 2048 resident tokens; their full KV on the host
     "scout": (2 * N * KV + 38 * (2048 * KV + 2048 * KV), 38 * N * KV),
-    # partial keys: ceil(0.2 x 128) = 26 dims; + 2 x 2048 recalled tokens
-    "infinigen": (2 * N * KV + 38 * N * 8 * 26 * 2 + 2 * 2048 * KV, 38 * N * KV),
+    # partial keys: ceil(0.2 x 128) = 26 dims; + 2 x 2047 fetched tokens (budget 2048 = 2047 fetched + the current)
+    "infinigen": (2 * N * KV + 38 * N * 8 * 26 * 2 + 2 * 2047 * KV, 38 * N * KV),
     # no dense layers; window of N/4 tokens on the device; the rest + fp32 scores per query head on the host
     "hgca": (40 * (N // 4) * KV, 40 * (N - N // 4) * KV + 40 * 40 * (N - N // 4) * 4),
 }
