@@ -232,7 +232,7 @@ _RESULT_FIELDS: dict[str, tuple[type, ...]] = {
     "kind": (str,), "method": (str,), "model": (dict,), "status": (str,), "method_config": (dict,),
     "workload": (dict,), "device": (dict,), "env": (dict,), "results": (dict,), "decode_step_ms": (dict,),
     "latency_breakdown_ms": (dict,), "batch_plan": (dict,), "decode_throughput_tok_s": (int, float),
-    "gpu_idle_frac": (int, float), "error": (str, type(None)),
+    "gpu_idle_frac": (int, float, type(None)), "error": (str, type(None)),  # gpu_idle_frac: null off CUDA
 }
 _REQUIRED_FIELDS = ("kind", "method", "model")
 

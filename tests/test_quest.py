@@ -125,7 +125,7 @@ def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
     one line, and the result records `sparse: false` and the effective budget (prompt + warm-up + timed steps)."""
     from scoutbench.throughput import ThroughputConfig, run_throughput
 
-    common = dict(model="tiny-qwen3", length=96, steps=2, warmup=1, device="cpu", command=["test"])
+    common = dict(model="tiny-qwen3", length=96, steps=2, warmup=1, device="cpu", command=["test"], force=True)
     dense = run_throughput(ThroughputConfig(method="quest", method_args={"budget": "99"}, **common))
     assert (dense["budget"], dense["effective_budget"], dense["sparse"]) == (99, 99, False)
     assert "digest_bytes" not in dense["method_stats"]  # FullKV ran
@@ -136,13 +136,13 @@ def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
                                              **common))
     assert (sparse["budget"], sparse["effective_budget"], sparse["sparse"]) == (64, 64, True)
     assert "digest_bytes" in sparse["method_stats"]
-    full = run_throughput(ThroughputConfig(method="fullkv", **common))
+    full = run_throughput(ThroughputConfig(method="fullkv", prefill="real", **common))
     assert (full["budget"], full["effective_budget"], full["sparse"]) == (None, None, False)
     # issue 11 item 5: a CPU-only run says that both tiers are the same memory and names its wait honestly
     assert full["tiers"] == {"device": "cpu", "host": "cpu", "shared_memory": True}
     assert full["gpu_idle_frac"] is None and 0.0 <= full["main_thread_wait_frac"] < 1.0
     assert full["kv_source"] == "model(tiny-qwen3, random token ids)"
-    synthetic = run_throughput(ThroughputConfig(method="fullkv", prefill="synthetic", kv_skew=0.5, **common))
+    synthetic = run_throughput(ThroughputConfig(method="fullkv", kv_skew=0.5, **common))  # auto: synthetic here
     assert synthetic["kv_source"] == "synthetic(kv_skew=0.5)"
 
 
