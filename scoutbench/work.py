@@ -278,7 +278,11 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
             d2h=Transfer(q_bytes, 1) + indices + new_kv, h2d=result_back,
             host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
     elif work.family == "infinigen":
-        fetched = min(work.fetch_context_frac * N, cfg["max_num_kv"], N)
+        if "budget" in cfg:  # issue 11: n = budget - 1 fetched, the alpha count only with dynamic_count
+            cap = cfg["budget"] - 1
+            fetched = min(work.fetch_context_frac * N, cap, N) if cfg.get("dynamic_count") else min(cap, N)
+        else:  # results written before InfiniGen had a budget
+            fetched = min(work.fetch_context_frac * N, cfg["max_num_kv"], N)
         partial_dim = max(1, round(cfg.get("partial_ratio", 0.2) * m.head_dim))
         speculation = B * N * m.num_kv_heads * partial_dim * e
         fetch_bytes = B * fetched * kv

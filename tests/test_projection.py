@@ -133,7 +133,7 @@ def tiny_runs():
     runs = {}
     for method, args in (("fullkv", {}), ("quest", {"budget": "128", "block_size": "16"}),
                          ("scout", {"budget": "128", "block_size": "16", "recall_interval": "2"}),
-                         ("infinigen", {"max_num_kv": "128"}), ("hgca", {})):
+                         ("infinigen", {"budget": "129"}), ("hgca", {})):
         cfg = ThroughputConfig(method=method, method_args=args, model="tiny-qwen3", length=512, batch=2, steps=4,
                                warmup=1, prefill="synthetic", device="cpu", command=["test"])
         runs[method] = run_throughput(cfg, loaded)
@@ -148,7 +148,7 @@ def test_work_counters_agree_with_method_stats(tiny_runs):
     assert totals["recall_bytes_per_step"] == pytest.approx(stats["recall"]["bytes"] / stats["steps"])
     infinigen = tiny_runs["infinigen"]
     totals = step_work(measured_work(infinigen), result_shape(infinigen)).totals()
-    assert totals["h2d_bytes_per_step"] == pytest.approx(infinigen["method_stats"]["bytes_h2d_per_step"])
+    assert totals["h2d_bytes_per_step"] == pytest.approx(infinigen["method_stats"]["h2d_bytes_per_step"])
     quest = tiny_runs["quest"]
     shape = result_shape(quest)
     attended = quest["method_stats"]["attended_tokens_per_layer"]
