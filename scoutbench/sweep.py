@@ -124,7 +124,8 @@ class SweepPoint:
         """Deterministic file stem, e.g. `scout_bench-attn_len16k_b1_block_size-32_budget-1024`; a hash is
         appended when the readable form had to be altered, so two different points never share a file."""
         parts = [self.method, model.replace("/", "--"), f"len{format_length(self.length)}", f"b{self.batch}"]
-        parts += [f"{k}-{v}" for k, v in self.method_args]
+        # a recall profile is named by its file's stem: the folder it sits in is no part of the point
+        parts += [f"{k}-{Path(str(v)).stem if k == 'recall_profile' else v}" for k, v in self.method_args]
         readable = "_".join(parts)
         safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", readable).strip("._") or "point"
         if safe != readable or len(safe) > 150:
@@ -202,9 +203,11 @@ class SweepOutcome:
 
 def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path, runner: Runner | None = None,
               preset: str | None = None, command: list[str] | None = None, retry_failed: bool = False,
-              log: Callable[[str], None] = lambda line: None, executor: Any = None) -> SweepOutcome:
+              log: Callable[[str], None] = lambda line: None, executor: Any = None,
+              recall_profiles: bool = False) -> SweepOutcome:
     """Run every point whose file is not in `out_dir` yet (failed points too with `retry_failed`), holding the
-    folder's writer lock throughout.
+    folder's writer lock throughout. `recall_profiles` (the presets) gives every periodic-recall ScoutAttention
+    point without a `recall_profile` one profiled into the folder first (`attach_recall_profiles`).
 
     `executor` (scoutbench/executors.py) runs the points, here by default or as Ray tasks; this driver alone
     writes the result files and the manifest, as each point comes back."""
@@ -213,6 +216,8 @@ def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path,
     out = Path(out_dir)
     check_writable(out, single_file=False)
     with output_lock(out):  # one sweep per folder: the stale-temp cleanup below must not hit a live writer's file
+        if recall_profiles:
+            points = attach_recall_profiles(points, settings, out, log)
         return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log, executor)
 
 
@@ -274,6 +279,45 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
         log(f"{job.where}: {_one_line(result)}")
         save()
     return outcome
+
+
+RecallProfiler = Callable[..., dict[str, Any]]  # scoutbench.recall.profile_recall's signature
+
+
+def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Path,
+                           log: Callable[[str], None] = lambda line: None,
+                           profiler: RecallProfiler | None = None) -> list[SweepPoint]:
+    """ScoutAttention as the paper runs it: periodic recall at per-layer intervals profiled offline (section 3.4),
+    not the fixed fallback interval. One `scoutbench profile-recall` per distinct ScoutAttention configuration
+    (budget, block size, other fields), on the sweep's model at its shortest length, written into the sweep folder
+    as `recall_profile-<hash>.json` (kept: a rerun reuses it, so point ids and results stay stable). Points that
+    set `recall_profile` themselves, or run without periodic recall, are left as they are."""
+    from scoutbench.results import write_json_atomic
+    from scoutbench.throughput import build_method
+
+    shortest = min(p.length for p in points) if points else 0
+    attached: list[SweepPoint] = []
+    for point in points:
+        method = build_method(point.method, point.args)
+        if "recall_profile" in point.args or not getattr(method, "pr", False) or not hasattr(method, "recall_profile"):
+            attached.append(point)
+            continue
+        profile_args = {k: v for k, v in method.config().items() if k not in ("pr", "recall_profile")}
+        key = json.dumps([settings.model, settings.dtype, settings.prefill, shortest, profile_args], sort_keys=True,
+                         default=str)
+        path = out / f"recall_profile-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
+        if not path.exists():
+            if profiler is None:
+                from scoutbench.recall import profile_recall as profiler
+            log(f"profiling recall intervals for {point.method} ({path.name}, len {format_length(shortest)})")
+            profile = profiler(settings.model, shortest, 32, 0.12, batch=1, device=settings.device,
+                               dtype=settings.dtype, seed=settings.seed, prefill=settings.prefill,
+                               method_args=profile_args)
+            write_json_atomic(path, profile, overwrite=True)
+        args = dict(point.method_args)
+        args["recall_profile"] = str(path)
+        attached.append(SweepPoint(point.method, point.length, point.batch, tuple(sorted(args.items()))))
+    return attached
 
 
 def point_error(exc: BaseException) -> str:

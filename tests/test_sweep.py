@@ -246,3 +246,52 @@ def test_report_lists_malformed_files_as_skipped(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     assert f"skipped {results / 'bad.json'}: malformed result: model is str" in out
     assert f"skipped {results / 'latin1.json'}: unreadable" in out and "Traceback" not in out + err
+
+
+def test_presets_run_scout_with_a_profiled_recall_interval_per_configuration(tmp_path):
+    """Paper presets use per-layer recall intervals profiled offline (paper section 3.4): one profile per distinct
+    ScoutAttention configuration, kept in the sweep folder and reused by a rerun; methods without periodic recall
+    (FullKV, scout-base/-pc) and points that name their own profile are left as they are."""
+    from scoutbench.sweep import attach_recall_profiles
+
+    calls = []
+
+    def profiler(model, length, steps, beta, **kw):
+        calls.append((model, length, kw["method_args"]["budget"], kw["method_args"]["block_size"]))
+        return {"kind": "scout_recall_profile", "intervals": [None, None, 3, 5]}
+
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps({"intervals": [None, None, 2, 2]}))
+    points = expand(Grid(("fullkv", "scout-base", "scout-pc", "scout"), (2048, 1024), (1,), budgets=(256, 512)))
+    points.append(SweepPoint("scout", 1024, 1, (("recall_profile", str(own)),)))
+    attached = attach_recall_profiles(points, SETTINGS, tmp_path, profiler=profiler)
+    # profiled at the sweep's shortest length, once per budget (the only field that differs)
+    assert sorted(calls) == [("tiny-qwen3", 1024, 256, 32), ("tiny-qwen3", 1024, 512, 32)]
+    profiled = [p for p in attached if p.method == "scout" and p.args["recall_profile"] != str(own)]
+    assert len(profiled) == 4 and len({p.args["recall_profile"] for p in profiled}) == 2
+    for point in profiled:  # the profile is loadable by the method, and named by its stem in the point id
+        from scoutbench.throughput import build_method
+
+        assert build_method(point.method, point.args)._profile_intervals == [None, None, 3, 5]
+        assert Path(point.args["recall_profile"]).stem in point.point_id("tiny-qwen3")
+        assert str(tmp_path) not in point.point_id("tiny-qwen3")
+    untouched = [p for p in attached if p.method != "scout"] + [attached[-1]]
+    assert untouched == [p for p in points if p.method != "scout"] + [points[-1]]
+    assert attach_recall_profiles(points, SETTINGS, tmp_path, profiler=profiler) == attached and len(calls) == 2
+
+
+def test_preset_sweep_profiles_recall_with_the_real_profiler(monkeypatch, capsys, tmp_path):
+    """End to end through `scoutbench sweep --preset ablation`: the profile file is written by profile-recall and
+    the scout point's result records it."""
+    out = tmp_path / "ablation"
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "sweep", "--preset", "ablation", "--scale", "cpu", "--model",
+                                   "tiny-qwen3", "--len", "2k", "--budget", "512", "--steps", "2", "--warmup", "1",
+                                   "--device", "cpu", "-o", out)
+    assert code == 0, stdout + stderr
+    assert "profiling recall intervals for scout" in stderr
+    profiles = list(out.glob("recall_profile-*.json"))
+    assert len(profiles) == 1
+    profile = json.loads(profiles[0].read_text())
+    assert profile["kind"] == "scout_recall_profile" and len(profile["intervals"]) == 4
+    scout = json.loads(next(out.glob("scout_tiny-qwen3_*recall_profile-*.json")).read_text())
+    assert scout["method_config"]["recall_profile"] == str(profiles[0])

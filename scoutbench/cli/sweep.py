@@ -133,7 +133,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
     outcome = run_sweep(points, settings, output, preset=preset, command=["scoutbench", *sys.argv[1:]],
                         retry_failed=retry_failed, log=lambda line: err.print(line, highlight=False),
-                        executor=point_executor)
+                        executor=point_executor, recall_profiles=preset is not None)
     if as_json:
         click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
     else:
