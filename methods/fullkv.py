@@ -50,6 +50,7 @@ class FullKV(AttentionMethod):
         super().begin_step(step)
         self._span = max(step.positions_host) + 1
         self._valid_len = None if step.uniform else step.positions + 1
+        self._valid_host = None if step.uniform else [p + 1 for p in step.positions_host]
 
     def decode(self, layer, q, k, v):
         step = self.step
@@ -62,7 +63,7 @@ class FullKV(AttentionMethod):
                 keys[self._batch_index, :, step.positions] = k
                 values[self._batch_index, :, step.positions] = v
             return decode_attention(q, keys[:, :, : self._span], values[:, :, : self._span], self.ctx.scale,
-                                    self._valid_len)
+                                    self._valid_len, self._valid_host)
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         return Footprint(shape.num_layers * context_len * shape.kv_bytes_per_token_layer(elem_bytes), 0)

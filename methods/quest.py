@@ -79,6 +79,9 @@ class Quest(FullKV):
         # the same on the device, from the device positions (a host list would cost a synchronising copy)
         self._tail_block = torch.div(step.positions, block, rounding_mode="floor")
         self._tail_len = step.positions + 1 - self._tail_block * block
+        # select()'s valid_len on the host (flashinfer plans from it): min(tail, pages - 1) selected blocks + the tail
+        self._selected_len_host = [min((n - 1) // block, self.page_budget - 1) * block + (n - 1) % block + 1
+                                   for n in lengths]
         # blocks that the new token completes: their digests are built after the append
         if step.uniform:
             self._completed = [(slice(None), lengths[0] // block - 1)] if lengths[0] % block == 0 else []
@@ -104,7 +107,8 @@ class Quest(FullKV):
             gather_blocks(keys, block_ids, self.block_size, self._gathered_k)
             gather_blocks(values, block_ids, self.block_size, self._gathered_v)
             self._attended_sum[layer] += valid_len.float().mean()
-            return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, valid_len)
+            return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, valid_len,
+                                    self._selected_len_host)
 
     def select(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The blocks a sparse layer attends in this step (after the append), per (sequence, KV head).

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import METHODS
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_if_budget_covers
 from scoutbench.models import LoadedModel, load_model, parse_dtype
@@ -255,6 +256,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         for index in range(total_steps):
             if index == workload.warmup:
                 method.reset_stats()
+                attention_backends.reset()
                 if device.type == "cuda":
                     nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
             timer.begin_step()
@@ -265,6 +267,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
             if on_progress is not None:
                 on_progress("decode", index + 1, total_steps)
         stats = method.stats()
+        backends_used = attention_backends.snapshot()
     except torch.OutOfMemoryError:
         if oom_backoff:
             raise
@@ -289,5 +292,6 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
-        "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats, "env": env_info(),
+        "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats,
+        "attention_backends": backends_used, "env": env_info(),
     }

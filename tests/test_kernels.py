@@ -285,18 +285,3 @@ def test_digest_table_scores_equal_the_bound_kernel():
     assert 2 in table and 0 not in table
     assert torch.equal(table.scores(2, q, 10), upper_bound_scores(q, kmax, kmin))
     assert table.device_bytes() == 2 * 2 * (2 * 2 * 16 * 8 * 2)
-
-
-def test_row_pages_views_a_cache_prefix_without_copying():
-    """flashinfer gets FullKV's growing span as pages of the preallocated cache, not a per-step copy."""
-    from scoutbench.kernels.backends import row_pages
-
-    cache = torch.randn(2, 3, 10, 4)
-    prefix = cache[:, :, :6]
-    pages = row_pages(prefix)
-    assert pages.shape == (6, 1, 10, 4) and pages.data_ptr() == cache.data_ptr()
-    assert torch.equal(pages.view(2, 3, 10, 4)[:, :, :6], prefix)
-    gathered = torch.randn(2, 3, 5, 4)[:, :, :, :]  # contiguous: a view with page_size = N
-    assert row_pages(gathered).shape == (6, 1, 5, 4)
-    strided = torch.randn(2, 10, 3, 4).transpose(1, 2)  # not HND-contiguous: reshaped (copied)
-    assert torch.equal(row_pages(strided).view(2, 3, 10, 4), strided)

@@ -7,11 +7,14 @@ Conventions (every method relies on them):
 - a partial result is `(o: fp32 [B, Hq, D], lse: fp32 [B, Hq])` with a *natural-log* LSE; an empty part has
   `lse = -inf` and `o = 0`. FlashInfer's base-2 LSE is converted at its boundary only.
 - `valid_len` (`[B, Hkv]` or `[B]`) counts the leading valid tokens of each row: gathers put valid tokens first.
+  `lengths_host` is its host copy, where the caller knows it (from `StepInfo.positions_host`): flashinfer plans
+  on the host, so without it a call with `valid_len` uses the next backend (`backends.select_backend`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -58,13 +61,17 @@ def length_bias(valid_len: torch.Tensor, num_keys: int, num_kv_heads: int, dtype
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     valid_len: torch.Tensor | None = None) -> torch.Tensor:
+                     valid_len: torch.Tensor | None = None, lengths_host: Sequence[int] | None = None) -> torch.Tensor:
     """Exact single-token attention over all (valid) keys; returns `[B, Hq, D]` in q's dtype (FullKV's kernel):
-    flashinfer's paged decode on CUDA when installed, else torch SDPA in the packed-GQA form."""
+    flashinfer's paged decode on CUDA where `select_backend` allows it, else torch SDPA in the packed-GQA form."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    if q.device.type == "cuda" and backends.flashinfer_available():
-        return backends.flashinfer_partial(q, k, v, scale, valid_len).o.to(q.dtype)
+    backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
+    if backend.startswith("flashinfer"):
+        backends.USAGE.add(q.device.type, backend)
+        return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
+                                           use_tensor_cores=backend == "flashinfer-tc").o.to(q.dtype)
+    backends.USAGE.add(q.device.type, "torch")
     mask = None
     if valid_len is not None:
         mask = length_bias(valid_len, k.shape[2], num_kv_heads, q.dtype)
@@ -73,7 +80,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                      valid_len: torch.Tensor | None = None) -> PartialState:
+                      valid_len: torch.Tensor | None = None, lengths_host: Sequence[int] | None = None
+                      ) -> PartialState:
     """Attention of `q` over the leading `valid_len` keys of each (sequence, KV head) row, with its LSE.
 
     Rows with no valid key come back as the empty state (o = 0, lse = -inf), so merging them is a no-op.
@@ -82,9 +90,11 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     if num_keys == 0:
         return empty_state(batch, num_heads, head_dim, q.device)
-    backend = backends.partial_backend(q.device)
-    if backend == "flashinfer":
-        return backends.flashinfer_partial(q, k, v, scale, valid_len)
+    backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
+    backends.USAGE.add(q.device.type, backend)
+    if backend.startswith("flashinfer"):
+        return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
+                                           use_tensor_cores=backend == "flashinfer-tc")
     if backend == "triton":
         from scoutbench.kernels.triton_decode import triton_partial_attention  # noqa: PLC0415
 

@@ -1,16 +1,41 @@
-"""Optional GPU fast paths, imported lazily: any failure on import means "unavailable", never a crash.
+"""Optional GPU fast paths, imported lazily (any failure on import means "unavailable", never a crash), the
+dispatch rule that picks one per call, and the record of which backend really ran.
 
 flashinfer's kernels run only on CUDA (sm75+); on a CPU machine the import may even succeed while every kernel
 call raises, so it is probed only when a CUDA tensor asks for it.
+
+What flashinfer's batch decode supports (flashinfer-ai/flashinfer, read for this adapter):
+- the CUDA-core decode kernel is instantiated only for the GQA group sizes in `DISPATCH_GQA_GROUP_SIZE`
+  (`include/flashinfer/utils.cuh`: 1, 2, 3, 4, 8); any other group (Qwen3-14B: 40 / 8 = 5) aborts inside `plan()`
+  with "Unsupported group_size". `BatchDecodeWithPagedKVCacheWrapper(..., use_tensor_cores=True)` runs decode
+  through the prefill (tensor-core) kernels, which take any group size ("faster for large group size in grouped
+  query attention", docs.flashinfer.ai/api/decode.html); SGLang and vLLM switch to it for groups above 4.
+- head_dim in {64, 128, 256} and fp16/bf16 inputs (`DISPATCH_HEAD_DIM`; no fp32 kernels are compiled).
+- `plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, q_data_type=,
+  kv_data_type=, sm_scale=)` reads `indptr.to("cpu")` and `last_page_len.to("cpu")` (python/flashinfer/decode.py):
+  given device tensors that is a device sync per call, so the page table is built here on the host, from lengths
+  the caller knows on the host (`positions_host`); a call whose lengths live only on the device uses the next
+  backend instead. The plan is meant to be made once and reused by every layer of a step (the docs' example).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import math
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+FLASHINFER_DECODE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE: CUDA-core decode kernels
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+PAGE_TOKENS = 16  # tokens per flashinfer page when the row's capacity allows it (split-KV works in whole pages)
+WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's float workspace (split-KV partial results), one per device
 
 
 @functools.lru_cache(maxsize=2)
@@ -50,8 +75,31 @@ def triton_status() -> str:
     return _status("triton")
 
 
+# ---------------------------------------------------------------------------------------------- dispatch
+def select_backend(device_type: str, dtype: torch.dtype, group_size: int, head_dim: int, *,
+                   flashinfer: bool, triton: bool, lengths_on_host: bool) -> str:
+    """The backend of one partial-attention call (a pure function of the call, so it is tested on CPU).
+
+    "flashinfer" (CUDA-core decode) for the group sizes it is compiled for, "flashinfer-tc" (tensor-core decode)
+    for the others; fp32, other head dims, or lengths known only on the device skip flashinfer; then the Triton
+    kernel (any dtype, group and head_dim), then torch.
+    """
+    if device_type != "cuda":
+        return "torch"
+    if flashinfer and lengths_on_host and dtype in FLASHINFER_DTYPES and head_dim in FLASHINFER_HEAD_DIMS:
+        return "flashinfer" if group_size in FLASHINFER_DECODE_GROUP_SIZES else "flashinfer-tc"
+    return "triton" if triton else "torch"
+
+
+def backend_for(q: torch.Tensor, num_kv_heads: int, lengths_on_host: bool) -> str:
+    batch, num_heads, head_dim = q.shape
+    return select_backend(q.device.type, q.dtype, num_heads // num_kv_heads, head_dim,
+                          flashinfer=q.device.type == "cuda" and flashinfer_available(),
+                          triton=q.device.type == "cuda" and triton_available(), lengths_on_host=lengths_on_host)
+
+
 def partial_backend(device: torch.device) -> str:
-    """The implementation `partial_attention` uses on `device`: flashinfer, else the Triton kernel, else torch."""
+    """The best backend installed for `device` (for `scoutbench env`); each call's own choice is `select_backend`."""
     if device.type != "cuda":
         return "torch"
     if flashinfer_available():
@@ -59,52 +107,162 @@ def partial_backend(device: torch.device) -> str:
     return "triton" if triton_available() else "torch"
 
 
+class _Usage:
+    """Calls per `device:backend` since the last reset: the result records what really ran, per method."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # CPU workers attend concurrently with the main thread
+        self._counts: Counter[str] = Counter()
+
+    def add(self, device_type: str, backend: str) -> None:
+        with self._lock:
+            self._counts[f"{device_type}:{backend}"] += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(sorted(self._counts.items()))
+
+
+USAGE = _Usage()
+
+
+# ---------------------------------------------------------------------------------------------- flashinfer pages
+def row_lengths_host(lengths: Sequence[int] | None, batch: int, num_kv_heads: int, num_keys: int) -> list[int]:
+    """Valid keys of each (sequence, KV head) row from host lengths given per sequence (`[B]`) or per row
+    (`[B * Hkv]`), clamped to `num_keys`; None = every row holds `num_keys`."""
+    rows = batch * num_kv_heads
+    if lengths is None:
+        return [num_keys] * rows
+    if len(lengths) == batch:
+        return [min(max(int(n), 0), num_keys) for n in lengths for _ in range(num_kv_heads)]
+    if len(lengths) != rows:
+        raise ValueError(f"host lengths: {len(lengths)} values for {batch} sequences x {num_kv_heads} KV heads")
+    return [min(max(int(n), 0), num_keys) for n in lengths]
+
+
+def page_size_for(capacity: int) -> int:
+    """The largest page of at most PAGE_TOKENS tokens that tiles a row of `capacity` tokens exactly."""
+    return math.gcd(capacity, PAGE_TOKENS) if capacity else 1
+
+
+def row_capacity(kv: torch.Tensor) -> int | None:
+    """Tokens between consecutive (sequence, KV head) rows of `[B, Hkv, N, D]` when each row is contiguous and
+    rows are evenly spaced (a prefix of a preallocated `[B, Hkv, capacity, D]` cache), else None."""
+    batch, num_kv_heads, num_keys, head_dim = kv.shape
+    capacity = kv.stride(1) // head_dim if head_dim else 0
+    if kv.stride() == (num_kv_heads * capacity * head_dim, capacity * head_dim, head_dim, 1) and capacity >= num_keys:
+        return capacity
+    return None
+
+
+def row_pages(kv: torch.Tensor, page_size: int) -> torch.Tensor:
+    """`[B, Hkv, N, D]` as HND pages `[B * Hkv * capacity / page_size, 1, page_size, D]`, row r's pages first-to-last
+    at r * (capacity / page_size): a view of the preallocated cache (no step copies it) when `row_capacity` is
+    known; otherwise the caller passes a contiguous tensor (capacity N)."""
+    batch, num_kv_heads, _, head_dim = kv.shape
+    capacity = row_capacity(kv)
+    assert capacity is not None and capacity % page_size == 0, "row_pages needs evenly spaced rows of whole pages"
+    num_pages = batch * num_kv_heads * capacity // page_size
+    return kv.as_strided((num_pages, 1, page_size, head_dim), (page_size * head_dim, page_size * head_dim, head_dim, 1))
+
+
+def page_table(lengths: Sequence[int], capacity: int, page_size: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flashinfer's CSR page table on the host for rows of `lengths` valid tokens in rows of `capacity` tokens.
+
+    Returns int32 (indptr `[R + 1]`, indices `[sum pages]`, last_page_len `[R]`). An empty row gets one page with
+    one token (flashinfer needs a page; the caller masks the row), so every last_page_len is in [1, page_size].
+    """
+    valid = torch.tensor(list(lengths), dtype=torch.int64)
+    pages = ((valid + page_size - 1) // page_size).clamp(min=1)
+    indptr = torch.zeros(len(valid) + 1, dtype=torch.int64)
+    torch.cumsum(pages, 0, out=indptr[1:])
+    first_page = torch.arange(len(valid), dtype=torch.int64) * (capacity // page_size)
+    page_in_row = torch.arange(int(indptr[-1])) - torch.repeat_interleave(indptr[:-1], pages)
+    indices = torch.repeat_interleave(first_page, pages) + page_in_row
+    last = (valid - (pages - 1) * page_size).clamp(min=1)
+    return indptr.to(torch.int32), indices.to(torch.int32), last.to(torch.int32)
+
+
 @functools.lru_cache(maxsize=8)
 def _workspace(device_index: int) -> torch.Tensor:
-    return torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=f"cuda:{device_index}")
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{device_index}")
+
+
+@dataclass
+class _Planned:
+    """One flashinfer decode wrapper per (device, tensor cores) and the plan it holds."""
+
+    wrapper: Any
+    key: tuple | None = None
+    planned: Any = None  # CUDA event after the last plan(): its page table copy has been queued before it
+
+
+@functools.lru_cache(maxsize=8)
+def _wrapper(device_index: int, use_tensor_cores: bool) -> _Planned:
+    flashinfer = _flashinfer()[0]
+    return _Planned(flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(device_index), "HND",
+                                                                  use_tensor_cores=use_tensor_cores))
+
+
+def _planned_wrapper(device: torch.device, use_tensor_cores: bool, key: tuple, lengths: list[int], capacity: int,
+                     page_size: int, group: int, head_dim: int, dtype: torch.dtype, scale: float) -> Any:
+    """The wrapper planned for `key`: planned again only when the key changed (a new step's lengths, another
+    layer shape), so the layers of a step share one plan.
+
+    plan() writes the page table into a pinned buffer of the wrapper and queues its copy to the device; replanning
+    before that copy ran would change the table under the previous plan's kernels, so a replan first waits for
+    the previous plan's event (already complete unless two plans follow each other within microseconds).
+    """
+    planned = _wrapper(device.index or 0, use_tensor_cores)
+    if planned.key == key:
+        return planned.wrapper
+    if planned.planned is not None and not planned.planned.query():
+        planned.planned.synchronize()
+    indptr, indices, last_page_len = page_table(lengths, capacity, page_size)
+    planned.wrapper.plan(indptr, indices, last_page_len, group, 1, head_dim, page_size, q_data_type=dtype,
+                         kv_data_type=dtype, sm_scale=scale)
+    planned.key = key
+    planned.planned = _record_event(device)
+    return planned.wrapper
+
+
+def _record_event(device: torch.device) -> Any:
+    return torch.cuda.current_stream(device).record_event()
 
 
 def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                       valid_len: torch.Tensor | None):
-    """Partial attention through flashinfer's paged decode kernel.
+                       valid_len: torch.Tensor | None, lengths_host: Sequence[int] | None, use_tensor_cores: bool):
+    """Partial attention through flashinfer's paged decode; `lengths_host` is the host copy of `valid_len`.
 
-    Each (sequence, KV head) row becomes one request with one page of N tokens in HND layout, so ragged
-    `valid_len` per KV head maps onto `last_page_len`. The base-2 LSE is converted to natural log here.
+    Each (sequence, KV head) row is one request (one KV head, G query heads) whose pages tile its row of the
+    cache (`row_pages`), so ragged lengths per row map onto the page table. The base-2 LSE becomes natural log.
     """
-    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural, row_lengths  # noqa: PLC0415
+    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural  # noqa: PLC0415
 
-    flashinfer = _flashinfer()[0]
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
+    lengths = row_lengths_host(lengths_host if valid_len is not None else None, batch, num_kv_heads, num_keys)
+    if row_capacity(k) is None or row_capacity(v) != row_capacity(k):
+        k, v = k.contiguous(), v.contiguous()
+    capacity = row_capacity(k)
+    page_size = page_size_for(capacity)
+    key = (batch, num_kv_heads, group, head_dim, capacity, page_size, q.dtype, scale, tuple(lengths))
+    wrapper = _planned_wrapper(q.device, use_tensor_cores, key, lengths, capacity, page_size, group, head_dim,
+                               q.dtype, scale)
     rows = batch * num_kv_heads
-    valid = row_lengths(valid_len, batch, num_kv_heads, num_keys, q.device)
-    last_len = valid.clamp(min=1)  # a page holds at least one token; empty rows are masked below
-    indptr = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
-    indices = torch.arange(rows, dtype=torch.int32, device=q.device)
-    pages_k, pages_v = row_pages(k), row_pages(v)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device.index or 0), "HND")
-    wrapper.plan(indptr, indices, last_len, group, 1, head_dim, pages_k.shape[2], q_data_type=q.dtype,
-                 kv_data_type=k.dtype, sm_scale=scale)
-    out, lse2 = wrapper.run(q.reshape(rows, group, head_dim), (pages_k, pages_v), return_lse=True)
+    out, lse2 = wrapper.run(q.reshape(rows, group, head_dim), (row_pages(k, page_size), row_pages(v, page_size)),
+                            return_lse=True)
     lse = lse_base2_to_natural(lse2.float()).reshape(batch, num_heads)
     out = out.float().reshape(batch, num_heads, head_dim)
-    if valid_len is not None:
-        empty = (valid <= 0).view(batch, num_kv_heads).repeat_interleave(group, dim=1)
+    if min(lengths) <= 0:
+        empty = (torch.tensor(lengths) <= 0).view(batch, num_kv_heads).repeat_interleave(group, dim=1)
+        empty = empty.to(q.device, non_blocking=True)
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     return PartialState(out, lse)
-
-
-def row_pages(kv: torch.Tensor) -> torch.Tensor:
-    """`[B, Hkv, N, D]` as one HND page per (sequence, KV head) row: `[B * Hkv, 1, page_size, D]`.
-
-    A prefix `[:, :, :N]` of a preallocated `[B, Hkv, capacity, D]` cache (FullKV's span) is viewed in place with
-    page_size = capacity (the tokens past N lie beyond each row's `last_page_len`), so no step copies the cache.
-    """
-    batch, num_kv_heads, num_keys, head_dim = kv.shape
-    capacity = kv.stride(1) // head_dim if head_dim else num_keys
-    if kv.stride() == (num_kv_heads * capacity * head_dim, capacity * head_dim, head_dim, 1) and capacity >= num_keys:
-        return kv.as_strided((batch * num_kv_heads, 1, capacity, head_dim),
-                             (capacity * head_dim, capacity * head_dim, head_dim, 1))
-    return kv.reshape(batch * num_kv_heads, 1, num_keys, head_dim)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from scoutbench.kernels import backends
 from scoutbench.kernels.attention import PartialState
 
 
@@ -147,6 +148,7 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    backends.USAGE.add(q.device.type, "torch-region")  # an arbitrary mask: torch on every device
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q4, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale)[:2]
