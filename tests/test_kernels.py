@@ -285,3 +285,43 @@ def test_digest_table_scores_equal_the_bound_kernel():
     assert 2 in table and 0 not in table
     assert torch.equal(table.scores(2, q, 10), upper_bound_scores(q, kmax, kmin))
     assert table.device_bytes() == 2 * 2 * (2 * 2 * 16 * 8 * 2)
+
+
+def test_digest_score_dtype_is_the_kv_dtype_on_cuda_only():
+    from scoutbench.kernels.digest import digest_score_dtype
+
+    assert digest_score_dtype(torch.bfloat16, "cuda") == torch.bfloat16
+    assert digest_score_dtype(torch.float16, "cuda") == torch.float16
+    assert digest_score_dtype(torch.float32, "cuda") == torch.float32
+    assert digest_score_dtype(torch.bfloat16, "cpu") == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_center_radius_still_bound_every_key(dtype):
+    """The CUDA digest form: center and radius stored in the KV dtype (rounded, radius widened) keep the Quest
+    score an upper bound of q . k for every key of every block; plain rounding of both does not."""
+    from scoutbench.kernels.digest import center_radius
+
+    torch.manual_seed(5)
+    # tight blocks, where the bound is attained: two keys per block, the first the channel-wise max, and positive
+    # queries, so the bound equals the first key's logit and any rounding below it shows
+    top = torch.randn(4, 2, 2048, 1, 16) * torch.exp(torch.randn(4, 2, 2048, 1, 1))
+    keys = torch.cat([top, top - torch.rand(4, 2, 2048, 1, 16)], dim=3).reshape(4, 2, 4096, 16).to(dtype)
+    q = torch.rand(4, 6, 16).to(dtype)
+    kmax, kmin = block_digests(keys, 2)
+    exact_dot = torch.einsum("bhgd,bhnd->bhgn", q.double().view(4, 2, 3, 16), keys.double())
+    best = exact_dot.view(4, 2, 3, 2048, 2).amax(-1).amax(2)  # max over the block's keys and the group's heads
+
+    def bound(center, radius):  # evaluated exactly, to isolate the storage rounding
+        q4 = q.double().view(4, 2, 3, 16)
+        return (0.5 * (q4 @ center.double().transpose(-1, -2) + q4.abs() @ radius.double().transpose(-1, -2))).amax(2)
+
+    center, radius = center_radius(kmax, kmin, dtype)
+    assert center.dtype == radius.dtype == dtype
+    stored = bound(center, radius)
+    assert (stored >= best).all()
+    exact_center, exact_radius = center_radius(kmax, kmin, torch.float32)
+    magnitude = bound(exact_center.abs(), exact_radius).clamp(min=1e-3)  # |q| . (|c| + r) / 2, q >= 0 here
+    assert ((stored - bound(exact_center, exact_radius)) / magnitude).max() < 4 * torch.finfo(dtype).eps  # tight
+    plain = bound((kmax.float() + kmin.float()).to(dtype), (kmax.float() - kmin.float()).to(dtype))
+    assert (plain < best).any()

@@ -89,8 +89,9 @@ def test_selection_and_sparse_attention(lengths, num_kv_heads):
                     assert min(bound[j] for j in chosen[:-1]) >= max(others)
                 # the digest of a block the new token completed equals the recomputed one
                 if n % block == 0:
-                    assert torch.equal(method.digests.kmax[layer][b, h, tail], full_k[b][h][-block:].amax(0))
-                    assert torch.equal(method.digests.kmin[layer][b, h, tail], full_k[b][h][-block:].amin(0))
+                    kmax, kmin = full_k[b][h][-block:].amax(0), full_k[b][h][-block:].amin(0)
+                    assert torch.equal(method.digests.center2[layer][b, h, tail], kmax + kmin)
+                    assert torch.equal(method.digests.radius2[layer][b, h, tail], kmax - kmin)
                 # QS3: the sparse output equals dense attention with every other key masked
                 token_mask = torch.zeros(n, dtype=torch.bool)
                 for j in chosen:
@@ -111,10 +112,10 @@ def test_method_args_and_validation():
 
 
 def test_footprint_matches_what_bind_allocates():
-    """KV and digests; the fp32 scoring copies of the CPU path are a CPU-only workspace, outside the GPU model."""
+    """KV and digests (center and radius of each block, in the KV dtype: fp32 here)."""
     method, _, ctx, *_ = _bound_quest([63, 40], num_kv_heads=2)
     shape = ModelShape(ctx.num_layers, ctx.num_heads, ctx.num_kv_heads, ctx.head_dim, 64, 64, 64)
-    tensors = [*method.keys, *method.values, *method.digests.kmax.values(), *method.digests.kmin.values()]
+    tensors = [*method.keys, *method.values, *method.digests.center2.values(), *method.digests.radius2.values()]
     allocated = sum(t.numel() * t.element_size() for t in tensors) // ctx.batch
     footprint = method.memory_footprint(shape, method.ctx.max_len, elem_bytes=4)
     assert (footprint.device_bytes_per_seq, footprint.host_bytes_per_seq) == (allocated, 0)

@@ -24,17 +24,36 @@ def upper_bound_scores(q: torch.Tensor, kmax: torch.Tensor, kmin: torch.Tensor) 
 
     q `[B, Hq, D]`, kmax/kmin `[B, Hkv, nB, D]` -> scores `[B, Hkv, nB]` (fp32, unscaled logits).
     """
-    return bound_from_center_radius(q, kmax.float() + kmin.float(), kmax.float() - kmin.float())
+    return bound_from_center_radius(q, *center_radius(kmax, kmin, torch.float32))
+
+
+def center_radius(kmax: torch.Tensor, kmin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`max + min` and `max - min` of block digests, in `dtype` (what scoring reads).
+
+    Computed in fp32. Stored in a 16-bit dtype, the center is rounded to nearest and the radius is widened by
+    that rounding error and then rounded up (scaled by 1 + eps before round-to-nearest, whose error is at most
+    eps / 2), so `0.5 * (q . c' + |q| . r')` still bounds `0.5 * (q . c + |q| . r)` from above: the score stays an
+    upper bound of every key of the block, up to the rounding of the score itself.
+    """
+    kmax, kmin = kmax.float(), kmin.float()
+    center, radius = kmax + kmin, kmax - kmin
+    if dtype == torch.float32:
+        return center, radius
+    stored_center = center.to(dtype)
+    widened = (radius + (center - stored_center.float()).abs()) * (1.0 + torch.finfo(dtype).eps)
+    return stored_center, widened.to(dtype)
 
 
 def bound_from_center_radius(q: torch.Tensor, center2: torch.Tensor, radius2: torch.Tensor) -> torch.Tensor:
-    """The same bound from fp32 `max + min` and `max - min` (`[B, Hkv, nB, D]`): a method that keeps these
-    up to date at block completion skips the per-call conversions (they dominate on CPU at long context)."""
+    """The same bound from `max + min` and `max - min` (`[B, Hkv, nB, D]`, any one float dtype; q is cast to it),
+    as two matmuls with fp32 results: a method that keeps these up to date at block completion (`DigestTable`)
+    converts nothing per call."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = center2.shape[1]
-    q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
-    scores = 0.5 * (torch.matmul(q4, center2.transpose(-1, -2)) + torch.matmul(q4.abs(), radius2.transpose(-1, -2)))
-    return scores.amax(dim=2)  # [B, Hkv, G, nB] -> group max
+    q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).to(center2.dtype)
+    center_part = torch.matmul(q4, center2.transpose(-1, -2)).float()
+    radius_part = torch.matmul(q4.abs(), radius2.transpose(-1, -2)).float()
+    return (0.5 * (center_part + radius_part)).amax(dim=2)  # [B, Hkv, G, nB] -> group max
 
 
 def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: int,
@@ -60,40 +79,41 @@ def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: i
     return ids, count
 
 
-class DigestTable:
-    """Per-layer digests (kmax/kmin, `[B, Hkv, max_blocks, D]` in the KV dtype) of complete blocks on the compute
-    device, shared by every block-sparse method.
+def digest_score_dtype(kv_dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """What `DigestTable` stores center/radius in: the KV dtype on CUDA, fp32 on CPU."""
+    return kv_dtype if device_type == "cuda" else torch.float32
 
-    On CPU it also keeps fp32 `max + min` and `max - min`, updated on every write, so scoring is two matmuls: the
-    per-call conversions of every digest otherwise dominate selection at long context (3-5 ms at 32k on a core).
+
+class DigestTable:
+    """Per-layer digests of complete blocks on the compute device in the form scoring reads, shared by every
+    block-sparse method: `center2 = max + min` and `radius2 = max - min` (`[B, Hkv, max_blocks, D]`), written
+    once when a block completes (`write`), so a score is two matmuls and no per-call conversion.
+
+    On CUDA they are stored in the KV dtype (a 16-bit center/radius pair costs what kmax/kmin did; converting
+    bf16 digests to fp32 on every call was ~35 ms per step at paper scale), see `center_radius` for why the bound
+    survives the rounding. On CPU they are fp32, where the matmuls are faster than in bf16.
     """
 
     def __init__(self, layers: range, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device):
-        self.kmax = {layer: torch.zeros(shape, dtype=dtype, device=device) for layer in layers}
-        self.kmin = {layer: torch.zeros(shape, dtype=dtype, device=device) for layer in layers}
-        on_cpu = torch.device(device).type == "cpu"
-        self._center2 = {layer: torch.zeros(shape) for layer in layers} if on_cpu else None
-        self._radius2 = {layer: torch.zeros(shape) for layer in layers} if on_cpu else None
+        self.kv_dtype = dtype
+        self.score_dtype = digest_score_dtype(dtype, torch.device(device).type)
+        self.center2 = {layer: torch.zeros(shape, dtype=self.score_dtype, device=device) for layer in layers}
+        self.radius2 = {layer: torch.zeros(shape, dtype=self.score_dtype, device=device) for layer in layers}
 
     def __contains__(self, layer: int) -> bool:
-        return layer in self.kmax
+        return layer in self.center2
 
     def write(self, layer: int, index: tuple, kmax: torch.Tensor, kmin: torch.Tensor) -> None:
-        """Store digests at `index` (over the `[B, Hkv, blocks]` dims)."""
-        self.kmax[layer][index] = kmax
-        self.kmin[layer][index] = kmin
-        if self._center2 is not None:
-            stored_max, stored_min = self.kmax[layer][index].float(), self.kmin[layer][index].float()
-            self._center2[layer][index] = stored_max + stored_min
-            self._radius2[layer][index] = stored_max - stored_min
+        """Store the digests (kmax, kmin) of completed blocks at `index` (over the `[B, Hkv, blocks]` dims)."""
+        center, radius = center_radius(kmax, kmin, self.score_dtype)
+        self.center2[layer][index] = center
+        self.radius2[layer][index] = radius
 
     def scores(self, layer: int, q: torch.Tensor, num_blocks: int) -> torch.Tensor:
         """`upper_bound_scores` of q `[B, Hq, D]` against the first `num_blocks` blocks -> `[B, Hkv, num_blocks]`."""
-        if self._center2 is not None:
-            return bound_from_center_radius(q, self._center2[layer][:, :, :num_blocks],
-                                            self._radius2[layer][:, :, :num_blocks])
-        return upper_bound_scores(q, self.kmax[layer][:, :, :num_blocks], self.kmin[layer][:, :, :num_blocks])
+        return bound_from_center_radius(q, self.center2[layer][:, :, :num_blocks], self.radius2[layer][:, :, :num_blocks])
 
     def device_bytes(self) -> int:
-        """The digests' bytes on the compute device (the CPU-only fp32 copies are not a device cost)."""
-        return sum(t.numel() * t.element_size() for t in (*self.kmax.values(), *self.kmin.values()))
+        """The digests' bytes on the compute device: two `[B, Hkv, blocks, D]` tensors per layer in the KV dtype
+        (on CPU, where they are kept in fp32 for speed, what a CUDA run would hold)."""
+        return sum(t.numel() * self.kv_dtype.itemsize for t in (*self.center2.values(), *self.radius2.values()))
