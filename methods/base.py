@@ -98,6 +98,9 @@ class Footprint:
 
     device_bytes_per_seq: int
     host_bytes_per_seq: int
+    # device transient of ingest_prefill per sequence, on top of the prompt's K/V the engine hands over (what a
+    # method's chunked copies and fp32 temporaries hold at once): the planner's prefill workspace adds it
+    prefill_bytes_per_seq: int = 0
 
 
 @dataclass

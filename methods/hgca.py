@@ -37,7 +37,7 @@ from scoutbench.kernels.attention import (
     partial_attention_probs,
 )
 from scoutbench.kernels.gather import gather_blocks, write_tokens
-from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
 from scoutbench.methods.base import (
     AttentionMethod,
     Footprint,
@@ -48,6 +48,8 @@ from scoutbench.methods.base import (
     transfer_stats,
 )
 from scoutbench.methods.fullkv import FullKV
+
+OBSERVED_LOGIT_BYTES = 64 * 1024**2  # fp32 logits per piece of the prefill's observed attention weights
 
 
 @dataclass
@@ -85,28 +87,38 @@ class HGCA(AttentionMethod):
         # the window never exceeds its target by a whole block (it migrates then)
         self.window_capacity = min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block)
         window_shape = (batch, kv_heads, self.window_capacity, head_dim)
-        host_shape = (batch, kv_heads, ctx.max_len, head_dim)
+        # the host holds tokens [0, split): split = n - window <= max_len - window_target(max_len) (the window never
+        # falls below its target, and n - ceil(frac * n) grows with n)
+        self.host_capacity = ctx.max_len - self.window_target(ctx.max_len)
+        host_shape = (batch, kv_heads, self.host_capacity, head_dim)
         staging_shape = (batch, kv_heads, self.migrate_block, head_dim)
-        # zeroed: masked slots of a ragged batch are read, and a masked NaN still poisons attention
+        most = ctx.max_len if self.refresh_interval else min(
+            ctx.max_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * ctx.max_len))
+        numel = batch * ctx.num_heads * most * head_dim
+        # host tier, moving averages (fp32), migration staging and the CPU gather buffers: one exact-size arena,
+        # pinned on CUDA (memory_footprint counts the same bytes); zeroed: masked slots of a ragged batch are
+        # read, and a masked NaN still poisons attention
+        specs = {}
+        for i in self.sparse_layers:
+            specs |= {("k", i): (host_shape, ctx.dtype), ("v", i): (host_shape, ctx.dtype),
+                      ("ema", i): ((batch, ctx.num_heads, self.host_capacity), torch.float32),
+                      ("stage_k", i): (staging_shape, ctx.dtype), ("stage_v", i): (staging_shape, ctx.dtype)}
+        specs |= {("gathered", j): ((numel,), ctx.dtype) for j in range(2)}
+        self._host_arena = HostArena(specs, ctx.device)
+        arena = self._host_arena
         self.window_k, self.window_v, self.host_k, self.host_v, self.ema, self._staging = {}, {}, {}, {}, {}, {}
         for i in self.sparse_layers:
             self.window_k[i] = torch.zeros(window_shape, dtype=ctx.dtype, device=ctx.device)
             self.window_v[i] = torch.zeros(window_shape, dtype=ctx.dtype, device=ctx.device)
-            self.host_k[i] = host_empty(host_shape, ctx.dtype, ctx.device).zero_()
-            self.host_v[i] = host_empty(host_shape, ctx.dtype, ctx.device).zero_()
-            self.ema[i] = torch.zeros((batch, ctx.num_heads, ctx.max_len))  # fp32, host
-            self._staging[i] = (host_empty(staging_shape, ctx.dtype, ctx.device),
-                                host_empty(staging_shape, ctx.dtype, ctx.device))
+            self.host_k[i], self.host_v[i], self.ema[i] = arena["k", i], arena["v", i], arena["ema", i]
+            self._staging[i] = (arena["stage_k", i], arena["stage_v", i])
         self._shift_scratch = torch.empty(window_shape[1:], dtype=ctx.dtype, device=ctx.device)
         on_cuda = ctx.device.type == "cuda"
         self._q_host = {i: host_empty((batch, ctx.num_heads, head_dim), ctx.dtype, ctx.device)
                         for i in self.sparse_layers} if on_cuda else None
         self._lse_host = {i: host_empty((batch, ctx.num_heads), torch.float32, ctx.device)
                           for i in self.sparse_layers} if on_cuda else None
-        most = ctx.max_len if self.refresh_interval else min(
-            ctx.max_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * ctx.max_len))
-        numel = batch * ctx.num_heads * most * head_dim
-        self._gathered = (torch.empty(numel, dtype=ctx.dtype), torch.empty(numel, dtype=ctx.dtype))
+        self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
         self.pool = CpuWorkerPool(1)
         self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
@@ -132,21 +144,37 @@ class HGCA(AttentionMethod):
             for host, window, source in ((self.host_k, self.window_k, k), (self.host_v, self.window_v, v)):
                 host[layer][b, :, :split].copy_(source[b, :, :split])
                 window[layer][b, :, : n - split].copy_(source[b, :, split:n])
-        self.ema[layer][:, :, : k.shape[2]].copy_(self.observed_weights(q_obs, k, lengths))
+        self.observed_weights(q_obs, k, lengths, out=self.ema[layer])
 
-    def observed_weights(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Mean causal attention `[B, Hq, N]` (fp32) of the observed last W prompt queries over the prompt."""
+    def observed_weights(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean causal attention `[B, Hq, N]` (fp32) of the observed last W prompt queries over the prompt, into
+        `out` (host, fp32) where given: its first `out.shape[-1]` tokens (the host part; the rest is overwritten
+        when a token migrates).
+
+        One (sequence, KV group) and at most `OBSERVED_LOGIT_BYTES` of fp32 logits at a time: the whole batch at
+        once was `B x G x W x N x 4` bytes twice over (15 x 5 x 256 x 64k: 10 GiB at paper scale), a transient
+        the planner does not hold; this one is constant.
+        """
         batch, num_heads, window, _ = q_obs.shape
         kv_heads, num_keys = k.shape[1], k.shape[2]
         group = num_heads // kv_heads
+        if out is None:
+            out = torch.empty((batch, num_heads, num_keys))
+        kept = min(out.shape[-1], num_keys)
         query_pos = lengths[:, None] - window + torch.arange(window, device=k.device)  # as the engine observes
-        hidden = torch.arange(num_keys, device=k.device)[None, None, :] > query_pos[:, :, None]  # [B, W, N]
-        weights = torch.empty((batch, num_heads, num_keys))
-        for h in range(kv_heads):  # one KV group at a time bounds the [B, G, W, N] logits
-            heads = slice(h * group, (h + 1) * group)
-            logits = torch.matmul(q_obs[:, heads].float(), k[:, h, None].float().transpose(-1, -2)) * self.ctx.scale
-            weights[:, heads] = logits.masked_fill_(hidden[:, None], float("-inf")).softmax(dim=-1).mean(dim=2).cpu()
-        return weights
+        keys = torch.arange(num_keys, device=k.device)
+        queries = max(1, OBSERVED_LOGIT_BYTES // max(1, group * num_keys * 4))
+        for b in range(batch):
+            for h in range(kv_heads):
+                heads = slice(h * group, (h + 1) * group)
+                total = torch.zeros((group, num_keys), device=k.device)
+                for rows in token_chunks(window, queries):
+                    logits = torch.matmul(q_obs[b, heads, rows].float(), k[b, h].float().transpose(-1, -2))
+                    hidden = keys[None, :] > query_pos[b, rows, None]  # [w, N]: causal
+                    total += logits.mul_(self.ctx.scale).masked_fill_(hidden, float("-inf")).softmax(dim=-1).sum(1)
+                out[b, heads, :kept] = (total[:, :kept] / window).cpu()
+        return out
 
     # ------------------------------------------------------------------ decode
     def begin_step(self, step: StepInfo) -> None:
@@ -192,8 +220,10 @@ class HGCA(AttentionMethod):
                 start = time.perf_counter()
                 cpu_host, ids, probs = future.result()
                 self._wait_ms += (time.perf_counter() - start) * 1e3
-                # CPU results are fresh host tensors: a small synchronous copy, after a wait that synchronised anyway
-                cpu_part = PartialState(cpu_host.o.to(ctx.device), cpu_host.lse.to(ctx.device))
+                # CPU results are fresh (pageable) host tensors: an asynchronous copy from pageable memory is staged
+                # by the driver at once, with no device sync (a blocking copy would drain the whole queue)
+                cpu_part = PartialState(cpu_host.o.to(ctx.device, non_blocking=True),
+                                        cpu_host.lse.to(ctx.device, non_blocking=True))
             with ctx.timer.stage("merge"):
                 out = merge_states(device_part, cpu_part).o.to(q.dtype)
             self._schedule_ema_update(layer, ids, probs, cpu_host.lse, device_part.lse)
@@ -285,6 +315,8 @@ class HGCA(AttentionMethod):
     def close(self) -> None:
         if hasattr(self, "pool"):
             self.pool.close()
+        if hasattr(self, "_host_arena"):
+            self._host_arena.release()
 
     # ------------------------------------------------------------------ accounting
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
@@ -293,7 +325,11 @@ class HGCA(AttentionMethod):
         sparse = shape.num_layers - dense
         window = math.ceil(self.window_frac * context_len)
         device = dense * context_len * kv + sparse * window * kv
-        host = sparse * (context_len - window) * kv + sparse * shape.num_heads * (context_len - window) * 4
+        # the host arena: K/V and fp32 moving averages of the host part, migration staging, two gather buffers
+        most = context_len if self.refresh_interval else min(
+            context_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * context_len))
+        host = (sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv
+                + 2 * shape.num_heads * most * shape.head_dim * elem_bytes)
         return Footprint(device, host)
 
     def stats(self):

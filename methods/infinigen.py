@@ -34,9 +34,16 @@ from typing import Any
 
 import torch
 
+from scoutbench.engine import OBS_WINDOW
 from scoutbench.kernels.attention import merge_states, partial_attention
 from scoutbench.kernels.gather import write_tokens
-from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, host_empty
+from scoutbench.kernels.offload import (
+    PREFILL_CHUNK_TOKENS,
+    CopyStream,
+    CpuWorkerPool,
+    HostArena,
+    token_chunks,
+)
 from scoutbench.methods.base import (
     AttentionMethod,
     Footprint,
@@ -80,23 +87,29 @@ class InfiniGen(AttentionMethod):
         channels = self.partial_dim(head_dim)
         # zeroed: a short sequence of a ragged batch fetches (masked) rows it never wrote, and 0 * NaN is NaN
         host_shape = (ctx.max_len, batch, kv_heads, head_dim)
-        self.host_k = {i: host_empty(host_shape, ctx.dtype, ctx.device).zero_() for i in self.sparse_layers}
-        self.host_v = {i: host_empty(host_shape, ctx.dtype, ctx.device).zero_() for i in self.sparse_layers}
+        self.capacity = min(self.budget - 1, ctx.max_len)
+        numel = batch * kv_heads * self.capacity * head_dim
+        on_cuda = ctx.device.type == "cuda"
+        # host tier (+ on CUDA the pinned staging of both fetch slots and their row ids): one exact-size arena,
+        # pinned on CUDA (memory_footprint counts the same bytes)
+        specs = {(kind, i): (host_shape, ctx.dtype) for kind in "kv" for i in self.sparse_layers}
+        if on_cuda:
+            specs |= {(kind, slot): ((numel,), ctx.dtype) for kind in ("stage_k", "stage_v") for slot in range(2)}
+            specs |= {("ids", slot): ((batch * kv_heads * self.capacity,), torch.long) for slot in range(2)}
+        self._host_arena = arena = HostArena(specs, ctx.device)
+        self.host_k = {i: arena["k", i] for i in self.sparse_layers}
+        self.host_v = {i: arena["v", i] for i in self.sparse_layers}
         self.partial_keys = {i: torch.empty((batch, kv_heads, ctx.max_len, channels), dtype=ctx.dtype,
                                             device=ctx.device) for i in self.sparse_layers}
         self.skew: dict[int, torch.Tensor] = {}  # [Hkv, D, D] fp32, orthogonal
         self.partial_proj: dict[int, torch.Tensor] = {}  # [Hkv, D, channels]: the partial columns of the skew
         # double-buffered fetch targets: layer i+1's fetch lands while layer i still reads the other buffer
-        self.capacity = min(self.budget - 1, ctx.max_len)
-        numel = batch * kv_heads * self.capacity * head_dim
-        on_cuda = ctx.device.type == "cuda"
         self._fetched = [(torch.empty(numel, dtype=ctx.dtype, device=ctx.device),
                           torch.empty(numel, dtype=ctx.dtype, device=ctx.device)) for _ in range(2)]
         # on CUDA the worker gathers into pinned staging first; on CPU it gathers straight into the fetch buffer
-        self._staging = [(host_empty((numel,), ctx.dtype, ctx.device), host_empty((numel,), ctx.dtype, ctx.device))
-                         for _ in range(2)] if on_cuda else self._fetched
-        self._ids_host = [host_empty((batch * kv_heads * self.capacity,), torch.long, ctx.device)
-                          for _ in range(2)] if on_cuda else None
+        self._staging = [(arena["stage_k", slot], arena["stage_v", slot]) for slot in range(2)] if on_cuda \
+            else self._fetched
+        self._ids_host = [arena["ids", slot] for slot in range(2)] if on_cuda else None
         # host row of token 0 of each (sequence, KV head) in the token-major host cache
         self._row_offset = torch.arange(batch * kv_heads, device=ctx.device).view(batch, kv_heads, 1)
         self.copy = CopyStream(ctx.device)
@@ -119,10 +132,12 @@ class InfiniGen(AttentionMethod):
         self.skew[layer] = skew
         proj = skew.gather(2, channels[:, None, :].expand(-1, skew.shape[1], -1))
         self.partial_proj[layer] = proj.to(self.ctx.dtype)
-        num_tokens = k.shape[2]
-        self.partial_keys[layer][:, :, :num_tokens].copy_(torch.matmul(k, self.partial_proj[layer]))
-        self.host_k[layer][:num_tokens].copy_(k.permute(2, 0, 1, 3))
-        self.host_v[layer][:num_tokens].copy_(v.permute(2, 0, 1, 3))
+        # in chunks of tokens: the projection and the permuted (made-contiguous) D2H copies of a whole prompt
+        # would each be a prompt-sized device transient
+        for tokens in token_chunks(k.shape[2]):
+            self.partial_keys[layer][:, :, tokens].copy_(torch.matmul(k[:, :, tokens], self.partial_proj[layer]))
+            self.host_k[layer][tokens].copy_(k[:, :, tokens].permute(2, 0, 1, 3))
+            self.host_v[layer][tokens].copy_(v[:, :, tokens].permute(2, 0, 1, 3))
 
     def skewing(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,9 +151,12 @@ class InfiniGen(AttentionMethod):
         kv_heads = k.shape[1]
         queries = q_obs.float().reshape(batch, kv_heads, num_heads // kv_heads * window, head_dim)
         valid = torch.arange(k.shape[2], device=k.device)[None, :] < lengths[:, None]
-        keys = k.float() * valid[:, None, :, None]
+        key_gram = torch.zeros((kv_heads, head_dim, head_dim), dtype=torch.float64, device=k.device)
+        for tokens in token_chunks(k.shape[2]):  # an fp32 copy of every key would be twice the prompt's K
+            keys = k[:, :, tokens].float() * valid[:, None, tokens, None]
+            key_gram += torch.einsum("bhnd,bhne->hde", keys, keys).double()
         q_eigenvalues, q_vectors = torch.linalg.eigh(torch.einsum("bhnd,bhne->hde", queries, queries).double())
-        k_eigenvalues = torch.linalg.eigvalsh(torch.einsum("bhnd,bhne->hde", keys, keys).double())
+        k_eigenvalues = torch.linalg.eigvalsh(key_gram)
         sigma_q = q_eigenvalues.clamp(min=0).sqrt().flip(-1)  # descending, as an SVD returns them
         sigma_k = k_eigenvalues.clamp(min=0).sqrt().flip(-1)
         order = torch.argsort(sigma_q * sigma_k, dim=-1, descending=True, stable=True)
@@ -259,6 +277,8 @@ class InfiniGen(AttentionMethod):
     def close(self) -> None:
         if hasattr(self, "pool"):
             self.pool.close()
+        if hasattr(self, "_host_arena"):
+            self._host_arena.release()
 
     # ------------------------------------------------------------------ accounting
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
@@ -266,8 +286,16 @@ class InfiniGen(AttentionMethod):
         dense = min(self.dense_layers, shape.num_layers)
         sparse = shape.num_layers - dense
         partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
-        device = dense * context_len * kv + partial_keys + 2 * (self.budget - 1) * kv  # double-buffered prefetch
-        return Footprint(device, sparse * context_len * kv)
+        fetch = min(self.budget - 1, context_len)
+        device = dense * context_len * kv + partial_keys + 2 * fetch * kv  # double-buffered prefetch
+        # the host arena: the sparse layers' KV, and on CUDA the pinned staging of both fetch slots and their ids
+        staging = 2 * fetch * (kv + shape.num_kv_heads * 8)
+        # prefill (skewing): one chunk of fp32 keys and einsum's copy of it; the observed queries in fp32, their
+        # einsum copy and their skewed product
+        window = min(OBS_WINDOW, context_len)
+        prefill = 4 * shape.head_dim * (2 * min(PREFILL_CHUNK_TOKENS, context_len) * shape.num_kv_heads
+                                         + 3 * window * shape.num_heads)
+        return Footprint(device, sparse * context_len * kv + staging, prefill)
 
     def stats(self):
         ctx = self.ctx

@@ -66,8 +66,7 @@ class Quest(FullKV):
         if layer in self.digests:
             # Blocks that reach into a sequence's right padding get a wrong digest here; they are never candidates
             # before decode completes them, and completing a block recomputes its digest (_update_digests).
-            kmax, kmin = block_digests(k, self.block_size)
-            self._store_digests(layer, slice(None), slice(0, kmax.shape[2]), kmax, kmin)
+            self.digests.write_blocks(layer, k, self.block_size)
 
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)

@@ -17,8 +17,16 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import PartialState, merge_states, partial_attention
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
-from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
-from scoutbench.kernels.offload import DONE, CopyStream, CpuWorkerPool, host_empty
+from scoutbench.kernels.digest import DigestTable, select_top_blocks
+from scoutbench.kernels.offload import (
+    DONE,
+    PREFILL_CHUNK_TOKENS,
+    CopyStream,
+    CpuWorkerPool,
+    HostArena,
+    host_empty,
+    token_chunks,
+)
 from scoutbench.methods.base import (
     AttentionMethod,
     Footprint,
@@ -163,10 +171,20 @@ class ScoutAttention(AttentionMethod):
         dense = min(self.dense_layers, shape.num_layers)
         sparse = shape.num_layers - dense
         n_blocks = math.ceil(context_len / self.block_size)
+        region = self.budget // self.block_size * self.block_size  # device block slots per (sequence, KV head)
+        # per sparse layer: digests, the slotted region and its BlockTable (int64 block -> slot, int64 + bool per
+        # slot); once: the recall's device staging of k_sel blocks (K and V) and the region's mask
+        block_table = shape.num_kv_heads * ((n_blocks + 1) * 8 + (self.k_sel + 1) * 9)
         device = dense * context_len * kv + sparse * (
-            n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + self.budget * kv)
-        host = sparse * context_len * kv
-        return Footprint(device, host)
+            n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + region * kv + block_table)
+        if sparse:
+            device += self.k_sel * self.block_size * kv + shape.num_kv_heads * region * elem_bytes
+        # the host arena: every block of the sparse layers, and two gather buffers of k_sel blocks (K and V)
+        host = sparse * n_blocks * self.block_size * kv + (2 * self.k_sel * self.block_size * kv if sparse else 0)
+        # prefill: one chunk of blocks made contiguous for its D2H copy, and the initial resident K (then V) blocks
+        one_kv = shape.num_kv_heads * shape.head_dim * elem_bytes
+        prefill = (min(PREFILL_CHUNK_TOKENS, context_len) + self.k_sel * self.block_size) * one_kv if sparse else 0
+        return Footprint(device, host, prefill)
 
     # ------------------------------------------------------------------ setup
     def bind(self, ctx: MethodContext) -> None:
@@ -192,24 +210,28 @@ class ScoutAttention(AttentionMethod):
         # sparse layers: host tier, block-major rows `j * B * Hkv + (b * Hkv + h)` so that the blocks of all
         # (sequence, KV head) rows completed at one step are one contiguous (async on CUDA) copy. Zeroed: gathers
         # may read never-written rows, masked out, but they must be finite.
+        # The host tier and the CPU part's gather buffers (two sets: consecutive layers alternate, at most two plans
+        # in flight) are one exact-size arena, pinned on CUDA (memory_footprint counts the same bytes).
         rows = self._max_blocks * B * Hkv
-        self._host_k: dict[int, torch.Tensor] = {}
-        self._host_v: dict[int, torch.Tensor] = {}
+        k = self.k_sel
+        gather_rows = B * Hkv * k
+        sparse = range(self._dense, ctx.num_layers)
+        parities = range(2) if sparse else range(0)
+        self._host_arena = HostArena({**{(kind, layer): ((rows, b, D), dtype) for kind in "kv" for layer in sparse},
+                                      **{(kind, i): ((gather_rows, b, D), dtype) for kind in ("gk", "gv") for i in parities}},
+                                     dev)
+        self._host_k = {layer: self._host_arena["k", layer] for layer in sparse}
+        self._host_v = {layer: self._host_arena["v", layer] for layer in sparse}
+        self._gather_k = [self._host_arena["gk", i] for i in parities]
+        self._gather_v = [self._host_arena["gv", i] for i in parities]
         self._dev_k: dict[int, torch.Tensor] = {}
         self._dev_v: dict[int, torch.Tensor] = {}
-        self._digests = DigestTable(range(self._dense, ctx.num_layers), (B, Hkv, self._max_blocks, D), dtype, dev)
+        self._digests = DigestTable(sparse, (B, Hkv, self._max_blocks, D), dtype, dev)
         self._tables: dict[int, BlockTable] = {}
-        for layer in range(self._dense, ctx.num_layers):
-            self._host_k[layer] = host_empty((rows, b, D), dtype, dev).zero_()
-            self._host_v[layer] = host_empty((rows, b, D), dtype, dev).zero_()
+        for layer in sparse:
             self._dev_k[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
             self._dev_v[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
             self._tables[layer] = BlockTable(B, Hkv, self.k_sel, self._max_blocks, dev)
-        # host buffers of the CPU part, two sets (consecutive layers alternate, at most two plans in flight)
-        k = self.k_sel
-        gather_rows = B * Hkv * k
-        self._gather_k = [host_empty((gather_rows, b, D), dtype, dev).zero_() for _ in range(2)]
-        self._gather_v = [host_empty((gather_rows, b, D), dtype, dev).zero_() for _ in range(2)]
         self._parity_free: list[list[Any]] = [[], []]
         if self._cuda:
             self._q_host = [host_empty((B, H, D), dtype, dev) for _ in range(2)]
@@ -250,6 +272,8 @@ class ScoutAttention(AttentionMethod):
                     plan.future.cancel()
             self._pool.close()
             self._pool = None
+        if hasattr(self, "_host_arena"):
+            self._host_arena.release()
 
     # ------------------------------------------------------------------ prefill
     def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -263,9 +287,10 @@ class ScoutAttention(AttentionMethod):
         complete = num_tokens // b
         for host, src in ((self._host_k[layer], k), (self._host_v[layer], v)):  # complete blocks, block-major
             blocks = src[:, :, : complete * b].reshape(B, Hkv, complete, b, D).permute(2, 0, 1, 3, 4)
-            host.view(self._max_blocks, B, Hkv, b, D)[:complete].copy_(blocks)
-        kmax, kmin = block_digests(k, b)
-        self._digests.write(layer, (slice(None), slice(None), slice(0, complete)), kmax, kmin)
+            # a permuted device tensor is made contiguous before its D2H copy: in chunks, that transient is small
+            for chunk in token_chunks(complete, max(1, PREFILL_CHUNK_TOKENS // b)):
+                host.view(self._max_blocks, B, Hkv, b, D)[chunk].copy_(blocks[chunk])
+        self._digests.write_blocks(layer, k, b)
         lengths_host = [int(n) for n in lengths.tolist()]
         self._prompt_len = lengths_host
         dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]

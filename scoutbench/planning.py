@@ -94,25 +94,29 @@ def decode_workspace_bytes_per_seq(shape: ModelShape, context_len: int, elem_byt
     return shape.vocab_size * FP32_BYTES + activations + attention_scratch + partial_states
 
 
-def prefill_workspace_bytes_per_seq(shape: ModelShape, context_len: int, elem_bytes: int) -> int:
+def prefill_workspace_bytes_per_seq(shape: ModelShape, context_len: int, elem_bytes: int,
+                                    method_prefill_bytes: int = 0) -> int:
     """Device transient of one sequence during the synthetic prefill (DecodeEngine.prefill_synthetic), per layer.
 
     Random K and V (RoPE is applied in place, in chunks): two `[Hkv, N, D]` tensors; plus the observation-window
-    queries handed to the method.
+    queries handed to the method; plus what the method's `ingest_prefill` holds on top of them
+    (`Footprint.prefill_bytes_per_seq`: its prompt-sized copies and fp32 temporaries are chunked, so this is a
+    chunk's worth). Transients that do not grow with the batch (HGCA's observed weights, one sequence at a time,
+    at most a few hundred MiB) are covered by the fixed reserve.
     """
     one_kv_tensor = shape.num_kv_heads * context_len * shape.head_dim * elem_bytes
     window = min(OBS_WINDOW, context_len)
-    return 2 * one_kv_tensor + shape.num_heads * window * shape.head_dim * elem_bytes
+    return 2 * one_kv_tensor + shape.num_heads * window * shape.head_dim * elem_bytes + method_prefill_bytes
 
 
-def workspace_bytes_per_seq(shape: ModelShape, context_len: int, elem_bytes: int) -> int:
+def workspace_bytes_per_seq(shape: ModelShape, context_len: int, elem_bytes: int, method_prefill_bytes: int = 0) -> int:
     """Prefill and decode never overlap, so the workspace is the larger of the two transients.
 
     A real (not synthetic) prefill at long context needs far more (MLP intermediates for every prompt token);
     `run_with_oom_backoff` is the safety net for it.
     """
     return max(decode_workspace_bytes_per_seq(shape, context_len, elem_bytes),
-               prefill_workspace_bytes_per_seq(shape, context_len, elem_bytes))
+               prefill_workspace_bytes_per_seq(shape, context_len, elem_bytes, method_prefill_bytes))
 
 
 def reserved_bytes(gpu_mem_bytes: int) -> int:
@@ -123,7 +127,7 @@ def plan_method(method: AttentionMethod, shape: ModelShape, context_len: int, el
                 host_mem_bytes: int | None = None, tied_embeddings: bool = False) -> Plan:
     """The largest batch of `method` whose device tier fits `gpu_mem_bytes` and host tier fits `host_mem_bytes`."""
     footprint = method.memory_footprint(shape, context_len, elem_bytes)
-    workspace = workspace_bytes_per_seq(shape, context_len, elem_bytes)
+    workspace = workspace_bytes_per_seq(shape, context_len, elem_bytes, footprint.prefill_bytes_per_seq)
     weights = weights_bytes(shape, elem_bytes, tied_embeddings)
     reserve = reserved_bytes(gpu_mem_bytes)
     free_for_sequences = gpu_mem_bytes - weights - reserve
@@ -204,14 +208,23 @@ def run_with_oom_backoff(fn: Callable[[int], Any], batch: int) -> tuple[Any, lis
         if error is None:
             attempts.append({"batch": batch, "status": "ok", "error": None})
             return result, attempts
-        # The traceback (gone with `exc` now) held the failed run's tensors: collect before emptying the cache.
         attempts.append({"batch": batch, "status": "oom", "error": error})
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_cached_memory()
         if batch == 1:
             raise ScoutbenchError(f"out of memory even at batch 1 ({error}); lower --len or use a smaller model")
         batch = max(1, batch // 2)
+
+
+def release_cached_memory() -> None:
+    """Give back what a failed attempt left: the traceback (gone with `exc` by now) held its tensors, so collect
+    them (a method's host arena is unpinned by its `close()`, and at the latest when collected), then empty
+    torch's device cache and its pinned host cache (small staging buffers), before the retry allocates again."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        accelerator = getattr(torch, "accelerator", None)
+        empty_host_cache = getattr(accelerator, "empty_host_cache", None) or torch._C._host_emptyCache
+        empty_host_cache()
 
 
 def format_bytes(num_bytes: int | float) -> str:

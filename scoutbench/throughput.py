@@ -98,7 +98,7 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
     shape = ModelShape.from_config(loaded.model.config)
     context_len = cfg.length + cfg.warmup + cfg.steps
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
-    workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize)
+    workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),
             "host": batch * footprint.host_bytes_per_seq}
 
@@ -191,7 +191,13 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
     """
     if cfg.batch != "auto":
         return _run_at_batch(cfg, loaded, on_progress)
-    from scoutbench.planning import auto_batch, device_free_bytes, run_with_oom_backoff
+    from scoutbench.planning import (
+        auto_batch,
+        available_host_bytes,
+        device_free_bytes,
+        plan_method,
+        run_with_oom_backoff,
+    )
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -201,14 +207,19 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
     config = loaded.model.config
     gpu_mem = cfg.gpu_mem if cfg.gpu_mem is not None else device_free_bytes(device)
-    planned = auto_batch(method, ModelShape.from_config(config), cfg.length + cfg.warmup + cfg.steps,
-                         dtype.itemsize, gpu_mem, cfg.host_mem,
-                         bool(getattr(config, "tie_word_embeddings", False)))
+    host_mem = cfg.host_mem if cfg.host_mem is not None else available_host_bytes()
+    planning_args = (method, ModelShape.from_config(config), cfg.length + cfg.warmup + cfg.steps, dtype.itemsize,
+                     gpu_mem, host_mem, bool(getattr(config, "tie_word_embeddings", False)))
+    planned = auto_batch(*planning_args)
+    plan = plan_method(*planning_args)
     result, attempts = run_with_oom_backoff(
         lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_progress, oom_backoff=True),
         planned)
-    result["batch_plan"] = {"mode": "auto", "planned": planned, "gpu_mem_bytes": gpu_mem,
-                            "host_mem_bytes": cfg.host_mem, "attempts": attempts}
+    result["batch_plan"] = {"mode": "auto", "planned": planned, "limited_by": plan.limited_by,
+                            "gpu_mem_bytes": gpu_mem, "host_mem_bytes": host_mem,
+                            "device_bytes_per_seq": plan.device_bytes_per_seq,
+                            "host_bytes_per_seq": plan.host_bytes_per_seq,
+                            "workspace_bytes_per_seq": plan.workspace_bytes_per_seq, "attempts": attempts}
     return result
 
 
@@ -236,6 +247,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
     total_steps = workload.warmup + workload.steps
     records: list[dict[str, float]] = []
     nvml = None
+    attention_backends.reset()  # also counted when there are no warm-up steps
     try:
         engine.start(workload.batch, workload.total_tokens)
         if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
@@ -276,7 +288,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
     except RuntimeError as exc:
         if oom_backoff:
             raise
-        if "can't allocate memory" in str(exc) or "not enough memory" in str(exc):
+        if any(text in str(exc) for text in ("can't allocate memory", "not enough memory", "pinned host memory")):
             raise ScoutbenchError(f"{cfg.method}: out of host memory at batch {cfg.batch}, len {cfg.length}; "
                                   "lower --batch or --len") from None
         raise

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# GPU check (issue 7), sized for one 10-minute command on a lent H200 with the machine's own packages:
+# GPU check (issues 7 and 10), sized for one 10-minute command on a lent H200 with the machine's own packages:
 #   1. nvidia-smi summary and `scoutbench env`
-#   2. the CUDA tests (tests/test_gpu.py) and the CPU tests of the kernels and the planner
-#   3. a throughput matrix: random-weight qwen3-8b at 8k and 32k, fullkv, scout, infinigen, hgca and the ablation
-#      variants, each at --batch auto with synthetic prefill, each point under its own timeout
-#   4. one compact table; 5. the JSON results in DEST
+#   2. the CUDA tests (tests/test_gpu.py) and the CPU tests of the kernels, backends and the planner
+#   3. the plan, then a throughput matrix at the paper's scale: random-weight qwen3-14b at 64k, the five methods
+#      (fullkv, quest, infinigen, hgca, scout), each at --batch auto with synthetic prefill, each point under its
+#      own timeout
+#   4. one table (method, len, batch run, planned max batch and what limits it, tok/s, step ms, idle %, the
+#      attention backends that ran, CPU ratio, GPU util); 5. the JSON results in DEST
 #
 # Usage: scripts/gpu_check.sh [DEST]     DEST: where results go (default: $OUT, else results/gpu_check)
 # The package need not be installed: a folder of links makes methods/ and workloads/ importable as
 # scoutbench.methods / scoutbench.workloads, and every python runs from that folder.
 #
-# SCOUTBENCH_GPU_CHECK_CPU=1 runs the same plumbing on a CPU (tiny-qwen3 at 1k/2k, --gpu-mem 2GiB, --host-mem 256MiB).
+# SCOUTBENCH_GPU_CHECK_CPU=1 runs the same plumbing on a CPU (tiny-qwen3 at 2k, --gpu-mem 2GiB, --host-mem 256MiB).
 # Knobs (environment): GPU_CHECK_MODEL, GPU_CHECK_LENS, GPU_CHECK_METHODS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP,
-#   GPU_CHECK_HOST_MEM (host memory planned for offloaded KV; the VM's MemAvailable understates it),
-#   GPU_CHECK_BUDGET_S (whole script), GPU_CHECK_POINT_S (one throughput point), GPU_CHECK_TEST_S (pytest).
+#   GPU_CHECK_HOST_MEM (host memory planned for offloaded KV: the offloading methods pin it; the VM's
+#   MemAvailable understates it), GPU_CHECK_BUDGET_S (whole script), GPU_CHECK_POINT_S (one throughput point),
+#   GPU_CHECK_TEST_S (pytest).
+# Budget on an H200 (default): pytest <= 150 s, five points <= 80 s each (model init, pinning the host arena,
+# synthetic prefill of 64k tokens per sequence, 2 + 6 decode steps), 15 s for the table: under 570 s.
 set -uo pipefail  # no -e: a failed phase is reported and the others still run
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,18 +28,21 @@ PY=${PYTHON:-python3}
 START=$SECONDS
 
 if [[ "${SCOUTBENCH_GPU_CHECK_CPU:-0}" == 1 ]]; then
-    MODEL=${GPU_CHECK_MODEL:-tiny-qwen3}; LENS=${GPU_CHECK_LENS:-"1k 2k"}
+    MODEL=${GPU_CHECK_MODEL:-tiny-qwen3}; LENS=${GPU_CHECK_LENS:-"2k"}
     STEPS=${GPU_CHECK_STEPS:-2}; WARMUP=${GPU_CHECK_WARMUP:-1}
-    # the default budget (2048) exceeds a 1k context; the host cap keeps the CPU-bound offloading points short
+    # the default budget (2048) exceeds a 2k context; the host cap keeps the CPU-bound offloading points short
     EXTRA=(--device cpu --gpu-mem 2GiB --host-mem 256MiB --budget 256)
-    BUDGET_S=${GPU_CHECK_BUDGET_S:-900}; POINT_S=${GPU_CHECK_POINT_S:-120}; TEST_S=${GPU_CHECK_TEST_S:-400}
+    PLAN_MEM=(--gpu-mem 2GiB --host-mem 256MiB)
+    BUDGET_S=${GPU_CHECK_BUDGET_S:-900}; POINT_S=${GPU_CHECK_POINT_S:-150}; TEST_S=${GPU_CHECK_TEST_S:-400}
 else
-    MODEL=${GPU_CHECK_MODEL:-qwen3-8b}; LENS=${GPU_CHECK_LENS:-"8k 32k"}
-    STEPS=${GPU_CHECK_STEPS:-16}; WARMUP=${GPU_CHECK_WARMUP:-3}
-    EXTRA=(--device cuda --host-mem "${GPU_CHECK_HOST_MEM:-64GiB}")
-    BUDGET_S=${GPU_CHECK_BUDGET_S:-470}; POINT_S=${GPU_CHECK_POINT_S:-100}; TEST_S=${GPU_CHECK_TEST_S:-200}
+    MODEL=${GPU_CHECK_MODEL:-qwen3-14b}; LENS=${GPU_CHECK_LENS:-"64k"}
+    STEPS=${GPU_CHECK_STEPS:-6}; WARMUP=${GPU_CHECK_WARMUP:-2}
+    HOST_MEM=${GPU_CHECK_HOST_MEM:-64GiB}
+    EXTRA=(--device cuda --host-mem "$HOST_MEM")
+    PLAN_MEM=(--host-mem "$HOST_MEM")
+    BUDGET_S=${GPU_CHECK_BUDGET_S:-570}; POINT_S=${GPU_CHECK_POINT_S:-80}; TEST_S=${GPU_CHECK_TEST_S:-150}
 fi
-METHODS=${GPU_CHECK_METHODS:-"fullkv scout infinigen hgca scout-base scout-pc"}
+METHODS=${GPU_CHECK_METHODS:-"fullkv quest infinigen hgca scout"}
 
 # -- the import path: $PKG/scoutbench holds links to the package's files plus methods/ and workloads/
 PKG=$(mktemp -d)
@@ -57,20 +65,24 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,pstate --for
 "$PY" -m scoutbench env
 
 log "2. tests (limit ${TEST_S}s)"
-tests=("$REPO/tests/test_gpu.py" "$REPO/tests/test_triton.py" "$REPO/tests/test_plan.py")
+tests=("$REPO/tests/test_gpu.py" "$REPO/tests/test_triton.py" "$REPO/tests/test_backends.py")
 [[ -f "$REPO/tests/test_kernels.py" ]] && tests+=("$REPO/tests/test_kernels.py")
 timeout -k 10 "$TEST_S" "$PY" -m pytest -q -p no:cacheprovider -rfEs "${tests[@]}" 2>&1 | tee "$DEST/gpu_check_pytest.txt" | tail -40
 TEST_RC=${PIPESTATUS[0]}
 echo "pytest exit code: $TEST_RC"
 
-log "3. throughput matrix: $MODEL, lens [$LENS], methods [$METHODS], steps $STEPS, warmup $WARMUP, batch auto"
+log "3. plan and throughput matrix: $MODEL, lens [$LENS], methods [$METHODS], steps $STEPS, warmup $WARMUP, batch auto"
+for len in $LENS; do
+    "$PY" -m scoutbench plan --model "$MODEL" --len "$len" "${PLAN_MEM[@]}" $(printf -- '--method %s ' $METHODS) \
+        2>&1 | tee -a "$DEST/gpu_check_plan.txt"
+done
 : > "$SCRATCH/points.jsonl"
 for method in $METHODS; do
     for len in $LENS; do
         left=$((BUDGET_S - (SECONDS - START) - 15))  # 15 s kept for the table
         limit=$((left < POINT_S ? left : POINT_S))
         point="$SCRATCH/${method}_${len}"
-        if ((limit < 30)); then
+        if ((limit < 20)); then
             echo "skip  $method $len: the script's ${BUDGET_S}s budget is spent"
             rc=skipped; seconds=0
         else
@@ -107,9 +119,15 @@ for line in open(points_file, encoding="utf-8"):
         ratio = (stats.get("cpu_compute_ratio") or {}).get("mean") if isinstance(stats.get("cpu_compute_ratio"), dict) \
             else stats.get("cpu_pair_fraction")
         util = ((result.get("nvml") or {}).get("gpu_util_pct") or {}).get("mean")
+        plan = result.get("batch_plan") or {}
+        used = result.get("attention_backends") or {}
+        device_type = result["device"]["type"]
+        backend = "+".join(key.split(":", 1)[1] for key in sorted(used, key=used.get, reverse=True)
+                           if key.startswith(device_type + ":")) or "-"
         rows.append([point["method"], point["len"], str(result["workload"]["batch"]),
+                     f"{plan.get('planned', '-')} ({plan.get('limited_by', '?')})",
                      f"{result['decode_throughput_tok_s']:.1f}", f"{result['decode_step_ms']['median']:.1f}",
-                     f"{100 * (wait_frac(result) or 0.0):.1f}", "-" if ratio is None else f"{ratio:.2f}",
+                     f"{100 * (wait_frac(result) or 0.0):.1f}", backend, "-" if ratio is None else f"{ratio:.2f}",
                      "-" if util is None else f"{util:.0f}"])
         results.append(result)
     else:
@@ -118,10 +136,11 @@ for line in open(points_file, encoding="utf-8"):
             lines = [l for l in open(point["path"] + ".stderr", encoding="utf-8").read().splitlines() if l.strip()]
             error = lines[-1][:200] if lines else ""
         status = "skipped" if point["rc"] == "skipped" else f"failed (exit {point['rc']})"
-        rows.append([point["method"], point["len"], "-", status, "", "", "", ""])
+        rows.append([point["method"], point["len"], "-", "-", status, "", "", "", "", ""])
         results.append({"kind": "throughput", "status": status, "method": point["method"], "len": point["len"],
                         "error": error})
-header = ["method", "len", "batch", "tok/s", "step ms", "idle %", "CPU ratio", "GPU util %"]
+header = ["method", "len", "batch", "max batch (limit)", "tok/s", "step ms", "idle %", "backend", "CPU ratio",
+          "GPU util %"]
 widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 table = "\n".join("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
                   for r in [header, *rows])
@@ -136,6 +155,6 @@ for r in failed:
 sys.exit(1 if failed else 0)
 PYTHON
 MATRIX_RC=$?
-echo "results: $DEST/gpu_check_results.json, $DEST/gpu_check_table.txt, $DEST/gpu_check_pytest.txt"
+echo "results: $DEST/gpu_check_results.json, $DEST/gpu_check_table.txt, $DEST/gpu_check_plan.txt, $DEST/gpu_check_pytest.txt"
 log "done: pytest exit $TEST_RC, matrix exit $MATRIX_RC"
 ((TEST_RC == 0 && MATRIX_RC == 0))

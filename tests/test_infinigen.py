@@ -164,5 +164,6 @@ def test_method_args_and_footprint():
     host = [*method.host_k.values(), *method.host_v.values()]
     footprint = method.memory_footprint(shape, ctx.max_len, elem_bytes=4)
     assert footprint.device_bytes_per_seq == sum(t.numel() * t.element_size() for t in device) // ctx.batch
-    assert footprint.host_bytes_per_seq == sum(t.numel() * t.element_size() for t in host) // ctx.batch
+    cuda_staging = 2 * method.capacity * (2 * ctx.num_kv_heads * ctx.head_dim * 4 + ctx.num_kv_heads * 8)
+    assert footprint.host_bytes_per_seq == sum(t.numel() * t.element_size() for t in host) // ctx.batch + cuda_staging
     method.close()

@@ -467,10 +467,16 @@ def test_memory_footprint_formula():
     fp = method.memory_footprint(shape, 65536, 2)
     kv = 2 * 8 * 128 * 2
     n_blocks = 65536 // 32
-    assert fp.device_bytes_per_seq == 2 * 65536 * kv + 38 * (n_blocks * 2 * 8 * 128 * 2 + 2048 * kv)
-    assert fp.host_bytes_per_seq == 38 * 65536 * kv
+    k_sel = 2048 // 32 - 3
+    block_table = 8 * ((n_blocks + 1) * 8 + (k_sel + 1) * 9)  # per KV head: block -> slot, slot -> block + ready
+    staging_and_mask = k_sel * 32 * kv + 8 * 2048 * 2
+    assert fp.device_bytes_per_seq == (2 * 65536 * kv + 38 * (n_blocks * 2 * 8 * 128 * 2 + 2048 * kv + block_table)
+                                       + staging_and_mask)
+    assert fp.host_bytes_per_seq == 38 * 65536 * kv + 2 * k_sel * 32 * kv  # + the CPU part's two gather buffers
+    assert fp.prefill_bytes_per_seq == (4096 + k_sel * 32) * kv // 2
     odd = method.memory_footprint(shape, 100, 2)
-    assert odd.device_bytes_per_seq == 2 * 100 * kv + 38 * (4 * 2 * 8 * 128 * 2 + 2048 * kv)
+    assert odd.device_bytes_per_seq == (2 * 100 * kv + 38 * (4 * 2 * 8 * 128 * 2 + 2048 * kv + 8 * (5 * 8 + 62 * 9))
+                                        + staging_and_mask)
     all_dense = ScoutAttention(dense_layers=50).memory_footprint(shape, 1000, 2)
     assert all_dense.host_bytes_per_seq == 0 and all_dense.device_bytes_per_seq == 40 * 1000 * kv
 

@@ -1,5 +1,6 @@
 """The Triton decode kernel against the torch reference `partial_attention`, run on CPU through the Triton
-interpreter. Skipped when triton is not installed (it is not a default dependency).
+interpreter. Skipped when triton is not installed (it is not a default dependency); `nox -s triton` (run by CI)
+installs it and requires it.
 
 TRITON_INTERPRET=1 must be set before triton is first imported (triton's own library functions are decorated at
 import), and setting it in this process would turn a CUDA run's compiled kernels into interpreted ones. So the
@@ -18,6 +19,9 @@ import pytest
 import torch
 
 from scoutbench.kernels.attention import partial_attention
+
+if os.environ.get("SCOUTBENCH_REQUIRE_TRITON") == "1":  # `nox -s triton` (CI): a missing triton is a failure
+    import triton  # noqa: F401
 
 pytest.importorskip("triton")
 triton_decode = pytest.importorskip("scoutbench.kernels.triton_decode")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, token_chunks
+
 
 def block_digests(keys: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Digests of the complete blocks of `keys` `[B, Hkv, N, D]` -> (kmax, kmin), each `[B, Hkv, N // b, D]`."""
@@ -108,6 +110,13 @@ class DigestTable:
         center, radius = center_radius(kmax, kmin, self.score_dtype)
         self.center2[layer][index] = center
         self.radius2[layer][index] = radius
+
+    def write_blocks(self, layer: int, keys: torch.Tensor, block_size: int) -> None:
+        """Digests of every complete block of `keys` `[B, Hkv, N, D]` (a prompt), in chunks of
+        PREFILL_CHUNK_TOKENS: the fp32 temporaries of a whole prompt would be a quarter of its keys."""
+        for blocks in token_chunks(keys.shape[2] // block_size, max(1, PREFILL_CHUNK_TOKENS // block_size)):
+            kmax, kmin = block_digests(keys[:, :, blocks.start * block_size: blocks.stop * block_size], block_size)
+            self.write(layer, (slice(None), slice(None), blocks), kmax, kmin)
 
     def scores(self, layer: int, q: torch.Tensor, num_blocks: int) -> torch.Tensor:
         """`upper_bound_scores` of q `[B, Hq, D]` against the first `num_blocks` blocks -> `[B, Hkv, num_blocks]`."""
