@@ -153,8 +153,8 @@ class HGCA(AttentionMethod):
         when a token migrates).
 
         One (sequence, KV group) and at most `OBSERVED_LOGIT_BYTES` of fp32 logits at a time: the whole batch at
-        once was `B x G x W x N x 4` bytes twice over (15 x 5 x 256 x 64k: 10 GiB at paper scale), a transient
-        the planner does not hold; this one is constant.
+        once held `B x G x W x N` fp32 logits and as many probabilities (15 x 5 x 256 x 64k: 4.7 GiB each at paper
+        scale), a transient that grew with the batch; this one is constant.
         """
         batch, num_heads, window, _ = q_obs.shape
         kv_heads, num_keys = k.shape[1], k.shape[2]

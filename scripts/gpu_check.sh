@@ -32,7 +32,7 @@ if [[ "${SCOUTBENCH_GPU_CHECK_CPU:-0}" == 1 ]]; then
     STEPS=${GPU_CHECK_STEPS:-2}; WARMUP=${GPU_CHECK_WARMUP:-1}
     # the default budget (2048) exceeds a 2k context; the host cap keeps the CPU-bound offloading points short
     EXTRA=(--device cpu --gpu-mem 2GiB --host-mem 256MiB --budget 256)
-    PLAN_MEM=(--gpu-mem 2GiB --host-mem 256MiB)
+    PLAN_MEM=(--gpu-mem 2GiB --host-mem 256MiB --dtype fp32)  # the CPU runs in fp32
     BUDGET_S=${GPU_CHECK_BUDGET_S:-900}; POINT_S=${GPU_CHECK_POINT_S:-150}; TEST_S=${GPU_CHECK_TEST_S:-400}
 else
     MODEL=${GPU_CHECK_MODEL:-qwen3-14b}; LENS=${GPU_CHECK_LENS:-"64k"}
