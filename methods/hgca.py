@@ -324,7 +324,8 @@ class HGCA(AttentionMethod):
         dense = min(self.dense_layers, shape.num_layers)
         sparse = shape.num_layers - dense
         window = math.ceil(self.window_frac * context_len)
-        device = dense * context_len * kv + sparse * window * kv
+        # the window's capacity: it may exceed its target by up to a migration block before it migrates
+        device = dense * context_len * kv + sparse * min(context_len, window + self.migrate_block) * kv
         # the host arena: K/V and fp32 moving averages of the host part, migration staging, two gather buffers
         most = context_len if self.refresh_interval else min(
             context_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * context_len))

@@ -52,9 +52,10 @@ EXPECTED_64K = {
     # 256 observed queries x 3
     "infinigen": (2 * N * KV + 38 * N * 8 * 26 * 2 + 2 * 2047 * KV, 38 * N * KV + 2 * 2047 * (KV + 8 * 8),
                   4 * 128 * (2 * 4096 * 8 + 3 * 256 * 40)),
-    # no dense layers; window of N/4 tokens on the device; on the host the rest + fp32 moving averages per query
-    # head, migration staging (32 tokens) and two gather buffers of 4 + 6554 tokens per query head
-    "hgca": (40 * (N // 4) * KV,
+    # no dense layers; a window of N/4 (+ one 32-token migration block) tokens on the device; on the host the rest
+    # + fp32 moving averages per query head, migration staging (32 tokens), two gather buffers of 4 + 6554 tokens
+    # per query head
+    "hgca": (40 * (N // 4 + 32) * KV,
              40 * (N - N // 4) * KV + 40 * 40 * (N - N // 4) * 4 + 40 * 32 * KV + 2 * 40 * (4 + 6554) * 128 * 2, 0),
 }
 
