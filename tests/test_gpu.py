@@ -301,7 +301,8 @@ def test_throughput_run_on_cuda(name):
     result = run_throughput(ThroughputConfig(method=name, method_args=_method_args(name), model="tiny-qwen3",
                                              length=2048, batch=batch, steps=4, warmup=2, device="cuda",
                                              dtype="bfloat16", prefill="synthetic"),
-                            on_step=lambda done, total: step_ends.append(time.perf_counter()))
+                            on_progress=lambda phase, done, total: step_ends.append(time.perf_counter())
+                            if phase == "decode" and done else None)
     assert result["decode_throughput_tok_s"] > 0 and result["device"]["type"] == "cuda"
     # steps end with a sync: the wall time between the ends of steps 2..5 against the timed steps 3..5 (0-based)
     wall_ms = [(b - a) * 1e3 for a, b in zip(step_ends[2:5], step_ends[3:6], strict=True)]
