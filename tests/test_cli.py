@@ -203,8 +203,8 @@ def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
     shape = ModelShape.from_config(tiny_qwen3.config)
     footprint = method.memory_footprint(shape, 4101, 4)
     need = memory_need(cfg, method, loaded, batch=3)
-    assert need == {"device": 3 * (footprint.device_bytes_per_seq + workspace_bytes_per_seq(shape, 4101, 4)),
-                    "host": 3 * footprint.host_bytes_per_seq}
+    workspace = workspace_bytes_per_seq(shape, 4101, 4, footprint.prefill_bytes_per_seq)
+    assert need == {"device": 3 * (footprint.device_bytes_per_seq + workspace), "host": 3 * footprint.host_bytes_per_seq}
     total = need["device"] + need["host"]
     monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: int(total / 0.8) + 16)
     check_memory(cfg, method, loaded, 3)  # just fits (the planner's 20% host reserve kept)
