@@ -16,9 +16,10 @@
 # Knobs (environment): GPU_CHECK_MODEL, GPU_CHECK_LENS, GPU_CHECK_METHODS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP,
 #   GPU_CHECK_HOST_MEM (host memory planned for offloaded KV: the offloading methods pin it; the VM's
 #   MemAvailable understates it), GPU_CHECK_BUDGET_S (whole script), GPU_CHECK_POINT_S (one throughput point),
-#   GPU_CHECK_TEST_S (pytest).
-# Budget on an H200 (default): pytest <= 150 s, five points <= 80 s each (model init, pinning the host arena,
-# synthetic prefill of 64k tokens per sequence, 2 + 6 decode steps), 15 s for the table: under 570 s.
+#   GPU_CHECK_TEST_S (pytest), GPU_CHECK_PROFILE_S (scout's recall profile).
+# Budget on an H200 (default): pytest <= 150 s, scout's recall profile <= 50 s (batch 1, 16 steps), five points
+# <= 70 s each (model init, pinning the host arena, synthetic prefill of 64k tokens per sequence, 2 + 6 decode
+# steps), 15 s for the table: under 570 s.
 set -uo pipefail  # no -e: a failed phase is reported and the others still run
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,16 +32,20 @@ if [[ "${SCOUTBENCH_GPU_CHECK_CPU:-0}" == 1 ]]; then
     MODEL=${GPU_CHECK_MODEL:-tiny-qwen3}; LENS=${GPU_CHECK_LENS:-"2k"}
     STEPS=${GPU_CHECK_STEPS:-2}; WARMUP=${GPU_CHECK_WARMUP:-1}
     # the default budget (2048) exceeds a 2k context; the host cap keeps the CPU-bound offloading points short
-    EXTRA=(--device cpu --gpu-mem 2GiB --host-mem 256MiB --budget 256)
+    EXTRA=(--device cpu --gpu-mem 2GiB --host-mem 256MiB)
+    BUDGET=(--budget 256)  # sparse methods only: --budget on FullKV is a usage error
     PLAN_MEM=(--gpu-mem 2GiB --host-mem 256MiB --dtype fp32)  # the CPU runs in fp32
     BUDGET_S=${GPU_CHECK_BUDGET_S:-900}; POINT_S=${GPU_CHECK_POINT_S:-150}; TEST_S=${GPU_CHECK_TEST_S:-400}
+    PROFILE_EXTRA=(--device cpu --budget 256); PROFILE_S=${GPU_CHECK_PROFILE_S:-120}
 else
     MODEL=${GPU_CHECK_MODEL:-qwen3-14b}; LENS=${GPU_CHECK_LENS:-"64k"}
     STEPS=${GPU_CHECK_STEPS:-6}; WARMUP=${GPU_CHECK_WARMUP:-2}
     HOST_MEM=${GPU_CHECK_HOST_MEM:-64GiB}
     EXTRA=(--device cuda --host-mem "$HOST_MEM")
+    BUDGET=()  # each method's default: 2048, the paper's
     PLAN_MEM=(--host-mem "$HOST_MEM")
-    BUDGET_S=${GPU_CHECK_BUDGET_S:-570}; POINT_S=${GPU_CHECK_POINT_S:-80}; TEST_S=${GPU_CHECK_TEST_S:-150}
+    BUDGET_S=${GPU_CHECK_BUDGET_S:-570}; POINT_S=${GPU_CHECK_POINT_S:-70}; TEST_S=${GPU_CHECK_TEST_S:-150}
+    PROFILE_EXTRA=(--device cuda); PROFILE_S=${GPU_CHECK_PROFILE_S:-50}
 fi
 METHODS=${GPU_CHECK_METHODS:-"fullkv quest infinigen hgca scout"}
 
@@ -76,9 +81,26 @@ for len in $LENS; do
     "$PY" -m scoutbench plan --model "$MODEL" --len "$len" "${PLAN_MEM[@]}" $(printf -- '--method %s ' $METHODS) \
         2>&1 | tee -a "$DEST/gpu_check_plan.txt"
 done
+# ScoutAttention runs as the paper does: periodic recall at per-layer intervals profiled offline (section 3.4).
+# One profile per length (batch 1, synthetic prefill, 16 steps); if it fails, scout falls back to its fixed
+# interval and the table's scout row says "fixed interval".
+declare -A PROFILE
+if [[ " $METHODS " == *" scout "* ]]; then
+    for len in $LENS; do
+        profile="$DEST/recall_profile_${len}.json"
+        timeout -k 10 "$PROFILE_S" "$PY" -m scoutbench profile-recall --model "$MODEL" --len "$len" --steps 16 \
+            --prefill synthetic "${PROFILE_EXTRA[@]}" -o "$profile" --overwrite > "$SCRATCH/profile_$len.txt" 2>&1
+        rc=$?
+        echo "recall profile $len: exit $rc; $(tail -n 2 "$SCRATCH/profile_$len.txt" | head -n 1 | cut -c1-160)"
+        ((rc == 0)) && PROFILE[$len]=$profile
+    done
+fi
 : > "$SCRATCH/points.jsonl"
 for method in $METHODS; do
     for len in $LENS; do
+        args=()
+        [[ $method != fullkv ]] && args=("${BUDGET[@]}")
+        [[ $method == scout && -n "${PROFILE[$len]:-}" ]] && args+=(--method-arg "recall_profile=${PROFILE[$len]}")
         left=$((BUDGET_S - (SECONDS - START) - 15))  # 15 s kept for the table
         limit=$((left < POINT_S ? left : POINT_S))
         point="$SCRATCH/${method}_${len}"
@@ -88,7 +110,7 @@ for method in $METHODS; do
         else
             t0=$SECONDS
             timeout -k 10 "$limit" "$PY" -m scoutbench throughput --method "$method" --model "$MODEL" --len "$len" \
-                --batch auto --prefill synthetic --steps "$STEPS" --warmup "$WARMUP" "${EXTRA[@]}" \
+                --batch auto --prefill synthetic --steps "$STEPS" --warmup "$WARMUP" "${EXTRA[@]}" "${args[@]}" \
                 -o "$point.json" --overwrite --json > "$point.stdout" 2> "$point.stderr"
             rc=$?; seconds=$((SECONDS - t0))
             ((rc == 124 || rc == 137)) && echo "point timed out after ${limit}s" >> "$point.stderr"
@@ -124,7 +146,10 @@ for line in open(points_file, encoding="utf-8"):
         device_type = result["device"]["type"]
         backend = "+".join(key.split(":", 1)[1] for key in sorted(used, key=used.get, reverse=True)
                            if key.startswith(device_type + ":")) or "-"
-        rows.append([point["method"], point["len"], str(result["workload"]["batch"]),
+        method = point["method"]
+        if method == "scout" and not (result.get("method_config") or {}).get("recall_profile"):
+            method += " (fixed interval)"
+        rows.append([method, point["len"], str(result["workload"]["batch"]),
                      f"{plan.get('planned', '-')} ({plan.get('limited_by', '?')})",
                      f"{result['decode_throughput_tok_s']:.1f}", f"{result['decode_step_ms']['median']:.1f}",
                      f"{100 * (wait_frac(result) or 0.0):.1f}", backend, "-" if ratio is None else f"{ratio:.2f}",
