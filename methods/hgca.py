@@ -4,20 +4,30 @@ What the seed says: the newest 25% of the tokens stay on the device with full at
 in host memory, where the CPU runs sparse attention over the tokens with the highest moving-average attention
 weights; device and CPU run in parallel within the same layer and the two parts are merged exactly. The paper
 leaves the rest open (methods.md §6); our choices, all fields:
+- budget (default 2048, as every sparse baseline; issue 11): every attended token counts, per (sequence, KV head):
+  the window (the current token included) + the sinks + the CPU-selected host tokens = `budget`. The window keeps
+  the most recent `window_tokens = round(budget * window_share)` tokens (it stays within [window_tokens,
+  window_tokens + migrate_block)); the CPU attends the sinks plus the top `budget - window` host tokens per KV head,
+  ranked by the moving average aggregated over the group's query heads by max (Quest's GQA convention: the score
+  stays an upper bound for every head of the group, so a token that one head needs is not lost to the others), and
+  gathers K/V once per KV head for the whole group (packed-GQA attention).
+- `budget=None` keeps the original fraction policy below (the paper's behaviour):
 - window: relative, `ceil(window_frac * n)` of a sequence's n tokens; it grows with decode and its oldest
   `migrate_block` tokens move to host memory whenever it exceeds the target by a whole block. Within a step the
   partition is fixed (host [0, split), window [split, n)); a migration of layer l starts after layer l's merge
   and the split moves at the end of the step, and no reader touches the moved tokens before their copy has
   landed (the worker that owns the host side waits for the copy event first).
-- CPU sparsity: per query head (the CPU metric therefore counts (query head, token) pairs), the top
-  `ceil(cpu_topk_frac * N_host)` host tokens by moving average, plus the first `sink_tokens` tokens, always.
-  `refresh_interval` > 0 makes every N-th step dense on the CPU, so that stale tokens can come back.
+- CPU sparsity: per query head, the top `ceil(cpu_topk_frac * N_host)` host tokens by moving average, plus the
+  first `sink_tokens` tokens, always. `refresh_interval` > 0 makes every N-th step dense on the CPU, so that stale
+  tokens can come back (fraction policy only: a dense step would break a budget).
+  In both policies the CPU metric counts (query head, token) pairs.
 - moving average: a <- ema_decay * a + (1 - ema_decay) * p, where p is the probability renormalised to the
   whole context, exp(logit - lse_merged) = p_cpu * exp(lse_cpu - lse_merged), for the computed tokens and 0 for
   the others. It starts, for prompt tokens on the host, as the mean attention of the observed prompt queries
   (their causal softmax over the prompt); a token that migrates to the host enters at its row's current maximum,
-  so the CPU computes it at least once before the average judges it. The update runs on the CPU worker after the
-  merge, off the critical path.
+  so the CPU computes it at least once before the average judges it. The update, and the admission of migrated
+  tokens, run on a second worker (host bookkeeping), so the next layer's CPU attention never queues behind them;
+  the CPU attention of a layer waits only for that layer's bookkeeping of the previous step.
 - layers below `dense_layers` (default none: HGCA is window + CPU, not query-aware) keep full KV on the device.
 """
 
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,8 +68,10 @@ class HGCA(AttentionMethod):
     """Recent window on the device, older tokens on the host attended sparsely by the CPU in the same layer."""
 
     name = "hgca"
-    window_frac: float = 0.25  # share of each sequence's tokens kept on the device
-    cpu_topk_frac: float = 0.1  # kappa: share of the host tokens the CPU attends, per query head
+    budget: int | None = 2048  # tokens attended per (sequence, KV head): window + sinks + CPU-selected; None: fractions
+    window_share: float = 0.5  # with a budget: share of it held by the device window
+    window_frac: float = 0.25  # without a budget: share of each sequence's tokens kept on the device
+    cpu_topk_frac: float = 0.1  # without a budget: kappa, share of the host tokens the CPU attends, per query head
     ema_decay: float = 0.9  # gamma of the moving-average attention weights
     sink_tokens: int = 4  # first tokens always attended on the CPU
     migrate_block: int = 32  # tokens moved from the window to the host at once
@@ -66,6 +79,14 @@ class HGCA(AttentionMethod):
     dense_layers: int = 0
 
     def __post_init__(self) -> None:
+        require(0.0 < self.window_share < 1.0, f"window_share must be in (0, 1), got {self.window_share}")
+        if self.budget is not None:
+            # in a step the window holds up to a whole block over its target (with the new token) before migrating
+            largest_window = self.window_tokens + self.migrate_block
+            require(self.window_tokens >= 1 and self.budget >= largest_window + self.sink_tokens,
+                    f"budget ({self.budget}) must hold the window at its largest (window_share x budget + "
+                    f"migrate_block = {largest_window} tokens) and the {self.sink_tokens} sink tokens")
+            require(self.refresh_interval == 0, "refresh_interval (dense CPU steps) exceeds a budget: set budget=none")
         require(0.0 < self.window_frac <= 1.0, f"window_frac must be in (0, 1], got {self.window_frac}")
         require(0.0 < self.cpu_topk_frac <= 1.0, f"cpu_topk_frac must be in (0, 1], got {self.cpu_topk_frac}")
         require(0.0 <= self.ema_decay < 1.0, f"ema_decay must be in [0, 1), got {self.ema_decay}")
@@ -74,8 +95,34 @@ class HGCA(AttentionMethod):
         require(self.refresh_interval >= 0, f"refresh_interval must be >= 0 (0 = never), got {self.refresh_interval}")
         require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
 
+    @property
+    def window_tokens(self) -> int:
+        """With a budget: the recent tokens the device window holds at least (once the sequence has them)."""
+        return round(self.budget * self.window_share) if self.budget is not None else 0
+
     def window_target(self, num_tokens: int) -> int:
+        """Tokens of a sequence of `num_tokens` that stay on the device (it migrates a block when it exceeds this)."""
+        if self.budget is not None:
+            return min(num_tokens, self.window_tokens)
         return math.ceil(self.window_frac * num_tokens)
+
+    def cpu_tokens(self, host_tokens: int, window_tokens: int, refresh: bool) -> int:
+        """Host tokens the CPU attends per selection row, sinks included: what the budget leaves after the window,
+        or the fraction policy's sinks + ceil(cpu_topk_frac * host)."""
+        if self.budget is not None:
+            return max(0, min(host_tokens, self.budget - window_tokens))
+        if refresh:
+            return host_tokens
+        return min(host_tokens, min(self.sink_tokens, host_tokens) + math.ceil(self.cpu_topk_frac * host_tokens))
+
+    def gather_rows_tokens(self, max_len: int, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
+        """Size of a CPU gather buffer per sequence: (selection rows, most tokens per row). With a budget one row per
+        KV head, at most the budget less the smallest window; without, one per query head."""
+        if self.budget is not None:
+            return num_kv_heads, min(max_len, max(0, self.budget - self.window_target(max_len)))
+        most = max_len if self.refresh_interval else min(
+            max_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * max_len))
+        return num_heads, most
 
     # ------------------------------------------------------------------ setup
     def bind(self, ctx: MethodContext) -> None:
@@ -88,13 +135,11 @@ class HGCA(AttentionMethod):
         self.window_capacity = min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block)
         window_shape = (batch, kv_heads, self.window_capacity, head_dim)
         # the host holds tokens [0, split): split = n - window <= max_len - window_target(max_len) (the window never
-        # falls below its target, and n - ceil(frac * n) grows with n)
+        # falls below its target, and n - window_target(n) grows with n)
         self.host_capacity = ctx.max_len - self.window_target(ctx.max_len)
         host_shape = (batch, kv_heads, self.host_capacity, head_dim)
         staging_shape = (batch, kv_heads, self.migrate_block, head_dim)
-        most = ctx.max_len if self.refresh_interval else min(
-            ctx.max_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * ctx.max_len))
-        numel = batch * ctx.num_heads * most * head_dim
+        numel = batch * math.prod(self.gather_rows_tokens(ctx.max_len, ctx.num_heads, kv_heads)) * head_dim
         # host tier, moving averages (fp32), migration staging and the CPU gather buffers: one exact-size arena,
         # pinned on CUDA (memory_footprint counts the same bytes); zeroed: masked slots of a ragged batch are
         # read, and a masked NaN still poisons attention
@@ -120,18 +165,26 @@ class HGCA(AttentionMethod):
                           for i in self.sparse_layers} if on_cuda else None
         self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
-        self.pool = CpuWorkerPool(1)
+        self.pool = CpuWorkerPool(1)  # CPU attention: the critical path
+        self.bookkeeping = CpuWorkerPool(1)  # moving averages and migrated tokens: off the critical path
+        # per layer, the latest bookkeeping task: that layer's next CPU attention reads what it writes
+        self._bookkeeping_done: dict[int, Future] = {}
         self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
         self._split_device = torch.zeros(batch, dtype=torch.long, device=ctx.device)  # kept in step with `split`
         self.reset_stats()
 
     def reset_stats(self) -> None:
-        self.pool.submit(lambda: None).result()  # the worker adds to the timers: let it finish first
+        self.drain()  # the workers add to the timers: let them finish first
         self._cpu_pairs = [0] * self.ctx.num_layers
         self._device_pairs = [0] * self.ctx.num_layers
         self._cpu_ms = self._ema_ms = self._wait_ms = 0.0
         self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
+
+    def drain(self) -> None:
+        """Wait until both workers are idle (the host side is then consistent)."""
+        self.pool.submit(lambda: None).result()
+        self.bookkeeping.submit(lambda: None).result()
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         if layer not in self.sparse_layers:
@@ -187,8 +240,8 @@ class HGCA(AttentionMethod):
         self._slots = (slots_device, slots)
         self._window_valid = None if min(self.window_len) == max(self.window_len) else slots_device + 1
         refresh = self.refresh_interval > 0 and step.index % self.refresh_interval == self.refresh_interval - 1
-        self.cpu_take = [host if refresh else min(host, min(self.sink_tokens, host) + math.ceil(
-            self.cpu_topk_frac * host)) for host in self.split]
+        self.cpu_take = [self.cpu_tokens(host, window, refresh)
+                         for host, window in zip(self.split, self.window_len, strict=True)]
         self._migrating = [b for b, (n, w) in enumerate(zip(lengths, self.window_len, strict=True))
                            if w - self.window_target(n) >= self.migrate_block]
         self._steps += 1
@@ -238,26 +291,34 @@ class HGCA(AttentionMethod):
         return out
 
     def cpu_select(self, layer: int, split: list[int], take: list[int]) -> torch.Tensor:
-        """Host tokens each query head attends: ids `[B, Hq, max(take)]`, the first `take[b]` of row b valid: the
-        sinks and the top tokens by moving average."""
+        """Host tokens the CPU attends: ids `[B, H, max(take)]`, the first `take[b]` of row b valid: the sinks and
+        the top tokens by moving average. With a budget H = Hkv (the group's averages aggregated by max), else H = Hq."""
         span = max(split)
         position = torch.arange(span)
         host_tokens = torch.tensor(split)[:, None, None]
-        scores = self.ema[layer][:, :, :span].masked_fill(position >= host_tokens, float("-inf"))
+        scores = self.ema[layer][:, :, :span]
+        if self.budget is not None:
+            batch, num_heads, _ = scores.shape
+            scores = scores.view(batch, self.ctx.num_kv_heads, num_heads // self.ctx.num_kv_heads, span).amax(dim=2)
+        scores = scores.masked_fill(position >= host_tokens, float("-inf"))
         scores.masked_fill_(position < host_tokens.clamp(max=self.sink_tokens), float("inf"))
         # ordered only when the rows keep different counts (a third faster unordered, measured at 24k tokens)
         return scores.topk(max(take), dim=-1, sorted=min(take) != max(take)).indices
 
     def _cpu_attention(self, layer: int, q: torch.Tensor, q_ready: Any, split: list[int], take: list[int]
                        ) -> tuple[PartialState, torch.Tensor, torch.Tensor]:
-        """Worker thread: sparse attention of every query head over its selected host tokens."""
+        """Worker thread: sparse attention of every query head over its selection's host tokens (one gather per
+        selection row: per KV head with a budget, the group's query heads packed against it)."""
         if q_ready is not None:
             q_ready.synchronize()
+        previous = self._bookkeeping_done.get(layer)
+        if previous is not None:  # this layer's averages and migrated tokens of the previous step
+            previous.result()
         start = time.perf_counter()
-        batch, num_heads, head_dim = q.shape
+        batch, _, head_dim = q.shape
         ids = self.cpu_select(layer, split, take)
-        most = ids.shape[-1]
-        shape = (batch, num_heads, most, head_dim)
+        rows, most = ids.shape[1], ids.shape[-1]
+        shape = (batch, rows, most, head_dim)
         numel = math.prod(shape)
         keys, values = (buffer[:numel].view(shape) for buffer in self._gathered)
         gather_blocks(self.host_k[layer], ids, 1, keys)
@@ -273,17 +334,20 @@ class HGCA(AttentionMethod):
         if self._lse_host is not None:
             ready = self.copy.copy(self._lse_host[layer], lse_device)
             lse_device = self._lse_host[layer]
-        self.pool.submit(self._update_ema, layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)
+        self._bookkeeping_done[layer] = self.bookkeeping.submit(
+            self._update_ema, layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)
 
     def _update_ema(self, layer: int, span: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
                     lse_device: torch.Tensor, ready: Any) -> None:
-        """Worker thread, after the merge: a <- gamma a + (1 - gamma) p over the host tokens (p = 0 if not computed)."""
+        """Bookkeeping worker, after the merge: a <- gamma a + (1 - gamma) p over the host tokens (p = 0 if not computed)."""
         if ready is not None:
             ready.synchronize()
         start = time.perf_counter()
         cpu_share = torch.exp(lse_cpu - torch.logaddexp(lse_cpu, lse_device))  # [B, Hq]: CPU part of the mass
         ema = self.ema[layer][:, :, :span]
         ema.mul_(self.ema_decay)
+        if ids.shape[1] != ema.shape[1]:  # one selection per KV head: each of the group's query heads read it
+            ids = ids.repeat_interleave(ema.shape[1] // ids.shape[1], dim=1)
         ema.scatter_add_(2, ids, probs * (cpu_share * (1.0 - self.ema_decay))[..., None])
         self._ema_ms += (time.perf_counter() - start) * 1e3
 
@@ -296,10 +360,10 @@ class HGCA(AttentionMethod):
             scratch = self._shift_scratch[:, : length - block]
             scratch.copy_(window[b, :, block:length])
             window[b, :, : length - block].copy_(scratch)
-        self.pool.submit(self._admit, layer, b, self.split[b], copied)
+        self._bookkeeping_done[layer] = self.bookkeeping.submit(self._admit, layer, b, self.split[b], copied)
 
     def _admit(self, layer: int, b: int, start: int, copied: Any) -> None:
-        """Worker thread: the migrated tokens join the host cache, their moving average at the row's maximum."""
+        """Bookkeeping worker: the migrated tokens join the host cache, their moving average at the row's maximum."""
         copied.synchronize()
         stop = start + self.migrate_block
         self.host_k[layer][b, :, start:stop].copy_(self._staging[layer][0][b])
@@ -315,6 +379,7 @@ class HGCA(AttentionMethod):
     def close(self) -> None:
         if hasattr(self, "pool"):
             self.pool.close()
+            self.bookkeeping.close()
         if hasattr(self, "_host_arena"):
             self._host_arena.release()
 
@@ -323,14 +388,13 @@ class HGCA(AttentionMethod):
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
         dense = min(self.dense_layers, shape.num_layers)
         sparse = shape.num_layers - dense
-        window = math.ceil(self.window_frac * context_len)
+        window = self.window_target(context_len)
         # the window's capacity: it may exceed its target by up to a migration block before it migrates
         device = dense * context_len * kv + sparse * min(context_len, window + self.migrate_block) * kv
         # the host arena: K/V and fp32 moving averages of the host part, migration staging, two gather buffers
-        most = context_len if self.refresh_interval else min(
-            context_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * context_len))
+        gather_rows, gather_tokens = self.gather_rows_tokens(context_len, shape.num_heads, shape.num_kv_heads)
         host = (sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv
-                + 2 * shape.num_heads * most * shape.head_dim * elem_bytes)
+                + 2 * gather_rows * gather_tokens * shape.head_dim * elem_bytes)
         return Footprint(device, host)
 
     def stats(self):

@@ -1,9 +1,12 @@
-"""HGCA against its invariants (methods.md §6.7): FullKV with every CPU token selected (H1) or a 100% window (H3),
-window and host partitions that hold every token exactly once across migrations (H2), the CPU selection (sinks,
-then the top tokens by moving average, per query head) merged exactly with the window, and the documented
-moving-average rule."""
+"""HGCA against its invariants (methods.md §6.7): FullKV with every CPU token selected (H1), a budget covering the
+context, or a 100% window (H3), window and host partitions that hold every token exactly once across migrations (H2),
+the CPU selection (sinks, then the top tokens by moving average: per KV head by the group's maximum with a budget,
+per query head without) merged exactly with the window, the budget attended exactly, the documented moving-average
+rule, and a moving-average update that the next layer's CPU attention never waits for."""
 
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -21,8 +24,8 @@ from scoutbench.methods.hgca import HGCA
 
 
 def _drain(method):
-    """Wait for the CPU worker (it owns the host side: moving averages, migrated tokens)."""
-    method.pool.submit(lambda: None).result()
+    """Wait for both workers (CPU attention; moving averages and migrated tokens)."""
+    method.drain()
 
 
 # ragged lengths select in score order per row; equal lengths take the faster unordered top-k
@@ -32,7 +35,7 @@ def test_every_cpu_token_equals_fullkv(model_name, lengths, request):
     model = request.getfixturevalue(model_name)
     prompt, lengths = ragged_prompt(model.config.vocab_size, lengths)
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=10)
-    method = HGCA(cpu_topk_frac=1.0, migrate_block=4)
+    method = HGCA(budget=None, cpu_topk_frac=1.0, migrate_block=4)
     ours = run_engine(model, method, prompt, lengths, tokens)
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -43,7 +46,7 @@ def test_every_cpu_token_equals_fullkv(model_name, lengths, request):
 def test_full_window_equals_fullkv_with_an_empty_cpu_part(tiny_qwen3):
     prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [40, 23])
     reference, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, steps=5)
-    method = HGCA(window_frac=1.0)
+    method = HGCA(budget=None, window_frac=1.0)
     ours = run_engine(tiny_qwen3, method, prompt, lengths, tokens)
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -55,7 +58,7 @@ def test_window_and_host_hold_every_token_exactly_once(tiny_llama):
     _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=24)
     fullkv = FullKV()
     run_engine(tiny_llama, fullkv, prompt, lengths, tokens)  # layer 0's K/V depend on the tokens only
-    method = HGCA(migrate_block=4)
+    method = HGCA(budget=None, migrate_block=4)
     splits = []
 
     def check(engine):
@@ -108,9 +111,10 @@ def test_moving_average_starts_from_the_observed_queries():
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2])  # GQA group 1 and 2
-def test_cpu_selection_merged_attention_and_moving_average_update(num_kv_heads):
+def test_fraction_policy_cpu_selection_merged_attention_and_moving_average_update(num_kv_heads):
     lengths, kappa, sinks = [40, 13], 0.25, 2
-    method, ctx, prompt, generator = _bound_hgca(lengths, num_kv_heads, cpu_topk_frac=kappa, sink_tokens=sinks)
+    method, ctx, prompt, generator = _bound_hgca(lengths, num_kv_heads, budget=None, cpu_topk_frac=kappa,
+                                                 sink_tokens=sinks)
     method.begin_step(step_info(lengths))
     group, layer = ctx.num_heads // num_kv_heads, 0
     split, take = list(method.split), list(method.cpu_take)
@@ -148,11 +152,16 @@ def test_cpu_selection_merged_attention_and_moving_average_update(num_kv_heads):
 
 
 def test_method_args_and_refresh():
-    method = HGCA.from_args({"window_frac": "0.5", "refresh_interval": "2", "sink_tokens": "0"})
-    assert (method.window_frac, method.refresh_interval, method.sink_tokens) == (0.5, 2, 0)
+    method = HGCA.from_args({"budget": "none", "window_frac": "0.5", "refresh_interval": "2", "sink_tokens": "0"})
+    assert (method.budget, method.window_frac, method.refresh_interval, method.sink_tokens) == (None, 0.5, 2, 0)
+    assert HGCA.from_args({"budget": "1k", "window_share": "0.25"}).window_tokens == 256
     with pytest.raises(UsageError, match="window_frac"):
         HGCA.from_args({"window_frac": "0"})
-    method, *_ = _bound_hgca([40, 13], num_kv_heads=2, refresh_interval=2)
+    with pytest.raises(UsageError, match="refresh_interval"):
+        HGCA.from_args({"refresh_interval": "2"})  # a dense CPU step would exceed the budget
+    with pytest.raises(UsageError, match="must hold the window"):
+        HGCA.from_args({"budget": "64", "window_share": "0.9"})
+    method, *_ = _bound_hgca([40, 13], num_kv_heads=2, budget=None, refresh_interval=2)
     method.begin_step(step_info([40, 13], index=0))
     assert method.cpu_take != method.split
     method.begin_step(step_info([40, 13], index=1))  # every 2nd step the CPU attends every host token
@@ -160,14 +169,139 @@ def test_method_args_and_refresh():
     method.close()
 
 
-def test_transfer_bytes_per_step(tiny_qwen3):
+@pytest.mark.parametrize("policy", [{"budget": None}, {"budget": 128, "window_share": 0.25}])
+def test_transfer_bytes_per_step(tiny_qwen3, policy):
     """Issue 10 item 5: per layer and step HGCA sends the query and the device LSE to the host and gets the CPU
     part's output and LSE back (no migration within these steps: migrate_block exceeds the window's growth)."""
     prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [150])
     _, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, 4)
-    method = HGCA(migrate_block=64)
+    method = HGCA(migrate_block=64, **policy)
     run_engine(tiny_qwen3, method, prompt, lengths, tokens)
     ctx = method.ctx
     per_layer = ctx.batch * ctx.num_heads * (ctx.head_dim + 1) * 4
     stats = method.stats()
     assert stats["d2h_bytes_per_step"] == stats["h2d_bytes_per_step"] == ctx.num_layers * per_layer
+
+
+# ---------------------------------------------------------------------------------------------- budget (issue 11)
+SMALL_BUDGET = {"budget": 24, "window_share": 0.25, "migrate_block": 4, "sink_tokens": 2}  # window of 6 tokens
+
+
+@pytest.mark.parametrize("model_name", ["tiny_qwen3", "tiny_llama"])
+def test_budget_covering_the_context_equals_fullkv(model_name, request):
+    """Window + sinks + selection reduce to every token when the budget covers them, with most of them on the CPU."""
+    model = request.getfixturevalue(model_name)
+    prompt, lengths = ragged_prompt(model.config.vocab_size, [50, 31])
+    reference, tokens = fullkv_reference(model, prompt, lengths, steps=10)
+    method = HGCA(budget=64, window_share=0.25, migrate_block=4)
+    ours = run_engine(model, method, prompt, lengths, tokens)
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert 0.5 < method.stats()["cpu_pair_fraction"] < 1.0
+
+
+def _reference_budget_attention(method, ctx, layer, ema, split, window_len, q, k, v, k_new, v_new, b):
+    """Straightforward per (sequence, KV head) reference: sinks, then the top host tokens by the group's maximum
+    moving average, up to the budget less the window; attention over them, the window and the new token."""
+    group = ctx.num_heads // ctx.num_kv_heads
+    take = min(split, method.budget - window_len)
+    outputs, selections = [], []
+    for kv_head in range(ctx.num_kv_heads):
+        sinks = list(range(min(method.sink_tokens, split, take)))
+        score = ema[b, kv_head * group:(kv_head + 1) * group, :split].amax(dim=0)
+        score[sinks] = float("-inf")
+        chosen = sinks + score.topk(take - len(sinks)).indices.tolist()
+        selections.append(set(chosen))
+        attended = torch.tensor(chosen + list(range(split, split + window_len - 1)), dtype=torch.long)
+        keys = torch.cat([k[b, kv_head, attended], k_new[b, kv_head, None]])
+        values = torch.cat([v[b, kv_head, attended], v_new[b, kv_head, None]])
+        for h in range(kv_head * group, (kv_head + 1) * group):
+            outputs.append((keys @ q[b, h] * ctx.scale).softmax(-1) @ values)
+    return torch.stack(outputs), selections
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, 1])  # GQA groups of 2 and 4 query heads
+def test_budget_selection_per_kv_head_equals_reference(num_kv_heads):
+    lengths, layer = [40, 13], 1
+    method, ctx, prompt, generator = _bound_hgca(lengths, num_kv_heads, **SMALL_BUDGET)
+    method.begin_step(step_info(lengths))
+    split, window_len, take = list(method.split), list(method.window_len), list(method.cpu_take)
+    assert [w + t for w, t in zip(window_len, take, strict=True)] == [min(method.budget, n + 1) for n in lengths]
+    ema = method.ema[layer].clone()
+    ids = method.cpu_select(layer, split, take)
+    assert ids.shape[:2] == (len(lengths), num_kv_heads)  # one selection per KV head, shared by its group
+    q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
+    k_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
+    v_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
+    out = method.decode(layer, q, k_new, v_new)
+    _, k, v = prompt[layer]
+    for b in range(len(lengths)):
+        expected, selections = _reference_budget_attention(method, ctx, layer, ema, split[b], window_len[b], q, k, v,
+                                                           k_new, v_new, b)
+        assert [set(ids[b, h, : take[b]].tolist()) for h in range(num_kv_heads)] == selections
+        torch.testing.assert_close(out[b], expected, atol=1e-5, rtol=1e-5)
+    method.close()
+
+
+def test_budget_attended_tokens_per_kv_head_equal_the_budget(tiny_llama):
+    """Across decode and migrations: window (the new token included) + CPU tokens = the budget, once the context
+    exceeds it; between steps the window stays within [window_tokens, window_tokens + migrate_block)."""
+    prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [50, 31])
+    _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=12)
+    method = HGCA(**SMALL_BUDGET)
+    attended = []
+
+    def check(engine):
+        for b, num_tokens in enumerate(engine.positions_host):
+            stored_window = num_tokens - method.split[b]  # after this step's migrations
+            assert method.window_tokens <= stored_window < method.window_tokens + method.migrate_block
+            attended.append(method.window_len[b] + method.cpu_take[b])
+            assert attended[-1] == min(method.budget, num_tokens)
+
+    run_engine(tiny_llama, method, prompt, lengths, tokens, on_step=check)
+    assert method.budget in attended
+    pairs_per_step = method.ctx.num_heads * sum(method.cpu_take)
+    assert method.stats()["cpu_tokens_per_layer"] == [pytest.approx(pairs_per_step, rel=0.2)] * method.ctx.num_layers
+
+
+def test_moving_average_update_is_off_the_critical_path():
+    """A held-up moving-average update of layer 0 delays neither layer 1's CPU attention nor its decode; layer 0's
+    next CPU attention waits for it (it reads the averages)."""
+    lengths = [40, 13]
+    method, ctx, _, generator = _bound_hgca(lengths, num_kv_heads=2, **SMALL_BUDGET)
+    release, order = threading.Event(), []
+    update_ema = method._update_ema
+
+    def held_update(layer, *args):
+        if layer == 0 and not order:
+            assert release.wait(timeout=30)
+            order.append("layer 0 moving average updated")
+        update_ema(layer, *args)
+
+    method._update_ema = held_update
+
+    def decode(layer):
+        q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
+        kv = torch.randn((2, len(lengths), ctx.num_kv_heads, ctx.head_dim), generator=generator)
+        return method.decode(layer, q, kv[0], kv[1])
+
+    method.begin_step(step_info(lengths))
+    decode(0)
+    decode(1)
+    order.append("layer 1 decoded")
+    method.end_step()
+    method.begin_step(step_info([n + 1 for n in lengths], index=1))
+    threading.Timer(0.2, release.set).start()
+    started = time.perf_counter()
+    decode(0)
+    assert time.perf_counter() - started >= 0.15  # layer 0's next CPU attention waited for its update
+    assert order == ["layer 1 decoded", "layer 0 moving average updated"]
+    method.close()
+
+
+def test_budget_option_reaches_hgca():
+    from scoutbench.cli.options import check_all_used, method_args_for
+
+    used = set()
+    assert method_args_for("hgca", {}, 512, None, used) == {"budget": 512}
+    check_all_used({}, used, ["hgca"])  # accepted: no usage error
