@@ -7,9 +7,7 @@ accuracy -o DIR` (one folder per method configuration, resumable: a rerun skips 
 folder gets its `result.json` through the same runner, so `scoutbench accuracy` with the same arguments (and
 `--len`, `--limit`, `--seed`) finds them complete and `scoutbench report` reads them.
 
-Budgets: `--budget` of quest and scout, `max_num_kv` of infinigen. HGCA has fractions, not a token budget: at
-budget B and length L it gets a device window of B/2 tokens (window_frac = B / 2L) and a CPU top-k of B/2 of
-the host tokens (cpu_topk_frac = (B/2) / (L - B/2)), plus its 4 sink tokens.
+Budgets: the `budget` field of every sparse method (quest, infinigen, hgca, scout).
 
     python benchmarks/accuracy_grid.py --model qwen2.5-0.5b --dtype bf16 --lens 4k:4,8k:2,16k:1 \\
         --budgets 2048,1024 -o results/runs/accuracy-grid
@@ -30,20 +28,14 @@ from scoutbench.models import load_model, parse_dtype  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 from scoutbench.workloads.passkey import TASKS, PasskeyTask  # noqa: E402
 
-METHODS_WITH_BUDGET = ("quest", "infinigen", "scout")
+METHODS_WITH_BUDGET = ("quest", "infinigen", "hgca", "scout")
 
 
-def hgca_args(budget: int, context_len: int) -> dict[str, float]:
-    half = budget / 2
-    return {"window_frac": half / context_len, "cpu_topk_frac": half / (context_len - half)}
-
-
-def grid_specs(budgets: list[int], context_len: int) -> list[tuple[str, MethodSpec]]:
+def grid_specs(budgets: list[int]) -> list[tuple[str, MethodSpec]]:
     """(label, spec) of FullKV and of every sparse method at every budget."""
     specs = [("fullkv", method_spec("fullkv"))]
     for budget in budgets:
         specs += [(f"{name}@{budget}", method_spec(name, budget=budget)) for name in METHODS_WITH_BUDGET]
-        specs.append((f"hgca@{budget}", method_spec("hgca", hgca_args(budget, context_len))))
     return specs
 
 
@@ -69,7 +61,7 @@ def main() -> None:
         context_len = parse_length(length_text)
         for variant in args.tasks.split(","):
             task = PasskeyTask(variant, loaded.tokenizer, context_len, num_samples=int(count), seed=args.seed)
-            specs = grid_specs(budgets, context_len)
+            specs = grid_specs(budgets)
             paths = [run_dir(args.output, loaded, spec.describe(), parameter.dtype, parameter.device, None,
                              args.seed) / f"{task.name}.jsonl" for _, spec in specs]
             for index, record in enumerate(task.records):

@@ -240,7 +240,7 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
     m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
     kv = shape.kv_bytes_per_token
     cfg = dict(work.config)
-    if budget is not None and "budget" in cfg:
+    if budget is not None and cfg.get("budget") is not None:  # HGCA's budget=None (fraction policy) stays
         cfg["budget"] = budget
     if budget is not None and "max_num_kv" in cfg:
         cfg["max_num_kv"] = budget
@@ -292,11 +292,19 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
                            host_gather_bytes=fetch_bytes if gathered else 0.0, d2h=new_kv,
                            h2d=Transfer(fetch_bytes, (2 if fetched else 0) if gathered else B * fetched))
     elif work.family == "hgca":
-        window = min(math.ceil(cfg.get("window_frac", 0.25) * N), N)
-        host = N - window
-        cpu_per_head = min(work.cpu_host_frac * host, host)
-        # Each query head attends its own tokens (K and V of one KV head each) and updates its score average.
-        host_bytes = B * m.num_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * host * FP32_BYTES
+        if cfg.get("budget") is not None:  # issue 11: window + CPU tokens = budget, one selection per KV head
+            # the window grows a migration block past its target and drops back: half a block over it on average
+            window = min(round(cfg["budget"] * cfg.get("window_share", 0.5)) + cfg.get("migrate_block", 32) / 2, N)
+            host = N - window
+            cpu_per_head = min(cfg["budget"] - window, host)
+            selection_heads = m.num_kv_heads
+        else:  # fraction policy (and results written before HGCA had a budget): each query head selects its own
+            window = min(math.ceil(cfg.get("window_frac", 0.25) * N), N)
+            host = N - window
+            cpu_per_head = min(work.cpu_host_frac * host, host)
+            selection_heads = m.num_heads
+        # K and V of the selected tokens per selection row, and the fp32 score average of every query head
+        host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * host * FP32_BYTES
         sparse = LayerWork("same_layer", weights, flops, split, device_kv_bytes=B * window * kv,
                            device_tokens=B * m.num_kv_heads * window, host_kv_bytes=host_bytes,
                            cpu_tokens=B * m.num_heads * cpu_per_head / (m.num_heads // m.num_kv_heads),

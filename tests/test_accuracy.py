@@ -55,10 +55,9 @@ def test_greedy_matches_hf_generate_with_stops_and_min_length(hf_with_engine_ker
 def test_budget_maps_to_the_methods_own_field():
     assert method_spec("quest", budget=512).args == {"budget": 512}
     assert method_spec("infinigen", budget=512).args == {"budget": 512}
+    assert method_spec("hgca", budget=512).args == {"budget": 512}
     with pytest.raises(ScoutbenchError, match="no token budget"):
         method_spec("fullkv", budget=512)
-    with pytest.raises(ScoutbenchError, match="no token budget"):
-        method_spec("hgca", budget=512)
     with pytest.raises(ScoutbenchError, match="use one"):
         method_spec("quest", {"budget": "64"}, budget=512)
 
@@ -236,11 +235,11 @@ def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
 # ------------------------------------------------------------------------------------------ methods vs FullKV
 # Settings under which each method attends every token (specs/methods.md invariants: Quest and Scout with a
 # budget above the context, Scout in oracle mode, InfiniGen with alpha = inf and a fetch cap above the context,
-# HGCA with the CPU attending all of its tokens).
+# HGCA's fraction policy with the CPU attending all of its tokens).
 COVERING_ARGS = {
     "quest": {"budget": "4096"},
     "infinigen": {"budget": "4096"},
-    "hgca": {"cpu_topk_frac": "1"},
+    "hgca": {"budget": "none", "cpu_topk_frac": "1"},
     "scout": {"budget": "4096", "oracle": "true"},
 }
 

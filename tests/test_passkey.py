@@ -101,13 +101,12 @@ def test_shared_prefill_predicts_what_separate_runs_predict(tiny_qwen2):
     full run: methods only read the prefill's K/V."""
     import torch
 
-    from scoutbench.generation import MethodSpec, generate_texts_shared_prefill, method_spec
+    from scoutbench.generation import generate_texts_shared_prefill, method_spec
 
     model = tiny_qwen2
     torch.manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (400,)).tolist()
-    specs = [method_spec("fullkv"), *(method_spec(name, budget=128) for name in ("quest", "infinigen", "scout")),
-             MethodSpec("hgca", {"window_frac": 0.1, "cpu_topk_frac": 0.1})]
+    specs = [method_spec("fullkv"), *(method_spec(name, budget=128) for name in ("quest", "infinigen", "hgca", "scout"))]
     shared = generate_texts_shared_prefill(model, _IdsTokenizer(), specs, prompt, 8, frozenset())
     for spec, text in zip(specs, shared, strict=True):
         method = spec.build()

@@ -133,7 +133,8 @@ def tiny_runs():
     runs = {}
     for method, args in (("fullkv", {}), ("quest", {"budget": "128", "block_size": "16"}),
                          ("scout", {"budget": "128", "block_size": "16", "recall_interval": "2"}),
-                         ("infinigen", {"budget": "129"}), ("hgca", {})):
+                         ("infinigen", {"budget": "129"}),
+                         ("hgca", {"budget": "128", "window_share": "0.25", "migrate_block": "4"})):
         cfg = ThroughputConfig(method=method, method_args=args, model="tiny-qwen3", length=512, batch=2, steps=4,
                                warmup=1, prefill="synthetic", device="cpu", command=["test"])
         runs[method] = run_throughput(cfg, loaded)

@@ -13,7 +13,7 @@ from scoutbench.errors import UsageError
 
 LENGTH_HELP = "tokens; k = 1024 (4k = 4096)"
 BUDGET_HELP = ("Token budget: sets the `budget` field of the sparse methods; "
-               "methods without one (fullkv, hgca) reject it")
+               "methods without one (fullkv) reject it")
 
 
 def _parse_len(text: str | None, flag: str = "--len") -> int | None:
