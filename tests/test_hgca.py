@@ -4,12 +4,14 @@ the CPU selection (sinks, then the top tokens by moving average: per KV head by 
 per query head without) merged exactly with the window, the budget attended exactly, the documented moving-average
 rule, and a moving-average update that the next layer's CPU attention never waits for."""
 
+import json
 import math
 import threading
 import time
 
 import pytest
 import torch
+from cli_runner import run_cli
 from method_harness import (
     fullkv_reference,
     hand_context,
@@ -299,9 +301,12 @@ def test_moving_average_update_is_off_the_critical_path():
     method.close()
 
 
-def test_budget_option_reaches_hgca():
-    from scoutbench.cli.options import check_all_used, method_args_for
-
-    used = set()
-    assert method_args_for("hgca", {}, 512, None, used) == {"budget": 512}
-    check_all_used({}, used, ["hgca"])  # accepted: no usage error
+def test_budget_option_reaches_hgca(monkeypatch, capsys):
+    """`--budget` sets HGCA's budget (no usage error) and the plan follows it: the device holds a window of
+    budget x window_share tokens plus one migration block (Qwen3-14B: 40 layers, 4096 KV bytes per token and layer)."""
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "qwen3-14b", "--len", "64k", "--gpu-mem",
+                             "80GiB", "--method", "hgca", "--budget", "4k", "--json")
+    assert code == 0, err
+    [row] = json.loads(out)
+    assert row["device_bytes_per_seq"] == 40 * (2048 + 32) * 4096
+    assert row["host_bytes_per_seq"] == 40 * (65536 - 2048) * 4096 + 40 * 40 * (65536 - 2048) * 4
