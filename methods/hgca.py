@@ -6,11 +6,12 @@ weights; device and CPU run in parallel within the same layer and the two parts 
 leaves the rest open (methods.md §6); our choices, all fields:
 - budget (default 2048, as every sparse baseline; issue 11): every attended token counts, per (sequence, KV head):
   the window (the current token included) + the sinks + the CPU-selected host tokens = `budget`. The window keeps
-  the most recent `window_tokens = round(budget * window_share)` tokens (it stays within [window_tokens,
-  window_tokens + migrate_block)); the CPU attends the sinks plus the top `budget - window` host tokens per KV head,
-  ranked by the moving average aggregated over the group's query heads by max (Quest's GQA convention: the score
-  stays an upper bound for every head of the group, so a token that one head needs is not lost to the others), and
-  gathers K/V once per KV head for the whole group (packed-GQA attention).
+  the most recent `window_tokens = round(budget * window_share)` tokens (between steps within [window_tokens,
+  window_tokens + migrate_block); with the new token it reaches the upper end before a block migrates); the CPU
+  attends the sinks plus the top `budget - window` host tokens per KV head, ranked by the moving average aggregated
+  over the group's query heads by max (Quest's GQA convention: the score stays an upper bound for every head of the
+  group, so a token that one head needs is not lost to the others), and gathers K/V once per KV head for the whole
+  group (packed-GQA attention).
 - `budget=None` keeps the original fraction policy below (the paper's behaviour):
 - window: relative, `ceil(window_frac * n)` of a sequence's n tokens; it grows with decode and its oldest
   `migrate_block` tokens move to host memory whenever it exceeds the target by a whole block. Within a step the
