@@ -27,8 +27,10 @@ leaves the rest open (methods.md §6); our choices, all fields:
   the others. It starts, for prompt tokens on the host, as the mean attention of the observed prompt queries
   (their causal softmax over the prompt); a token that migrates to the host enters at its row's current maximum,
   so the CPU computes it at least once before the average judges it. The update, and the admission of migrated
-  tokens, run on a second worker (host bookkeeping), so the next layer's CPU attention never queues behind them;
-  the CPU attention of a layer waits only for that layer's bookkeeping of the previous step.
+  tokens, are deferred: they reach the worker only after the next layer's CPU attention was submitted, so that
+  attention never queues behind them; they run in the worker's slack while the device finishes that layer. One
+  worker keeps them in order with the CPU attention that reads them (a second thread measured slower on a few
+  cores: its intra-op threads compete with the attention's).
 - layers below `dense_layers` (default none: HGCA is window + CPU, not query-aware) keep full KV on the device.
 """
 
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,10 +168,9 @@ class HGCA(AttentionMethod):
                           for i in self.sparse_layers} if on_cuda else None
         self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
-        self.pool = CpuWorkerPool(1)  # CPU attention: the critical path
-        self.bookkeeping = CpuWorkerPool(1)  # moving averages and migrated tokens: off the critical path
-        # per layer, the latest bookkeeping task: that layer's next CPU attention reads what it writes
-        self._bookkeeping_done: dict[int, Future] = {}
+        self.pool = CpuWorkerPool(1)
+        # moving-average updates and admissions of migrated tokens, held back until the next CPU attention is queued
+        self._deferred: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
         self._split_device = torch.zeros(batch, dtype=torch.long, device=ctx.device)  # kept in step with `split`
         self.reset_stats()
@@ -183,9 +184,14 @@ class HGCA(AttentionMethod):
         self._steps = 0
 
     def drain(self) -> None:
-        """Wait until both workers are idle (the host side is then consistent)."""
+        """Run the deferred host updates and wait for the worker (the host side is then consistent)."""
+        self._submit_deferred()
         self.pool.submit(lambda: None).result()
-        self.bookkeeping.submit(lambda: None).result()
+
+    def _submit_deferred(self) -> None:
+        for fn, args in self._deferred:
+            self.pool.submit(fn, *args)
+        self._deferred.clear()
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         if layer not in self.sparse_layers:
@@ -263,6 +269,7 @@ class HGCA(AttentionMethod):
                 q_ready = self.copy.copy(q_host, q)
             future = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
                                       list(self.cpu_take))
+        self._submit_deferred()  # behind this layer's CPU attention, ahead of the next layer's
         with ctx.timer.stage("attn_device"):
             span = max(self.window_len)
             device_part = partial_attention(q, window_k[:, :, :span], window_v[:, :, :span], ctx.scale,
@@ -312,9 +319,6 @@ class HGCA(AttentionMethod):
         selection row: per KV head with a budget, the group's query heads packed against it)."""
         if q_ready is not None:
             q_ready.synchronize()
-        previous = self._bookkeeping_done.get(layer)
-        if previous is not None:  # this layer's averages and migrated tokens of the previous step
-            previous.result()
         start = time.perf_counter()
         batch, _, head_dim = q.shape
         ids = self.cpu_select(layer, split, take)
@@ -335,12 +339,11 @@ class HGCA(AttentionMethod):
         if self._lse_host is not None:
             ready = self.copy.copy(self._lse_host[layer], lse_device)
             lse_device = self._lse_host[layer]
-        self._bookkeeping_done[layer] = self.bookkeeping.submit(
-            self._update_ema, layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)
+        self._deferred.append((self._update_ema, (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
 
     def _update_ema(self, layer: int, span: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
                     lse_device: torch.Tensor, ready: Any) -> None:
-        """Bookkeeping worker, after the merge: a <- gamma a + (1 - gamma) p over the host tokens (p = 0 if not computed)."""
+        """Worker thread, deferred past the next CPU attention: a <- gamma a + (1 - gamma) p over the host tokens (p = 0 if not computed)."""
         if ready is not None:
             ready.synchronize()
         start = time.perf_counter()
@@ -361,10 +364,10 @@ class HGCA(AttentionMethod):
             scratch = self._shift_scratch[:, : length - block]
             scratch.copy_(window[b, :, block:length])
             window[b, :, : length - block].copy_(scratch)
-        self._bookkeeping_done[layer] = self.bookkeeping.submit(self._admit, layer, b, self.split[b], copied)
+        self._deferred.append((self._admit, (layer, b, self.split[b], copied)))
 
     def _admit(self, layer: int, b: int, start: int, copied: Any) -> None:
-        """Bookkeeping worker: the migrated tokens join the host cache, their moving average at the row's maximum."""
+        """Worker thread, deferred like the moving average: the migrated tokens join the host cache, their moving average at the row's maximum."""
         copied.synchronize()
         stop = start + self.migrate_block
         self.host_k[layer][b, :, start:stop].copy_(self._staging[layer][0][b])
@@ -380,7 +383,6 @@ class HGCA(AttentionMethod):
     def close(self) -> None:
         if hasattr(self, "pool"):
             self.pool.close()
-            self.bookkeeping.close()
         if hasattr(self, "_host_arena"):
             self._host_arena.release()
 
