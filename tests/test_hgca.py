@@ -303,10 +303,14 @@ def test_moving_average_update_is_off_the_critical_path():
 
 def test_budget_option_reaches_hgca(monkeypatch, capsys):
     """`--budget` sets HGCA's budget (no usage error) and the plan follows it: the device holds a window of
-    budget x window_share tokens plus one migration block (Qwen3-14B: 40 layers, 4096 KV bytes per token and layer)."""
+    budget x window_share tokens plus one migration block (Qwen3-14B: 40 layers, 40 query and 8 KV heads of 128
+    dims, 4096 KV bytes per token and layer)."""
     code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "qwen3-14b", "--len", "64k", "--gpu-mem",
                              "80GiB", "--method", "hgca", "--budget", "4k", "--json")
     assert code == 0, err
     [row] = json.loads(out)
     assert row["device_bytes_per_seq"] == 40 * (2048 + 32) * 4096
-    assert row["host_bytes_per_seq"] == 40 * (65536 - 2048) * 4096 + 40 * 40 * (65536 - 2048) * 4
+    # host: K/V and fp32 moving averages of the rest, 32 tokens of migration staging, two gather buffers of
+    # 4096 - 2048 tokens per KV head
+    assert row["host_bytes_per_seq"] == (40 * (65536 - 2048) * (4096 + 40 * 4) + 40 * 32 * 4096
+                                         + 2 * 8 * 2048 * 128 * 2)
