@@ -50,9 +50,10 @@ def test_ray_sweep_matches_local_and_resumes(tmp_path, local_ray):
 
 
 def test_a_failing_point_is_recorded_by_the_driver(tmp_path, local_ray):
-    points = expand(Grid(("scout",), (256,), (1,), (1024,)))  # a budget above the context fails in the task
+    # a field the method refuses is only found when the task builds the method (the CLI checks it earlier)
+    points = expand(Grid(("scout",), (256,), (1,), (128,), method_args={"recall_interval": ("0",)}))
     outcome = run_sweep(points, SETTINGS, tmp_path, executor=RayExecutor())
     assert outcome.ran == 1 and len(outcome.failed) == 1
-    assert "larger than the context" in outcome.failed[0]["error"]
+    assert "recall_interval must be >= 1" in outcome.failed[0]["error"]
     failed = json.loads((tmp_path / f"{outcome.failed[0]['id']}.json").read_text())
-    assert failed["status"] == "failed" and failed["method_config"]["budget"] == 1024
+    assert failed["status"] == "failed" and failed["method_config"]["recall_interval"] == "0"
