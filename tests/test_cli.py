@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, sigkill_once_started
 
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.units import format_length, parse_bytes, parse_fraction, parse_length
@@ -348,12 +348,10 @@ def test_result_names_are_claimed_atomically(tmp_path):
 def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
     """A real SIGKILL while the second method runs: the first method's result is complete on disk, nothing
     partial, and the folder's lock does not outlive the process (a rerun into the folder works)."""
-    import os
     import signal
     import subprocess
     import sys
     import textwrap
-    import time
 
     out, started = tmp_path / "runs", tmp_path / "started"
     script = tmp_path / "killme.py"
@@ -377,12 +375,7 @@ def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
     """), encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists():
-            assert proc.poll() is None, proc.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the second method never started"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
+        sigkill_once_started(proc, started, 120, "the second method never started")
     finally:
         proc.kill()
         proc.wait(timeout=30)

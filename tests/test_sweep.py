@@ -4,16 +4,13 @@ interrupt (Ctrl-C) or a SIGKILL mid-point without partial or corrupt files."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, sigkill_once_started
 from result_factory import make_result
 
 from scoutbench.errors import ScoutbenchError, UsageError
@@ -151,12 +148,7 @@ def test_sigkill_mid_point_then_resume(tmp_path):
     """), encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while not started.exists():
-            assert proc.poll() is None, proc.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the sweep never reached point 2"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
+        sigkill_once_started(proc, started, 60, "the sweep never reached point 2")
     finally:
         proc.wait(timeout=30)
     assert files(out) == ["fullkv_tiny-qwen3_len1k_b1.json", MANIFEST]
