@@ -5,15 +5,25 @@ counters of a seeded run (scoutbench/work.py: device and host KV bytes, digest/s
 device-attended tokens, bus bytes each way, recall bytes, linear FLOPs) follow only from the method's choices,
 so they are the same on every machine and every rerun: a method that starts reading more fails CI at once,
 however noisy the clock. Points match as in the timing gate (method and full config, model, dtype, length,
-batch), but on any hardware: the device class is not checked.
+batch, and the run settings: steps, warm-up, seed, prefill, kv_skew, dense layers; a point whose only counterpart
+differs in one is MISMATCH, naming it), but on any hardware: the device class is not checked.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
-from scoutbench.gate import GateReport, Point, Row, group_points, method_label, varying_fields
+from scoutbench.gate import (
+    GateReport,
+    Point,
+    Row,
+    group_points,
+    mismatch_row,
+    mismatched_settings,
+    point_labels,
+)
 from scoutbench.work import measured_work, result_shape, step_work
 
 DEFAULT_COUNTER_TOLERANCE = 0.01  # selections are deterministic for a seed; 1% absorbs a rare tie broken otherwise
@@ -32,28 +42,42 @@ def _median_counters(point: Point) -> dict[str, float]:
 def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[dict[str, Any]],
                  tolerance: float = DEFAULT_COUNTER_TOLERANCE, allow_missing: bool = False) -> GateReport:
     """Every baseline throughput point's counters against the current run's: more work than the baseline by more
-    than `tolerance` is REGRESSED, less is `improved` (refresh the baseline), a missing point fails."""
+    than `tolerance` is REGRESSED, less is `improved` (refresh the baseline), a missing point fails, and so does
+    a point run with other settings (MISMATCH)."""
     keep = [r for r in baseline_results if r.get("kind") == "throughput"]
     current = [r for r in current_results if r.get("kind") == "throughput"]
     baseline_points, current_points = group_points(keep), group_points(current)
-    varying = varying_fields([*keep, *current])
+    labels = point_labels([*keep, *current])
+    differing = mismatched_settings(baseline_points, current_points)
     report = GateReport()
     for key in sorted(baseline_points, key=lambda k: k.sort_key()):
         base = baseline_points[key]
         if not base.ok:
+            report.rows.append(Row(key.describe(labels.get(key)), "work counters", None, None, tolerance, "skipped",
+                                   f"baseline failed: {base.error()}"))
             continue
-        first = base.ok[0]
-        label = method_label(key.method, first.get("method_config") or {}, varying.get(key.method, ()))
-        name = key.describe(label)
+        name = key.describe(labels.get(key))
+        if key in differing:
+            report.rows.append(mismatch_row(name, "work counters", differing[key]))
+            continue
         cur = current_points.get(key)
         if cur is None or not cur.ok:
             verdict = "FAILED" if cur is not None else ("skipped" if allow_missing else "MISSING")
             report.rows.append(Row(name, "work counters", None, None, tolerance, verdict,
                                    cur.error() if cur is not None else "not in current run"))
             continue
-        base_counters, cur_counters = _median_counters(base), _median_counters(cur)
+        try:
+            base_counters, cur_counters = _median_counters(base), _median_counters(cur)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+            report.rows.append(Row(name, "work counters", None, None, tolerance, "INVALID",
+                                   f"its work counters cannot be derived ({type(exc).__name__}: {exc})"))
+            continue
         for counter, base_value in base_counters.items():
             value = cur_counters[counter]
+            if not (math.isfinite(base_value) and math.isfinite(value)):
+                report.rows.append(Row(name, counter, base_value, value, tolerance, "INVALID",
+                                       "a counter that is not finite is not a measurement"))
+                continue
             if value > base_value * (1 + tolerance) + 1e-9:
                 verdict = "REGRESSED"
             elif value < base_value * (1 - tolerance) - 1e-9:
@@ -61,8 +85,9 @@ def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[d
             else:
                 verdict = "ok"
             report.rows.append(Row(name, counter, base_value, value, tolerance, verdict))
-    new = set(current_points) - set(baseline_points)
+    explained = {k.comparable_part() for k in differing}
+    new = [k for k in set(current_points) - set(baseline_points) if k.comparable_part() not in explained]
     if new:
         report.warnings.append(f"{len(new)} current point(s) have no baseline: "
-                               + ", ".join(sorted(k.describe() for k in new)))
+                               + ", ".join(sorted(k.describe(labels.get(k)) for k in new)))
     return report

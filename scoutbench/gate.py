@@ -1,16 +1,21 @@
 """Performance gates: compare a current run with a baseline, or methods with each other within one run.
 
-Points match on what was measured (kind, method and its full config, model, dtype, length, batch); the device
-class is checked separately so that numbers from different hardware are refused instead of silently "missing".
-Repeated measurements of one point are summarised by their median, which a single slow outlier cannot move.
-Verdicts: a metric regresses when it is worse than the baseline by more than its tolerance (throughput and
-accuracy: higher is better; step time: lower is better); a baseline point absent from the current run fails the
-gate (a crashed benchmark must not pass as "nothing regressed") unless missing points are explicitly allowed.
+Points match on what was measured (kind, method and its full config, model, dtype, length, batch, and every
+other setting that changes the measurement: timed and warm-up steps, seed, prefill, kv_skew, run-level fields such
+as dense_layers); a baseline point whose only match differs in such a setting is refused as MISMATCH, naming the
+setting, never compared. The device class is checked separately so that numbers from different hardware are
+refused instead of silently "missing". Repeated measurements of one point are summarised by their median, which a
+single slow outlier cannot move. Verdicts: a metric regresses when it is worse than the baseline by more than its
+tolerance (throughput and accuracy: higher is better; step time: lower is better); a non-finite metric, or a
+throughput or step time that is not positive, is INVALID (never "ok"); a baseline point absent from the current
+run fails the gate (a crashed benchmark must not pass as "nothing regressed") unless missing points are explicitly
+allowed; and a gate that compared nothing fails.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import operator
 import re
 import statistics
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.results import NON_FINITE_STRINGS
 from scoutbench.units import format_length, parse_fraction
 
 THROUGHPUT_METRICS = {"decode_throughput_tok_s": True, "decode_step_ms": False}  # name -> higher is better
@@ -36,6 +42,13 @@ def canonical_method(name: str) -> str:
         return name
 
 
+# Top-level result fields that change what a run measures besides the method config and the workload (which are
+# part of a point's identity already): a run-level dense-layer count, an accuracy run's seed and sample limit.
+RUN_SETTINGS = ("dense_layers", "seed", "limit")
+# Workload fields the key names itself (len, batch) or that only name the workload kind.
+_KEYED_WORKLOAD_FIELDS = ("name", "len", "batch")
+
+
 @dataclass(frozen=True)
 class PointKey:
     """What was measured. Two results with equal keys are repeats of one measurement."""
@@ -47,9 +60,10 @@ class PointKey:
     dtype: str
     length: int | None
     batch: int | str | None  # "auto" when each method ran at its own planned maximum (the paper's comparison)
+    settings: str = "{}"  # every other measurement-changing setting (point_settings) as canonical JSON
 
     def describe(self, label: str | None = None) -> str:
-        parts = [label or self.method, self.model]
+        parts = [label or self.method, self.model, self.dtype]
         if self.length is not None:
             parts.append(f"len {format_length(self.length)}")
         if self.batch is not None:
@@ -58,7 +72,11 @@ class PointKey:
 
     def sort_key(self) -> tuple:
         return (self.kind, self.model, self.dtype, self.length or 0, batch_order(self.batch), self.method,
-                self.config)
+                self.config, self.settings)
+
+    def comparable_part(self) -> tuple:
+        """The key without the settings and the dtype: two keys equal here differ only in how they were run."""
+        return (self.kind, self.method, self.config, self.model, self.length, self.batch)
 
 
 def batch_text(batch: int | str) -> str:
@@ -70,24 +88,61 @@ def batch_order(batch: int | str | None) -> tuple[int, str]:
     return (batch, "") if isinstance(batch, int) else (1 << 30, str(batch))
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def point_settings(result: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a run that change its numbers and are not named by the rest of the key: the workload's
+    timed and warm-up steps, seed, prefill and kv_skew (any workload field but its name, len and batch), and the
+    run-level RUN_SETTINGS."""
+    workload = result.get("workload") if isinstance(result.get("workload"), dict) else {}
+    settings = {k: v for k, v in workload.items() if k not in _KEYED_WORKLOAD_FIELDS}
+    settings.update({name: result[name] for name in RUN_SETTINGS if name in result})
+    return settings
+
+
 def point_key(result: dict[str, Any]) -> PointKey:
     model = result.get("model") or {}
     workload = result.get("workload") or {}
+    length = workload.get("len", result.get("max_length"))
+    batch = "auto" if (result.get("batch_plan") or {}).get("mode") == "auto" else workload.get("batch")
     return PointKey(
         kind=str(result.get("kind", "?")), method=canonical_method(str(result.get("method", "?"))),
-        config=json.dumps(result.get("method_config") or {}, sort_keys=True, default=str),
+        config=_canonical(result.get("method_config") or {}),
         model=str(model.get("name", "?")), dtype=str(model.get("dtype", "?")),
-        length=workload.get("len", result.get("max_length")),
-        batch="auto" if (result.get("batch_plan") or {}).get("mode") == "auto" else workload.get("batch"))
+        length=length if isinstance(length, int) and not isinstance(length, bool) else None,
+        batch=batch if isinstance(batch, (int, str)) and not isinstance(batch, bool) else None,
+        settings=_canonical(point_settings(result)))
+
+
+def settings_difference(baseline: PointKey, current: PointKey) -> str:
+    """`steps 8 in the baseline vs 16 now, kv_skew 0.3 vs 0.075`: what makes two otherwise equal points
+    incomparable."""
+    base, cur = json.loads(baseline.settings), json.loads(current.settings)
+    if baseline.dtype != current.dtype:
+        base, cur = {"dtype": baseline.dtype, **base}, {"dtype": current.dtype, **cur}
+    parts = [f"{name} {_show(base.get(name))} vs {_show(cur.get(name))}"
+             for name in dict.fromkeys([*base, *cur]) if base.get(name) != cur.get(name)]
+    if parts:
+        parts[0] = parts[0].replace(" vs ", " in the baseline vs ", 1) + " now"
+    return ", ".join(parts)
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else str(value)
 
 
 def device_class(result: dict[str, Any]) -> str:
     return str((result.get("device") or {}).get("class", "unknown"))
 
 
-def method_label(method: str, config: dict[str, Any], varying: Iterable[str]) -> str:
-    """`scout budget=1024`: the method plus only those config fields that differ among the results shown."""
+def method_label(method: str, config: dict[str, Any], varying: Iterable[str],
+                 settings: dict[str, Any] | None = None, varying_settings: Iterable[str] = ()) -> str:
+    """`scout budget=1024`: the method plus only those config fields (and run settings, e.g. `steps=8`) that
+    differ among the results shown."""
     shown = [f"{k}={config[k]}" for k in sorted(varying) if k in config]
+    shown += [f"{k}={(settings or {}).get(k)}" for k in sorted(varying_settings)]
     return " ".join([method, *shown])
 
 
@@ -95,25 +150,65 @@ def varying_fields(results: list[dict[str, Any]], exclude: Iterable[str] = ()) -
     """Per method, the config fields whose value is not the same in every result of that method."""
     values: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for r in results:
-        for k, v in (r.get("method_config") or {}).items():
-            values[canonical_method(r["method"])][k].add(json.dumps(v, default=str))
+        config = r.get("method_config") if isinstance(r.get("method_config"), dict) else {}
+        for k, v in config.items():
+            values[canonical_method(str(r.get("method")))][k].add(_canonical(v))
     skip = set(exclude)
     return {m: {k for k, seen in fields.items() if len(seen) > 1 and k not in skip} for m, fields in values.items()}
 
 
+def varying_settings(results: list[dict[str, Any]]) -> set[str]:
+    """The run settings (point_settings) whose value is not the same in every result."""
+    values: dict[str, set[str]] = defaultdict(set)
+    all_settings = [point_settings(r) for r in results]
+    names = {name for settings in all_settings for name in settings}
+    for settings in all_settings:
+        for name in names:
+            values[name].add(_canonical(settings.get(name)))
+    return {name for name, seen in values.items() if len(seen) > 1}
+
+
+def as_number(value: Any) -> float | None:
+    """A metric's value as a float: a JSON number, or the "nan"/"inf"/"-inf" strings results use for non-finite
+    floats (strict JSON has none); None when it is not a number at all."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value in NON_FINITE_STRINGS:
+        return float(value)
+    return None
+
+
+def metric_problem(name: str, value: float) -> str | None:
+    """Why a metric value is not a measurement (then the gate refuses it as INVALID), or None. A throughput or a
+    step time must be finite and positive; an accuracy score finite and not negative (0 is a real score)."""
+    if not math.isfinite(value):
+        return f"{name} is {value}: not a measurement"
+    if name in THROUGHPUT_METRICS and value <= 0:
+        return f"{name} is {value:g}: a run that decoded cannot take 0 ms or make 0 tok/s"
+    if value < 0:
+        return f"{name} is {value:g}: below 0"
+    return None
+
+
 def metric_values(result: dict[str, Any]) -> dict[str, tuple[float, bool]]:
-    """The gated metrics of one ok result: name -> (value, higher is better)."""
+    """The gated metrics of one ok result: name -> (value, higher is better). Values are as recorded, non-finite
+    ones included (metric_problem judges them)."""
     if result.get("kind") == "throughput":
         out = {}
-        if isinstance(result.get("decode_throughput_tok_s"), (int, float)):
-            out["decode_throughput_tok_s"] = (float(result["decode_throughput_tok_s"]), True)
-        median = (result.get("decode_step_ms") or {}).get("median")
-        if isinstance(median, (int, float)):
-            out["decode_step_ms"] = (float(median), False)
+        tok_s = as_number(result.get("decode_throughput_tok_s"))
+        if tok_s is not None:
+            out["decode_throughput_tok_s"] = (tok_s, True)
+        step = result.get("decode_step_ms")
+        median = as_number(step.get("median")) if isinstance(step, dict) else None
+        if median is not None:
+            out["decode_step_ms"] = (median, False)
         return out
     if result.get("kind") == "accuracy":  # results[task] = {"score": value, "n": count, ...}
-        return {f"{task}.score": (float(entry["score"]), True) for task, entry in (result.get("results") or {}).items()
-                if isinstance(entry, dict) and isinstance(entry.get("score"), (int, float))}
+        tasks = result.get("results") if isinstance(result.get("results"), dict) else {}
+        return {f"{task}.score": (score, True) for task, entry in tasks.items()
+                if isinstance(entry, dict) and (score := as_number(entry.get("score"))) is not None}
     return {}
 
 
@@ -133,13 +228,27 @@ class Point:
         return {device_class(r) for r in self.results}
 
     def metrics(self) -> dict[str, tuple[float, bool]]:
+        """Median of each metric over the ok runs; a metric with an invalid value in any run is left out (see
+        `invalid`): a NaN must not hide behind the median of its repeats."""
         per_metric: dict[str, list[float]] = defaultdict(list)
         direction: dict[str, bool] = {}
         for r in self.ok:
             for name, (value, higher) in metric_values(r).items():
                 per_metric[name].append(value)
                 direction[name] = higher
-        return {name: (statistics.median(vals), direction[name]) for name, vals in per_metric.items()}
+        invalid = self.invalid()
+        return {name: (statistics.median(vals), direction[name]) for name, vals in per_metric.items()
+                if name not in invalid}
+
+    def invalid(self) -> dict[str, str]:
+        """metric -> why one of its recorded values is not a measurement."""
+        out: dict[str, str] = {}
+        for r in self.ok:
+            for name, (value, _) in metric_values(r).items():
+                problem = metric_problem(name, value)
+                if problem and name not in out:
+                    out[name] = problem
+        return out
 
     def error(self) -> str:
         failed = [r for r in self.results if r.get("status", "ok") != "ok"]
@@ -220,6 +329,11 @@ def parse_ratio(spec: str) -> RatioGate:
 
 # ---- comparison -----------------------------------------------------------------------------------------------
 
+# verdicts that mean a real comparison of two measured values took place
+COMPARED = ("ok", "improved", "REGRESSED")
+FAILING = ("REGRESSED", "MISSING", "FAILED", "INVALID", "MISMATCH")
+
+
 @dataclass
 class Row:
     """One line of the gate table."""
@@ -229,18 +343,22 @@ class Row:
     baseline: float | None
     current: float | None
     tolerance: float | None
-    verdict: str  # ok | improved | REGRESSED | MISSING | FAILED | new | skipped
+    verdict: str  # ok | improved | REGRESSED | MISSING | FAILED | INVALID | MISMATCH | new | skipped
     note: str = ""
 
     @property
     def ratio(self) -> float | None:
-        if self.baseline and self.current is not None:
+        if self.baseline and self.current is not None and math.isfinite(self.baseline):
             return self.current / self.baseline
         return None
 
     @property
     def fails(self) -> bool:
-        return self.verdict in ("REGRESSED", "MISSING", "FAILED")
+        return self.verdict in FAILING
+
+    @property
+    def compared(self) -> bool:
+        return self.verdict in COMPARED
 
 
 @dataclass
@@ -254,8 +372,13 @@ class GateReport:
         return [r for r in [*self.rows, *self.ratio_rows] if r.fails]
 
     @property
+    def comparisons(self) -> int:
+        """Rows that compared two measured values (ratio checks included): what a pass rests on."""
+        return sum(r.compared for r in [*self.rows, *self.ratio_rows])
+
+    @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures and self.comparisons > 0
 
 
 def check_hardware(baseline: dict[PointKey, Point], current: dict[PointKey, Point]) -> str | None:
@@ -272,6 +395,29 @@ def check_hardware(baseline: dict[PointKey, Point], current: dict[PointKey, Poin
     return None
 
 
+def mismatched_settings(baseline: dict[PointKey, Point], current: dict[PointKey, Point]) -> dict[PointKey, str]:
+    """Baseline points without an exact match whose current counterpart differs only in its run settings (steps,
+    warm-up, seed, prefill, kv_skew, dense layers, dtype): key -> what differs. Such points are refused by name,
+    never reported as merely missing (and the current one as merely new)."""
+    by_part: dict[tuple, list[PointKey]] = defaultdict(list)
+    for key in current:
+        if key not in baseline:
+            by_part[key.comparable_part()].append(key)
+    out = {}
+    for key in baseline:
+        if key in current or not baseline[key].ok:
+            continue
+        others = by_part.get(key.comparable_part())
+        if others:
+            out[key] = "; ".join(settings_difference(key, other) for other in sorted(others, key=PointKey.sort_key))
+    return out
+
+
+def mismatch_row(name: str, metric: str, difference: str) -> Row:
+    return Row(name, metric, None, None, None, "MISMATCH",
+               f"not comparable: {difference}; rerun with the baseline's settings or refresh the baseline")
+
+
 def compare(baseline_results: list[dict[str, Any]], current_results: list[dict[str, Any]],
             tolerances: Tolerances, metrics: set[str] | None = None, force: bool = False,
             allow_missing: bool = False) -> GateReport:
@@ -284,15 +430,21 @@ def compare(baseline_results: list[dict[str, Any]], current_results: list[dict[s
             raise UsageError(mismatch)
         report.warnings.append(f"--force: {mismatch.split(': absolute')[0]}")
     _check_metric_names(tolerances, metrics, [*baseline_results, *current_results])
-    labels = _labels([*baseline_results, *current_results])
+    labels = point_labels([*baseline_results, *current_results])
+    differing = mismatched_settings(baseline, current)
+    explained = {k.comparable_part() for k in differing}
     for key in sorted(baseline.keys() | current.keys(), key=PointKey.sort_key):
         name = key.describe(labels.get(key))
         base, cur = baseline.get(key), current.get(key)
         if base is None:
-            report.rows.append(Row(name, "-", None, None, None, "new", "no baseline point"))
+            if key.comparable_part() not in explained:
+                report.rows.append(Row(name, "-", None, None, None, "new", "no baseline point"))
             continue
         if not base.ok:
             report.rows.append(Row(name, "-", None, None, None, "skipped", f"baseline failed: {base.error()}"))
+            continue
+        if key in differing:
+            report.rows.append(mismatch_row(name, "-", differing[key]))
             continue
         if cur is None or not cur.ok:
             verdict = "MISSING" if cur is None else "FAILED"
@@ -302,11 +454,19 @@ def compare(baseline_results: list[dict[str, Any]], current_results: list[dict[s
             report.rows.append(Row(name, "-", None, None, None, verdict, note))
             continue
         base_metrics, cur_metrics = base.metrics(), cur.metrics()
-        for metric in sorted(base_metrics):
+        base_invalid, cur_invalid = base.invalid(), cur.invalid()
+        for metric in sorted(base_metrics.keys() | base_invalid.keys()):
             if metrics is not None and metric not in metrics:
                 continue
-            base_value, higher = base_metrics[metric]
             tol = tolerances.of(metric)
+            if metric in base_invalid:
+                report.rows.append(Row(name, metric, None, None, tol, "INVALID",
+                                       f"baseline {base_invalid[metric]}; refresh the baseline"))
+                continue
+            base_value, higher = base_metrics[metric]
+            if metric in cur_invalid:
+                report.rows.append(Row(name, metric, base_value, None, tol, "INVALID", f"current {cur_invalid[metric]}"))
+                continue
             if metric not in cur_metrics:
                 report.rows.append(Row(name, metric, base_value, None, tol, "MISSING", "metric absent in current"))
                 continue
@@ -330,10 +490,17 @@ def _repeats_note(base: Point, cur: Point) -> str:
     return f"median of {counts[0]} vs {counts[1]} runs" if counts != (1, 1) else ""
 
 
-def _labels(results: list[dict[str, Any]]) -> dict[PointKey, str]:
+def point_labels(results: list[dict[str, Any]]) -> dict[PointKey, str]:
+    """Each point's label: its method plus the config fields and run settings that vary among `results`, so two
+    different points never share a label."""
     varying = varying_fields(results)
-    return {point_key(r): method_label(canonical_method(r["method"]), r.get("method_config") or {},
-                                       varying.get(canonical_method(r["method"]), ())) for r in results}
+    settings = varying_settings(results)
+    labels = {}
+    for r in results:
+        method = canonical_method(str(r.get("method")))
+        config = r.get("method_config") if isinstance(r.get("method_config"), dict) else {}
+        labels[point_key(r)] = method_label(method, config, varying.get(method, ()), point_settings(r), settings)
+    return labels
 
 
 def _check_metric_names(tolerances: Tolerances, metrics: set[str] | None, results: list[dict[str, Any]]) -> None:
@@ -354,7 +521,7 @@ def _warn_env(baseline: list[dict[str, Any]], current: list[dict[str, Any]], rep
 
 def ratio_rows(gate: RatioGate, current_results: list[dict[str, Any]],
                baseline_results: list[dict[str, Any]] | None = None) -> list[Row]:
-    """Check `gate` in every group (model, dtype, length, batch, device) that has both methods."""
+    """Check `gate` in every group (model, dtype, length, batch, run settings, device) that has both methods."""
     cur = _ratios(gate, current_results)
     base = _ratios(gate, baseline_results or [])
     if not cur:
@@ -362,36 +529,56 @@ def ratio_rows(gate: RatioGate, current_results: list[dict[str, Any]],
                     f"no point of the current run has both {gate.numerator} and {gate.denominator} "
                     f"with {gate.metric}")]
     rows = []
-    for group, ratio in sorted(cur.items()):
+    for group, (ratio, problem) in sorted(cur.items()):
+        reference = base.get(group, (None, None))[0]
+        if problem:
+            rows.append(Row(f"{gate} @ {group}", gate.metric, reference, None, None, "INVALID", problem))
+            continue
         verdict = "ok" if gate.holds(ratio) else "REGRESSED"
-        rows.append(Row(f"{gate} @ {group}", gate.metric, base.get(group), ratio, None, verdict,
+        rows.append(Row(f"{gate} @ {group}", gate.metric, reference, ratio, None, verdict,
                         f"needs {gate.op}{gate.bound:g}"))
     return rows
 
 
-def _ratios(gate: RatioGate, results: list[dict[str, Any]]) -> dict[str, float]:
-    """group description -> ratio; with several configs of one method, every pair is its own entry."""
+def _ratios(gate: RatioGate, results: list[dict[str, Any]]) -> dict[str, tuple[float | None, str | None]]:
+    """group description -> (ratio, None), or (None, why) when a side's metric is not a measurement; with several
+    configs of one method, every pair is its own entry. Points with other run settings are other groups."""
     by_group: dict[tuple, dict[PointKey, Point]] = defaultdict(dict)
     for key, point in group_points(results).items():
         if point.ok and key.method in (gate.numerator, gate.denominator):
             classes = ",".join(sorted(point.device_classes))
-            by_group[(key.model, key.dtype, key.length or 0, key.batch, classes)][key] = point
-    labels = _labels(results)
-    several_devices = len({group[4] for group in by_group}) > 1
-    out: dict[str, float] = {}
-    for (model, dtype, length, batch, classes), points in sorted(by_group.items(), key=lambda g: str(g[0])):
+            by_group[(key.model, key.dtype, key.length or 0, key.batch, key.settings, classes)][key] = point
+    labels = point_labels(results)
+    several_devices = len({group[5] for group in by_group}) > 1
+    several_settings = len({group[4] for group in by_group}) > 1
+    out: dict[str, tuple[float | None, str | None]] = {}
+    for (model, dtype, length, batch, settings, classes), points in sorted(by_group.items(), key=lambda g: str(g[0])):
         nums = [(k, p) for k, p in points.items() if k.method == gate.numerator]
         dens = [(k, p) for k, p in points.items() if k.method == gate.denominator]
         for num_key, num in nums:
             for den_key, den in dens:
-                num_value, den_value = num.metrics().get(gate.metric), den.metrics().get(gate.metric)
-                if num_value is None or den_value is None or den_value[0] == 0:
-                    continue
                 pair = f"{labels[num_key]}/{labels[den_key]}" if len(nums) > 1 or len(dens) > 1 else ""
                 where = f"{model} {dtype} len {format_length(length)} {batch_text(batch)}" + (f" {pair}" if pair else "") \
+                    + (f" {_settings_text(settings)}" if several_settings else "") \
                     + (f" on {classes}" if several_devices else "")
-                out[where] = num_value[0] / den_value[0]
+                problems = [f"{side} {p.invalid()[gate.metric]}" for side, p in ((gate.numerator, num),
+                                                                                  (gate.denominator, den))
+                            if gate.metric in p.invalid()]
+                if problems:
+                    out[where] = (None, "; ".join(problems))
+                    continue
+                num_value, den_value = num.metrics().get(gate.metric), den.metrics().get(gate.metric)
+                if num_value is None or den_value is None:
+                    continue
+                if den_value[0] == 0:
+                    out[where] = (None, f"{gate.denominator} {gate.metric} is 0: no ratio")
+                    continue
+                out[where] = (num_value[0] / den_value[0], None)
     return out
+
+
+def _settings_text(settings: str) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(json.loads(settings).items()))
 
 
 def check_ratio_names(gate: RatioGate, results: list[dict[str, Any]]) -> None:
@@ -444,11 +631,26 @@ def load_side(paths: Iterable[str], side: str,
     return results
 
 
-def fail_if_regressed(report: GateReport) -> None:
-    if report.passed:
-        return
-    counts: dict[str, int] = defaultdict(int)
-    for row in report.failures:
-        counts[row.verdict.lower()] += 1
-    summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
-    raise ScoutbenchError(f"gate failed: {summary}")
+def fail_if_regressed(report: GateReport, what: str = "gate") -> None:
+    """Exit 1 on any failing row, and when nothing was compared at all: a gate that compared no point (every
+    baseline point missing and allowed to be, baseline points all failed, no ratio group) must not pass."""
+    if report.failures:
+        counts: dict[str, int] = defaultdict(int)
+        for row in report.failures:
+            counts[row.verdict.lower()] += 1
+        summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
+        raise ScoutbenchError(f"{what} failed: {summary}")
+    if report.comparisons == 0:
+        skipped = sum(r.verdict == "skipped" for r in report.rows)
+        new = sum(r.verdict == "new" for r in report.rows)
+        raise ScoutbenchError(f"{what} failed: it compared nothing ({skipped} baseline point(s) skipped, {new} "
+                              "current point(s) without a baseline); a gate must compare at least one point")
+
+
+def passed_message(report: GateReport, what: str = "gate") -> str:
+    """`gate passed (4 comparisons, 1 ratio check; 2 skipped)`: only real comparisons are counted."""
+    rows = sum(r.compared for r in report.rows)
+    ratios = sum(r.compared for r in report.ratio_rows)
+    skipped = sum(r.verdict == "skipped" for r in report.rows)
+    text = f"{what} passed ({rows} comparisons" + (f", {ratios} ratio checks" if report.ratio_rows else "")
+    return text + (f"; {skipped} skipped)" if skipped else ")")

@@ -206,7 +206,7 @@ def report_command(results, output):
 def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_missing, counters):
     """Exit 1 when a metric regresses beyond tolerance against the baseline or a --ratio gate fails; 0 when all
     pass; 2 on a usage error, unreadable input or mismatched hardware (without --force)."""
-    from scoutbench.gate import fail_if_regressed, load_side, parse_ratio, parse_tolerances, run_gate
+    from scoutbench.gate import fail_if_regressed, load_side, parse_ratio, parse_tolerances, passed_message, run_gate
 
     if counters:
         if ratios or metrics or force:
@@ -238,13 +238,13 @@ def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_mi
     for warning in report.warnings:
         console.print(f"warning: {warning}", highlight=False)
     fail_if_regressed(report)
-    console.print(f"gate passed ({len(report.rows)} comparisons, {len(report.ratio_rows)} ratio checks)")
+    console.print(passed_message(report))
 
 
 def _counter_gate(baseline, current, tolerances, allow_missing) -> None:
     from scoutbench.counter_gate import DEFAULT_COUNTER_TOLERANCE, counter_gate
     from scoutbench.errors import UsageError
-    from scoutbench.gate import fail_if_regressed, load_side, parse_tolerances
+    from scoutbench.gate import fail_if_regressed, load_side, parse_tolerances, passed_message
 
     if not baseline:
         raise UsageError("--counters compares with a baseline: add --baseline FILE_OR_DIR")
@@ -254,18 +254,20 @@ def _counter_gate(baseline, current, tolerances, allow_missing) -> None:
     console.print(_gate_table(report.rows, "work counters against the baseline", ratio_column=True))
     for warning in report.warnings:
         console.print(f"warning: {warning}", highlight=False)
-    fail_if_regressed(report)
-    console.print(f"counter gate passed ({len(report.rows)} comparisons)")
+    fail_if_regressed(report, "counter gate")
+    console.print(passed_message(report, "counter gate"))
 
 
 def _gate_table(rows, title: str, ratio_column: bool):
     from rich.table import Table
 
+    from scoutbench.gate import FAILING
+
     table = Table(title=title)
     for name in ("point", "metric", "baseline", "current", *(["ratio", "tolerance"] if ratio_column else []),
                  "verdict", "note"):
         table.add_column(name, justify="right" if name in ("baseline", "current", "ratio", "tolerance") else "left")
-    style = {"REGRESSED": "bold red", "MISSING": "bold red", "FAILED": "bold red", "improved": "green"}
+    style = {**{verdict: "bold red" for verdict in FAILING}, "improved": "green"}
     for row in rows:
         cells = [row.point, row.metric, _fmt(row.baseline), _fmt(row.current)]
         if ratio_column:
