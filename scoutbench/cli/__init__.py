@@ -75,36 +75,63 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Entry point: user-fixable errors become one line on stderr and a non-zero exit code."""
-    from scoutbench.errors import ScoutbenchError
-
+    """Entry point: user-fixable errors become one line on stderr and the exit code of the one table
+    (scoutbench.errors.EXIT_CODES, docs/exit_codes.md)."""
     # OpenMP threads that spin while waiting steal the cores a concurrent CPU attention worker (or a loaded
     # machine) needs: measured 2-10x slower CPU steps with the default policy. Must be set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    previous_sigterm = _terminate_like_interrupt()
+    try:
+        _run()
+    finally:
+        if previous_sigterm is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _run() -> None:
+    from scoutbench.errors import ScoutbenchError, exit_code, is_terminated
+
     try:
         cli.main(standalone_mode=False, prog_name="scoutbench")
     except ScoutbenchError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(exit_code(exc))
     except click.exceptions.NoArgsIsHelpError as exc:  # a bare `scoutbench`: the help itself
         exc.show()
-        sys.exit(2)
+        sys.exit(exit_code(exc))
     except click.UsageError as exc:  # one line, like every other usage error, with where to look for help
         command = exc.ctx.command_path if exc.ctx is not None else "scoutbench"
         click.echo(f"error: {exc.format_message()} (see `{command} -h`)", err=True)
-        sys.exit(2)
+        sys.exit(exit_code(exc))
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except OSError as exc:  # an OS failure nobody anticipated (disk full, permissions): still one line, exit 1
-        where = f" ({exc.filename})" if exc.filename else ""
-        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
-        sys.exit(1)
+        sys.exit(exit_code(exc))
+    except (KeyboardInterrupt, click.exceptions.Abort) as exc:  # Ctrl-C, and SIGTERM (Terminated)
+        click.echo("terminated" if is_terminated(exc) else "interrupted", err=True)
+        sys.exit(exit_code(exc))
+    except OSError as exc:  # an OS failure nobody anticipated (disk full, permissions): still one line
+        from scoutbench.results import describe_os_error
+
+        click.echo(f"error: {describe_os_error(exc)}", err=True)
+        sys.exit(exit_code(exc))
     except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+        sys.exit(exit_code(exc))
+
+
+def _terminate_like_interrupt():
+    """SIGTERM (a job scheduler, `kill`, `timeout`) ends a run the way Ctrl-C does: finished results are kept and
+    listed, locks released, exit 143. Only the main thread can install a handler (in-process test runners may not
+    be on it)."""
+    import signal
+    import threading
+
+    from scoutbench.errors import Terminated
+
+    def raise_terminated(signum, frame) -> None:
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, raise_terminated)  # the previous handler, restored when main returns
