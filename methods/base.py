@@ -191,7 +191,10 @@ def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
 
             return parse_length(text) if text[-1:].lower() in "km" else int(text)
         if base is float:
-            return float(text)  # accepts inf
+            value = float(text)  # accepts inf; nan would pass every `>=`/`<=` field check unnoticed
+            if value != value:
+                raise ValueError
+            return value
         return text
     except (ValueError, UsageError):
         raise UsageError(f"{method}: --method-arg {key}={raw!r} is not a valid {getattr(base, '__name__', base)}") from None

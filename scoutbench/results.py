@@ -84,9 +84,36 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def symlink_problem(path: str | Path) -> str | None:
+    """'a symlink loop' or 'a broken symlink (to X)' when `path` or a folder above it is one, else None: the OS
+    reports both as "File exists" or "No such file", which names neither the fault nor where it is."""
+    current = Path(path)
+    for candidate in (current, *current.parents):
+        if not os.path.islink(candidate):
+            continue
+        try:
+            os.stat(candidate)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"{candidate} is a symlink loop"
+            return f"{candidate} is a broken symlink (to {os.readlink(candidate)})"
+    return None
+
+
+def describe_os_error(exc: OSError, path: str | Path | None = None) -> str:
+    """An OS error as one line: what went wrong and where (a symlink loop or broken link named as such)."""
+    path = path if path is not None else exc.filename
+    link = symlink_problem(path) if path is not None else None
+    if link is not None:
+        return link
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return f"{reason} ({path})" if path is not None else reason
+
+
 def _os_error(action: str, path: Path, exc: OSError) -> ScoutbenchError:
     """One line for an OS failure (disk full, read-only, a folder where a file should be): exit 1."""
-    return ScoutbenchError(f"cannot {action} {path}: {exc.strerror or exc}; free space or choose another -o")
+    reason = symlink_problem(path) or exc.strerror or str(exc)
+    return ScoutbenchError(f"cannot {action} {path}: {reason}; free space or choose another -o")
 
 
 def _write_temp(path: Path, obj: Any) -> Path:
@@ -185,6 +212,9 @@ def check_writable(path: str | Path, overwrite: bool = True, single_file: bool |
     path = Path(path)
     single_file = path.suffix == ".json" if single_file is None else single_file
     folder = path.parent if single_file else path
+    link = symlink_problem(path)
+    if link is not None:
+        raise ScoutbenchError(f"cannot write results under {path}: {link}; choose another -o")
     if single_file and path.is_dir():
         raise ScoutbenchError(f"cannot write results to {path}: it is a folder; choose a file name or a folder "
                               "without .json for -o")
@@ -220,7 +250,8 @@ def output_lock(folder: str | Path) -> Iterator[None]:
         raise ScoutbenchError(f"another scoutbench run is writing to {folder}; wait for it to finish or choose "
                               "another -o") from None
     except OSError as exc:
-        raise ScoutbenchError(f"cannot lock {folder}: {exc.strerror or exc}; choose another -o") from None
+        reason = symlink_problem(folder) or exc.strerror or exc
+        raise ScoutbenchError(f"cannot lock {folder}: {reason}; choose another -o") from None
     try:
         yield
     finally:
@@ -232,27 +263,64 @@ _RESULT_FIELDS: dict[str, tuple[type, ...]] = {
     "kind": (str,), "method": (str,), "model": (dict,), "status": (str,), "method_config": (dict,),
     "workload": (dict,), "device": (dict,), "env": (dict,), "results": (dict,), "decode_step_ms": (dict,),
     "latency_breakdown_ms": (dict,), "batch_plan": (dict,), "decode_throughput_tok_s": (int, float),
-    "gpu_idle_frac": (int, float, type(None)), "error": (str, type(None)),  # gpu_idle_frac: null off CUDA
+    "gpu_idle_frac": (int, float, type(None)), "main_thread_wait_frac": (int, float, type(None)),
+    "error": (str, type(None)),  # gpu_idle_frac: null off CUDA, main_thread_wait_frac: null on CUDA
 }
 _REQUIRED_FIELDS = ("kind", "method", "model")
+# what every successful throughput result measured: without them it is not a measurement a gate or report can use
+_OK_THROUGHPUT_FIELDS = ("decode_throughput_tok_s", "decode_step_ms", "workload")
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {dict: "object", str: "string", int: "number", float: "number", type(None): "null"}
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
+
+
+NON_FINITE_STRINGS = ("nan", "inf", "-inf")  # how _jsonable writes non-finite floats
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number, or one of the strings this package writes for a non-finite float."""
+    if isinstance(value, str):
+        return value in NON_FINITE_STRINGS
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _has_type(value: Any, types: tuple[type, ...]) -> bool:
+    if float in types and _is_number(value):
+        return True
+    return isinstance(value, types) and not isinstance(value, bool)
 
 
 def result_problem(data: Any) -> str | None:
-    """Why `data` is not a usable scoutbench result (wrong JSON types, missing fields), or None if it is."""
+    """Why `data` is not a usable scoutbench result (another schema version, wrong JSON types, missing fields), or
+    None if it is. Values are not judged here (a NaN throughput is a result whose metric the gate refuses)."""
     if not isinstance(data, dict) or "schema_version" not in data:
         return "not a scoutbench result (no schema_version)"
+    version = data["schema_version"]
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        return (f"schema_version {json.dumps(version)} is not the one this scoutbench reads ({SCHEMA_VERSION}); "
+                "use the scoutbench that wrote it, or rerun")
     if data.get("kind") == "projection":  # `scoutbench project -o`: per-method entries, no top-level method/model
         return None if isinstance(data.get("projections"), list) else "malformed projection: no projections list"
     missing = [name for name in _REQUIRED_FIELDS if name not in data]
     if missing:
         return f"malformed result: missing {', '.join(missing)}"
     for name, types in _RESULT_FIELDS.items():
-        if name in data and (not isinstance(data[name], types) or isinstance(data[name], bool)):
-            expected = " or ".join("null" if t is type(None) else {dict: "object", str: "string"}.get(t, "number")
-                                   for t in types)
-            return f"malformed result: {name} is {type(data[name]).__name__}, expected {expected}"
+        if name in data and not _has_type(data[name], types):
+            return f"malformed result: {name} is {type(data[name]).__name__}, expected {_type_names(types)}"
     if not isinstance(data["model"].get("name"), str):
         return "malformed result: model has no name"
+    if data["kind"] == "throughput" and data.get("status", "ok") == "ok":
+        missing = [name for name in _OK_THROUGHPUT_FIELDS if name not in data]
+        if missing:
+            return f"malformed throughput result: missing {', '.join(missing)}"
+        if not _is_number(data["decode_step_ms"].get("median")):
+            return "malformed throughput result: decode_step_ms has no numeric median"
+        workload = data["workload"]
+        for name in ("len", "batch"):
+            if not isinstance(workload.get(name), int) or isinstance(workload.get(name), bool) or workload[name] < 1:
+                return f"malformed throughput result: workload.{name} is not a positive integer"
     return None
 
 
@@ -268,7 +336,7 @@ def load_results(paths: Iterable[str | Path],
     for raw in paths:
         path = Path(raw)
         if not path.exists():
-            raise UsageError(f"no such result file or folder: {path}")
+            raise UsageError(f"no such result file or folder: {symlink_problem(path) or path}")
         files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
         for file in files:
             if file.name.startswith(".") or file.name == "sweep.json":

@@ -10,6 +10,7 @@ torch: scoring a folder takes a second, not a torch import.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ def prediction_row_problem(row: Any) -> str | None:
         return "answers must be a list of strings"
     if "length" in row and (not isinstance(row["length"], (int, float)) or isinstance(row["length"], bool)):
         return f"length must be a number, got {type(row['length']).__name__}"
+    if "length" in row and not (math.isfinite(row["length"]) and row["length"] >= 0):  # NaN fell in the 8k+ bucket
+        return f"length must be a finite number of 0 or more, got {row['length']}"
     return None
 
 

@@ -137,11 +137,12 @@ class SweepPoint:
         return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
 
 
-def expand(grid: Grid) -> list[SweepPoint]:
+def expand(grid: Grid, given: tuple[str, ...] = ("--budget", "--block-size")) -> list[SweepPoint]:
     """Cartesian product of the axes, lengths outermost (an interrupted sweep has whole lengths done).
 
     --budget, --block-size and --method-arg apply only to methods with such a field (FullKV has no budget), so
-    the product collapses where an axis does not apply; an arg no method knows is a usage error.
+    the product collapses where an axis does not apply; an arg no method knows is a usage error, and so is a
+    --budget or --block-size in `given` (the flags the user passed, not a preset's sizes) that no method has.
     """
     from scoutbench.cli.options import check_all_used, method_args_for
 
@@ -153,7 +154,7 @@ def expand(grid: Grid) -> list[SweepPoint]:
             grid.lengths, grid.batches, grid.methods, grid.budgets, grid.block_sizes, combos):
         args = method_args_for(method, common, budget, block_size, used)
         points[SweepPoint(method, length, batch, tuple(sorted(args.items())))] = None
-    check_all_used({k: None for k in keys}, used, list(grid.methods))
+    check_all_used({k: None for k in keys}, used, list(grid.methods), given)
     return list(points)
 
 

@@ -7,6 +7,7 @@ benchmark does not pay for a 64k prefill.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -44,8 +45,8 @@ class SyntheticWorkload:
             raise UsageError(f"--steps must be at least 1 (got {self.steps})")
         if self.warmup < 0:
             raise UsageError(f"--warmup must be 0 or more (got {self.warmup})")
-        if self.kv_skew < 0:
-            raise UsageError(f"--kv-skew must be 0 or more (got {self.kv_skew})")
+        if not math.isfinite(self.kv_skew) or self.kv_skew < 0:  # nan passes `< 0` and was stored as "nan"
+            raise UsageError(f"--kv-skew must be a finite number, 0 or more (got {self.kv_skew})")
         if self.prefill not in PREFILL_MODES:
             raise UsageError(f"--prefill must be one of {', '.join(PREFILL_MODES)} (got {self.prefill!r})")
 

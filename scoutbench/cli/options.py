@@ -24,13 +24,18 @@ def parse_method_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
 
 def expand_methods(names: tuple[str, ...] | list[str]) -> list[str]:
     """`all` (or nothing) means every registered method, ablation variants included; names are checked against
-    the registry."""
+    the registry. Two names of one method (`full` and `fullkv`) are refused: the method would run twice."""
     from scoutbench.methods import METHODS
 
     if not names or "all" in names:
         return METHODS.names()
-    for name in names:
-        METHODS.canonical(name)  # raises with a did-you-mean hint
+    seen: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        canonical = METHODS.canonical(name)  # raises with a did-you-mean hint
+        if canonical in seen:
+            raise UsageError(f"--method {seen[canonical]} and --method {name} are the same method ({canonical}); "
+                             "give it once")
+        seen[canonical] = name
     return list(dict.fromkeys(names))
 
 
@@ -38,7 +43,8 @@ def method_args_for(method: str, common: dict[str, Any], budget: int | None, blo
                     used: set[str]) -> dict[str, Any]:
     """The args that apply to `method`: shared `--method-arg`s it has a field for, plus --budget/--block-size.
 
-    `used` collects the keys some method accepted, so a key no method knows can be reported as an error.
+    `used` collects the keys some method accepted, so a key no method knows can be reported as an error; a
+    --budget or --block-size that no selected method has a field for is reported too (check_all_used).
     """
     from scoutbench.throughput import BUDGET_FIELDS, method_field_names
 
@@ -52,16 +58,23 @@ def method_args_for(method: str, common: dict[str, Any], budget: int | None, blo
                 args[name] = budget
                 used.add("--budget")
                 break
-    if block_size is not None and "block_size" in fields:
-        args["block_size"] = block_size
-        used.add("--block-size")
+    if block_size is not None:
+        used.add("--block-size given")
+        if "block_size" in fields:
+            args["block_size"] = block_size
+            used.add("--block-size")
     return args
 
 
-def check_all_used(common: dict[str, Any], used: set[str], methods: list[str]) -> None:
-    if "--budget given" in used and "--budget" not in used:
-        raise UsageError(f"--budget: no selected method has a token budget ({', '.join(methods)}); drop --budget "
-                         "or select a sparse method (see `scoutbench methods`)")
+def check_all_used(common: dict[str, Any], used: set[str], methods: list[str],
+                   given: tuple[str, ...] = ("--budget", "--block-size")) -> None:
+    """Refuse a --budget / --block-size (those in `given`: the flags the user passed) or a --method-arg key that
+    no selected method has a field for: silently ignoring it would report a run the user did not ask for."""
+    wanted = {"--budget": "a token budget", "--block-size": "a block size"}
+    for flag, what in wanted.items():
+        if flag in given and f"{flag} given" in used and flag not in used:
+            raise UsageError(f"{flag}: no selected method has {what} ({', '.join(methods)}); drop {flag} "
+                             "or select a method that has one (see `scoutbench methods`)")
     unknown = [k for k in common if k not in used]
     if unknown:
         raise UsageError(f"--method-arg {unknown[0]!r} is not a field of any selected method ({', '.join(methods)}); "

@@ -49,6 +49,7 @@ def score_command(predictions, dataset, longbench_e, as_json) -> None:
     if as_json:
         click.echo(json.dumps(output, ensure_ascii=False))  # an empty bucket is NaN, as eval.py writes it
         return
-    click.echo(f"{dataset}: {output['score']:.2f}")
+    score_text = "" if isinstance(output["score"], dict) else f" {output['score']:.2f}"  # a _e file: buckets only
+    click.echo(f"{dataset}:{score_text}")
     for bucket, value in output.get("buckets", {}).items():
         click.echo(f"  {bucket}: {value}")
