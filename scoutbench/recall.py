@@ -78,7 +78,7 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
                    prefill: str = "real", method_args: dict[str, Any] | None = None,
                    loaded: Any = None) -> dict[str, Any]:
     """Run the profile and return the JSON-ready result (see the module docstring)."""
-    from scoutbench.models import load_model
+    from scoutbench.models import check_context, load_model, loaded_context_window
     from scoutbench.throughput import resolve_device, resolve_dtype
 
     torch_device = resolve_device(device)
@@ -91,6 +91,9 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
     if loaded is None:
         loaded = load_model(model_name, torch_device, torch_dtype, seed)
     model = loaded.model
+    if prefill != "synthetic":  # real attention past the trained window is noise: nothing to profile
+        check_context(model_name, loaded_context_window(loaded), length + steps + 1, f"--len {length} plus "
+                      f"{steps} decode steps", "lower --len or --steps, or pass --prefill synthetic")
     engine = DecodeEngine(model, method)
     started = time.time()
     engine.start(batch=batch, max_len=length + steps + 1)

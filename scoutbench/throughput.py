@@ -103,9 +103,12 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
             "host": batch * footprint.host_bytes_per_seq}
 
 
-def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel, batch: int) -> None:
+def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel, batch: int,
+                 planned: bool = False) -> None:
     """Refuse, in one line, a run whose planned memory exceeds what is free now, unless `cfg.force`: past that
     point the kernel's OOM killer ends the process with no message (exit 137) or the GPU allocator fails late.
+    A batch the tool chose (`planned`: --batch auto) is checked exactly like one the user gave: the plan sizes it
+    for --gpu-mem/--host-mem, which may be more than this machine has free (on a CPU both tiers are host memory).
 
     On a CPU both tiers are host memory and must fit together in MemAvailable less the planner's host reserve.
     On CUDA the device tier must fit the device's free memory (the loaded weights are already counted as used)
@@ -137,10 +140,31 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
         if needed > usable:
             from scoutbench.units import format_length
 
+            chosen = "--batch auto's planned " if planned else ""
+            fix = ("lower --gpu-mem / --host-mem to what this machine has, or give --batch" if planned
+                   else "lower --len or --batch (see `scoutbench plan`)")
             raise ScoutbenchError(
-                f"{cfg.method}: batch {batch} at len {format_length(cfg.length)} needs about {format_bytes(needed)} "
-                f"of {what} but only {format_bytes(max(usable, 0))} is usable (free less the planner's reserve); "
-                "lower --len or --batch (see `scoutbench plan`), or pass --force to try anyway")
+                f"{cfg.method}: {chosen}batch {batch} at len {format_length(cfg.length)} needs about "
+                f"{format_bytes(needed)} of {what} but only {format_bytes(max(usable, 0))} is usable (free less "
+                f"the planner's reserve); {fix}, or pass --force to try anyway")
+
+
+def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> None:
+    """A real prefill of a real model past its trained window measures attention the model never learned (every
+    sparse method's selection then runs on noise): refused, pointing at a synthetic prefill, which only times the
+    decode over that many positions. Before loading (`loaded` None) only built-in real models' windows are known."""
+    from scoutbench.models import check_context, context_window, loaded_context_window
+    from scoutbench.units import format_length
+
+    if loaded is None:
+        window, real = context_window(cfg.model), cfg.prefill != "synthetic"
+    else:
+        window, real = loaded_context_window(loaded), resolve_prefill(cfg.prefill, loaded) == "real"
+    if not real:
+        return
+    check_context(cfg.model, window, cfg.length + cfg.warmup + cfg.steps,
+                  f"--len {format_length(cfg.length)} plus {cfg.warmup + cfg.steps} decode steps",
+                  "lower --len, or pass --prefill synthetic to time decode at that length")
 
 
 def device_description(device: torch.device) -> dict[str, Any]:
@@ -191,13 +215,7 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
     """
     if cfg.batch != "auto":
         return _run_at_batch(cfg, loaded, on_progress)
-    from scoutbench.planning import (
-        auto_batch,
-        available_host_bytes,
-        device_free_bytes,
-        plan_method,
-        run_with_oom_backoff,
-    )
+    from scoutbench.planning import run_with_oom_backoff
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -205,22 +223,33 @@ def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
                                        cfg.length + cfg.warmup + cfg.steps)
     if loaded is None:
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
+    check_context_fits(cfg, loaded)
+    planned, plan = plan_auto_batch(cfg, method, loaded)
+    check_memory(cfg, method, loaded, planned, planned=True)
+    result, attempts = run_with_oom_backoff(
+        lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_progress, oom_backoff=True),
+        planned)
+    result["batch_plan"] = {"mode": "auto", "planned": planned, "limited_by": plan.limited_by,
+                            "gpu_mem_bytes": plan.gpu_mem_bytes, "host_mem_bytes": plan.host_mem_bytes,
+                            "device_bytes_per_seq": plan.device_bytes_per_seq,
+                            "host_bytes_per_seq": plan.host_bytes_per_seq,
+                            "workspace_bytes_per_seq": plan.workspace_bytes_per_seq, "attempts": attempts}
+    return result
+
+
+def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel) -> tuple[int, Any]:
+    """`--batch auto`: the method's largest batch for --gpu-mem (default: the CUDA device's usable memory) and
+    --host-mem (default: this machine's available memory), and the plan it comes from."""
+    from scoutbench.planning import auto_batch, available_host_bytes, device_free_bytes, plan_method
+
+    device = next(loaded.model.parameters()).device
+    dtype = next(loaded.model.parameters()).dtype
     config = loaded.model.config
     gpu_mem = cfg.gpu_mem if cfg.gpu_mem is not None else device_free_bytes(device)
     host_mem = cfg.host_mem if cfg.host_mem is not None else available_host_bytes()
     planning_args = (method, ModelShape.from_config(config), cfg.length + cfg.warmup + cfg.steps, dtype.itemsize,
                      gpu_mem, host_mem, bool(getattr(config, "tie_word_embeddings", False)))
-    planned = auto_batch(*planning_args)
-    plan = plan_method(*planning_args)
-    result, attempts = run_with_oom_backoff(
-        lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_progress, oom_backoff=True),
-        planned)
-    result["batch_plan"] = {"mode": "auto", "planned": planned, "limited_by": plan.limited_by,
-                            "gpu_mem_bytes": gpu_mem, "host_mem_bytes": host_mem,
-                            "device_bytes_per_seq": plan.device_bytes_per_seq,
-                            "host_bytes_per_seq": plan.host_bytes_per_seq,
-                            "workspace_bytes_per_seq": plan.workspace_bytes_per_seq, "attempts": attempts}
-    return result
+    return auto_batch(*planning_args), plan_method(*planning_args)
 
 
 def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress: ProgressCallback | None,
@@ -235,6 +264,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
     workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
                                  resolve_prefill(cfg.prefill, loaded), cfg.kv_skew)
+    check_context_fits(cfg, loaded)
     if not oom_backoff:
         check_memory(cfg, method, loaded, workload.batch)
     from scoutbench.engine import DecodeEngine

@@ -96,8 +96,8 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
 
     from scoutbench.accuracy import run_accuracy
     from scoutbench.generation import method_spec
-    from scoutbench.models import PRESETS
-    from scoutbench.results import check_writable
+    from scoutbench.models import PRESETS, context_window, loaded_context_window
+    from scoutbench.results import check_writable, output_lock
     from scoutbench.throughput import resolve_device, resolve_dtype
     from scoutbench.workloads import longbench, passkey
 
@@ -126,12 +126,17 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
     for name, rows in records.items():
         if not rows:
             raise UsageError(f"no records for {name} in {data_dir or 'the hub archive'}: the data file is empty")
+    _check_context(names, model, context_window(model), passkey_len, length_limit)
     check_writable(out_dir, single_file=False)
+    # the folder's writer lock before the model loads (a minute): a second run into -o stops at once; released
+    # when the command ends (click closes its context), as every command holds its -o
+    click.get_current_context().with_resource(output_lock(out_dir))
     loaded, _ = _load(model, device, dtype, seed)
     if loaded.tokenizer is None:
         raise UsageError(f"model {model!r} has no tokenizer; accuracy tasks need text (use smollm2-135m)")
     if records and length_limit is None:
         length_limit = longbench.default_max_length(loaded.name, loaded.model.config)
+    _check_context(names, model, loaded_context_window(loaded), passkey_len, length_limit)
     tasks: list[Any] = []
     for name in names:
         if name in passkey.TASKS:
@@ -147,13 +152,39 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
         def on_progress(task_name: str, done: int, total: int) -> None:
             progress.update(bars[task_name], completed=done, total=total)
 
-        result, path = run_accuracy(tasks, loaded, spec, out_dir, length_limit, seed, limit,
-                                    command=["scoutbench", *sys.argv[1:]], on_progress=on_progress)
+        try:
+            result, path = run_accuracy(tasks, loaded, spec, out_dir, length_limit, seed, limit,
+                                        command=["scoutbench", *sys.argv[1:]], on_progress=on_progress)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every finished prediction is on disk
+            console.print(f"kept the finished predictions in {out_dir}; rerun the same command to resume")
+            raise
     if as_json:
         click.echo(path.read_text("utf-8"), nl=False)  # the file as written: strict JSON
         return
-    _print_accuracy_table(console, result, [task.name for task in tasks])
+    _print_accuracy_table(Console(), result, [task.name for task in tasks])  # the result on stdout
     console.print(f"result: {path}")
+
+
+def _check_context(names: list[str], model: str, window: int | None, passkey_len: int,
+                   length_limit: int | None) -> None:
+    """Prompts plus answers must fit the model's trained window (a passkey past it scored 0 without a word):
+    passkey prompts are sized to --len, LongBench prompts are middle-truncated to --max-length (as the official
+    pred.py does; the default leaves the official 500 tokens for the chat wrapper and the answer)."""
+    from scoutbench import longbench_metrics
+    from scoutbench.models import check_context
+    from scoutbench.units import format_length
+    from scoutbench.workloads import longbench, passkey
+
+    for name in names:
+        if name in passkey.TASKS:
+            check_context(model, window, passkey_len + passkey.MAX_NEW_TOKENS,
+                          f"{name} prompts of --len {format_length(passkey_len)} plus a {passkey.MAX_NEW_TOKENS}-token "
+                          "answer", "lower --len")
+        elif length_limit is not None:
+            answer = longbench.max_new_tokens_table()[longbench_metrics.base_dataset(name)]
+            check_context(model, window, length_limit + answer,
+                          f"{name} prompts truncated to --max-length {length_limit} plus a {answer}-token answer",
+                          "lower --max-length (or omit it: the default fits)")
 
 
 def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> None:
@@ -198,9 +229,14 @@ def fidelity_command(method, model, budget, method_args, device, dtype, seed, co
 
     spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"))
     context_tokens = _parse_len(context_len)
+    from scoutbench.models import check_context, context_window, loaded_context_window
+
+    what, fix = f"--len {context_len} plus {steps} decode steps", "lower --len or --steps"
+    check_context(model, context_window(model), context_tokens + steps, what, fix)
     if out_file:
         check_writable(out_file, overwrite, single_file=True)
     loaded, torch_dtype = _load(model, device, dtype, seed)
+    check_context(model, loaded_context_window(loaded), context_tokens + steps, what, fix)
     prompts = fidelity_prompts(loaded, context_tokens, num_prompts, seed)
     metrics = measure_fidelity(loaded, spec, prompts, steps)
     result = {"schema_version": SCHEMA_VERSION, "kind": "fidelity", "scoutbench_version": __version__,

@@ -69,7 +69,7 @@ def _positive_bytes(text: str, flag: str) -> int:
 def _model_config(model: str):
     """A preset's config, or config.json of a local folder; never weights."""
     from scoutbench.errors import UsageError
-    from scoutbench.models import PRESETS, preset_config
+    from scoutbench.models import PRESETS, check_architecture, first_line, preset_config
 
     if model in PRESETS:
         return preset_config(model)
@@ -77,9 +77,11 @@ def _model_config(model: str):
         from transformers import AutoConfig
 
         try:
-            return AutoConfig.from_pretrained(model)
+            config = AutoConfig.from_pretrained(model)
         except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read {model}/config.json: {str(exc).splitlines()[0]}") from None
+            raise UsageError(f"cannot read {model}/config.json: {first_line(exc)}") from None
+        check_architecture(config, model)
+        return config
     raise UsageError(f"plan needs a preset ({', '.join(PRESETS)}) or a local folder with config.json, not {model!r}")
 
 

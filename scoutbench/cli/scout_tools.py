@@ -32,6 +32,15 @@ def _check_positive(name: str, value: int) -> None:
         raise UsageError(f"{name} must be at least 1 (got {value})")
 
 
+def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
+    """Before loading: a built-in real model's trained window must hold the prompt and the decode steps (the
+    library checks folders and hub models once loaded)."""
+    from scoutbench.models import check_context, context_window
+
+    check_context(model, context_window(model), length + steps + 1, f"--len {length} plus {steps} decode steps",
+                  f"lower --len or --steps{' ' + more if more else ''}")
+
+
 @click.command(name="profile-recall")
 @_common
 @click.option("--steps", default=32, show_default=True, type=int, help="Decode steps profiled (max interval + 1).")
@@ -67,6 +76,8 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
         if key in args:
             raise UsageError(f"--method-arg {key} makes no sense here: profiling runs with recall off")
     ScoutAttention.from_args(args)  # validate before loading the model
+    if prefill != "synthetic":
+        _check_context(model, length_tokens, steps, "or pass --prefill synthetic")
     check_writable(output, overwrite, single_file=True)
     result = profile_recall(model, length_tokens, steps, beta, batch=batch, device=device, dtype=dtype, seed=seed,
                             prefill=prefill, method_args=args)
@@ -101,6 +112,7 @@ def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, 
     length_tokens = parse_length(length)
     _check_positive("--steps", steps)
     _check_positive("--batch", batch)
+    _check_context(model, length_tokens, steps)
     if output is not None:
         check_writable(output, overwrite, single_file=True)
     result = query_cosine(model, length_tokens, steps, batch=batch, device=device, dtype=dtype, seed=seed,

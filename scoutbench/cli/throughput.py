@@ -67,6 +67,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.throughput import (
         ThroughputConfig,
         build_method,
+        check_context_fits,
         resolve_device,
         resolve_dtype,
     )
@@ -100,6 +101,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
                           "real", cfg.kv_skew)
         build_method(cfg.method, cfg.method_args)
+        check_context_fits(cfg)
     check_writable(out_path, overwrite)
     err = Console(stderr=True)
     with output_lock(out_path.parent if single_file else out_path):
@@ -125,12 +127,15 @@ def _parse_batch(text: str) -> int | str:
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
     """Run each method and write its result as soon as it finishes: an interruption or a later method's failure
     keeps every finished result. The memory check of every method runs before the first one starts."""
+    from scoutbench.methods.base import dense_if_budget_covers
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
     from scoutbench.throughput import (
         build_method,
+        check_context_fits,
         check_memory,
+        plan_auto_batch,
         resolve_device,
         resolve_dtype,
         run_throughput,
@@ -141,9 +146,14 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
     dtype = resolve_dtype(first.dtype, device)
     with console.status(f"loading {first.model} ..."):
         loaded = load_model(first.model, device, dtype, first.seed)
-    for cfg in configs:
-        if cfg.batch != "auto":
-            check_memory(cfg, build_method(cfg.method, cfg.method_args), loaded, cfg.batch)
+    for cfg in configs:  # a batch --batch auto chooses is checked like one the user gives
+        check_context_fits(cfg, loaded)
+        method = build_method(cfg.method, cfg.method_args)
+        if cfg.batch == "auto":
+            method, _ = dense_if_budget_covers(method, cfg.length + cfg.warmup + cfg.steps)
+            check_memory(cfg, method, loaded, plan_auto_batch(cfg, method, loaded)[0], planned=True)
+        else:
+            check_memory(cfg, method, loaded, cfg.batch)
     results, paths = [], []
     try:
         with PhaseProgress(console) as progress:
@@ -181,21 +191,31 @@ STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "proj": ("q
 
 
 def _table(results):
+    """One row per method. tok/s is batch x steps / decode time (the mean step), `step` the median step. With
+    --batch auto the methods ran at different batches: the title says so, a batch column appears, and `vs full`
+    gives the per-sequence ratio next to the total one (report.speedup_text)."""
     from rich import box
     from rich.table import Table
 
+    from scoutbench.report import speedup_text
+
     first = results[0]
+    batches = {r["workload"]["batch"] for r in results}
+    batch = f"batch {first['workload']['batch']}" if len(batches) == 1 else "batch per method (--batch auto)"
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
-                        f"len {first['workload']['len']}, batch {first['workload']['batch']} (ms/step)",
+                        f"len {first['workload']['len']}, {batch} (ms/step)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("method", no_wrap=True)
     wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
-    for header in ("tok/s", "step", "vs full", wait_header, *[g for g in STAGE_GROUPS if g != "idle"]):
+    headers = ("batch",) * (len(batches) > 1) + ("tok/s(mean)", "step(median)", "vs full", wait_header)
+    for header in (*headers, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
-    base = next((r["decode_throughput_tok_s"] for r in results if r["method"] in ("fullkv", "full")), None)
+    base = next((r for r in results if r["method"] in ("fullkv", "full")), None)
     for r in results:
-        speedup = f"{r['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
-        row = [r["method"], f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
+        speedup = "-" if base is None else speedup_text(r["decode_throughput_tok_s"], r["workload"]["batch"],
+                                                        base["decode_throughput_tok_s"], base["workload"]["batch"])
+        row = [r["method"], *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
+               f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
                f"{100 * (wait_frac(r) or 0.0):.1f}"]
         breakdown = r["latency_breakdown_ms"]
         row += [f"{sum(breakdown[s] for s in stages):.2f}" for g, stages in STAGE_GROUPS.items() if g != "idle"]
