@@ -238,7 +238,7 @@ class Projection:
     method: str
     method_config: dict[str, Any]
     model: str
-    length: int
+    length: int  # the mean context the step is projected at (prompt + warm-up + half the timed steps, or --len)
     batch: int
     batch_limited_by: str | None
     step: StepProjection
@@ -246,9 +246,12 @@ class Projection:
     measured: MeasuredWork
     sources: list[str] = field(default_factory=list)
     measured_step_ms: float | None = None  # the run's own median step, when projected at its own shape
+    prompt_len: int = 0  # the prompt length the row stands for: the measured run's --len, or the target --len
+    source: str = ""  # the measured point it was projected from (gate.PointKey.describe, with what varies)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "method_config": self.method_config, "model": self.model, "len": self.length,
+        return {"method": self.method, "method_config": self.method_config, "model": self.model,
+                "len": self.prompt_len or self.length, "context_len": self.length, "source_point": self.source,
                 "batch": self.batch, "batch_limited_by": self.batch_limited_by,
                 "decode_throughput_tok_s": self.step.throughput_tok_s, "decode_step_ms": self.step.step_ms,
                 "latency_breakdown_ms": self.step.stages_ms, "gpu_idle_frac": self.step.idle_frac,
@@ -299,19 +302,21 @@ def _auto_batch(method: str, config: dict[str, Any], target: Target, shape: Shap
 
 
 def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target) -> list[Projection]:
-    """One projection per (method, config) among the ok throughput results; repeats are merged by the median of
-    their measured fractions (they are deterministic for a seed, so repeats normally agree)."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    """One projection per measured point among the ok throughput results (points as the gate and report know
+    them: method and config, model, dtype, length, batch and run settings); repeats are merged by the median of
+    their measured fractions (they are deterministic for a seed, so repeats normally agree). Each projection names
+    its source point, so rows projected to one target shape from different points can be told apart."""
+    from scoutbench.gate import point_key, point_labels
+
+    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         if r.get("kind") == "throughput" and r.get("status", "ok") == "ok":
-            key = json.dumps([r["method"], r.get("method_config"), (r.get("model") or {}).get("name"),
-                              (r.get("workload") or {}).get("len"), (r.get("workload") or {}).get("batch")],
-                             sort_keys=True, default=str)
-            groups[key].append(r)
+            groups[point_key(r)].append(r)
     if not groups:
         raise UsageError("no ok throughput results to project: run `scoutbench throughput` or `sweep` first")
+    labels = point_labels([r for runs in groups.values() for r in runs])
     out = []
-    for runs in groups.values():
+    for key, runs in groups.items():
         first = runs[0]
         works = [measured_work(r) for r in runs]
         work = _median_work(works)
@@ -327,9 +332,11 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
         step = project_step(steps, hw, shape.batch, first["method"])
         measured = _measured_step_ms(runs, hw) if target == Target(fetch_granularity=target.fetch_granularity) \
             else None
+        prompt_len = target.length or int(first["workload"]["len"])
         out.append(Projection(first["method"], work.config, model_name, shape.context_len, shape.batch, limited_by,
-                              step, steps.totals(), work, [str(r.get("_path", "")) for r in runs], measured))
-    return sorted(out, key=lambda p: (p.model, p.length, p.batch, p.method))
+                              step, steps.totals(), work, [str(r.get("_path", "")) for r in runs], measured,
+                              prompt_len, key.describe(labels.get(key))))
+    return sorted(out, key=lambda p: (p.model, p.length, p.batch, p.method, p.source))
 
 
 def _measured_step_ms(runs: list[dict[str, Any]], hw: Hardware) -> float | None:
@@ -378,6 +385,12 @@ def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Tar
             usable.append(r)
         else:
             skipped.append({"file": r.get("_path"), "reason": reason})
+    for flag, value, fields in (("--budget", target.budget, ("budget", "max_num_kv")),
+                                ("--block-size", target.block_size, ("block_size",))):
+        if value is not None and usable and not any(name in (r.get("method_config") or {})
+                                                    for r in usable for name in fields):
+            raise UsageError(f"{flag}: no projected result's method has {fields[0].replace('_', ' ')} "
+                             f"({', '.join(sorted({str(r.get('method')) for r in usable}))}); drop {flag}")
     projections = project_results(usable, hw, target)
     return {"schema_version": SCHEMA_VERSION, "kind": "projection", "scoutbench_version": __version__,
             "created_at": utc_now(), "hardware": hw.describe(), "target": asdict(target),
@@ -406,11 +419,12 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
 
     hw = document["hardware"]
     labels = hw.get("labels", {})
+    projections = document.get("projections", [])
+    with_source = needs_source_column(projections)
     lines = [f"Projected on **{hw['name']}** ({labels.get('device', '')}, {labels.get('bus', '')}, "
              f"{labels.get('host', '')}); see docs/projection.md for the model and its assumptions.", "",
-             "| method | model | len | batch | tok/s | step ms | idle % | bound by | vs fullkv |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    projections = document.get("projections", [])
+             "| method | model | len | batch | tok/s | step ms | idle % | bound by | vs fullkv |"
+             + (" from |" if with_source else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" * with_source)]
     fullkv = {(p["model"], p["len"]): p["decode_throughput_tok_s"] for p in projections if p["method"] == "fullkv"}
     for p in projections:
         base = fullkv.get((p["model"], p["len"]))
@@ -418,5 +432,12 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
         speedup = f"{p['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
         lines.append(f"| {p['method']} | {p['model']} | {format_length(p['len'])} | {batch} "
                      f"| {p['decode_throughput_tok_s']:.1f} | {p['decode_step_ms']:.2f} "
-                     f"| {100 * p['gpu_idle_frac']:.1f} | {p['bound_by']} | {speedup} |")
+                     f"| {100 * p['gpu_idle_frac']:.1f} | {p['bound_by']} | {speedup} |"
+                     + (f" {p.get('source_point', '')} |" if with_source else ""))
     return lines
+
+
+def needs_source_column(projections: list[dict[str, Any]]) -> bool:
+    """True when two projections share method, model, len and batch: only their source points tell them apart."""
+    shown = [(p.get("method"), p.get("model"), p.get("len"), p.get("batch")) for p in projections]
+    return len(set(shown)) < len(shown)

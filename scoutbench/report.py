@@ -3,21 +3,24 @@
 Figures (PNG, headless matplotlib): throughput vs input length per method (paper Figure 8), throughput vs batch
 size (Figure 9), ScoutAttention throughput vs block size (Figure 10), stacked latency breakdown with idle time
 (Figure 11) and the ablation bars with speed-up labels (Figure 12). A figure is drawn wherever the results have
-the points it needs; everything that is not used (unreadable files, failed points, other kinds, repeats, figures
-without enough points) is listed with the reason, so an empty-looking report explains itself.
+the points it needs; everything that is not used (unreadable files, failed points, other kinds, metrics that are
+not measurements, figures without enough points) is listed with the reason, so an empty-looking report explains
+itself. Repeats of one point are merged: every number shown is the median over the repeats (as the gate does).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scoutbench.errors import UsageError
+from scoutbench.errors import require_module
 from scoutbench.gate import (
     PointKey,
     batch_order,
@@ -25,8 +28,10 @@ from scoutbench.gate import (
     canonical_method,
     device_class,
     method_label,
+    metric_problem,
     metric_values,
     point_key,
+    point_labels,
     varying_fields,
 )
 from scoutbench.tiers import wait_frac
@@ -42,11 +47,17 @@ STAGE_COLORS = {"qkv_proj": "#4c72b0", "predict": "#8172b3", "attn_device": "#55
 
 @dataclass
 class Point:
-    """One ok throughput measurement, flattened for plotting."""
+    """One ok throughput measurement (all its repeats on one device), flattened for plotting: every number is the
+    median over the repeats."""
 
     key: PointKey
-    result: dict[str, Any]
+    runs: list[dict[str, Any]]
     label: str = ""
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The first run: what the repeats share (method config, device, model)."""
+        return self.runs[0]
 
     @property
     def method(self) -> str:
@@ -58,7 +69,33 @@ class Point:
 
     @property
     def tok_s(self) -> float:
-        return float(self.result["decode_throughput_tok_s"])
+        return statistics.median(float(r["decode_throughput_tok_s"]) for r in self.runs)
+
+    @property
+    def step_ms(self) -> float:
+        return statistics.median(float(r["decode_step_ms"]["median"]) for r in self.runs)
+
+    @property
+    def batch_used(self) -> int:
+        """The batch the runs decoded (with --batch auto, the planned one; the median over repeats)."""
+        return int(statistics.median(int(r["workload"]["batch"]) for r in self.runs))
+
+    @property
+    def wait_frac(self) -> float | None:
+        values = [v for r in self.runs if isinstance(v := wait_frac(r), (int, float))]
+        return statistics.median(values) if values else None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.result.get("gpu_idle_frac") is not None
+
+    def breakdown_ms(self) -> dict[str, float] | None:
+        """The per-stage median over the repeats that recorded a breakdown (None when none did)."""
+        with_breakdown = [r["latency_breakdown_ms"] for r in self.runs if isinstance(r.get("latency_breakdown_ms"), dict)]
+        if not with_breakdown:
+            return None
+        stages = {stage for b in with_breakdown for stage in b}
+        return {stage: statistics.median(_float(b.get(stage)) for b in with_breakdown) for stage in stages}
 
     @property
     def device(self) -> str:
@@ -74,6 +111,12 @@ class Point:
         return VARIANTS[(bool(self.config.get("pc", defaults[0])), bool(self.config.get("pr", defaults[1])))]
 
 
+def _float(value: Any) -> float:
+    """A breakdown stage as a number (0 for a stage a run did not record or recorded as something else)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        else 0.0
+
+
 @dataclass
 class Report:
     points: list[Point] = field(default_factory=list)
@@ -81,6 +124,7 @@ class Report:
     projections: list[dict[str, Any]] = field(default_factory=list)  # `scoutbench project -o` documents
     failed: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
+    merged: list[tuple[str, str]] = field(default_factory=list)  # (file, which point's median it is part of)
     figures: list[tuple[str, Path]] = field(default_factory=list)  # (title, file)
     summary: Path | None = None
 
@@ -102,45 +146,56 @@ def collect(paths: Iterable[str | Path]) -> Report:
             report.projections.append(result)
         elif kind != "throughput":
             report.skipped.append((result["_path"], f"kind {kind!r} has no figure or table here"))
-        elif not isinstance(result.get("decode_throughput_tok_s"), (int, float)):
-            report.skipped.append((result["_path"], "throughput result without decode_throughput_tok_s"))
+        elif (problem := _measurement_problem(result)) is not None:
+            report.skipped.append((result["_path"], problem))
         else:
             ok.append(result)
     report.points = _median_runs(ok, report)
-    varying = varying_fields([p.result for p in report.points])
+    labels = point_labels([r for p in report.points for r in p.runs])
     for p in report.points:
-        p.label = method_label(p.method, p.config, varying.get(p.method, ()))
+        p.label = labels[p.key]
     return report
 
 
+def _measurement_problem(result: dict[str, Any]) -> str | None:
+    """Why an ok throughput result cannot be plotted: a throughput or step time missing or not a measurement."""
+    values = metric_values(result)
+    for name in ("decode_throughput_tok_s", "decode_step_ms"):
+        if name not in values:
+            return f"throughput result without {name}"
+        problem = metric_problem(name, values[name][0])
+        if problem is not None:
+            return problem
+    return None
+
+
 def _median_runs(results: list[dict[str, Any]], report: Report) -> list[Point]:
-    """Repeats of one measurement (same point, same device) are shown once: the run with the median throughput."""
+    """Repeats of one measurement (same point, same device) are merged into one point whose numbers are the median
+    over the repeats (for an even count, the mean of the middle two, as `statistics.median` and the gate)."""
     repeats: dict[tuple[PointKey, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         repeats[(point_key(r), device_class(r))].append(r)
     points = []
     for (key, _), runs in repeats.items():
-        runs.sort(key=lambda r: r["decode_throughput_tok_s"])
-        chosen = runs[(len(runs) - 1) // 2]
-        points.append(Point(key, chosen))
-        for r in runs:
-            if r is not chosen:
-                report.skipped.append((r["_path"], f"repeat of {chosen['_path']} (the median of {len(runs)} runs "
-                                                   "is shown)"))
+        points.append(Point(key, runs))
+        if len(runs) > 1:
+            for r in runs:
+                report.merged.append((r["_path"], f"one of {len(runs)} repeats of {runs[0]['method']} "
+                                                  f"{key.describe()}: the median of {len(runs)} runs is shown"))
     return points
 
 
 # ---- figures --------------------------------------------------------------------------------------------------
 
 def build_report(paths: Iterable[str | Path], out_dir: str | Path) -> Report:
+    from scoutbench.results import check_writable
+
+    require_module("matplotlib", "report", "scoutbench report (its PNG figures)")
     import matplotlib
 
     matplotlib.use("Agg")
     out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create report folder {out}: {exc.strerror or exc}") from None
+    check_writable(out, single_file=False)  # an unwritable folder: exit 1, as for every other command's -o
     report = collect(paths)
     if not report.points:
         report.skipped.append(("figures", "no successful throughput results"))
@@ -277,7 +332,7 @@ def _breakdown_figure(report: Report, out: Path) -> None:
 
     stem, title = "latency_breakdown", "Decode latency breakdown per step"
     fixed = ("model", "dtype", "device")
-    usable = [p for p in report.points if isinstance(p.result.get("latency_breakdown_ms"), dict)]
+    usable = [p for p in report.points if p.breakdown_ms() is not None]
     if not usable:
         report.skipped.append((f"{stem}.png", "no result has latency_breakdown_ms"))
         return
@@ -290,14 +345,15 @@ def _breakdown_figure(report: Report, out: Path) -> None:
                                                 if several else "") for p in points]
         fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(points) + 2), 4.6))
         bottoms = [0.0] * len(points)
+        breakdowns = [p.breakdown_ms() or {} for p in points]
         for stage in STAGES:
-            values = [float(p.result["latency_breakdown_ms"].get(stage, 0.0)) for p in points]
+            values = [breakdown.get(stage, 0.0) for breakdown in breakdowns]
             ax.bar(range(len(points)), values, 0.6, bottom=bottoms, label=stage, color=STAGE_COLORS.get(stage),
                    hatch="//" if stage == "idle" else None)
             bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
         for i, p in enumerate(points):
-            idle = 100 * float(wait_frac(p.result) or 0.0)
-            word = "idle" if p.result.get("gpu_idle_frac") is not None else "wait"  # CPU: the main thread's wait
+            idle = 100 * float(p.wait_frac or 0.0)
+            word = "idle" if p.on_gpu else "wait"  # CPU: the main thread's wait
             ax.annotate(f"{word} {idle:.0f}%", (i, bottoms[i]), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(range(len(points)), labels, fontsize=7)
@@ -363,19 +419,23 @@ def summary_markdown(report: Report, out: Path) -> str:
              f"{len(report.projections)} projections, "
              f"{len(report.failed)} failed, {len(report.skipped)} items skipped.", ""]
     if report.points:
-        lines += ["## Throughput", "", "| method | model | dtype | len | batch | tok/s | step ms (median) | idle/wait % "
-                  "| vs fullkv | device |", "|---|---|---|---|---|---|---|---|---|---|"]
-        fullkv = {(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device): p.tok_s
-                  for p in report.points if p.method == "fullkv"}
+        lines += ["## Throughput", "",
+                  "tok/s is batch x timed steps / timed decode time (the mean step); step ms is the median step. "
+                  "`vs fullkv` compares total throughput with FullKV's at the same point; where the two ran at "
+                  "different batches (`--batch auto`), it also gives the per-sequence ratio (`/seq`). Repeats are "
+                  "merged: every number is the median over the `runs`.", "",
+                  "| method | model | dtype | len | batch | tok/s (mean step) | step ms (median) | idle/wait % "
+                  "| vs fullkv | runs | device |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        fullkv = {_comparison_group(p): p for p in report.points if p.method == "fullkv"}
         for p in sorted(report.points, key=lambda p: (p.key.model, p.key.dtype, p.key.length or 0,
                                                       batch_order(p.key.batch), _method_rank(p.method), p.label)):
-            base = fullkv.get((p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device))
-            step = (p.result.get("decode_step_ms") or {}).get("median")
-            idle = wait_frac(p.result)
+            base = fullkv.get(_comparison_group(p))
+            idle = p.wait_frac
+            speedup = speedup_text(p.tok_s, p.batch_used, base.tok_s, base.batch_used) if base else "-"
             lines.append(f"| {p.label} | {p.key.model} | {p.key.dtype} | {format_length(p.key.length)} "
-                         f"| {_batch_cell(p)} | {p.tok_s:.2f} | {_num(step, '.2f')} "
+                         f"| {_batch_cell(p)} | {p.tok_s:.2f} | {p.step_ms:.2f} "
                          f"| {_num(None if idle is None else 100 * idle, '.1f')} "
-                         f"| {f'{p.tok_s / base:.2f}x' if base else '-'} | {p.device} |")
+                         f"| {speedup} | {len(p.runs)} | {p.device} |")
         lines.append("")
     groups = ablation_groups(report.points)
     if groups:
@@ -415,13 +475,31 @@ def summary_markdown(report: Report, out: Path) -> str:
         lines.append("")
     if report.skipped:
         lines += ["## Skipped", ""] + [f"- `{what}`: {why}" for what, why in report.skipped] + [""]
+    if report.merged:
+        lines += ["## Repeats merged", ""] + [f"- `{what}`: {why}" for what, why in report.merged] + [""]
     return "\n".join(lines)
+
+
+def _comparison_group(p: Point) -> tuple:
+    """What a point is compared with FullKV within: everything but the method and its config."""
+    return (p.key.model, p.key.dtype, p.key.length, p.key.batch, p.key.settings, p.device)
+
+
+def speedup_text(tok_s: float, batch: int, base_tok_s: float, base_batch: int) -> str:
+    """`1.20x` at equal batches; `1.20x (0.85x/seq)` when the two ran at different batches (`--batch auto`): the
+    total-throughput ratio (what --batch auto compares: each method at its own largest batch) and the
+    per-sequence one, each labelled."""
+    if not base_tok_s:
+        return "-"
+    total = tok_s / base_tok_s
+    if batch == base_batch:
+        return f"{total:.2f}x"
+    return f"{total:.2f}x ({total * base_batch / batch:.2f}x/seq)"
 
 
 def _batch_cell(p: Point) -> str:
     """`auto (12)`: the planned batch this method actually ran at."""
-    used = (p.result.get("workload") or {}).get("batch")
-    return f"{p.key.batch} ({used})" if p.key.batch == "auto" else str(p.key.batch)
+    return f"{p.key.batch} ({p.batch_used})" if p.key.batch == "auto" else str(p.key.batch)
 
 
 def _num(value: float | None, fmt: str) -> str:

@@ -102,12 +102,12 @@ def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, message):
 
 
 def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
-    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "full",
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest",
                              "--model", "tiny-qwen3", "--len", "64", "--steps", "3", "--warmup", "1", "-o",
                              str(tmp_path), "--json")
     assert code == 0, err
     summary = json.loads(out)
-    assert [s["method"] for s in summary] == ["fullkv", "full"]
+    assert [s["method"] for s in summary] == ["fullkv", "quest"]
     files = sorted(tmp_path.glob("*.json"))
     assert len(files) == 2
     result = json.loads(files[0].read_text())
@@ -141,7 +141,7 @@ def test_single_json_output_refuses_overwrite(monkeypatch, capsys, tmp_path):
     assert code == 2 and "exists" in err and len(err.strip().splitlines()) == 1
     monkeypatch.undo()
     assert run_cli(monkeypatch, capsys, *args, "--overwrite")[0] == 0
-    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "full", "-o",
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest", "-o",
                            str(target), "--len", "32")
     assert code == 2 and "single .json" in err
 
@@ -254,12 +254,12 @@ def test_each_result_is_written_as_soon_as_its_method_finishes(monkeypatch, caps
         out = tmp_path / type(stop).__name__
 
         def run_then_stop(cfg, *args, stop=stop, **kwargs):
-            if cfg.method == "full":  # the second method (the alias runs FullKV again)
+            if cfg.method == "quest":  # the second method
                 raise stop
             return real(cfg, *args, **kwargs)
 
         monkeypatch.setattr(throughput, "run_throughput", run_then_stop)
-        code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "full", *TINY,
+        code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest", *TINY,
                                "-o", str(out))
         assert code == exit_code, err
         (kept,) = out.glob("*.json")
@@ -364,13 +364,13 @@ def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
         real = throughput.run_throughput
 
         def hang_on_second(cfg, *args, **kwargs):
-            if cfg.method == "full":
+            if cfg.method == "quest":
                 Path({str(started)!r}).touch()
                 time.sleep(120)
             return real(cfg, *args, **kwargs)
 
         throughput.run_throughput = hang_on_second
-        sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "full", *{TINY!r}, "-o", {str(out)!r}]
+        sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", *{TINY!r}, "-o", {str(out)!r}]
         main()
     """), encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -147,3 +146,454 @@ def test_gate_labels_carry_the_dtype(tmp_path, monkeypatch, capsys):
     report = compare([failed, make_result("quest", 90.0)], [bf16, make_result("quest", 90.0)], parse_tolerances([]))
     labels = {row.verdict: row.point for row in report.rows}
     assert labels["skipped"] != labels["new"] and "float32" in labels["skipped"] and "bfloat16" in labels["new"]
+
+
+# ---- item 1: a batch the tool chooses is checked against free memory like one the user gives ------------------
+
+GIB = 1024**3
+
+
+def test_batch_auto_is_checked_against_free_memory_without_allocating(monkeypatch, capsys, tmp_path):
+    """`--batch auto --gpu-mem 1TiB` on CPU grew to 23 GB and was OOM-killed (exit 137): the planned batch
+    (179557) skipped the free-memory check. Free memory is faked here and the run itself is never reached."""
+    import scoutbench.throughput as throughput
+
+    monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: 8 * GIB)
+    monkeypatch.setattr(throughput, "_run_at_batch", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--model", "tiny-qwen3", "--len", "2k", "--steps",
+                             "2", "--method", "fullkv", "--batch", "auto", "--gpu-mem", "1TiB", "-o", tmp_path / "o")
+    assert code == 1, err
+    assert "--batch auto's planned batch" in err and "host memory" in err and "6.40 GiB is usable" in err
+    assert len(err.strip().splitlines()) == 1 and not list((tmp_path / "o").glob("*.json"))
+    # the library path (sweeps run points through it) refuses the same batch before running it
+    from scoutbench.errors import ScoutbenchError
+
+    cfg = throughput.ThroughputConfig(method="fullkv", model="tiny-qwen3", length=2048, batch="auto", gpu_mem=1 << 40,
+                                      steps=2, warmup=0, device="cpu")
+    with pytest.raises(ScoutbenchError, match="planned batch"):
+        throughput.run_throughput(cfg)
+
+
+def test_batch_auto_that_fits_free_memory_still_runs(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: 8 * GIB)
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--model", "tiny-qwen3", "--len", "256", "--steps",
+                             "1", "--warmup", "0", "--method", "fullkv", "--batch", "auto", "--gpu-mem", "1.5GiB",
+                             "-o", tmp_path / "o", "--json")
+    assert code == 0, err
+    (summary,) = json.loads(out)
+    assert summary["batch"] >= 1
+
+
+# ---- item 2: `report` without matplotlib -------------------------------------------------------------------------
+
+def test_report_without_matplotlib_names_the_extra_in_one_line(monkeypatch, capsys, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    (tmp_path / "empty").mkdir()
+    code, out, err = run_cli(monkeypatch, capsys, "report", tmp_path / "empty", "-o", tmp_path / "out")
+    assert code == 1 and err.strip() == ("error: scoutbench report (its PNG figures) needs matplotlib, which is not "
+                                         "installed: pip install 'scoutbench[report]'"), err
+
+
+def test_readme_install_line_installs_the_report_extra():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    install = next(line for line in readme.splitlines() if "pip install torch" in line)
+    assert '".[report]"' in install
+
+
+# ---- item 4: tables that agree with their data ---------------------------------------------------------------
+
+def _rendered(table) -> str:
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_comparison():
+    """The header said "batch 151" while ScoutAttention ran at 109, and "vs full" compared two batches."""
+    from scoutbench.cli.throughput import _table
+
+    def result(method, tok_s, batch):
+        r = make_result(method, tok_s, batch=batch, config=SCOUT_CONFIG if method == "scout" else None)
+        r["device"]["type"], r["main_thread_wait_frac"] = "cpu", 0.1
+        return r
+
+    text = _rendered(_table([result("fullkv", 151.0, 151), result("scout", 218.0, 109)]))
+    assert "batch per method (--batch auto)" in text and "batch 151" not in text
+    scout_row = next(line for line in text.splitlines() if line.strip().startswith("scout"))
+    assert " 109 " in scout_row and "1.44x (2.00x/seq)" in scout_row
+    assert "tok/s(mean)" in text and "step(median)" in text
+    same = _rendered(_table([result("fullkv", 10.0, 2), result("scout", 20.0, 2)]))
+    assert "batch 2 " in same and "2.00x" in same and "/seq" not in same
+
+
+def test_sweep_table_shows_the_cpu_wait_share():
+    """The sweep's final table showed idle 0.0 for HGCA on CPU while its JSON said 17.4%."""
+    from scoutbench.cli.sweep import _sweep_table
+
+    manifest = {"settings": {"model": "tiny-qwen3", "prefill": "synthetic", "steps": 8}, "points": [
+        {"method": "hgca", "method_args": {}, "len": 4096, "batch": 1, "status": "ok", "batch_used": 1,
+         "decode_throughput_tok_s": 10.0, "decode_step_ms_median": 100.0, "gpu_idle_frac": None,
+         "main_thread_wait_frac": 0.174}]}
+    text = _rendered(_sweep_table(manifest))
+    row = next(line for line in text.splitlines() if "hgca" in line)
+    assert "17.4" in row and "tok/s(mean)" in text and "step ms(median)" in text
+
+
+def test_report_shows_the_median_of_two_runs_not_the_lower_one(tmp_path):
+    from scoutbench.report import build_report
+
+    folder = write_results(tmp_path / "runs", [make_result("fullkv", 19.0), make_result("fullkv", 25.0)])
+    report = build_report([folder], tmp_path / "out")
+    (point,) = report.points
+    assert point.tok_s == 22.0
+    summary = report.summary.read_text()
+    assert "| 22.00 |" in summary and "| 19.00 |" not in summary and "median of 2 runs" in summary
+
+
+def _projection_inputs(tmp_path) -> Path:
+    """The committed CI baseline (bench-attn 64k) and the same runs at 32k: two source points per method."""
+    from scoutbench.results import write_json_atomic
+
+    for index, result in enumerate(load_results([BASELINE / "run1"])):
+        write_json_atomic(tmp_path / "runs" / f"{index}.json", result)
+        shorter = copy.deepcopy(result)
+        shorter["workload"]["len"] = 32768
+        write_json_atomic(tmp_path / "runs" / f"{index}-32k.json", shorter)
+    return tmp_path / "runs"
+
+
+def test_project_table_names_each_source_point_and_the_prompt_length(tmp_path, monkeypatch, capsys):
+    """`project` printed identical rows for different source points, and `len 65541` for a 64k run."""
+    runs = _projection_inputs(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200")
+    assert code == 0, err
+    assert " 64k " in out and " 32k " in out and "65541" not in out and "from" not in out
+    code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "--len", "16k", "--batch", "4")
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if " fullkv " in line]
+    assert len(rows) == 2 and len(set(rows)) == 2 and "from" in out
+    assert any("len 64k" in row for row in rows) and any("len 32k" in row for row in rows)
+
+
+# ---- item 5: inputs that used to be accepted ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [
+    ["accuracy", "--dataset", "passkey", "--model", "smollm2-135m", "--len", "10k"],
+    ["accuracy", "--dataset", "passkey-multi", "--model", "qwen2.5-0.5b", "--len", "40k"],
+    ["accuracy", "--dataset", "passkey", "--model", "qwen2.5-0.5b", "--len", "1m"],
+    ["fidelity", "--model", "smollm2-135m", "--len", "10k"],
+    ["throughput", "--model", "smollm2-135m", "--len", "10k", "--method", "fullkv"],
+    ["cosine", "--model", "smollm2-135m", "--len", "10k"],
+])
+def test_prompts_longer_than_the_models_context_are_refused_before_loading(command, monkeypatch, capsys, tmp_path):
+    """smollm2 at --len 10k scored 0 silently; qwen2.5-0.5b took --len 40k and 1m."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    monkeypatch.setattr("scoutbench.gguf_models.load_gguf_model", _never)
+    out_flag = [] if command[0] == "cosine" else ["-o", str(tmp_path / ("o.json" if command[0] == "fidelity" else "o"))]
+    code, out, err = run_cli(monkeypatch, capsys, *command, *out_flag)
+    assert code == 2 and "context window is" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_longbench_max_length_beyond_the_context_is_refused(monkeypatch, capsys, tmp_path):
+    records = Path("/work/shared/longbench/records")
+    data_dir = records if (records / "qasper.jsonl").exists() else None
+    if data_dir is None:
+        pytest.skip("needs the LongBench records")
+    monkeypatch.setattr("scoutbench.gguf_models.load_gguf_model", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "qasper", "--model", "qwen2.5-0.5b",
+                             "--max-length", "40k", "--data-dir", data_dir, "--limit", "1", "-o", tmp_path)
+    assert code == 2 and "--max-length 40960" in err and "32768 tokens" in err, err
+
+
+def test_a_real_prefill_past_the_window_of_a_loaded_model_is_refused(smollm2):
+    from scoutbench.errors import UsageError
+    from scoutbench.models import LoadedModel
+    from scoutbench.throughput import ThroughputConfig, check_context_fits
+
+    loaded = LoadedModel(smollm2.model, "my-folder", "local", False)  # a folder's window comes from its config
+    with pytest.raises(UsageError, match="context window is 8192"):
+        check_context_fits(ThroughputConfig(model="my-folder", length=9000, prefill="real"), loaded)
+    check_context_fits(ThroughputConfig(model="my-folder", length=9000, prefill="synthetic"), loaded)  # timing only
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_kv_skew_must_be_finite(value, monkeypatch, capsys, tmp_path):
+    """`--kv-skew nan` was accepted and stored as the string "nan"."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", *TINY, "--method", "fullkv", "--kv-skew", value,
+                             "-o", tmp_path)
+    assert code == 2 and "--kv-skew must be a finite number" in err, err
+
+
+def test_other_float_inputs_refuse_nan(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", *TINY, "--method", "hgca", "--method-arg",
+                           "window_share=nan", "-o", tmp_path)
+    assert code == 2 and "window_share='nan' is not a valid float" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--executor", "ray",
+                           "--cpus-per-point", "nan", "-o", tmp_path / "s")
+    assert code == 2 and "--cpus-per-point" in err, err
+
+
+def test_score_refuses_a_nan_length(tmp_path, monkeypatch, capsys):
+    """`"length": NaN` was put in the 8k+ bucket."""
+    path = tmp_path / "qasper_e.jsonl"
+    path.write_text('{"pred": "a", "answers": ["a"], "length": NaN}\n')
+    code, out, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper_e", path, "--json")
+    assert code == 2 and "length must be a finite number" in err, out + err
+
+
+def test_score_prints_a_longbench_e_files_buckets(tmp_path, monkeypatch, capsys):
+    """A sibling found on the way: the table form of `score --dataset qasper_e` crashed (a dict formatted as a
+    number), only --json worked."""
+    path = tmp_path / "qasper_e.jsonl"
+    path.write_text('{"pred": "Paris", "answers": ["Paris"], "length": 100}\n')
+    code, out, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper_e", path)
+    assert code == 0 and out.splitlines() == ["qasper_e:", "  0-4k: 100.0", "  4-8k: nan", "  8k+: nan"], out + err
+
+
+def test_report_and_gate_skip_a_foreign_schema_and_a_result_without_its_step_time(tmp_path, monkeypatch, capsys):
+    from scoutbench.report import build_report
+
+    folder = write_results(tmp_path / "runs", [make_result("fullkv", 40.0)])
+    (folder / "future.json").write_text(json.dumps({**make_result("scout", 80.0), "schema_version": 99}))
+    no_step = make_result("quest", 60.0)
+    del no_step["decode_step_ms"]
+    (folder / "no_step.json").write_text(json.dumps(no_step))
+    report = build_report([folder], tmp_path / "out")
+    skipped = {Path(what).name: why for what, why in report.skipped}
+    assert [p.method for p in report.points] == ["fullkv"]
+    assert "schema_version 99 is not the one this scoutbench reads (1)" in skipped["future.json"]
+    assert "missing decode_step_ms" in skipped["no_step.json"]
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--current", folder, "--ratio", "quest/fullkv>=1")
+    assert code == 1 and "skipped" in out and "schema_version 99" in out and "MISSING" in out, out + err
+
+
+def test_aliases_given_twice_are_refused(monkeypatch, capsys, tmp_path):
+    """`--method full --method fullkv` ran FullKV twice and reported one at 0.50x of the other."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    for command in (["throughput", *TINY], ["sweep", "--len", "64"]):
+        code, _, err = run_cli(monkeypatch, capsys, *command, "--method", "full", "--method", "fullkv",
+                               "-o", tmp_path / command[0])
+        assert code == 2 and "are the same method (fullkv)" in err, err
+
+
+def test_block_size_without_a_method_that_has_one_is_refused_like_budget(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    for command in (["throughput", *TINY], ["sweep", "--len", "64"], ["plan", "--len", "1k", "--gpu-mem", "1GiB",
+                                                                      "--model", "tiny-qwen3"]):
+        output = [] if command[0] == "plan" else ["-o", str(tmp_path / command[0])]
+        code, _, err = run_cli(monkeypatch, capsys, *command, "--method", "fullkv", "--method", "hgca",
+                               "--block-size", "16", *output)
+        assert code == 2 and "--block-size: no selected method has a block size" in err, (command, err)
+
+
+def test_a_presets_own_budget_is_not_a_usage_error(monkeypatch, capsys, tmp_path):
+    """`sweep --preset lengths --method fullkv` blamed a --budget the user never passed."""
+    from scoutbench.errors import ScoutbenchError
+
+    seen = {}
+
+    def record(points, *args, **kwargs):
+        seen["points"] = points
+        raise ScoutbenchError("stop before running")
+
+    monkeypatch.setattr("scoutbench.sweep.run_sweep", record)
+    code, _, err = run_cli(monkeypatch, capsys, "sweep", "--preset", "lengths", "--scale", "cpu", "--method", "fullkv",
+                           "-o", tmp_path / "s")
+    assert code == 1 and "stop before running" in err, err
+    assert {p.method for p in seen["points"]} == {"fullkv"} and all(p.args == {} for p in seen["points"])
+
+
+def test_project_budget_and_block_size_without_a_method_that_has_them_are_refused(tmp_path, monkeypatch, capsys):
+    from scoutbench.results import write_json_atomic
+
+    fullkv = next(r for r in load_results([BASELINE / "run1"]) if r["method"] == "fullkv")
+    write_json_atomic(tmp_path / "runs" / "fullkv.json", fullkv)
+    for flag in ("--budget", "--block-size"):
+        code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", "--hardware", "h200", flag, "64")
+        assert code == 2 and f"{flag}: no projected result's method has" in err, err
+
+
+# ---- item 6: errors ------------------------------------------------------------------------------------------------
+
+def test_plan_refuses_an_unsupported_architecture_in_one_line(tmp_path, monkeypatch, capsys):
+    """`plan --model DIR` with a gpt2 config gave an AttributeError traceback."""
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2,
+                                                               "n_head": 2, "vocab_size": 100, "bos_token_id": 0,
+                                                               "eos_token_id": 0}))
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", tmp_path / "gpt2", "--len", "1k", "--gpu-mem",
+                             "1GiB")
+    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and "architecture 'gpt2'" in error_lines[0] and "Traceback" not in err, err
+
+
+def test_symlink_loops_and_broken_links_are_named(tmp_path, monkeypatch, capsys):
+    """A symlink loop as -o was reported as "File exists"."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+    for output, message in (("loop", "is a symlink loop"), ("loop/x.json", "is a symlink loop"),
+                            ("broken", "is a broken symlink")):
+        code, _, err = run_cli(monkeypatch, capsys, "throughput", *TINY, "--method", "fullkv", "-o",
+                               tmp_path / output)
+        assert code == 1 and message in err and "File exists" not in err, err
+    code, _, err = run_cli(monkeypatch, capsys, "report", tmp_path / "loop", "-o", tmp_path / "out")
+    assert code == 2 and "is a symlink loop" in err, err
+
+
+def test_messages_are_not_garbled(tmp_path):
+    """"expected number or number" (a number field's type) and "config.json.. Pass" (a model folder)."""
+    from scoutbench.errors import UsageError
+    from scoutbench.models import load_model
+    from scoutbench.results import result_problem
+
+    problem = result_problem({**make_result("fullkv", 1.0), "decode_throughput_tok_s": [1]})
+    assert problem.endswith("expected number") and "number or number" not in problem
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError) as caught:
+        load_model(str(tmp_path / "empty"))
+    assert ".." not in str(caught.value) and ". Pass a local folder" in str(caught.value)
+
+
+def test_the_same_fault_has_the_same_exit_code_in_every_command(tmp_path, monkeypatch, capsys):
+    """Unwritable output was 2 in `report` and 1 in `throughput`; a bad model folder 2 in `plan`, 1 in
+    `throughput`."""
+    monkeypatch.setattr("scoutbench.calibration.calibrate", _never)
+    runs = write_results(tmp_path / "runs", [make_result("fullkv", 40.0)])
+    unwritable = "/proc/forbidden/out"
+    for command in (["throughput", *TINY, "--method", "fullkv", "-o", unwritable],
+                    ["report", runs, "-o", unwritable], ["sweep", "--method", "fullkv", "--len", "64", "-o", unwritable],
+                    ["calibrate", "-o", unwritable + ".json"], ["fidelity", "--model", "tiny-qwen3", "-o",
+                                                                unwritable + ".json"]):
+        monkeypatch.setattr("scoutbench.models.load_model", _never)
+        code, _, err = run_cli(monkeypatch, capsys, *command)
+        assert code == 1 and "cannot write results" in err, (command, err)
+    (tmp_path / "no_model").mkdir()
+    monkeypatch.undo()
+    for command in (["plan", "--model", tmp_path / "no_model", "--len", "1k", "--gpu-mem", "1GiB"],
+                    ["throughput", "--model", tmp_path / "no_model", "--len", "64", "--method", "fullkv", "-o",
+                     tmp_path / "o"]):
+        code, _, err = run_cli(monkeypatch, capsys, *command)
+        assert code == 2 and "error:" in err, (command, err)
+
+
+def test_the_exit_code_table_in_the_docs_is_the_one_the_code_applies():
+    import click
+
+    from scoutbench.errors import EXIT_CODES, ScoutbenchError, Terminated, UsageError, exit_code
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "exit_codes.md").read_text()
+    rows = [line.split("|")[1:4] for line in docs.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert {int(code): (meaning.strip(), when.strip()) for code, meaning, when in rows} == EXIT_CODES
+    aborted_by_sigterm = click.exceptions.Abort()
+    aborted_by_sigterm.__cause__ = Terminated()  # what click makes of a KeyboardInterrupt
+    assert [exit_code(e) for e in (ScoutbenchError("x"), UsageError("x"), KeyboardInterrupt(), Terminated(),
+                                   aborted_by_sigterm, OSError("x"), click.UsageError("x"))] == [1, 2, 130, 143, 143,
+                                                                                                 1, 2]
+
+
+# ---- item 7: SIGTERM like SIGINT ---------------------------------------------------------------------------------
+
+def test_sigterm_keeps_and_lists_the_finished_results_like_sigint(tmp_path):
+    """SIGTERM exited 143 without the "kept N finished results" line that Ctrl-C gives."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    out, started = tmp_path / "runs", tmp_path / "started"
+    script = tmp_path / "termme.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        import scoutbench.throughput as throughput
+        from scoutbench.cli import main
+
+        real = throughput.run_throughput
+
+        def hang_on_second(cfg, *args, **kwargs):
+            if cfg.method == "quest":
+                Path({str(started)!r}).touch()
+                time.sleep(120)
+            return real(cfg, *args, **kwargs)
+
+        throughput.run_throughput = hang_on_second
+        sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", *{TINY!r}, "-o", {str(out)!r}]
+        main()
+    """), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the second method never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    err = err.decode()
+    assert proc.returncode == 143, err
+    assert "kept 1 finished result(s)" in err and err.strip().endswith("terminated"), err
+    (kept,) = out.glob("*.json")
+    assert json.loads(kept.read_text())["method"] == "fullkv"
+
+
+# ---- item 8: no silent overwrites ----------------------------------------------------------------------------------
+
+def test_calibrate_and_project_never_overwrite_silently(tmp_path, monkeypatch, capsys):
+    """`calibrate -o` and `project -o` replaced existing files, unlike every other command."""
+    monkeypatch.setattr("scoutbench.calibration.calibrate", _never)  # refused before half a minute of measuring
+    existing = tmp_path / "mine.json"
+    existing.write_text("{}")
+    code, _, err = run_cli(monkeypatch, capsys, "calibrate", "-o", existing)
+    assert code == 2 and "exists; pass --overwrite" in err and existing.read_text() == "{}", err
+    runs = _projection_inputs(tmp_path)
+    code, _, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "-o", existing)
+    assert code == 2 and "exists; pass --overwrite" in err and existing.read_text() == "{}", err
+    code, _, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "-o", existing, "--overwrite")
+    assert code == 0 and json.loads(existing.read_text())["kind"] == "projection", err
+
+
+# ---- item 9: where results go ------------------------------------------------------------------------------------
+
+def _fake_profile(*args, **kwargs) -> dict:
+    return json.loads((Path(__file__).resolve().parent.parent / "scoutbench" / "data" / "hardware" /
+                       "h200.json").read_text())
+
+
+def test_calibrate_prints_its_result_on_stdout_with_o(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("scoutbench.calibration.calibrate", _fake_profile)
+    code, out, err = run_cli(monkeypatch, capsys, "calibrate", "-o", tmp_path / "p.json")
+    assert code == 0 and "device.memory_bw_bytes_s" in out and "profile written" in err, out + err
+
+
+def test_accuracy_takes_its_lock_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """A second accuracy run into the same folder found the lock only after the model had loaded."""
+    from scoutbench.results import output_lock
+
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    with output_lock(tmp_path / "acc"):
+        code, _, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--model", "smollm2-135m",
+                               "--len", "256", "--limit", "1", "-o", tmp_path / "acc")
+    assert code == 1 and "another scoutbench run is writing" in err, err
+
+
+def test_accuracy_prints_its_result_on_stdout(smollm2, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)
+    code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--model", "smollm2-135m",
+                             "--len", "256", "--limit", "1", "-o", tmp_path / "acc")
+    assert code == 0, err
+    assert "passkey" in out and "score" in out and "result:" in err
+    # the lock was released at the end of the command: a rerun into the folder works (and resumes)
+    code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--model", "smollm2-135m",
+                             "--len", "256", "--limit", "1", "-o", tmp_path / "acc")
+    assert code == 0, err

@@ -27,14 +27,16 @@ from scoutbench.units import format_length
               help="InfiniGen's copies: gathered (this tool's implementation) or token (one copy per token, as the "
                    "paper describes its baseline).")
 @click.option("-o", "--output", default=None, help="Write the projection JSON here (atomically; `report` reads it).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the projection JSON on stdout.")
-def command(results, hardware, model, length, batch, budget, block_size, dtype, fetch_granularity, output, as_json):
+def command(results, hardware, model, length, batch, budget, block_size, dtype, fetch_granularity, output, overwrite,
+            as_json):
     """Project each method's decode step from measured runs (RESULTS: files or folders) onto a hardware profile,
     at the runs' shapes or at --model/--len/--batch: projected tok/s, step breakdown and device idle."""
     from scoutbench.errors import UsageError
     from scoutbench.models import parse_dtype
     from scoutbench.projection import Target, load_hardware, projection_document
-    from scoutbench.results import load_results, write_json_atomic
+    from scoutbench.results import check_writable, load_results, write_json_atomic
     from scoutbench.units import parse_length
 
     if batch is not None and batch != "auto" and not (batch.isdigit() and int(batch) >= 1):
@@ -48,11 +50,13 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
                     budget=parse_length(budget, "--budget") if budget else None, block_size=block_size, dtype=dtype,
                     fetch_granularity=fetch_granularity)
     hw = load_hardware(hardware)
+    if output:
+        check_writable(output, overwrite, single_file=True)
     document = projection_document(load_results(results), hw, target)
     for skipped in document["skipped"]:
         click.echo(f"skipped {skipped['file']}: {skipped['reason']}", err=True)
     if output:
-        write_json_atomic(output, document, overwrite=True)
+        write_json_atomic(output, document, overwrite=overwrite)
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
@@ -62,16 +66,22 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
 
 
 def _print_table(document: dict) -> None:
+    """One row per projection; `len` is the prompt length (the measured run's, or --len). When two rows share
+    method, model, len and batch (different measured points projected to one target), a `from` column names each
+    row's source point."""
     from rich.console import Console
     from rich.table import Table
+
+    from scoutbench.projection import needs_source_column
 
     hw = document["hardware"]
     table = Table(title=f"projected on {hw['name']} ({hw['labels']['device']}, {hw['labels']['bus']}, "
                         f"{hw['labels']['host']})")
+    with_source = needs_source_column(document["projections"])
     columns = ("method", "model", "len", "batch", "tok/s", "step ms", "idle %", "attn ms", "linear ms", "cpu ms",
-               "bus h2d ms", "bound by", "measured ms")
+               "bus h2d ms", "bound by", "measured ms", *(["from"] if with_source else []))
     for name in columns:
-        table.add_column(name, justify="left" if name in ("method", "model", "bound by") else "right")
+        table.add_column(name, justify="left" if name in ("method", "model", "bound by", "from") else "right")
     for p in document["projections"]:
         stages = p["latency_breakdown_ms"]
         batch = f"{p['batch']} ({p['batch_limited_by']})" if p["batch_limited_by"] else str(p["batch"])
@@ -80,7 +90,8 @@ def _print_table(document: dict) -> None:
                       f"{p['decode_step_ms']:.2f}", f"{100 * p['gpu_idle_frac']:.1f}", f"{stages['attn_device']:.2f}",
                       f"{stages['qkv_proj'] + stages['o_proj'] + stages['mlp']:.2f}", f"{p['cpu_ms_per_step']:.2f}",
                       f"{p['bus_h2d_ms_per_step']:.2f}", p["bound_by"],
-                      "-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})")
+                      "-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})",
+                      *([p.get("source_point", "")] if with_source else []))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
@@ -89,20 +100,27 @@ def _print_table(document: dict) -> None:
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 100),
               help="Timed repeats per measurement (the median is kept).")
 @click.option("-o", "--output", default=None, help="Write the profile JSON here (use it as `project --hardware FILE`).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile JSON on stdout.")
-def calibrate_command(device, repeats, output, as_json):
+def calibrate_command(device, repeats, output, overwrite, as_json):
     """Measure this machine's profile: weight-streaming and attention rates, copy bandwidth and per-copy cost, the
     CPU worker's gather and attention rates, and the engine's per-layer overhead (about half a minute)."""
     from scoutbench.calibration import calibrate
     from scoutbench.projection import parse_hardware
-    from scoutbench.results import write_json_atomic
+    from scoutbench.results import check_writable, write_json_atomic
     from scoutbench.throughput import resolve_device
 
-    profile = calibrate(resolve_device(device), repeats, log=lambda line: click.echo(line, err=True))
-    parse_hardware(profile, "calibrated profile")  # the same validation `project` applies
+    resolved = resolve_device(device)
+    if output:  # before half a minute of measuring, as every other command checks its -o
+        check_writable(output, overwrite, single_file=True)
+    profile = calibrate(resolved, repeats, log=lambda line: click.echo(line, err=True))
+    hardware = parse_hardware(profile, "calibrated profile")  # the same validation `project` applies
     if output:
-        write_json_atomic(output, profile, overwrite=True)
+        write_json_atomic(output, profile, overwrite=overwrite)
         click.echo(f"profile written to {output}", err=True)
     if as_json or not output:
         json.dump(profile, sys.stdout, indent=2)
         click.echo()
+        return
+    for key, value in hardware.values.items():  # the result on stdout, as every command prints its own
+        click.echo(f"{key:34s} {value:.4g}")

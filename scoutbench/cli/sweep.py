@@ -4,6 +4,7 @@ from their results, and regression gates for CI. Heavy imports stay inside the c
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -96,6 +97,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     resolve_dtype(dtype, resolved)
     if cpus_per_point is not None and executor != "ray":
         raise UsageError("--cpus-per-point is for --executor ray")
+    if cpus_per_point is not None and not math.isfinite(cpus_per_point):
+        raise UsageError(f"bad --cpus-per-point {cpus_per_point}: use a positive number, e.g. 1 or 0.5")
     point_executor = make_executor(executor, address, device, cpus_per_point)
     if scale and not preset:
         raise UsageError("--scale chooses a preset's sizes: add --preset NAME, or set --len/--batch directly")
@@ -122,7 +125,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
                           if v is not None})
     if "auto" in grid.batches and settings.gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
-    points = expand(grid)
+    points = expand(grid, given=tuple(flag for flag, values in (("--budget", budgets), ("--block-size", block_sizes))
+                                      if values))
     for point in points:  # every usage error before the first point runs
         SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,
                           settings.warmup, settings.seed, settings.prefill)
@@ -131,9 +135,13 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     err = _console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
     err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
-    outcome = run_sweep(points, settings, output, preset=preset, command=["scoutbench", *sys.argv[1:]],
-                        retry_failed=retry_failed, log=lambda line: err.print(line, highlight=False),
-                        executor=point_executor, recall_profiles=preset is not None)
+    try:
+        outcome = run_sweep(points, settings, output, preset=preset, command=["scoutbench", *sys.argv[1:]],
+                            retry_failed=retry_failed, log=lambda line: err.print(line, highlight=False),
+                            executor=point_executor, recall_profiles=preset is not None)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every finished point has its file
+        err.print(f"kept the finished points in {output}; rerun the same command to resume", highlight=False)
+        raise
     if as_json:
         click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
     else:
@@ -145,27 +153,37 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
 
 
 def _sweep_table(manifest: dict):
+    """One row per point. tok/s is batch x steps / decode time (the mean step), step ms the median step; idle % is
+    GPU idle on CUDA and the main thread's wait off it (tiers.wait_frac); `vs fullkv` as in the report."""
     from rich.table import Table
 
+    from scoutbench.report import speedup_text
+    from scoutbench.tiers import wait_frac
     from scoutbench.units import format_length
 
     settings = manifest["settings"]
     table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)")
-    for name in ("method", "args", "len", "batch", "status", "tok/s", "step ms", "idle %", "vs fullkv"):
+    for name in ("method", "args", "len", "batch", "status", "tok/s(mean)", "step ms(median)", "idle/wait %",
+                 "vs fullkv"):
         table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
-    fullkv = {(p["len"], p["batch"]): p.get("decode_throughput_tok_s") for p in manifest["points"]
+    fullkv = {(p["len"], p["batch"]): p for p in manifest["points"]
               if p["method"] in ("fullkv", "full") and p["status"] == "ok"}
     for p in manifest["points"]:
         tok_s = p.get("decode_throughput_tok_s")
         base = fullkv.get((p["len"], p["batch"]))
-        ok = p["status"] == "ok" and tok_s is not None
+        ok = p["status"] == "ok" and isinstance(tok_s, (int, float))
         status = p["status"] if p["status"] != "failed" else f"failed: {p.get('error')}"
-        batch = f"auto ({p['batch_used']})" if p["batch"] == "auto" and isinstance(p.get("batch_used"), int) else str(p["batch"])
+        used = p.get("batch_used")
+        batch = f"auto ({used})" if p["batch"] == "auto" and isinstance(used, int) else str(p["batch"])
+        speedup = "-"
+        if ok and base is not None and isinstance(base.get("decode_throughput_tok_s"), (int, float)):
+            speedup = speedup_text(tok_s, used if isinstance(used, int) else 1, base["decode_throughput_tok_s"],
+                                   base.get("batch_used") if isinstance(base.get("batch_used"), int) else 1)
+        idle = wait_frac(p)
         table.add_row(p["method"], " ".join(f"{k}={v}" for k, v in p["method_args"].items()),
                       format_length(p["len"]), batch, status, f"{tok_s:.2f}" if ok else "-",
                       f"{p['decode_step_ms_median']:.1f}" if ok else "-",
-                      f"{100 * (p.get('gpu_idle_frac') or 0.0):.1f}" if ok else "-",
-                      f"{tok_s / base:.2f}x" if ok and base else "-")
+                      f"{100 * idle:.1f}" if ok and idle is not None else "-", speedup)
     return table
 
 
@@ -184,6 +202,9 @@ def report_command(results, output):
     console.print(f"summary {report.summary}", highlight=False)
     for what, why in report.skipped:
         console.print(f"skipped {what}: {why}", highlight=False, soft_wrap=True)
+    if report.merged:
+        console.print(f"merged {len(report.merged)} repeat runs into the medians of their points (listed in the "
+                      "summary)", highlight=False)
 
 
 @click.command(name="gate")
@@ -206,7 +227,14 @@ def report_command(results, output):
 def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_missing, counters):
     """Exit 1 when a metric regresses beyond tolerance against the baseline or a --ratio gate fails; 0 when all
     pass; 2 on a usage error, unreadable input or mismatched hardware (without --force)."""
-    from scoutbench.gate import fail_if_regressed, load_side, parse_ratio, parse_tolerances, passed_message, run_gate
+    from scoutbench.gate import (
+        fail_if_regressed,
+        load_side,
+        parse_ratio,
+        parse_tolerances,
+        passed_message,
+        run_gate,
+    )
 
     if counters:
         if ratios or metrics or force:
