@@ -24,7 +24,7 @@ from scoutbench.gate import (
     mismatched_settings,
     point_labels,
 )
-from scoutbench.work import measured_work, result_shape, step_work
+from scoutbench.work import measured_work, result_shape, step_work, work_problem
 
 DEFAULT_COUNTER_TOLERANCE = 0.01  # selections are deterministic for a seed; 1% absorbs a rare tie broken otherwise
 
@@ -66,12 +66,11 @@ def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[d
             report.rows.append(Row(name, "work counters", None, None, tolerance, verdict,
                                    cur.error() if cur is not None else "not in current run"))
             continue
-        try:
-            base_counters, cur_counters = _median_counters(base), _median_counters(cur)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
-            report.rows.append(Row(name, "work counters", None, None, tolerance, "INVALID",
-                                   f"its work counters cannot be derived ({type(exc).__name__}: {exc})"))
+        problem = next((p for r in [*base.ok, *cur.ok] if (p := work_problem(r)) is not None), None)
+        if problem is not None:
+            report.rows.append(Row(name, "work counters", None, None, tolerance, "INVALID", problem))
             continue
+        base_counters, cur_counters = _median_counters(base), _median_counters(cur)
         for counter, base_value in base_counters.items():
             value = cur_counters[counter]
             if not (math.isfinite(base_value) and math.isfinite(value)):

@@ -422,8 +422,10 @@ def compare(baseline_results: list[dict[str, Any]], current_results: list[dict[s
             tolerances: Tolerances, metrics: set[str] | None = None, force: bool = False,
             allow_missing: bool = False) -> GateReport:
     """Every baseline point against the matching current point, metric by metric."""
-    baseline, current = group_points(baseline_results), group_points(current_results)
     report = GateReport()
+    baseline_results = _gated_kinds(baseline_results, "baseline", report)
+    current_results = _gated_kinds(current_results, "current", report)
+    baseline, current = group_points(baseline_results), group_points(current_results)
     mismatch = check_hardware(baseline, current)
     if mismatch:
         if not force:
@@ -455,6 +457,9 @@ def compare(baseline_results: list[dict[str, Any]], current_results: list[dict[s
             continue
         base_metrics, cur_metrics = base.metrics(), cur.metrics()
         base_invalid, cur_invalid = base.invalid(), cur.invalid()
+        if not base_metrics and not base_invalid:
+            report.rows.append(Row(name, "-", None, None, None, "skipped", "the baseline point has no gated metric"))
+            continue
         for metric in sorted(base_metrics.keys() | base_invalid.keys()):
             if metrics is not None and metric not in metrics:
                 continue
@@ -475,6 +480,17 @@ def compare(baseline_results: list[dict[str, Any]], current_results: list[dict[s
                                    _repeats_note(base, cur)))
     _warn_env(baseline_results, current_results, report)
     return report
+
+
+GATED_KINDS = ("throughput", "accuracy")
+
+
+def _gated_kinds(results: list[dict[str, Any]], side: str, report: GateReport) -> list[dict[str, Any]]:
+    """The results the timing gate has metrics for; other kinds (projections, ...) are named in a warning."""
+    others = sorted({str(r.get("kind")) for r in results if r.get("kind") not in GATED_KINDS})
+    if others:
+        report.warnings.append(f"{side}: ignored the results of kind {', '.join(others)} (no gated metrics)")
+    return [r for r in results if r.get("kind") in GATED_KINDS]
 
 
 def _verdict(base: float, cur: float, higher_is_better: bool, tolerance: float) -> str:

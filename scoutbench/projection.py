@@ -400,7 +400,7 @@ def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Tar
 
 def unprojectable(result: dict[str, Any]) -> str | None:
     """Why a result file cannot feed a projection (None when it can)."""
-    from scoutbench.work import method_family
+    from scoutbench.work import method_family, work_problem
 
     if result.get("kind") != "throughput":
         return f"kind {result.get('kind')!r} is not a throughput result"
@@ -410,7 +410,7 @@ def unprojectable(result: dict[str, Any]) -> str | None:
         method_family(str(result.get("method")))
     except UsageError as exc:
         return str(exc)
-    return None
+    return work_problem(result)
 
 
 def projection_markdown(document: dict[str, Any]) -> list[str]:

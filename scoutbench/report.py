@@ -299,7 +299,8 @@ def _block_size_figure(report: Report, out: Path) -> None:
 
     stem, title = "block_size", "Decode throughput vs block size"
     fixed = ("model", "dtype", "length", "batch", "device")
-    with_blocks = [p for p in report.points if "block_size" in p.config]
+    with_blocks = [p for p in report.points if isinstance(p.config.get("block_size"), int)
+                   and not isinstance(p.config.get("block_size"), bool)]
     groups = {g: ps for g, ps in _groups(with_blocks, fixed).items()
               if len({p.config["block_size"] for p in ps}) > 1}
     if not groups:

@@ -292,6 +292,33 @@ def _has_type(value: Any, types: tuple[type, ...]) -> bool:
     return isinstance(value, types) and not isinstance(value, bool)
 
 
+# what each entry of a projection document must have for `report` to tabulate it
+_PROJECTION_FIELDS: dict[str, tuple[type, ...]] = {
+    "method": (str,), "model": (str,), "len": (int,), "batch": (int,), "decode_throughput_tok_s": (int, float),
+    "decode_step_ms": (int, float), "gpu_idle_frac": (int, float), "bound_by": (str,),
+    "batch_limited_by": (str, type(None)),
+}
+
+
+def _projection_problem(data: dict[str, Any]) -> str | None:
+    hardware = data.get("hardware")
+    if not isinstance(hardware, dict) or not isinstance(hardware.get("name"), str) or \
+            not isinstance(hardware.get("labels", {}), dict):
+        return "malformed projection: no hardware name"
+    if not isinstance(data.get("projections"), list):
+        return "malformed projection: no projections list"
+    for index, entry in enumerate(data["projections"]):
+        if not isinstance(entry, dict):
+            return f"malformed projection: projections[{index}] is not an object"
+        for name, types in _PROJECTION_FIELDS.items():
+            if name not in entry and type(None) in types:
+                continue
+            value = entry.get(name)
+            if not isinstance(value, types) or isinstance(value, bool):
+                return f"malformed projection: projections[{index}].{name} is not {_type_names(types)}"
+    return None
+
+
 def result_problem(data: Any) -> str | None:
     """Why `data` is not a usable scoutbench result (another schema version, wrong JSON types, missing fields), or
     None if it is. Values are not judged here (a NaN throughput is a result whose metric the gate refuses)."""
@@ -302,7 +329,7 @@ def result_problem(data: Any) -> str | None:
         return (f"schema_version {json.dumps(version)} is not the one this scoutbench reads ({SCHEMA_VERSION}); "
                 "use the scoutbench that wrote it, or rerun")
     if data.get("kind") == "projection":  # `scoutbench project -o`: per-method entries, no top-level method/model
-        return None if isinstance(data.get("projections"), list) else "malformed projection: no projections list"
+        return _projection_problem(data)
     missing = [name for name in _REQUIRED_FIELDS if name not in data]
     if missing:
         return f"malformed result: missing {', '.join(missing)}"

@@ -146,18 +146,34 @@ def method_family(method: str) -> str:
 def result_shape(result: dict[str, Any]) -> Shape:
     """The shape a throughput result ran at (its mean context: prompt + warm-up + half the timed steps)."""
     model, workload = result.get("model") or {}, result.get("workload") or {}
-    try:
-        shape = ModelShape(model["num_layers"], model["num_heads"], model["num_kv_heads"], model["head_dim"],
-                           model["hidden_size"], model["intermediate_size"], model["vocab_size"])
-        context = int(workload["len"]) + int(workload.get("warmup", 0)) + int(workload.get("steps", 0)) // 2
-        batch = int(workload["batch"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{result.get('_path', 'a result')} lacks the model or workload field {exc}: "
-                         "is it a scoutbench throughput result?") from None
+    sizes = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size")
+    counts = {name: model.get(name) for name in sizes} | {name: workload.get(name) for name in ("len", "batch")}
+    counts |= {name: workload.get(name, 0) for name in ("warmup", "steps")}
+    bad = [name for name, value in counts.items() if not isinstance(value, int) or isinstance(value, bool)
+           or value < (0 if name in ("warmup", "steps") else 1)]
+    if bad:
+        raise UsageError(f"{result.get('_path', 'a result')}: its model or workload field {bad[0]!r} is missing or "
+                         "not a positive integer: is it a scoutbench throughput result?")
+    shape = ModelShape(*(counts[name] for name in sizes))
+    context = counts["len"] + counts["warmup"] + counts["steps"] // 2
+    batch = counts["batch"]
     from scoutbench.models import parse_dtype
 
     tied = model.get("name") in _tied_presets()
     return Shape(shape, context, batch, parse_dtype(str(model.get("dtype", "float32"))).itemsize, tied)
+
+
+def work_problem(result: dict[str, Any]) -> str | None:
+    """Why a throughput result's work counters cannot be derived (a field missing or of the wrong type in its
+    shape, config or method stats), or None: the projection skips such a result and the counter gate refuses it,
+    instead of failing on it with a traceback."""
+    try:
+        step_work(measured_work(result), result_shape(result)).totals()
+    except UsageError as exc:
+        return str(exc)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError) as exc:
+        return f"its work counters cannot be derived ({type(exc).__name__}: {exc})"
+    return None
 
 
 def _tied_presets() -> set[str]:

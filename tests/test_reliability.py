@@ -4,12 +4,20 @@ throw random result files (non-finite, missing and foreign-schema fields) at rep
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
+import math
+import sys
+import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from cli_runner import run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
 from scoutbench.counter_gate import counter_gate
@@ -187,8 +195,6 @@ def test_batch_auto_that_fits_free_memory_still_runs(monkeypatch, capsys, tmp_pa
 # ---- item 2: `report` without matplotlib -------------------------------------------------------------------------
 
 def test_report_without_matplotlib_names_the_extra_in_one_line(monkeypatch, capsys, tmp_path):
-    import sys
-
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     (tmp_path / "empty").mkdir()
     code, out, err = run_cli(monkeypatch, capsys, "report", tmp_path / "empty", "-o", tmp_path / "out")
@@ -504,7 +510,6 @@ def test_sigterm_keeps_and_lists_the_finished_results_like_sigint(tmp_path):
     """SIGTERM exited 143 without the "kept N finished results" line that Ctrl-C gives."""
     import signal
     import subprocess
-    import sys
     import textwrap
     import time
 
@@ -597,3 +602,200 @@ def test_accuracy_prints_its_result_on_stdout(smollm2, tmp_path, monkeypatch, ca
     code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--model", "smollm2-135m",
                              "--len", "256", "--limit", "1", "-o", tmp_path / "acc")
     assert code == 0, err
+
+
+# ---- item 10: property-based tests over the result schema and the gate --------------------------------------------
+
+PROPERTY_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+CI_RUNS = load_results([BASELINE / "run1"])  # real throughput results, method_stats and all (fullkv, scout)
+# what a field may be replaced with: every JSON type, non-finite floats (as literals and as scoutbench writes them),
+# zeros, negatives, huge numbers, empty and odd strings
+ODD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.integers(min_value=2**40, max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["nan", "inf", "-inf", "", "auto", "x", "1"]),
+    st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.sampled_from(["a", "median", "len"]),
+                                                              st.integers(0, 3), max_size=2))
+FIELDS = [("schema_version",), ("kind",), ("method",), ("status",), ("error",), ("method_config",),
+          ("method_config", "budget"), ("method_config", "block_size"), ("method_config", "dense_layers"),
+          ("model",), ("model", "name"), ("model", "dtype"), ("model", "num_layers"), ("model", "num_kv_heads"),
+          ("workload",), ("workload", "len"), ("workload", "batch"), ("workload", "steps"), ("workload", "warmup"),
+          ("workload", "seed"), ("workload", "kv_skew"), ("device",), ("device", "class"), ("env",),
+          ("decode_throughput_tok_s",), ("decode_step_ms",), ("decode_step_ms", "median"), ("gpu_idle_frac",),
+          ("main_thread_wait_frac",), ("latency_breakdown_ms",), ("latency_breakdown_ms", "idle"), ("batch_plan",),
+          ("batch_plan", "mode"), ("method_stats",), ("method_stats", "cpu_compute_ratio"),
+          ("method_stats", "recall"), ("results",), ("results", "qasper"), ("results", "qasper", "score"),
+          ("projections",), ("projections", 0), ("projections", 0, "len"), ("projections", 0, "method"),
+          ("projections", 0, "decode_throughput_tok_s"), ("hardware",), ("dense_layers",)]
+
+
+def _templates() -> list[dict]:
+    from scoutbench.projection import Target, load_hardware, projection_document
+
+    projection = projection_document(copy.deepcopy(CI_RUNS), load_hardware("h200"), Target())
+    return [*CI_RUNS, make_result("fullkv", 100.0), make_result("scout", 300.0, config=SCOUT_CONFIG, idle_frac=0.1),
+            make_result("quest", 120.0, length=8192, batch=2), make_result("hgca", status="failed", error="oom"),
+            make_accuracy("scout", {"qasper": 40.0, "samsum": 0.0}), projection]
+
+
+TEMPLATES = _templates()
+
+
+def _mutate(result: dict, path: tuple, value, delete: bool) -> dict:
+    out = copy.deepcopy(result)
+    parent = out
+    for step in path[:-1]:
+        if isinstance(parent, dict) and step in parent:
+            parent = parent[step]
+        elif isinstance(parent, list) and isinstance(step, int) and step < len(parent):
+            parent = parent[step]
+        else:
+            return out
+    last = path[-1]
+    if isinstance(parent, dict) or (isinstance(parent, list) and isinstance(last, int) and last < len(parent)):
+        if delete and isinstance(parent, dict):
+            parent.pop(last, None)
+        elif isinstance(parent, dict) or last < len(parent):
+            parent[last] = value
+    return out
+
+
+@st.composite
+def result_files(draw) -> list:
+    """A few result documents, each a template with up to three random mutations, or a raw JSON value."""
+    files = []
+    for _ in range(draw(st.integers(1, 4))):
+        if draw(st.integers(0, 9)) == 0:
+            files.append(draw(ODD_VALUES))  # not a result at all
+            continue
+        result = draw(st.sampled_from(TEMPLATES))
+        for _ in range(draw(st.integers(0, 3))):
+            result = _mutate(result, draw(st.sampled_from(FIELDS)), draw(ODD_VALUES), draw(st.booleans()))
+        files.append(result)
+    return files
+
+
+def _write(folder: Path, documents: list) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, document in enumerate(documents):
+        (folder / f"{index}.json").write_text(json.dumps(document, default=str), encoding="utf-8")  # NaN literals
+    return folder
+
+
+def _main(*args) -> tuple[int, str, str]:
+    """`scoutbench ARGS` in-process (no pytest fixtures: hypothesis reruns the body many times)."""
+    from scoutbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with mock.patch.object(sys, "argv", ["scoutbench", *map(str, args)]), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code or 0
+    return code, out.getvalue(), err.getvalue()
+
+
+@settings(max_examples=150, **PROPERTY_SETTINGS)
+@given(baseline=result_files(), current=result_files(), allow_missing=st.booleans())
+def test_gate_never_crashes_and_never_passes_on_a_point_it_did_not_compare(baseline, current, allow_missing):
+    from scoutbench.errors import ScoutbenchError
+    from scoutbench.gate import (
+        COMPARED,
+        GATED_KINDS,
+        THROUGHPUT_METRICS,
+        fail_if_regressed,
+        group_points,
+        load_side,
+        point_labels,
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base, cur = _write(Path(tmp) / "base", baseline), _write(Path(tmp) / "cur", current)
+        extra = ["--allow-missing"] if allow_missing else []
+        code, out, err = _main("gate", "--baseline", base, "--current", cur, *extra)
+        assert code in (0, 1, 2) and "Traceback" not in err, err
+        code, out, err = _main("gate", "--counters", "--baseline", base, "--current", cur, *extra)
+        assert code in (0, 1, 2) and "Traceback" not in err, err
+        try:
+            base_results = load_side([str(base)], "baseline", lambda path, why: None)
+            cur_results = load_side([str(cur)], "current", lambda path, why: None)
+            report = run_gate(base_results, cur_results, parse_tolerances([]), [], allow_missing=allow_missing)
+        except ScoutbenchError:
+            return  # refused as a whole (no usable results, other hardware): never a pass
+    for row in report.rows:
+        if row.verdict in COMPARED:  # a comparison is of two measured values
+            assert math.isfinite(row.baseline) and math.isfinite(row.current), row
+            if row.metric in THROUGHPUT_METRICS:
+                assert row.baseline > 0 and row.current > 0, row
+    if not report.passed:
+        with pytest.raises(ScoutbenchError):
+            fail_if_regressed(report)
+        return
+    fail_if_regressed(report)
+    assert report.comparisons > 0
+    gated = [r for r in [*base_results, *cur_results] if r.get("kind") in GATED_KINDS]
+    labels = point_labels(gated)
+    for key, point in group_points([r for r in base_results if r.get("kind") in GATED_KINDS]).items():
+        if not point.ok:
+            continue
+        rows = [r for r in report.rows if r.point == key.describe(labels.get(key))]
+        # every baseline point was compared, or is listed as skipped with its reason (missing and allowed to be,
+        # or without a gated metric): never passed over in silence
+        assert any(r.compared for r in rows) or any(r.verdict == "skipped" and r.note for r in rows), (key, rows)
+        assert allow_missing or not any("not in current run" in r.note for r in rows)
+
+
+@settings(max_examples=25, **PROPERTY_SETTINGS)
+@given(documents=result_files())
+def test_report_never_crashes_on_random_result_files(documents):
+    from scoutbench.errors import ScoutbenchError
+    from scoutbench.report import build_report
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _write(Path(tmp) / "runs", documents)
+        try:
+            report = build_report([folder], Path(tmp) / "out")
+        except ScoutbenchError:
+            return
+        assert report.summary.exists()
+        for point in report.points:  # only measurements are plotted and tabulated
+            assert math.isfinite(point.tok_s) and point.tok_s > 0 and math.isfinite(point.step_ms)
+
+
+@settings(max_examples=60, **PROPERTY_SETTINGS)
+@given(documents=result_files(), target=st.sampled_from([(), ("--len", "16k", "--batch", "4"), ("--batch", "auto"),
+                                                          ("--model", "qwen3-8b", "--budget", "2k")]))
+def test_project_never_crashes_on_random_result_files(documents, target):
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _write(Path(tmp) / "runs", documents)
+        code, out, err = _main("project", folder, "--hardware", "h200", *target)
+        assert code in (0, 2) and "Traceback" not in err, err
+
+
+PREDICTION_VALUES = st.one_of(ODD_VALUES, st.text(max_size=8), st.lists(st.text(max_size=5), max_size=3))
+
+
+@settings(max_examples=100, **PROPERTY_SETTINGS)
+@given(rows=st.lists(st.fixed_dictionaries({}, optional={"pred": PREDICTION_VALUES, "answers": PREDICTION_VALUES,
+                                                         "length": PREDICTION_VALUES,
+                                                         "all_classes": PREDICTION_VALUES}), max_size=4),
+       dataset=st.sampled_from(["qasper", "qasper_e", "trec", "passage_count", "lcc"]))
+def test_score_never_crashes_and_buckets_only_finite_lengths(rows, dataset):
+    from scoutbench import score
+    from scoutbench.errors import UsageError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{dataset}.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        code, out, err = _main("score", "--dataset", dataset, path)
+        assert code in (0, 2) and "Traceback" not in err, err
+        try:
+            buckets = score.score_file(dataset, path, longbench_e=True)
+        except UsageError:
+            return
+    lengths = [row["length"] for row in rows]
+    assert all(isinstance(n, (int, float)) and math.isfinite(n) and n >= 0 for n in lengths)
+    counts = {"0-4k": sum(n < 4000 for n in lengths), "4-8k": sum(4000 <= n < 8000 for n in lengths),
+              "8k+": sum(n >= 8000 for n in lengths)}
+    assert {k for k, v in buckets.items() if not math.isnan(v)} == {k for k, n in counts.items() if n}
