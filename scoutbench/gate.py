@@ -502,8 +502,15 @@ def _verdict(base: float, cur: float, higher_is_better: bool, tolerance: float) 
 
 
 def _repeats_note(base: Point, cur: Point) -> str:
+    """`median of 1 vs 3 runs`; for --batch auto points also the batches the plan chose when they differ (the
+    same point: each method at its largest batch, but the throughputs are of other batches)."""
     counts = (len(base.ok), len(cur.ok))
-    return f"median of {counts[0]} vs {counts[1]} runs" if counts != (1, 1) else ""
+    notes = [f"median of {counts[0]} vs {counts[1]} runs"] if counts != (1, 1) else []
+    if base.key.batch == "auto":
+        used = [sorted({str((r.get("workload") or {}).get("batch")) for r in p.ok}) for p in (base, cur)]
+        if used[0] != used[1]:
+            notes.append(f"--batch auto ran at {'/'.join(used[0])} in the baseline vs {'/'.join(used[1])} now")
+    return "; ".join(notes)
 
 
 def point_labels(results: list[dict[str, Any]]) -> dict[PointKey, str]:

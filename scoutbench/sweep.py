@@ -341,7 +341,7 @@ def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> d
             "method": cfg.method, "method_config": method_config, "method_repr": None,
             "model": {"name": cfg.model, "dtype": dtype},
             "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
-                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill},
+                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
             "device": device}
 
 

@@ -552,6 +552,17 @@ def test_sigterm_keeps_and_lists_the_finished_results_like_sigint(tmp_path):
     assert json.loads(kept.read_text())["method"] == "fullkv"
 
 
+def test_sigterm_in_a_sweep_keeps_the_finished_points_and_says_so(tmp_path, monkeypatch, capsys):
+    from scoutbench.errors import Terminated
+
+    def terminated(*args, **kwargs):
+        raise Terminated()
+
+    monkeypatch.setattr("scoutbench.sweep.run_sweep", terminated)
+    code, _, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "-o", tmp_path / "s")
+    assert code == 143 and "kept the finished points" in err and err.strip().endswith("terminated"), err
+
+
 # ---- item 8: no silent overwrites ----------------------------------------------------------------------------------
 
 def test_calibrate_and_project_never_overwrite_silently(tmp_path, monkeypatch, capsys):
@@ -799,3 +810,27 @@ def test_score_never_crashes_and_buckets_only_finite_lengths(rows, dataset):
     counts = {"0-4k": sum(n < 4000 for n in lengths), "4-8k": sum(4000 <= n < 8000 for n in lengths),
               "8k+": sum(n >= 8000 for n in lengths)}
     assert {k for k, v in buckets.items() if not math.isnan(v)} == {k for k, n in counts.items() if n}
+
+
+def test_a_failed_sweep_point_is_failed_in_the_gate_not_run_with_other_settings():
+    """Guards the point identity of item 3: a failed sweep point's file lacked the workload's kv_skew, so with the
+    settings in the key it would have read as "run with other settings" (MISMATCH) instead of FAILED."""
+    from scoutbench.sweep import failed_result
+    from scoutbench.throughput import ThroughputConfig
+
+    cfg = ThroughputConfig(method="fullkv", model="tiny-qwen3", length=4096, steps=8, warmup=2, prefill="synthetic")
+    failed = failed_result(cfg, "out of memory", {"type": "cpu", "class": "cpu:Test CPU:2t"}, "float32")
+    ok = make_result("fullkv", 100.0)
+    ok["workload"]["kv_skew"] = cfg.kv_skew
+    (row,) = compare([ok], [failed], parse_tolerances([])).rows
+    assert row.verdict == "FAILED" and row.note == "out of memory"
+
+
+def test_gate_says_when_batch_auto_chose_other_batches():
+    def auto(batch):
+        result = make_result("scout", 100.0 * batch, batch=batch, config=SCOUT_CONFIG)
+        result["batch_plan"] = {"mode": "auto", "planned": batch}
+        return result
+
+    (tok_s, step) = sorted(compare([auto(16)], [auto(12)], parse_tolerances([])).rows, key=lambda r: r.metric)
+    assert "--batch auto ran at 16 in the baseline vs 12 now" in step.note
