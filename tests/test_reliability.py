@@ -185,7 +185,7 @@ def test_batch_auto_is_checked_against_free_memory_without_allocating(monkeypatc
 def test_batch_auto_that_fits_free_memory_still_runs(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: 8 * GIB)
     code, out, err = run_cli(monkeypatch, capsys, "throughput", "--model", "tiny-qwen3", "--len", "256", "--steps",
-                             "1", "--warmup", "0", "--method", "fullkv", "--batch", "auto", "--gpu-mem", "1.5GiB",
+                             "1", "--warmup", "0", "--method", "fullkv", "--batch", "auto", "--gpu-mem", "1.15GiB",
                              "-o", tmp_path / "o", "--json")
     assert code == 0, err
     (summary,) = json.loads(out)
@@ -218,6 +218,11 @@ def _rendered(table) -> str:
     return console.export_text()
 
 
+def _words(text: str) -> str:
+    """The text with its line wraps and padding collapsed (a caption wraps at the table's width)."""
+    return " ".join(text.split())
+
+
 def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_comparison():
     """The header said "batch 151" while ScoutAttention ran at 109, and "vs full" compared two batches."""
     from scoutbench.cli.throughput import _table
@@ -231,7 +236,7 @@ def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_compari
     assert "batch per method (--batch auto)" in text and "batch 151" not in text
     scout_row = next(line for line in text.splitlines() if line.strip().startswith("scout"))
     assert " 109 " in scout_row and "1.44x (2.00x/seq)" in scout_row
-    assert "tok/s(mean)" in text and "step(median)" in text
+    assert "tok/s: batch x timed steps / timed decode time (the mean step); step: the median step" in _words(text)
     same = _rendered(_table([result("fullkv", 10.0, 2), result("scout", 20.0, 2)]))
     assert "batch 2 " in same and "2.00x" in same and "/seq" not in same
 
@@ -246,7 +251,7 @@ def test_sweep_table_shows_the_cpu_wait_share():
          "main_thread_wait_frac": 0.174}]}
     text = _rendered(_sweep_table(manifest))
     row = next(line for line in text.splitlines() if "hgca" in line)
-    assert "17.4" in row and "tok/s(mean)" in text and "step ms(median)" in text
+    assert "17.4" in row and "(the mean step); step ms: the median step" in _words(text)
 
 
 def test_report_shows_the_median_of_two_runs_not_the_lower_one(tmp_path):
@@ -604,15 +609,24 @@ def test_accuracy_takes_its_lock_before_the_model_loads(tmp_path, monkeypatch, c
 
 
 def test_accuracy_prints_its_result_on_stdout(smollm2, tmp_path, monkeypatch, capsys):
+    """The table went to stderr (stdout empty). The run itself is canned: what is tested is where the result goes."""
+    def canned_run(tasks, loaded, spec, out_dir, *args, **kwargs):
+        path = Path(out_dir) / "result.json"
+        result = {**make_accuracy("fullkv", {}), "method_repr": "FullKV()",
+                  "results": {tasks[0].name: {"metric": "passkey", "n": 1, "score": 100.0}}}
+        path.write_text(json.dumps(result))
+        return result, path
+
     monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)
+    monkeypatch.setattr("scoutbench.accuracy.run_accuracy", canned_run)
     code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--model", "smollm2-135m",
                              "--len", "256", "--limit", "1", "-o", tmp_path / "acc")
     assert code == 0, err
     assert "passkey" in out and "score" in out and "result:" in err
-    # the lock was released at the end of the command: a rerun into the folder works (and resumes)
-    code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--model", "smollm2-135m",
-                             "--len", "256", "--limit", "1", "-o", tmp_path / "acc")
-    assert code == 0, err
+    from scoutbench.results import output_lock
+
+    with output_lock(tmp_path / "acc"):  # released when the command ended: the next run into the folder may start
+        pass
 
 
 # ---- item 10: property-based tests over the result schema and the gate --------------------------------------------

@@ -162,9 +162,10 @@ def _sweep_table(manifest: dict):
     from scoutbench.units import format_length
 
     settings = manifest["settings"]
-    table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)")
-    for name in ("method", "args", "len", "batch", "status", "tok/s(mean)", "step ms(median)", "idle/wait %",
-                 "vs fullkv"):
+    table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)",
+                  caption="tok/s: batch x timed steps / timed decode time (the mean step); step ms: the median step; "
+                          "idle/wait %: GPU idle on CUDA, the main thread's wait for the CPU worker off it")
+    for name in ("method", "args", "len", "batch", "status", "tok/s", "step ms", "idle/wait %", "vs fullkv"):
         table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
     fullkv = {(p["len"], p["batch"]): p for p in manifest["points"]
               if p["method"] in ("fullkv", "full") and p["status"] == "ok"}

@@ -190,6 +190,10 @@ STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "proj": ("q
                 "mlp": ("mlp",), "other": ("other",)}
 
 
+TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
+                 "stages: mean ms per step")
+
+
 def _table(results):
     """One row per method. tok/s is batch x steps / decode time (the mean step), `step` the median step. With
     --batch auto the methods ran at different batches: the title says so, a batch column appears, and `vs full`
@@ -203,11 +207,11 @@ def _table(results):
     batches = {r["workload"]["batch"] for r in results}
     batch = f"batch {first['workload']['batch']}" if len(batches) == 1 else "batch per method (--batch auto)"
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
-                        f"len {first['workload']['len']}, {batch} (ms/step)",
+                        f"len {first['workload']['len']}, {batch} (ms/step)", caption=TABLE_CAPTION,
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("method", no_wrap=True)
     wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
-    headers = ("batch",) * (len(batches) > 1) + ("tok/s(mean)", "step(median)", "vs full", wait_header)
+    headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "vs full", wait_header)
     for header in (*headers, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
     base = next((r for r in results if r["method"] in ("fullkv", "full")), None)
