@@ -117,7 +117,7 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
     if not is_local and (name.startswith((".", "/")) or os.sep in name.strip("/") and name.count("/") > 1):
         raise UsageError(f"model folder {name!r} does not exist")
     # Offline (no cached copy, hub unreachable): fail at once instead of after minutes of retries.
-    local_only = is_local or os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable()
+    local_only = is_local or hub_offline()
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
                                                      local_files_only=local_only).to(device)
@@ -140,12 +140,31 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
     return LoadedModel(model.eval(), name, "local" if is_local else "hub", False, tokenizer)
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    import socket
+_TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub itself accepts for HF_HUB_OFFLINE
 
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
-        socket.create_connection((endpoint, 443), timeout=timeout_s).close()
+
+def hub_offline(timeout_s: float = 3.0) -> bool:
+    """True when the hub must not be asked: HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set, or no answer from the hub.
+
+    huggingface_hub's own offline handling only starts after its retries (about 25 s per file with no network), so
+    the hub is probed once first, through huggingface_hub's own HTTP client: the same HF_ENDPOINT, proxies
+    (HTTPS_PROXY/HTTP_PROXY/NO_PROXY) and certificates as the download itself. Any HTTP answer, even an error
+    status, means reachable.
+    """
+    if any(os.environ.get(name, "").upper() in _TRUE_VALUES for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
         return True
-    except OSError:
+    return not hub_reachable(timeout_s)
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    try:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import get_session
+    except ImportError:
+        return False
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    try:
+        get_session().head(endpoint, timeout=timeout_s, follow_redirects=False)
+        return True
+    except Exception:  # noqa: BLE001 - connection refused, DNS, timeout, proxy or TLS failure: all "unreachable"
         return False

@@ -132,13 +132,13 @@ def load_records(name: str, data_dir: str | Path | None = None) -> list[dict[str
 def _hub_archive(name: str) -> str:
     """The hub's data.zip (downloaded once into the Hugging Face cache). Offline, only the cache is tried, so the
     error comes at once instead of after a minute of retries."""
-    from scoutbench.models import _hub_reachable
+    from scoutbench.models import hub_offline
 
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
         raise ScoutbenchError(f"no LongBench data for {name} (huggingface_hub is not installed); {DATA_HINT}") from None
-    local_only = os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable()
+    local_only = hub_offline()
     try:
         return hf_hub_download(HUB_REPO, HUB_ARCHIVE, repo_type="dataset", local_files_only=local_only)
     except Exception as exc:  # offline, unreachable, gated or renamed: all mean "bring the files yourself"
