@@ -354,6 +354,7 @@ def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> d
         entry["decode_step_ms_median"] = (result.get("decode_step_ms") or {}).get("median")
         entry["gpu_idle_frac"] = result.get("gpu_idle_frac")
         entry["main_thread_wait_frac"] = result.get("main_thread_wait_frac")
+        entry["step_spread_warning"] = result.get("step_spread_warning")
     return entry
 
 

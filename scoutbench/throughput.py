@@ -22,6 +22,7 @@ from scoutbench.methods import METHODS
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_if_budget_covers
 from scoutbench.models import LoadedModel, load_model, parse_dtype
 from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
+from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
 from scoutbench.timing import STAGES
@@ -49,6 +50,9 @@ class ThroughputConfig:
     kv_skew: float = DEFAULT_KV_SKEW
     force: bool = False  # run even when the planned memory exceeds what is free (check_memory)
     nvml_interval_ms: int = 100
+    profile_dir: str | None = None  # --profile: a torch.profiler trace of `profile_steps` extra, untimed steps
+    profile_steps: int = 4
+    nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
 
@@ -96,7 +100,7 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
 
     dtype = next(loaded.model.parameters()).dtype
     shape = ModelShape.from_config(loaded.model.config)
-    context_len = cfg.length + cfg.warmup + cfg.steps
+    context_len = cfg.length + cfg.warmup + cfg.steps + (cfg.profile_steps if cfg.profile_dir is not None else 0)
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
     workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),
@@ -152,14 +156,6 @@ def device_description(device: torch.device) -> dict[str, Any]:
     return {"type": "cpu", "name": name, "class": f"cpu:{name}:{threads}t", "threads": threads}
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    position = fraction * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:
     """Per-step records (ms per stage + total) -> the result's timing fields."""
     totals = [r["total"] for r in records]
@@ -169,8 +165,7 @@ def summarise_steps(records: list[dict[str, float]], batch: int, device_type: st
     return {
         "decode_throughput_tok_s": batch * len(records) / decode_s if decode_s > 0 else 0.0,
         "decode_time_s": decode_s,
-        "decode_step_ms": {"median": statistics.median(totals), "p90": _percentile(totals, 0.9),
-                           "mean": mean_total, "min": min(totals), "max": max(totals)},
+        "decode_step_ms": (step_ms := step_summary(totals)), "step_spread_warning": spread_warning(step_ms),
         "latency_breakdown_ms": breakdown,
         "latency_breakdown_frac": {k: (v / mean_total if mean_total else 0.0) for k, v in breakdown.items()},
         **wait_fields(breakdown["idle"], mean_total, device_type),
@@ -244,12 +239,14 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
 
     engine = DecodeEngine(loaded.model, method)
     timer = engine.timer
+    timer.nvtx = cfg.nvtx and device.type == "cuda"
     total_steps = workload.warmup + workload.steps
+    profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
     records: list[dict[str, float]] = []
-    nvml = None
+    nvml = nvml_summary = profile = None
     attention_backends.reset()  # also counted when there are no warm-up steps
     try:
-        engine.start(workload.batch, workload.total_tokens)
+        engine.start(workload.batch, workload.total_tokens + profiled_steps)
         if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
             on_progress("prefill", 0, engine.num_layers)
         start = time.perf_counter()
@@ -280,6 +277,14 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
                 on_progress("decode", index + 1, total_steps)
         stats = method.stats()
         backends_used = attention_backends.snapshot()
+        if nvml is not None:  # the profiled steps below are no part of the measurement
+            nvml.__exit__(None, None, None)
+            nvml_summary, nvml = nvml.summary(), None
+        if profiled_steps:
+            from scoutbench.profiling import profile_decode
+
+            stem = f"throughput_{cfg.method}_{cfg.model.replace('/', '--')}_len{cfg.length}_b{workload.batch}"
+            profile = profile_decode(engine, tokens, profiled_steps, cfg.profile_dir, stem)
     except torch.OutOfMemoryError:
         if oom_backoff:
             raise
@@ -304,6 +309,6 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
-        "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats,
+        "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used, "env": env_info(),
     }

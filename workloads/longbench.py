@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-import os
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass

@@ -138,6 +138,10 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
     else:
         _console().print(_sweep_table(outcome.manifest))
+        noisy = [p["id"] for p in outcome.manifest["points"] if p.get("step_spread_warning")]
+        if noisy:
+            err.print(f"warning: {len(noisy)} point(s) too noisy to trust a ratio (step_spread_warning in their "
+                      f"files): {', '.join(noisy)}", highlight=False, soft_wrap=True)
         err.print(f"ran {outcome.ran}, skipped {outcome.skipped} (already done); results in {output}")
     if outcome.failed:
         raise ScoutbenchError(f"{len(outcome.failed)} of {len(outcome.manifest['points'])} points failed "
