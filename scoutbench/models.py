@@ -7,6 +7,7 @@ so a GPU user can benchmark at paper scale without weights; results mark them `r
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,8 +68,17 @@ class LoadedModel:
             "num_kv_heads": cfg.num_key_value_heads,
             "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
             "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-            "vocab_size": cfg.vocab_size, **self.info,
+            "vocab_size": cfg.vocab_size, **self.provenance(), **self.info,
         }
+
+    def provenance(self) -> dict[str, Any]:
+        """Which weights and template exactly (as lm-eval records them): the hub commit the files resolved to
+        (transformers' `_commit_hash`; also for a folder inside the Hugging Face cache), null for presets and plain
+        folders; the sha256 of the tokenizer's chat template, null without one."""
+        template = getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
+        return {"commit_hash": getattr(self.model.config, "_commit_hash", None),
+                "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()
+                if isinstance(template, str) else None}
 
 
 def parse_dtype(name: str) -> torch.dtype:

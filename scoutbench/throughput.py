@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import METHODS
@@ -302,7 +303,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
             nvml.__exit__(None, None, None)
         method.close()
     return {
-        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": env_info()["scoutbench"],
+        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": __version__,
         "created_at": utc_now(), "command": cfg.command, "status": "ok", "error": None,
         "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
         **budget_plan.result_fields(),
