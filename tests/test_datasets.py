@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli_runner import run_cli
+
 from scoutbench.errors import ScoutbenchError
 from scoutbench.workloads import longbench as lb
 
