@@ -79,3 +79,28 @@ def test_accuracy_dataset_list(monkeypatch, capsys):
     assert {r["name"]: r["metric"] for r in rows}["qasper"] == "qa_f1"
     code, out, _ = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "list")
     assert code == 0 and out.splitlines()[0].split() == ["narrativeqa", "LongBench", "qa_f1"]
+
+
+def test_shell_completion_offers_commands_and_the_dtype_choices():
+    """What README's completion line relies on: click's completion protocol, answered without torch."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import sys; from scoutbench.cli import main; sys.argv = ['scoutbench']; main()")
+
+    def complete(words: str, cword: int) -> list[str]:
+        env = {**os.environ, "_SCOUTBENCH_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+        proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        return [line.split(",", 1)[1] for line in proc.stdout.splitlines()]
+
+    assert complete("scoutbench ex", 1) == ["export"]
+    assert complete("scoutbench throughput --dtype ", 3) == ["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
+    assert "--profile" in complete("scoutbench throughput --pro", 2)
+
+
+def test_dtype_choice_names_match_the_models_table():
+    from scoutbench.cli.options import DTYPE_NAMES
+    from scoutbench.models import DTYPES
+
+    assert set(DTYPE_NAMES) == set(DTYPES)
