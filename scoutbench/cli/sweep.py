@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from scoutbench.cli.options import SEED
+from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP
 from scoutbench.sweep import PRESETS  # light: no torch at import time
 
 
@@ -79,10 +79,10 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="A method field (repeatable; repeating a key sweeps its values).")
 @click.option("--model", default=None, help="Model (default: the preset's, else tiny-qwen3).")
-@click.option("--steps", default=None, type=int, help="Timed decode steps per point (default 16; cpu presets 8).")
-@click.option("--warmup", default=None, type=int, help="Untimed decode steps first (default 3; cpu presets 2).")
+@click.option("--steps", default=None, type=STEPS, help="Timed decode steps per point (default 16; cpu presets 8).")
+@click.option("--warmup", default=None, type=WARMUP, help="Untimed decode steps first (default 3; cpu presets 2).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
-@click.option("--dtype", default=None, help="float32|bfloat16|float16; default fp32 on CPU, bf16 on CUDA.")
+@click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA.")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--prefill", type=click.Choice(["real", "synthetic"]), default=None,
               help="real or synthetic (random K/V, decode only); default synthetic with a preset, else real.")
