@@ -27,6 +27,7 @@ from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
 from scoutbench.timing import STAGES
+from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
 # The field `--budget` sets (every sparse method has one; FullKV has none).
@@ -140,8 +141,6 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
         checks.append(("host memory", need["device"] + need["host"], host_usable))
     for what, needed, usable in checks:
         if needed > usable:
-            from scoutbench.units import format_length
-
             raise ScoutbenchError(
                 f"{cfg.method}: batch {batch} at len {format_length(cfg.length)} needs about {format_bytes(needed)} "
                 f"of {what} but only {format_bytes(max(usable, 0))} is usable (free less the planner's reserve); "
@@ -163,10 +162,11 @@ def summarise_steps(records: list[dict[str, float]], batch: int, device_type: st
     decode_s = sum(totals) / 1e3
     breakdown = {stage: statistics.fmean(r[stage] for r in records) for stage in STAGES}
     mean_total = statistics.fmean(totals)
+    step_ms = step_summary(totals)
     return {
         "decode_throughput_tok_s": batch * len(records) / decode_s if decode_s > 0 else 0.0,
         "decode_time_s": decode_s,
-        "decode_step_ms": (step_ms := step_summary(totals)), "step_spread_warning": spread_warning(step_ms),
+        "decode_step_ms": step_ms, "step_spread_warning": spread_warning(step_ms),
         "latency_breakdown_ms": breakdown,
         "latency_breakdown_frac": {k: (v / mean_total if mean_total else 0.0) for k, v in breakdown.items()},
         **wait_fields(breakdown["idle"], mean_total, device_type),
@@ -284,7 +284,8 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         if profiled_steps:
             from scoutbench.profiling import profile_decode
 
-            stem = f"throughput_{cfg.method}_{cfg.model.replace('/', '--')}_len{cfg.length}_b{workload.batch}"
+            stem = (f"throughput_{cfg.method}_{cfg.model.replace('/', '--')}_len{format_length(cfg.length)}"
+                    f"_b{workload.batch}")  # the result file's name in a folder (cli/throughput.py)
             profile = profile_decode(engine, tokens, profiled_steps, cfg.profile_dir, stem)
     except torch.OutOfMemoryError:
         if oom_backoff:
