@@ -2,6 +2,8 @@
 records carry the documented mapping; MLflow writes a local run offline; W&B writes an offline run."""
 
 import copy
+import re
+import sys
 import importlib.util
 import json
 import statistics
@@ -170,3 +172,34 @@ def test_wandb_writes_offline_runs(sweep_dir, tmp_path, monkeypatch, capsys):
         assert export.run_name(result).encode() in content
         assert json.dumps(result["decode_throughput_tok_s"]).encode() in content
     assert b"decode_step_ms.median" in content and b"scoutbench-ci" in content
+
+
+def _log_mlflow(tmp):
+    from scoutbench.loggers import log_mlflow
+
+    log_mlflow([], str(tmp))
+
+
+def _log_wandb(tmp):
+    from scoutbench.loggers import log_wandb
+
+    log_wandb([], "project", tmp)
+
+
+def _arrow(tmp):
+    from scoutbench.workloads.longbench import arrow_dataset
+
+    arrow_dataset("qasper", tmp)
+
+
+@pytest.mark.parametrize("module,call,hint", [("mlflow", _log_mlflow, "scoutbench[mlflow]"),
+                                              ("wandb", _log_wandb, "scoutbench[wandb]"),
+                                              ("datasets", _arrow, "scoutbench[datasets]")])
+def test_missing_optional_package_is_a_one_line_install_hint(module, call, hint, tmp_path, monkeypatch):
+    from scoutbench.errors import ScoutbenchError
+
+    for name in [m for m in sys.modules if m == module or m.startswith(f"{module}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError, as when it is not installed
+    with pytest.raises(ScoutbenchError, match=rf'pip install "{re.escape(hint)}"$'):
+        call(tmp_path)
