@@ -2,11 +2,11 @@
 records carry the documented mapping; MLflow writes a local run offline; W&B writes an offline run."""
 
 import copy
-import re
-import sys
 import importlib.util
 import json
+import re
 import statistics
+import sys
 
 import pytest
 from cli_runner import run_cli
