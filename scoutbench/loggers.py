@@ -105,6 +105,17 @@ def log_wandb(results: list[dict[str, Any]], project: str, folder: str | Path, m
         raise ScoutbenchError(f"--wandb needs the W&B client: {WANDB_HINT}") from None
     Path(folder).mkdir(parents=True, exist_ok=True)
     run_ids = []
+    try:
+        _wandb_runs(wandb, results, project, folder, mode, run_ids)
+    finally:
+        # finish() hands the records to W&B's service process, which writes them later: wait for it, so the
+        # offline runs are complete on disk (and uploaded, online) when export returns
+        wandb.teardown()
+    return run_ids
+
+
+def _wandb_runs(wandb: Any, results: list[dict[str, Any]], project: str, folder: str | Path, mode: str,
+                run_ids: list[str]) -> None:
     for result in results:
         params, metrics = params_and_metrics(result)
         run = wandb.init(project=project, name=run_name(result), dir=str(folder), mode=mode,
@@ -115,4 +126,3 @@ def log_wandb(results: list[dict[str, Any]], project: str, folder: str | Path, m
         run.summary.update(metrics)
         run.finish()
         run_ids.append(run.id)
-    return run_ids
