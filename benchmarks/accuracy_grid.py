@@ -76,7 +76,7 @@ def main() -> None:
                 for (_, path), pred in zip(pending, preds, strict=True):
                     path.parent.mkdir(parents=True, exist_ok=True)
                     with open(path, "a", encoding="utf-8") as out:
-                        out.write(json.dumps(prediction_row(index, record, pred, len(prompt_ids))) + "\n")
+                        out.write(json.dumps(prediction_row(index, record, pred, prompt_ids)) + "\n")
                         out.flush()
                         os.fsync(out.fileno())
                 print(f"{task.name} prompt {index}: {len(prompt_ids)} tokens, {len(pending)} methods, "

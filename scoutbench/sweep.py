@@ -29,6 +29,7 @@ from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
 MANIFEST = "sweep.json"
+CONFIG = "sweep_config.yaml"  # the resolved grid and settings, written beside the points (a valid --config)
 COMPARED = ("fullkv", "infinigen", "hgca", "scout")
 ABLATION = ("scout-base", "scout-pc", "scout")
 
@@ -205,7 +206,7 @@ class SweepOutcome:
 def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path, runner: Runner | None = None,
               preset: str | None = None, command: list[str] | None = None, retry_failed: bool = False,
               log: Callable[[str], None] = lambda line: None, executor: Any = None,
-              recall_profiles: bool = False) -> SweepOutcome:
+              recall_profiles: bool = False, config: dict[str, Any] | None = None) -> SweepOutcome:
     """Run every point whose file is not in `out_dir` yet (failed points too with `retry_failed`), holding the
     folder's writer lock throughout. `recall_profiles` (the presets) gives every periodic-recall ScoutAttention
     point without a `recall_profile` one profiled into the folder first (`attach_recall_profiles`).
@@ -219,12 +220,12 @@ def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path,
     with output_lock(out):  # one sweep per folder: the stale-temp cleanup below must not hit a live writer's file
         if recall_profiles:
             points = attach_recall_profiles(points, settings, out, log)
-        return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log, executor)
+        return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log, executor, config)
 
 
 def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, runner: Runner | None,
                       preset: str | None, command: list[str] | None, retry_failed: bool,
-                      log: Callable[[str], None], executor: Any) -> SweepOutcome:
+                      log: Callable[[str], None], executor: Any, config: dict[str, Any] | None = None) -> SweepOutcome:
     from scoutbench.executors import Job, LocalExecutor
     from scoutbench.results import SCHEMA_VERSION, utc_now, write_json_atomic
     from scoutbench.throughput import ThroughputConfig, device_description, resolve_device, resolve_dtype
@@ -256,6 +257,8 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
     for point_id, point in by_id.items():
         entries[point_id] = _entry(point_id, point, _read_point(out / f"{point_id}.json"))
     save()
+    if config is not None:  # after the settings check: a refused rerun leaves the folder's config as it was
+        write_config(out / CONFIG, config)
     outcome = SweepOutcome(manifest)
     jobs = []
     for index, (point_id, point) in enumerate(by_id.items(), 1):
@@ -280,6 +283,73 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
         log(f"{job.where}: {_one_line(result)}")
         save()
     return outcome
+
+
+# ---- --config -------------------------------------------------------------------------------------------------
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A sweep config file: YAML (.yaml/.yml) or TOML (.toml), a mapping of option names to values."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            raise UsageError(f"--config {path}: use a .yaml, .yml or .toml file")
+    except (OSError, ValueError) as exc:  # yaml.YAMLError and TOMLDecodeError are ValueErrors or close to them
+        raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - yaml's own errors: one line, never a traceback
+        raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of option names to values, got {type(data).__name__}")
+    return data
+
+
+def config_defaults(config: dict[str, Any], by_flag: dict[str, tuple[str, bool]]) -> dict[str, Any]:
+    """Config entries as the command's defaults: keys are long flag names (dashes or underscores), lists become
+    repeated values, `method_arg` may be a mapping of field -> value(s)."""
+    import difflib
+
+    defaults: dict[str, Any] = {}
+    for key, value in config.items():
+        flag = str(key).replace("-", "_")
+        if flag not in by_flag:
+            close = difflib.get_close_matches(flag, list(by_flag), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"--config: unknown option {key!r}{hint} (keys are the sweep flags' long names)")
+        if value is None:
+            continue
+        if flag == "method_arg" and isinstance(value, dict):
+            value = [f"{field}={item}" for field, items in value.items()
+                     for item in (items if isinstance(items, list) else [items])]
+        name, multiple = by_flag[flag]
+        if multiple:  # a repeatable flag: a list, or one value
+            value = tuple(str(item) for item in (value if isinstance(value, list) else [value]))
+        elif isinstance(value, (list, dict)):
+            raise UsageError(f"--config: {key!r} takes one value, got {value!r}")
+        defaults[name] = value
+    return defaults
+
+
+def write_config(path: Path, config: dict[str, Any]) -> None:
+    import yaml
+
+    from scoutbench.export import write_text
+
+    text = ("# scoutbench sweep: the resolved grid and settings of this folder; rerun or resume it with\n"
+            f"#   scoutbench sweep --config {path} -o {path.parent}\n"
+            + yaml.safe_dump({k: v for k, v in config.items() if v not in (None, [], {})}, sort_keys=False))
+    write_text(path, text, overwrite=True)
 
 
 RecallProfiler = Callable[..., dict[str, Any]]  # scoutbench.recall.profile_recall's signature
@@ -355,6 +425,7 @@ def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> d
         entry["decode_step_ms_median"] = (result.get("decode_step_ms") or {}).get("median")
         entry["gpu_idle_frac"] = result.get("gpu_idle_frac")
         entry["main_thread_wait_frac"] = result.get("main_thread_wait_frac")
+        entry["step_spread_warning"] = result.get("step_spread_warning")
     return entry
 
 

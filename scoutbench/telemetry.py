@@ -116,3 +116,48 @@ class NvmlSampler:
         if self.error:
             out["error"] = self.error
         return out
+
+
+# nvmlClocksEventReasons bits (nvml.h; the older name is "clocks throttle reasons"), decoded here because the
+# Python constant names changed between nvidia-ml-py releases while the bits did not.
+CLOCK_EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                       0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                       0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
+
+
+def nvml_device_info(cuda_index: int = 0) -> dict[str, Any] | None:
+    """Provenance of the GPU a result ran on, read once: NVIDIA driver, GPU UUID, enforced power limit and the
+    reasons its clocks are held down right now (a thermally or power-capped GPU measures slower). None without
+    NVML; a field NVML refuses on this GPU is null."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML = no provenance, never a failed run
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(cuda_index))
+
+        def read(call: str, *args: Any) -> Any:
+            try:
+                value = getattr(pynvml, call)(*args)
+            except Exception:  # noqa: BLE001 - unsupported on this GPU or driver
+                return None
+            return value.decode() if isinstance(value, bytes) else value
+
+        power_mw = read("nvmlDeviceGetEnforcedPowerLimit", handle)
+        reasons = read("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if reasons is None:
+            reasons = read("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return {"driver_version": read("nvmlSystemGetDriverVersion"), "uuid": read("nvmlDeviceGetUUID", handle),
+                "nvml_index": _nvml_index(cuda_index),
+                "power_limit_w": None if power_mw is None else power_mw / 1000.0,
+                "clock_event_reasons": None if reasons is None else
+                [name for bit, name in CLOCK_EVENT_REASONS.items() if int(reasons) & bit]}
+    except Exception:  # noqa: BLE001 - no handle for this index
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass

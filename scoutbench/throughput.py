@@ -16,15 +16,18 @@ from typing import Any
 
 import torch
 
+from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import METHODS
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_if_budget_covers
 from scoutbench.models import LoadedModel, load_model, parse_dtype
 from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
+from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
 from scoutbench.timing import STAGES
+from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
 # The field `--budget` sets (every sparse method has one; FullKV has none).
@@ -49,6 +52,9 @@ class ThroughputConfig:
     kv_skew: float = DEFAULT_KV_SKEW
     force: bool = False  # run even when the planned memory exceeds what is free (check_memory)
     nvml_interval_ms: int = 100
+    profile_dir: str | None = None  # --profile: a torch.profiler trace of `profile_steps` extra, untimed steps
+    profile_steps: int = 4
+    nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
 
@@ -96,7 +102,7 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
 
     dtype = next(loaded.model.parameters()).dtype
     shape = ModelShape.from_config(loaded.model.config)
-    context_len = cfg.length + cfg.warmup + cfg.steps
+    context_len = cfg.length + cfg.warmup + cfg.steps + (cfg.profile_steps if cfg.profile_dir is not None else 0)
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
     workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),
@@ -138,8 +144,6 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
         checks.append(("host memory", need["device"] + need["host"], host_usable))
     for what, needed, usable in checks:
         if needed > usable:
-            from scoutbench.units import format_length
-
             chosen = "--batch auto's planned " if planned else ""
             fix = ("lower --gpu-mem / --host-mem to what this machine has, or give --batch" if planned
                    else "lower --len or --batch (see `scoutbench plan`)")
@@ -154,7 +158,6 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
     sparse method's selection then runs on noise): refused, pointing at a synthetic prefill, which only times the
     decode over that many positions. Before loading (`loaded` None) only built-in real models' windows are known."""
     from scoutbench.models import check_context, context_window, loaded_context_window
-    from scoutbench.units import format_length
 
     if loaded is None:
         window, real = context_window(cfg.model), cfg.prefill != "synthetic"
@@ -176,25 +179,17 @@ def device_description(device: torch.device) -> dict[str, Any]:
     return {"type": "cpu", "name": name, "class": f"cpu:{name}:{threads}t", "threads": threads}
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    position = fraction * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:
     """Per-step records (ms per stage + total) -> the result's timing fields."""
     totals = [r["total"] for r in records]
     decode_s = sum(totals) / 1e3
     breakdown = {stage: statistics.fmean(r[stage] for r in records) for stage in STAGES}
     mean_total = statistics.fmean(totals)
+    step_ms = step_summary(totals)
     return {
         "decode_throughput_tok_s": batch * len(records) / decode_s if decode_s > 0 else 0.0,
         "decode_time_s": decode_s,
-        "decode_step_ms": {"median": statistics.median(totals), "p90": _percentile(totals, 0.9),
-                           "mean": mean_total, "min": min(totals), "max": max(totals)},
+        "decode_step_ms": step_ms, "step_spread_warning": spread_warning(step_ms),
         "latency_breakdown_ms": breakdown,
         "latency_breakdown_frac": {k: (v / mean_total if mean_total else 0.0) for k, v in breakdown.items()},
         **wait_fields(breakdown["idle"], mean_total, device_type),
@@ -274,12 +269,14 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
 
     engine = DecodeEngine(loaded.model, method)
     timer = engine.timer
+    timer.nvtx = cfg.nvtx and device.type == "cuda"
     total_steps = workload.warmup + workload.steps
+    profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
     records: list[dict[str, float]] = []
-    nvml = None
+    nvml = nvml_summary = profile = None
     attention_backends.reset()  # also counted when there are no warm-up steps
     try:
-        engine.start(workload.batch, workload.total_tokens)
+        engine.start(workload.batch, workload.total_tokens + profiled_steps)
         if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
             on_progress("prefill", 0, engine.num_layers)
         start = time.perf_counter()
@@ -310,6 +307,15 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
                 on_progress("decode", index + 1, total_steps)
         stats = method.stats()
         backends_used = attention_backends.snapshot()
+        if nvml is not None:  # the profiled steps below are no part of the measurement
+            nvml.__exit__(None, None, None)
+            nvml_summary, nvml = nvml.summary(), None
+        if profiled_steps:
+            from scoutbench.profiling import profile_decode
+
+            stem = (f"throughput_{cfg.method}_{cfg.model.replace('/', '--')}_len{format_length(cfg.length)}"
+                    f"_b{workload.batch}")  # the result file's name in a folder (cli/throughput.py)
+            profile = profile_decode(engine, tokens, profiled_steps, cfg.profile_dir, stem)
     except torch.OutOfMemoryError:
         if oom_backoff:
             raise
@@ -327,13 +333,13 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
             nvml.__exit__(None, None, None)
         method.close()
     return {
-        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": env_info()["scoutbench"],
+        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": __version__,
         "created_at": utc_now(), "command": cfg.command, "status": "ok", "error": None,
         "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
         **budget_plan.result_fields(),
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
-        "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats,
+        "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used, "env": env_info(),
     }

@@ -8,9 +8,10 @@ a result must not call that GPU idle time.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # annotations only: `--help` and the sweep manifest must not import torch
+    import torch
 
 
 def tier_fields(device: torch.device) -> dict[str, Any]:

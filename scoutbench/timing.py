@@ -3,6 +3,10 @@
 Stages are leaves (`qkv_proj`, `predict`, `attn_device`, `idle`, `merge`, `o_proj`, `mlp`); `other` is the part
 of a step no stage covers (embedding, norms, lm_head, sampling, Python overhead). On CUDA, `idle` is measured
 on the stream: events around a host wait capture exactly the time the GPU had nothing queued.
+
+Stages can also be annotated for profilers: `annotate` wraps each in a `torch.profiler.record_function` (what
+`throughput --profile` turns on, so the trace shows the stages), and `nvtx` on CUDA pushes an NVTX range per stage
+(what Nsight Systems shows). Both are off by default: they cost a little per stage and would perturb timed steps.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class StageTimer:
         self._stack: list[str] = []
         self._step_start: object = None
         self.enabled = True
+        self.annotate = False  # torch.profiler.record_function per stage
+        self.nvtx = False  # NVTX range per stage (CUDA)
 
     def _mark(self) -> object:
         if self.use_cuda:
@@ -45,6 +51,27 @@ class StageTimer:
         if not self.enabled:
             yield
             return
+        if self.annotate or self.nvtx:
+            with self._annotated(name):
+                yield from self._timed(name)
+            return
+        yield from self._timed(name)
+
+    @contextmanager
+    def _annotated(self, name: str) -> Iterator[None]:
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            if self.annotate:
+                with torch.profiler.record_function(name):
+                    yield
+            else:
+                yield
+        finally:
+            if self.nvtx:
+                torch.cuda.nvtx.range_pop()
+
+    def _timed(self, name: str) -> Iterator[None]:
         start = self._mark()
         parent = self._stack[-1] if self._stack else None
         self._stack.append(name)

@@ -8,17 +8,20 @@ A record becomes model input in four steps, each as the official code does it:
 3. wrap it in the model's chat template, except for trec, triviaqa, samsum, lsht, lcc and repobench-p;
 4. tokenize (template output without extra special tokens, so BOS is never doubled).
 
-Data comes from a folder of official `<name>.jsonl` files (`--data-dir`) or from the hub archive `data.zip` of
-`THUDM/LongBench` (datasets>=4 can no longer run its loading script, so the archive is read directly).
+Data comes from a folder of official `<name>.jsonl` files (`--data-dir`), a parquet mirror of them (the same
+folder with `<name>.parquet` or `<name>/**/*.parquet`, read through `datasets` as an Arrow dataset), or the hub
+archive `data.zip` of `zai-org/LongBench` (`THUDM/LongBench` only redirects there; datasets>=4 can no longer run its
+loading script, so the archive is read directly). Every load also says where its records came from
+(`data_source`: the file, its sha256, the hub commit), which accuracy results record per dataset.
 The module does not import torch (the `score` command uses its record reader).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
-import os
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ NO_CHAT_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repo
 # Datasets that also stop at a newline (and must generate at least one token), as pred.py does for samsum.
 NEWLINE_STOP_DATASETS = frozenset({"samsum"})
 
-HUB_REPO = "THUDM/LongBench"
+HUB_REPO = "zai-org/LongBench"  # was THUDM/LongBench, which now redirects here
 HUB_ARCHIVE = "data.zip"
 DATA_HINT = (f"download {HUB_ARCHIVE} from https://huggingface.co/datasets/{HUB_REPO}, unzip it and pass "
              "--data-dir DIR (DIR/<name>.jsonl)")
@@ -111,40 +114,149 @@ def _record_problem(record: Any) -> str | None:
     return None
 
 
-def load_records(name: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """All records of dataset `name` from `data_dir/<name>.jsonl`, or from the hub archive when no folder is given."""
+def load_records(name: str, data_dir: str | Path | None = None, revision: str | None = None) -> list[dict[str, Any]]:
+    """All records of dataset `name`: from `data_dir` (official `<name>.jsonl`, else a parquet mirror), or from the
+    hub archive at `revision` (default: the repo's main branch) when no folder is given."""
+    return load_task_data(name, data_dir, revision)[0]
+
+
+def load_task_data(name: str, data_dir: str | Path | None = None,
+                   revision: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(records, source): the records as `load_records` returns them and where they came from (`data_source`)."""
     check_dataset(name)
     if data_dir is not None:
         path = Path(data_dir) / f"{name}.jsonl"
-        if not path.is_file():
-            raise ScoutbenchError(f"no LongBench data for {name}: {path} does not exist; {DATA_HINT}")
-        with open(path, encoding="utf-8") as lines:
-            return parse_records(lines, str(path))
-    archive = _hub_archive(name)
+        if path.is_file():
+            with open(path, encoding="utf-8") as lines:
+                return parse_records(lines, str(path)), {"kind": "folder", "file": str(path.resolve()),
+                                                         "sha256": file_sha256(path)}
+        parquet = parquet_files(name, data_dir)
+        if parquet:
+            return _records_from_arrow(arrow_dataset(name, data_dir), name), {
+                "kind": "parquet", "files": [str(f.resolve()) for f in parquet],
+                "sha256": [file_sha256(f) for f in parquet], "loader": f"datasets {_datasets_version()}"}
+        raise ScoutbenchError(f"no LongBench data for {name}: {path} does not exist; {DATA_HINT}")
+    archive = _hub_archive(name, revision)
     member = f"data/{name}.jsonl"
     with zipfile.ZipFile(archive) as bundle:
         if member not in bundle.namelist():
             raise ScoutbenchError(f"{archive} has no {member}; {DATA_HINT}")
         with bundle.open(member) as raw:
-            return parse_records(io.TextIOWrapper(raw, encoding="utf-8"), f"{archive}:{member}")
+            records = parse_records(io.TextIOWrapper(raw, encoding="utf-8"), f"{archive}:{member}")
+    # the cache path is .../snapshots/<commit>/data.zip: the commit the requested revision resolved to
+    commit = Path(archive).parent.name if Path(archive).parent.parent.name == "snapshots" else None
+    return records, {"kind": "hub", "repo": HUB_REPO, "revision": revision or "main", "commit": commit,
+                     "file": HUB_ARCHIVE, "member": member, "sha256": file_sha256(Path(archive))}
 
 
-def _hub_archive(name: str) -> str:
+@functools.lru_cache(maxsize=64)
+def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a data file (hashed once per process while its size and mtime stay the same)."""
+    stat = path.stat()
+    return _sha256_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def _hub_archive(name: str, revision: str | None = None) -> str:
     """The hub's data.zip (downloaded once into the Hugging Face cache). Offline, only the cache is tried, so the
     error comes at once instead of after a minute of retries."""
-    from scoutbench.models import _hub_reachable
+    from scoutbench.models import hub_offline
 
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
         raise ScoutbenchError(f"no LongBench data for {name} (huggingface_hub is not installed); {DATA_HINT}") from None
-    local_only = os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable()
+    local_only = hub_offline()
     try:
-        return hf_hub_download(HUB_REPO, HUB_ARCHIVE, repo_type="dataset", local_files_only=local_only)
+        return hf_hub_download(HUB_REPO, HUB_ARCHIVE, repo_type="dataset", revision=revision,
+                               local_files_only=local_only)
     except Exception as exc:  # offline, unreachable, gated or renamed: all mean "bring the files yourself"
         why = ("offline, and data.zip is not in the Hugging Face cache" if local_only
                else f"the download failed ({(str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]})")
         raise ScoutbenchError(f"no LongBench data for {name}: {why}; {DATA_HINT}") from None
+
+
+# ---------------------------------------------------------------------------------------------- Arrow (datasets)
+DATASETS_HINT = 'pip install "scoutbench[datasets]"'
+
+
+def parquet_files(name: str, data_dir: str | Path) -> list[Path]:
+    """A parquet mirror's files for `name`: `<name>.parquet`, or every parquet under `<name>/` (the hub's parquet
+    conversion writes `<name>/test/0000.parquet`), in name order."""
+    folder = Path(data_dir)
+    single = folder / f"{name}.parquet"
+    if single.is_file():
+        return [single]
+    return sorted((folder / name).rglob("*.parquet")) if (folder / name).is_dir() else []
+
+
+def arrow_dataset(name: str, data_dir: str | Path, cache_dir: str | Path | None = None) -> Any:
+    """Dataset `name` of a local LongBench folder (official `<name>.jsonl`) or of a parquet mirror, as a
+    `datasets.Dataset`: Arrow, memory-mapped, and cached by datasets under `cache_dir` (default: its own cache,
+    keyed by the files' contents, so a second load reads the Arrow file instead of parsing again)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ScoutbenchError(f"loading {name} as an Arrow dataset needs the datasets package: {DATASETS_HINT}") from None
+    check_dataset(name)
+    jsonl = Path(data_dir) / f"{name}.jsonl"
+    files = [jsonl] if jsonl.is_file() else parquet_files(name, data_dir)
+    if not files:
+        raise ScoutbenchError(f"no LongBench data for {name} in {data_dir} (<name>.jsonl, <name>.parquet or "
+                              f"<name>/**/*.parquet); {DATA_HINT}")
+    builder = "json" if files[0].suffix == ".jsonl" else "parquet"
+    return datasets.load_dataset(builder, data_files={"test": [str(f) for f in files]}, split="test",
+                                 cache_dir=None if cache_dir is None else str(cache_dir))
+
+
+def _records_from_arrow(dataset: Any, name: str) -> list[dict[str, Any]]:
+    """Rows of an Arrow dataset as official records, checked like lines of a .jsonl file."""
+    records = []
+    for index, record in enumerate(dataset.to_list()):
+        problem = _record_problem(record)
+        if problem:
+            raise ScoutbenchError(f"{name} (Arrow) row {index}: {problem}")
+        record.setdefault("all_classes", None)
+        records.append(record)
+    return records
+
+
+def _datasets_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("datasets")
+
+
+def cross_check(records: list[dict[str, Any]], reference: list[dict[str, Any]]) -> list[str]:
+    """Record-by-record differences between a mirror's records and the official ones, matched by `_id`: ids
+    missing or extra, duplicated, and every field whose value differs. Empty when the mirror is faithful."""
+    problems: list[str] = []
+    by_id: dict[str, dict[str, Any]] = {}
+    for record in records:
+        key = str(record.get("_id"))
+        if key in by_id:
+            problems.append(f"_id {key}: duplicated in the mirror")
+        by_id[key] = record
+    official_ids = {str(r.get("_id")) for r in reference}
+    for official in reference:
+        key = str(official.get("_id"))
+        mirror = by_id.get(key)
+        if mirror is None:
+            problems.append(f"_id {key}: missing from the mirror")
+            continue
+        differing = sorted(field for field in official.keys() | mirror.keys()
+                           if official.get(field) != mirror.get(field))
+        if differing:
+            problems.append(f"_id {key}: {', '.join(differing)} differ")
+    problems += [f"_id {key}: not in the official data" for key in by_id if key not in official_ids]
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -175,6 +287,7 @@ class LongBenchTask:
     records: list[dict[str, Any]]
     tokenizer: Any
     max_length: int
+    source: dict[str, Any] | None = None  # where the records came from (load_task_data), recorded in results
 
     def __post_init__(self) -> None:
         check_dataset(self.dataset)
@@ -212,7 +325,8 @@ class LongBenchTask:
 
     def describe(self) -> dict[str, Any]:
         return {"metric": metrics.metric_name(self.dataset), "max_new_tokens": self.max_new_tokens,
-                "max_length": self.max_length, "chat_template": uses_chat_template(self.dataset)}
+                "max_length": self.max_length, "chat_template": uses_chat_template(self.dataset),
+                "data": self.source}
 
     def score(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Official aggregation; `_e` datasets also get the LongBench-E length buckets."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from scoutbench.errors import UsageError
+
+if TYPE_CHECKING:  # torch is imported where prompts are made: the CLI reads this module's defaults for `--help`
+    import torch
 
 PREFILL_MODES = ("real", "synthetic")
 # Derived from real attention, not tuned to a paper number (issue 11 item 6): SmolLM2-135M over 3k tokens of real
@@ -56,11 +58,15 @@ class SyntheticWorkload:
         return self.length + self.warmup + self.steps
 
     def prompt_ids(self, vocab_size: int) -> torch.Tensor:
+        import torch
+
         generator = torch.Generator().manual_seed(self.seed)
         return torch.randint(0, vocab_size, (self.batch, self.length), generator=generator)
 
     def first_tokens(self, vocab_size: int) -> torch.Tensor:
         """The first decode input when prefill is synthetic (there are no prompt logits to sample from)."""
+        import torch
+
         generator = torch.Generator().manual_seed(self.seed + 1)
         return torch.randint(0, vocab_size, (self.batch,), generator=generator)
 

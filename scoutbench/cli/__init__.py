@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("scoutbench.cli.sweep:gate_command", "Fail on performance regressions against a baseline."),
     "project": ("scoutbench.cli.project:command", "Project measured runs onto other hardware and shapes (timeline)."),
     "calibrate": ("scoutbench.cli.project:calibrate_command", "Measure this machine's hardware profile."),
+    "export": ("scoutbench.cli.export:command",
+               "Results to CSV, SGLang result.jsonl, vLLM/PyTorch benchmark JSON, MLflow or W&B."),
+    "data-check": ("scoutbench.cli.data:check_command",
+                   "Cross-check a LongBench mirror (parquet or folder) record by record against the official files."),
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from scoutbench.cli.options import SEED, parse_method_args
+from scoutbench.cli.options import DTYPE, SEED, parse_method_args
 from scoutbench.errors import UsageError
 
 LENGTH_HELP = "tokens; k = 1024 (4k = 4096)"
@@ -40,8 +40,7 @@ def _common_options(func):
         click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
                      help="Set a method field (repeatable)."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
-        click.option("--dtype", default=None,
-                     help="float32|bfloat16|float16 (fp32/bf16/fp16); default fp32 on CPU, bf16 on CUDA."),
+        click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA."),
         click.option("--seed", default=0, show_default=True, type=SEED, help="Seed for synthetic prompts."),
     ]
     for option in reversed(options):
@@ -69,13 +68,35 @@ def _expand_datasets(names: tuple[str, ...]) -> list[str]:
     return expanded
 
 
+def _list_datasets(as_json: bool) -> None:
+    """`--dataset list`: every name --dataset accepts, with its official metric."""
+    from scoutbench import longbench_metrics
+    from scoutbench.workloads import passkey
+
+    rows = [{"name": name, "suite": "LongBench-E" if name.endswith("_e") else "LongBench",
+             "metric": longbench_metrics.metric_name(name)}
+            for name in [*longbench_metrics.DATASETS, *longbench_metrics.E_DATASETS]]
+    rows += [{"name": name, "suite": "passkey", "metric": "passkey_exact"} for name in passkey.TASKS]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<22} {row['suite']:<12} {row['metric']}")
+    click.echo("all                    the 21 LongBench v1 datasets")
+
+
 @click.command("accuracy")
 @click.option("--dataset", "datasets", multiple=True, required=True,
               help="LongBench dataset (any of v1's 21, e.g. qasper, hotpotqa, lcc, or a LongBench-E file such as "
-                   "qasper_e), 'all' (the 21 v1 datasets), passkey or passkey-multi. Repeatable.")
+                   "qasper_e), 'all' (the 21 v1 datasets), passkey or passkey-multi. Repeatable. "
+                   "'list' prints them all (with their metric) and exits.")
 @_common_options
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Folder of official LongBench <name>.jsonl files (default: the hub archive, when online).")
+              help="Folder of official LongBench <name>.jsonl files, or a parquet mirror (<name>.parquet, "
+                   "<name>/**/*.parquet; needs scoutbench[datasets]) (default: the hub archive, when online).")
+@click.option("--data-revision", default=None,
+              help="Hub revision (branch, tag or commit) of zai-org/LongBench's data.zip (default: main; the "
+                   "resolved commit is recorded).")
 @click.option("--limit", type=int, default=None, help="Only the first N records (passkey: N prompts, default 10).")
 @click.option("--max-length", "max_length", default=None,
               help=f"LongBench prompt limit before middle truncation ({LENGTH_HELP}); default per model.")
@@ -85,8 +106,8 @@ def _expand_datasets(names: tuple[str, ...]) -> list[str]:
 @click.option("-o", "--output", "out_dir", default="results/runs/accuracy", show_default=True,
               help="Output folder (predictions + result.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")
-def command(datasets, method, model, budget, method_args, device, dtype, seed, data_dir, limit, max_length,
-            context_len, depth, out_dir, as_json) -> None:
+def command(datasets, method, model, budget, method_args, device, dtype, seed, data_dir, data_revision, limit,
+            max_length, context_len, depth, out_dir, as_json) -> None:
     """Accuracy of a method on LongBench (official prompts, truncation and metrics) or passkey retrieval.
 
     Predictions are resumable: rerunning the same command skips finished samples.
@@ -101,6 +122,9 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
     from scoutbench.throughput import resolve_device, resolve_dtype
     from scoutbench.workloads import longbench, passkey
 
+    if "list" in datasets:
+        _list_datasets(as_json)
+        return
     # every option is checked before the model loads (a minute for a real model) and before any data is read
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
@@ -114,12 +138,13 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
         raise UsageError(f"model {model!r} has random weights and no tokenizer; accuracy tasks need text "
                          "(use smollm2-135m, a local folder or a Hugging Face id)")
     resolve_dtype(dtype, resolve_device(device))
-    records = {}
+    records, sources = {}, {}
     for name in names:
         if name in passkey.TASKS:
             continue
         try:
-            records[name] = longbench.load_records(name, data_dir)[:limit]
+            rows, sources[name] = longbench.load_task_data(name, data_dir, data_revision)
+            records[name] = rows[:limit]
         except UnicodeDecodeError as exc:
             raise UsageError(f"the {name} data is not UTF-8 text (byte {exc.start}); use the official LongBench "
                              "files") from None
@@ -142,7 +167,8 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
         if name in passkey.TASKS:
             tasks.append(passkey.PasskeyTask(name, loaded.tokenizer, passkey_len, limit or 10, depth, seed))
         else:
-            tasks.append(longbench.LongBenchTask(name, records[name], loaded.tokenizer, length_limit))
+            tasks.append(longbench.LongBenchTask(name, records[name], loaded.tokenizer, length_limit,
+                                                 source=sources[name]))
 
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -12,6 +12,66 @@ from scoutbench.errors import UsageError
 SEED = click.IntRange(0, 2**63 - 1)
 
 
+class LengthType(click.ParamType):
+    """Tokens with an optional k/m suffix (k = 1024): `4096`, `4k`, `64k`, `1m` -> int. Errors are the one-line
+    `bad --len ...` of units.parse_length."""
+
+    name = "length"
+
+    def convert(self, value, param, ctx):
+        from scoutbench.units import parse_length
+
+        return parse_length(value, param.opts[0] if param is not None else "length")
+
+
+class BytesType(click.ParamType):
+    """Memory with a unit: `80GiB`, `141GB` (decimal), `512MiB` -> bytes."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        from scoutbench.units import parse_bytes
+
+        return parse_bytes(value)
+
+
+class DtypeChoice(click.Choice):
+    """--dtype: a click Choice (listed in --help, completed by the shell) with the aliases torch users type."""
+
+    def __init__(self) -> None:
+        super().__init__(DTYPE_NAMES, case_sensitive=False)
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            raise UsageError(f"unknown dtype {value!r}: use float32, bfloat16 or float16 (fp32, bf16, fp16)") from None
+
+
+class AtLeast(click.IntRange):
+    """An integer count with a floor (`--steps` >= 1, `--warmup` >= 0), refused in one line naming the flag."""
+
+    def __init__(self, minimum: int) -> None:
+        super().__init__(min=minimum)
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            number = click.INT.convert(value, param, ctx)  # not an integer at all: click's own message
+            flag = param.opts[0] if param is not None else "value"
+            raise UsageError(f"{flag} must be at least {self.min} (got {number})") from None
+
+
+# models.DTYPES' names (tests/test_cli_types.py keeps them equal); spelled out here so --help needs no torch
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+LENGTH = LengthType()
+BYTES = BytesType()
+DTYPE = DtypeChoice()
+STEPS = AtLeast(1)
+WARMUP = AtLeast(0)
+
+
 def parse_method_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for pair in pairs:

@@ -7,13 +7,20 @@ import os
 
 import click
 
-from scoutbench.cli.options import check_all_used, expand_methods, method_args_for, parse_method_args
+from scoutbench.cli.options import (
+    DTYPE,
+    LENGTH,
+    check_all_used,
+    expand_methods,
+    method_args_for,
+    parse_method_args,
+)
 from scoutbench.units import format_length, parse_bytes, parse_length
 
 
 @click.command(name="plan")
 @click.option("--model", required=True, help="Built-in preset (qwen3-8b, qwen3-14b, ...) or a local folder with config.json.")
-@click.option("--len", "length", required=True, help="Tokens each sequence holds: 8k, 32k, 64k, 131072.")
+@click.option("--len", "length", required=True, type=LENGTH, help="Tokens each sequence holds: 8k, 32k, 64k, 131072.")
 @click.option("--gpu-mem", default=None, help="Device memory to plan for, e.g. 80GiB (default: the free memory of "
               "the CUDA device; required without CUDA).")
 @click.option("--host-mem", default=None, help="Host memory for offloaded KV, e.g. 512GiB (default: not limited).")
@@ -21,7 +28,7 @@ from scoutbench.units import format_length, parse_bytes, parse_length
 @click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
 @click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE", help="Set a method field (repeatable).")
-@click.option("--dtype", default="bf16", show_default=True, help="KV and weight dtype: bf16, fp16 or fp32.")
+@click.option("--dtype", default="bf16", show_default=True, type=DTYPE, help="KV and weight dtype: bf16, fp16 or fp32.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per method.")
 def command(model, length, gpu_mem, host_mem, methods, budget, block_size, method_args, dtype, as_json):
     """Memory per sequence and maximum batch of each method, without building the model (see scoutbench/planning.py

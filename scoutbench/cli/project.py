@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from scoutbench.cli.options import DTYPE
 from scoutbench.units import format_length
 
 
@@ -22,7 +23,7 @@ from scoutbench.units import format_length
               "profile's device and host memory (default: each result's).")
 @click.option("--budget", default=None, help="Target sparse budget (default: each result's).")
 @click.option("--block-size", default=None, type=int, help="Target block size (default: each result's).")
-@click.option("--dtype", default=None, help="Target weight/KV dtype: bf16, fp16, fp32 (default: each result's).")
+@click.option("--dtype", default=None, type=DTYPE, help="Target weight/KV dtype: bf16, fp16, fp32 (default: each result's).")
 @click.option("--fetch-granularity", type=click.Choice(["gathered", "token"]), default="gathered", show_default=True,
               help="InfiniGen's copies: gathered (this tool's implementation) or token (one copy per token, as the "
                    "paper describes its baseline).")

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from scoutbench.cli.options import SEED, parse_method_args
+from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args
 from scoutbench.units import parse_length
 
 _MODEL_HELP = "Built-in name (tiny-qwen3, smollm2-135m, bench-attn, ...), local folder or Hugging Face id."
@@ -15,10 +15,10 @@ _MODEL_HELP = "Built-in name (tiny-qwen3, smollm2-135m, bench-attn, ...), local 
 def _common(fn):
     for option in reversed([
         click.option("--model", default="tiny-qwen3", show_default=True, help=_MODEL_HELP),
-        click.option("--len", "length", default="4k", show_default=True, help="Prompt tokens: 4096, 4k, 64k."),
+        click.option("--len", "length", default="4k", show_default=True, type=LENGTH, help="Prompt tokens: 4096, 4k, 64k."),
         click.option("--batch", default=1, show_default=True, type=int, help="Sequences decoded together."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
-        click.option("--dtype", default=None, help="fp32|bf16|fp16; default fp32 on CPU, bf16 on CUDA."),
+        click.option("--dtype", default=None, type=DTYPE, help="fp32|bf16|fp16; default fp32 on CPU, bf16 on CUDA."),
         click.option("--seed", default=0, show_default=True, type=SEED),
     ]):
         fn = option(fn)

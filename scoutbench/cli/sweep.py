@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from scoutbench.cli.options import SEED
+from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP
 from scoutbench.sweep import PRESETS  # light: no torch at import time
 
 
@@ -41,7 +41,25 @@ def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | 
     return out
 
 
+def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """`--config grid.yaml|toml`: its keys are the flags' long names (`len`, `method`, `method_arg`, ...), and they
+    become the command's defaults, so a flag given on the command line still wins (click's default_map)."""
+    if path is None:
+        return None
+    from scoutbench.sweep import config_defaults, read_config
+
+    by_flag = {opt.lstrip("-").replace("-", "_"): (p.name, bool(getattr(p, "multiple", False)))
+               for p in ctx.command.params for opt in p.opts if opt.startswith("--") and p.name not in ("config", "as_json")}
+    ctx.default_map = {**(ctx.default_map or {}), **config_defaults(read_config(path), by_flag)}
+    return path
+
+
 @click.command(name="sweep")
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
+              callback=_load_config,
+              help="A YAML or TOML file of these options by their long names (len: [4k, 8k], method: [fullkv, "
+                   "scout], method_arg: {recall_interval: [4, 8]}, ...); flags given here override it. The resolved "
+                   "grid is saved as sweep_config.yaml in the sweep folder (itself a valid --config).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="The axes of a paper figure: lengths (Fig. 8), batch (Fig. 9), block-size (Fig. 10), breakdown "
                    "(Fig. 11), ablation (Fig. 12); at --scale cpu a CPU-only measurement, not the paper's figure. "
@@ -62,10 +80,10 @@ def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | 
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="A method field (repeatable; repeating a key sweeps its values).")
 @click.option("--model", default=None, help="Model (default: the preset's, else tiny-qwen3).")
-@click.option("--steps", default=None, type=int, help="Timed decode steps per point (default 16; cpu presets 8).")
-@click.option("--warmup", default=None, type=int, help="Untimed decode steps first (default 3; cpu presets 2).")
+@click.option("--steps", default=None, type=STEPS, help="Timed decode steps per point (default 16; cpu presets 8).")
+@click.option("--warmup", default=None, type=WARMUP, help="Untimed decode steps first (default 3; cpu presets 2).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
-@click.option("--dtype", default=None, help="float32|bfloat16|float16; default fp32 on CPU, bf16 on CUDA.")
+@click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA.")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--prefill", type=click.Choice(["real", "synthetic"]), default=None,
               help="real or synthetic (random K/V, decode only); default synthetic with a preset, else real.")
@@ -135,10 +153,17 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     err = _console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
     err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
+    resolved_config = {"preset": preset, "scale": scale, "method": list(grid.methods), "len": list(grid.lengths),
+                       "batch": list(grid.batches), "budget": [b for b in grid.budgets if b is not None],
+                       "block_size": [b for b in grid.block_sizes if b is not None],
+                       "method_arg": {k: list(v) for k, v in grid.method_args.items()}, "model": settings.model,
+                       "steps": settings.steps, "warmup": settings.warmup, "device": settings.device,
+                       "dtype": settings.dtype, "seed": settings.seed, "prefill": settings.prefill,
+                       "gpu_mem": settings.gpu_mem, "host_mem": settings.host_mem, "executor": executor}
     try:
         outcome = run_sweep(points, settings, output, preset=preset, command=["scoutbench", *sys.argv[1:]],
                             retry_failed=retry_failed, log=lambda line: err.print(line, highlight=False),
-                            executor=point_executor, recall_profiles=preset is not None)
+                            executor=point_executor, recall_profiles=preset is not None, config=resolved_config)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every finished point has its file
         err.print(f"kept the finished points in {output}; rerun the same command to resume", highlight=False)
         raise
@@ -146,6 +171,10 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
     else:
         _console().print(_sweep_table(outcome.manifest))
+        noisy = [p["id"] for p in outcome.manifest["points"] if p.get("step_spread_warning")]
+        if noisy:
+            err.print(f"warning: {len(noisy)} point(s) too noisy to trust a ratio (step_spread_warning in their "
+                      f"files): {', '.join(noisy)}", highlight=False, soft_wrap=True)
         err.print(f"ran {outcome.ran}, skipped {outcome.skipped} (already done); results in {output}")
     if outcome.failed:
         raise ScoutbenchError(f"{len(outcome.failed)} of {len(outcome.manifest['points'])} points failed "

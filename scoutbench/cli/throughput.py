@@ -8,9 +8,20 @@ from pathlib import Path
 
 import click
 
-from scoutbench.cli.options import SEED, check_all_used, expand_methods, method_args_for, parse_method_args
+from scoutbench.cli.options import (
+    BYTES,
+    DTYPE,
+    LENGTH,
+    SEED,
+    STEPS,
+    WARMUP,
+    check_all_used,
+    expand_methods,
+    method_args_for,
+    parse_method_args,
+)
 from scoutbench.tiers import wait_frac
-from scoutbench.units import format_length, parse_bytes, parse_length
+from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
 DEFAULT_OUTPUT = "results/runs"
@@ -27,26 +38,26 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
                    f"(default: {', '.join(DEFAULT_METHODS)}).")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
               help="Built-in name (tiny-qwen3, bench-attn, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
-@click.option("--len", "length", default=DEFAULT_LEN, show_default=True,
+@click.option("--len", "length", default=DEFAULT_LEN, show_default=True, type=LENGTH,
               help="Prompt tokens per sequence: 4096, 4k (=4096), 64k, 1m.")
 @click.option("--batch", default="1", show_default=True,
               help="Sequences decoded together, or 'auto': each method's largest batch that fits --gpu-mem "
                    "(halved and retried on out-of-memory).")
-@click.option("--gpu-mem", default=None, help="Device memory for --batch auto, e.g. 80GiB (default: the CUDA "
+@click.option("--gpu-mem", default=None, type=BYTES, help="Device memory for --batch auto, e.g. 80GiB (default: the CUDA "
               "device's usable memory; required on CPU).")
-@click.option("--host-mem", default=None, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB "
+@click.option("--host-mem", default=None, type=BYTES, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB "
               "(default: this machine's available memory).")
-@click.option("--steps", default=16, show_default=True, type=int, help="Timed decode steps.")
-@click.option("--warmup", default=3, show_default=True, type=int, help="Untimed decode steps first.")
+@click.option("--steps", default=16, show_default=True, type=STEPS, help="Timed decode steps.")
+@click.option("--warmup", default=3, show_default=True, type=WARMUP, help="Untimed decode steps first.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
-@click.option("--dtype", default=None, help="float32|bfloat16|float16 (fp32/bf16/fp16); default fp32 on CPU, bf16 on CUDA.")
+@click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA.")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--prefill", type=click.Choice(["auto", "real", "synthetic"]), default="auto", show_default=True,
               help="real: run the model on the prompt; synthetic: fill the KV cache with random K/V (decode only); "
                    "auto: synthetic for random-weight presets, real for real models.")
 @click.option("--kv-skew", default=DEFAULT_KV_SKEW, show_default=True, type=float,
               help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
-@click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
+@click.option("--budget", default=None, type=LENGTH, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
 @click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="Set a method field (repeatable); applies to the selected methods that have it.")
@@ -55,8 +66,13 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
 @click.option("--overwrite", is_flag=True, help="Replace an existing .json output instead of failing.")
 @click.option("--force", is_flag=True, help="Run even when the planned memory exceeds the free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False),
+              help="Also write a torch.profiler trace of --profile-steps extra, untimed decode steps per method into "
+                   "this folder (.trace.json.gz: open it in ui.perfetto.dev or chrome://tracing).")
+@click.option("--profile-steps", default=4, show_default=True, type=STEPS, help="Decode steps in the --profile trace.")
+@click.option("--nvtx", is_flag=True, help="NVTX range per stage on CUDA (for Nsight Systems; costs a little per stage).")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
-            budget, block_size, method_args, output, overwrite, force, as_json):
+            budget, block_size, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx):
     """Decode throughput and latency breakdown. With no arguments: the compared methods on the bench-attn shape
     (attention-dominated, random weights) at 32k with a synthetic prefill, where sparse methods pull ahead of
     FullKV; under a minute on two idle CPU cores."""
@@ -77,11 +93,9 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     batch = _parse_batch(batch)
     if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
-    gpu_mem_bytes = parse_bytes(gpu_mem) if gpu_mem is not None else None
-    host_mem_bytes = parse_bytes(host_mem) if host_mem is not None else None
+    gpu_mem_bytes, host_mem_bytes = gpu_mem, host_mem  # bytes (BYTES)
     resolve_dtype(dtype, resolved)
-    length_tokens = parse_length(length)
-    budget_tokens = parse_length(budget, "--budget") if budget is not None else None
+    length_tokens, budget_tokens = length, budget  # tokens (LENGTH)
     names = expand_methods(methods or DEFAULT_METHODS)
     common = parse_method_args(method_args)
     used: set[str] = set()
@@ -95,7 +109,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length_tokens,
                                 batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
                                 warmup=warmup, device=device, dtype=dtype, seed=seed, prefill=prefill,
-                                kv_skew=kv_skew, force=force, command=["scoutbench", *sys.argv[1:]])
+                                kv_skew=kv_skew, force=force, profile_dir=profile_dir, profile_steps=profile_steps,
+                                nvtx=nvtx, command=["scoutbench", *sys.argv[1:]])
                for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
@@ -103,6 +118,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
         build_method(cfg.method, cfg.method_args)
         check_context_fits(cfg)
     check_writable(out_path, overwrite)
+    if profile_dir is not None:  # before the runs: a trace that cannot be written must not cost a finished run
+        check_writable(profile_dir, single_file=False)
     err = Console(stderr=True)
     with output_lock(out_path.parent if single_file else out_path):
         results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
@@ -110,6 +127,9 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
         click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
     else:
         Console().print(_table(results))
+        for result in results:
+            if result.get("step_spread_warning"):
+                err.print(f"warning: {result['method']}: {result['step_spread_warning']}", highlight=False)
         err.print(f"results: {', '.join(paths)}", highlight=False)
 
 
@@ -180,7 +200,8 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
 def _summary(result, path):
     return {"method": result["method"], "model": result["model"]["name"], "len": result["workload"]["len"],
             "batch": result["workload"]["batch"], "decode_throughput_tok_s": result["decode_throughput_tok_s"],
-            "decode_step_ms": result["decode_step_ms"], "gpu_idle_frac": result["gpu_idle_frac"],
+            "decode_step_ms": result["decode_step_ms"], "step_spread_warning": result.get("step_spread_warning"),
+            "gpu_idle_frac": result["gpu_idle_frac"],
             "main_thread_wait_frac": result["main_thread_wait_frac"], "tiers": result["tiers"],
             "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
 
@@ -191,7 +212,17 @@ STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "proj": ("q
 
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
-                 "stages: mean ms per step")
+                 "±95%: half-width of the median's 95% interval; stages: mean ms per step")
+
+
+def _ci_cell(step_ms: dict) -> str:
+    """Half-width of the median step's 95% interval in % of the median ('-' under 6 steps); '!' marks a warning."""
+    if step_ms.get("ci95_low") is None or not step_ms["median"]:
+        return "- !"
+    frac = (step_ms["ci95_high"] - step_ms["ci95_low"]) / 2 / step_ms["median"]
+    from scoutbench.step_stats import MAX_CI_HALF_WIDTH_FRAC
+
+    return f"{100 * frac:.0f}%" + (" !" if frac > MAX_CI_HALF_WIDTH_FRAC else "")
 
 
 def _table(results):
@@ -211,7 +242,7 @@ def _table(results):
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("method", no_wrap=True)
     wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
-    headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "vs full", wait_header)
+    headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "±95%", "vs full", wait_header)
     for header in (*headers, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
     base = next((r for r in results if r["method"] in ("fullkv", "full")), None)
@@ -219,8 +250,8 @@ def _table(results):
         speedup = "-" if base is None else speedup_text(r["decode_throughput_tok_s"], r["workload"]["batch"],
                                                         base["decode_throughput_tok_s"], base["workload"]["batch"])
         row = [r["method"], *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
-               f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
-               f"{100 * (wait_frac(r) or 0.0):.1f}"]
+               f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}",
+               _ci_cell(r["decode_step_ms"]), speedup, f"{100 * (wait_frac(r) or 0.0):.1f}"]
         breakdown = r["latency_breakdown_ms"]
         row += [f"{sum(breakdown[s] for s in stages):.2f}" for g, stages in STAGE_GROUPS.items() if g != "idle"]
         table.add_row(*row)

@@ -1,0 +1,210 @@
+"""`scoutbench export`: result files in the formats people already keep numbers in (mappings: docs/results.md).
+
+- `csv`: one row per result, every scalar field as a dotted column (`decode_step_ms.median`, `model.name`); lists
+  and objects inside a cell as JSON; `read_csv` gives the values back, so a sweep round-trips.
+- `sglang`: SGLang `bench_one_batch`'s `result.jsonl` records (seconds and tok/s, the decode step by its median).
+- `vllm`: `vllm bench latency`'s `--output-json` object, one per result, with the timed decode steps as its
+  latencies (seconds); `pytorch`: the PyTorch OSS benchmark-database records vLLM writes beside it
+  (`<name>.pytorch.json`, one record per metric).
+
+The module imports no torch: exporting a folder of results is instant.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.results import _jsonable, load_results
+from scoutbench.step_stats import percentile
+
+FORMATS = ("csv", "sglang", "vllm", "pytorch")
+# Left out of CSV cells (multi-line, kilobytes per row); the JSON result keeps them.
+CSV_OMITTED = ("env.torch_env_summary",)
+VLLM_PERCENTILES = (10, 25, 50, 75, 90, 99)  # the ones `vllm bench latency` reports
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def collect(paths: Iterable[str | Path], kinds: tuple[str, ...] | None = None) -> tuple[list[dict], list[str]]:
+    """Results under `paths` (files, folders, sweep folders), ok ones of `kinds` (all kinds when None), and what was
+    left out and why. Files that are not scoutbench results are listed, never fatal."""
+    skipped: list[str] = []
+    found = load_results(paths, on_skip=lambda file, why: skipped.append(f"{file}: {why}"))
+    chosen = []
+    for result in found:
+        if kinds is not None and result.get("kind") not in kinds:
+            skipped.append(f"{result['_path']}: a {result.get('kind')} result ({'/'.join(kinds)} only here)")
+        elif result.get("status", "ok") != "ok":
+            skipped.append(f"{result['_path']}: status {result.get('status')} ({result.get('error')})")
+        else:
+            chosen.append(result)
+    return chosen, skipped
+
+
+def run_name(result: dict[str, Any]) -> str:
+    """The result file's stem (unique within a folder and descriptive: method, model, length, batch, args)."""
+    path = result.get("_path")
+    return Path(path).stem if path else f"{result.get('method')}_{(result.get('model') or {}).get('name')}"
+
+
+# ---------------------------------------------------------------------------------------------- CSV
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys for nested objects; scalars and lists as leaves (`_path` becomes `source_file`)."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if name == "_path":
+            out["source_file"] = value
+        elif isinstance(value, dict) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool) or isinstance(value, (list, dict)):
+        return json.dumps(_jsonable(value), ensure_ascii=False)
+    if isinstance(value, float):
+        return repr(value)  # shortest exact form: float(cell) == value
+    return str(value)
+
+
+def parse_cell(text: str) -> Any:
+    """Inverse of the CSV cell encoding: '' -> None, JSON (numbers, true/false, lists, objects) -> value, else str."""
+    if text == "":
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def to_csv(results: list[dict[str, Any]]) -> str:
+    rows = [{k: v for k, v in flatten(r).items() if k not in CSV_OMITTED} for r in results]
+    columns = list(dict.fromkeys(column for row in rows for column in row))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(column)) for column in columns])
+    return buffer.getvalue()
+
+
+def read_csv(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of an exported CSV with their values decoded; an empty cell of a column a row lacks reads as None."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return [{k: parse_cell(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+
+
+# ---------------------------------------------------------------------------------------------- SGLang
+def sglang_record(result: dict[str, Any]) -> dict[str, Any]:
+    """One `bench_one_batch` result.jsonl record. SGLang's output_len counts the prefill's token too, so it is the
+    timed steps + 1; its decode latencies are our timed steps (warm-up excluded: SGLang warms up in a separate run).
+    A synthetic prefill ran no model over the prompt: its prefill and total fields are null, not fake numbers."""
+    workload, batch = result["workload"], result["workload"]["batch"]
+    input_len, output_len = workload["len"], workload["steps"] + 1
+    median_s = result["decode_step_ms"]["median"] / 1e3
+    real_prefill = workload.get("prefill") != "synthetic"
+    prefill_s = result["prefill_ms"] / 1e3 if real_prefill else None
+    total_s = prefill_s + result["decode_time_s"] if prefill_s is not None else None
+    return {
+        "run_name": run_name(result), "batch_size": batch, "input_len": input_len, "output_len": output_len,
+        "prefill_latency": prefill_s,
+        "prefill_throughput": input_len * batch / prefill_s if prefill_s else None,
+        "median_decode_latency": median_s, "median_decode_throughput": batch / median_s if median_s else None,
+        "total_latency": total_s,
+        "overall_throughput": (input_len + output_len) * batch / total_s if total_s else None,
+    }
+
+
+def to_sglang_jsonl(results: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(_jsonable(sglang_record(r))) + "\n" for r in results)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM
+def vllm_latency(result: dict[str, Any]) -> dict[str, Any]:
+    """`vllm bench latency --output-json`'s object. Its latency is one generate call of the whole batch; ours, one
+    decode step of the batch (the field that compares with a decode benchmark), in seconds. std is numpy's
+    (population) std, percentiles numpy's linear ones, as vLLM computes them."""
+    latencies = [ms / 1e3 for ms in result["step_ms"]]
+    return {"avg_latency": statistics.fmean(latencies), "std_latency": statistics.pstdev(latencies),
+            "latencies": latencies,
+            "percentiles": {str(p): percentile(latencies, p / 100) for p in VLLM_PERCENTILES}}
+
+
+def run_args(result: dict[str, Any]) -> dict[str, Any]:
+    """What the run was (`benchmark.extra_info.args` of the PyTorch records): the knobs that change a number."""
+    workload, model = result["workload"], result["model"]
+    return {"method": result["method"], "method_config": result.get("method_config"), "model": model["name"],
+            "dtype": model.get("dtype"), "input_len": workload["len"], "batch_size": workload["batch"],
+            "num_iters": workload["steps"], "num_iters_warmup": workload["warmup"], "seed": workload.get("seed"),
+            "prefill": workload.get("prefill"), "device": (result.get("device") or {}).get("class"),
+            "scoutbench_version": result.get("scoutbench_version"),
+            "git_commit": (result.get("env") or {}).get("git_commit")}
+
+
+def pytorch_records(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The PyTorch OSS benchmark-database records `vllm bench latency` writes with SAVE_TO_PYTORCH_BENCHMARK_FORMAT
+    (vllm/benchmarks/lib/utils.py: one record per metric), plus scoutbench's throughput as a second metric."""
+    latency = vllm_latency(result)
+    metrics = {"latency": (latency["latencies"],
+                           {k: latency[k] for k in ("avg_latency", "std_latency", "percentiles")}),
+               "decode_throughput_tok_s": ([result["decode_throughput_tok_s"]],
+                                           {"decode_time_s": result["decode_time_s"]})}
+    return [{"benchmark": {"name": "scoutbench throughput", "extra_info": {"args": run_args(result)}},
+             "model": {"name": result["model"]["name"]},
+             "metric": {"name": name, "benchmark_values": values, "extra_info": extra}}
+            for name, (values, extra) in metrics.items()]
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def write_text(path: Path, text: str, overwrite: bool) -> Path:
+    """Whole file or nothing (temp file + rename); an existing file only with `overwrite`."""
+    if path.exists() and not overwrite:
+        raise UsageError(f"{path} exists; pass --overwrite to replace it or choose another -o")
+    if path.is_dir():
+        raise ScoutbenchError(f"cannot write {path}: it is a folder; choose a file name for -o")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def export(results: list[dict[str, Any]], fmt: str, output: str | Path, overwrite: bool = False) -> list[Path]:
+    """Write `results` as `fmt` to `output` (a file; for vllm/pytorch a folder of one file per result, or a file
+    when there is exactly one). Returns the files written."""
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown export format {fmt!r}: use {', '.join(FORMATS)}")
+    if not results:
+        raise UsageError("nothing to export: no ok results of a kind this format takes")
+    output = Path(output)
+    if fmt == "csv":
+        return [write_text(output, to_csv(results), overwrite)]
+    if fmt == "sglang":
+        return [write_text(output, to_sglang_jsonl(results), overwrite)]
+    render = vllm_latency if fmt == "vllm" else pytorch_records
+    suffix = ".json" if fmt == "vllm" else ".pytorch.json"
+    if output.suffix == ".json":
+        if len(results) > 1:
+            raise UsageError(f"-o {output} is one file but there are {len(results)} results; pass a folder")
+        return [write_text(output, json.dumps(_jsonable(render(results[0])), indent=2) + "\n", overwrite)]
+    return [write_text(output / f"{run_name(r)}{suffix}", json.dumps(_jsonable(render(r)), indent=2) + "\n",
+                       overwrite) for r in results]
