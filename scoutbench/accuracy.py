@@ -288,10 +288,11 @@ def agreement_with_reference(task: Task, rows: list[dict[str, Any]], reference_r
         return None
     ours, theirs = rows[:n], reference_rows[:n]
     exact = sum(a["pred"] == b["pred"] for a, b in zip(ours, theirs, strict=True))
+    as_reference = getattr(task, "reference_answer", lambda pred: pred)  # passkey: the key FullKV answered
     metric = []
     for a, b in zip(ours, theirs, strict=True):
         try:
-            metric.append(task.score([{**a, "answers": [b["pred"]]}])["score"])
+            metric.append(task.score([{**a, "answers": [as_reference(b["pred"])]}])["score"])
         except ValueError:
             continue
     score, reference_score = task.score(ours)["score"], task.score(theirs)["score"]
@@ -306,7 +307,9 @@ def fidelity_summary(rows: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     """Teacher-forced fidelity over every (record, step) compared: top-1 agreement (%) and mean KL (nats)."""
     top1 = [value for row in rows for value in row["top1"]]
     kl = [value for row in rows for value in row["kl"]]
+    cpu = [row["cpu_s"] for row in rows if row.get("cpu_s") is not None]
     return {"steps": steps, "records": len(rows), "compared_steps": len(top1),
+            "cpu_s_per_record": round(sum(cpu) / len(cpu), 2) if cpu else None,
             "top1_agreement": round(100 * sum(top1) / len(top1), 2) if top1 else None,
             "kl_mean": sum(kl) / len(kl) if kl else None, "kl_max": max(kl) if kl else None}
 
@@ -371,9 +374,10 @@ def _result(config: Config, reference: Config, tasks: list[Task], rows: dict[str
         dense = sum(budget is not None and budget >= row["input_tokens"] + task.max_new_tokens for row in own)
         entry = {**task.score(own), "n": len(own), "dense_records": dense, **task.describe(),
                  "predictions": config.predictions_path(task).name}
-        cpu = [row["cpu_s"] for row in own if row.get("cpu_s") is not None]
-        if cpu:
-            entry["cpu_s_per_record"] = round(sum(cpu) / len(cpu), 2)
+        for key, field in (("cpu_s_per_record", "cpu_s"), ("shared_prefill_cpu_s_per_record", "shared_prefill_cpu_s")):
+            cpu = [row[field] for row in own if row.get(field) is not None]
+            if cpu:
+                entry[key] = round(sum(cpu) / len(cpu), 2)
         if not config.is_reference:
             theirs = rows[task.name].get(reference.label)
             if theirs is None:
@@ -400,20 +404,17 @@ def _result(config: Config, reference: Config, tasks: list[Task], rows: dict[str
 def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> list[tuple[str, list[str],
                                                                                       list[list[str]]]]:
     """The method configurations side by side, one row per task plus the mean over tasks: (title, header, rows)
-    for the official score with its change relative to FullKV, the agreement with FullKV's own predictions and,
-    when measured, the teacher-forced fidelity. Plain strings, for the terminal and for markdown alike."""
-    labels = [r["label"] for r in results]
+    for the official score with its change relative to FullKV, the agreement with FullKV's own predictions, the
+    teacher-forced fidelity (when measured) and the CPU seconds per record. Plain strings, for the terminal and
+    for markdown alike."""
     reference = next((r for r in results if r["method_repr"] == repr(FullKV())), None)
+    compared = [r for r in results if r is not reference]
 
-    def entry(result: dict[str, Any], name: str) -> dict[str, Any]:
-        return result["results"].get(name) or {}
+    def entry(result: dict[str, Any] | None, name: str) -> dict[str, Any]:
+        return (result or {}).get("results", {}).get(name) or {}
 
     def n_of(name: str) -> str:
-        counts = sorted({entry(r, name).get("n") for r in results} - {None})
-        return "/".join(str(c) for c in counts)
-
-    def change(score: float | None, base: float | None) -> str:
-        return "" if score is None or not base else f" ({100 * (score - base) / base:+.1f}%)"
+        return "/".join(str(c) for c in sorted({entry(r, name).get("n") for r in results} - {None}))
 
     def mean(values: list[float | None]) -> float | None:
         return None if not values or any(v is None for v in values) else sum(values) / len(values)
@@ -421,8 +422,10 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
     def fmt(value: float | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
-    header = ["task", "metric", "n", *labels]
-    score_rows = []
+    def change(score: float | None, base: float | None) -> str:
+        return "" if score is None or not base else f" ({100 * (score - base) / base:+.1f}%)"
+
+    rows = []
     for name in [*task_names, "mean"]:
         if name == "mean":
             scores = [mean([entry(r, t).get("score") for t in task_names]) for r in results]
@@ -430,54 +433,55 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
             first = ["mean", "", ""]
         else:
             scores = [entry(r, name).get("score") for r in results]
-            base = entry(reference, name).get("score") if reference else None
+            base = entry(reference, name).get("score")
             first = [name, next((entry(r, name)["metric"] for r in results if entry(r, name)), ""), n_of(name)]
-        score_rows.append([*first, *(fmt(s) + ("" if r is reference else change(s, base))
-                                     for s, r in zip(scores, results, strict=True))])
-    tables = [("official score (change vs FullKV)", header, score_rows)]
-    compared = [r for r in results if r is not reference]
-    if not compared or not any(entry(r, t).get("vs_fullkv") for r in compared for t in task_names):
-        return tables
+        rows.append([*first, *(fmt(score) + ("" if r is reference else change(score, base))
+                               for score, r in zip(scores, results, strict=True))])
+    tables = [("official score (change vs FullKV)", ["task", "metric", "n", *(r["label"] for r in results)], rows)]
     header = ["task", "n", *(r["label"] for r in compared)]
 
-    def agreement(result: dict[str, Any], name: str) -> str:
-        vs = entry(result, name).get("vs_fullkv")
-        return "-" if not vs else f"{fmt(vs['exact_match'], 1)} / {fmt(vs['metric_vs_fullkv_pred'], 1)}"
-
-    def agreement_mean(result: dict[str, Any]) -> str:
-        vs = [entry(result, t).get("vs_fullkv") for t in task_names]
+    def agreement(result: dict[str, Any], names: list[str]) -> str:
+        vs = [entry(result, name).get("vs_fullkv") for name in names]
         if not all(vs):
             return "-"
         return (f"{fmt(mean([v['exact_match'] for v in vs]), 1)} / "
                 f"{fmt(mean([v['metric_vs_fullkv_pred'] for v in vs]), 1)}")
 
-    rows = [[name, n_of(name), *(agreement(r, name) for r in compared)] for name in task_names]
-    rows.append(["mean", "", *(agreement_mean(r) for r in compared)])
-    tables.append(("agreement with FullKV's prediction: exact match % / metric with FullKV's prediction as the "
-                   "reference", header, rows))
-    if not any(entry(r, t).get("fidelity") for r in compared for t in task_names):
-        return tables
+    if any(entry(r, t).get("vs_fullkv") for r in compared for t in task_names):
+        rows = [[name, n_of(name), *(agreement(r, [name]) for r in compared)] for name in task_names]
+        rows.append(["mean", "", *(agreement(r, task_names) for r in compared)])
+        tables.append(("agreement with FullKV's prediction: exact match % / metric with FullKV's prediction as the "
+                       "reference", header, rows))
 
-    def fidelity(result: dict[str, Any], name: str) -> str:
-        fid = entry(result, name).get("fidelity")
-        if not fid or fid["top1_agreement"] is None:
-            return "-"
-        return f"{fmt(fid['top1_agreement'], 1)} / {fid['kl_mean']:.3g}"
-
-    def fidelity_mean(result: dict[str, Any]) -> str:
-        fids = [entry(result, t).get("fidelity") for t in task_names]
+    def fidelity(result: dict[str, Any], names: list[str]) -> str:
+        fids = [entry(result, name).get("fidelity") for name in names]
         if not all(f and f["compared_steps"] for f in fids):
             return "-"
-        steps = sum(f["compared_steps"] for f in fids)
+        steps = sum(f["compared_steps"] for f in fids)  # the mean over every compared (record, step)
         top1 = sum(f["top1_agreement"] * f["compared_steps"] for f in fids) / steps
         kl = sum(f["kl_mean"] * f["compared_steps"] for f in fids) / steps
         return f"{fmt(top1, 1)} / {kl:.3g}"
 
-    steps = next(entry(r, t)["fidelity"]["steps"] for r in compared for t in task_names if entry(r, t).get("fidelity"))
-    rows = [[name, n_of(name), *(fidelity(r, name) for r in compared)] for name in task_names]
-    rows.append(["all steps", "", *(fidelity_mean(r) for r in compared)])
-    tables.append((f"teacher-forced fidelity over FullKV's first {steps} generated tokens: top-1 agreement % / "
-                   "KL(FullKV || method) nats", header, rows))
+    steps = next((entry(r, t)["fidelity"]["steps"] for r in compared for t in task_names
+                  if entry(r, t).get("fidelity")), None)
+    if steps:
+        rows = [[name, n_of(name), *(fidelity(r, [name]) for r in compared)] for name in task_names]
+        rows.append(["all steps", "", *(fidelity(r, task_names) for r in compared)])
+        tables.append((f"teacher-forced fidelity over FullKV's first {steps} generated tokens: top-1 agreement % / "
+                       "KL(FullKV || method) nats", header, rows))
+
+    def cpu(result: dict[str, Any], name: str) -> str:
+        own, fid = entry(result, name).get("cpu_s_per_record"), (entry(result, name).get("fidelity") or {})
+        extra = fid.get("cpu_s_per_record")
+        return fmt(own, 0) + ("" if extra is None else f" + {extra:.0f}")
+
+    if any(entry(r, t).get("cpu_s_per_record") is not None for r in results for t in task_names):
+        rows = [[name, n_of(name), fmt(max((entry(r, name).get("shared_prefill_cpu_s_per_record") or 0
+                                            for r in results), default=0), 0),
+                 *(cpu(r, name) for r in results)] for name in task_names]
+        tables.append(("CPU seconds per record: the shared dense prefill, then each configuration's decode "
+                       "(+ its teacher-forced fidelity)", ["task", "n", "prefill", *(r["label"] for r in results)],
+                       rows))
     return tables
 
 

@@ -367,3 +367,35 @@ def test_summarize_scores_a_run_in_progress_without_touching_it(smollm2, tmp_pat
     assert code == 0, err
     assert json.loads(out)["results"]["2wikimqa"]["n"] == 2  # of 3 records
     assert {p: p.read_bytes() for p in path.parent.iterdir()} == before
+
+
+def test_agreement_scores_each_prediction_against_fullkvs_own(smollm2):
+    """Exact match with FullKV's prediction, the task's metric with FullKV's prediction as the only reference
+    (undefined records counted, not scored), and the official score's change relative to FullKV's."""
+    from scoutbench.accuracy import agreement_with_reference
+
+    def rows(preds, answers):
+        return [{"pred": p, "answers": [a], "all_classes": None, "length": 10, "_id": str(i), "index": i}
+                for i, (p, a) in enumerate(zip(preds, answers, strict=True))]
+
+    qa = lb.LongBenchTask("2wikimqa", [], None, max_length=100)
+    answers = ["Paris", "blue whale", "1999"]
+    fullkv = rows(["Paris", "the blue whale", "in 1998"], answers)
+    method = rows(["Paris", "a whale", "in 1998"], answers)
+    vs = agreement_with_reference(qa, method, fullkv)
+    assert vs["n"] == 3 and vs["exact_match"] == pytest.approx(66.67)
+    assert vs["metric_vs_fullkv_pred"] == pytest.approx(100 * (1 + m.qa_f1_score("a whale", "the blue whale") + 1) / 3,
+                                                        abs=0.01)
+    assert vs["score"] == m.dataset_score("2wikimqa", method) and vs["fullkv_score"] == m.dataset_score("2wikimqa", fullkv)
+    assert vs["score_change_pct"] == pytest.approx(100 * (vs["score"] - vs["fullkv_score"]) / vs["fullkv_score"], abs=0.01)
+    retrieval = lb.LongBenchTask("passage_retrieval_en", [], None, max_length=100)
+    answers = ["Paragraph 3", "Paragraph 5"]
+    vs = agreement_with_reference(retrieval, rows(["Paragraph 3", "Paragraph 2"], answers),
+                                  rows(["Paragraph 3", "I do not know"], answers))
+    assert vs["metric_vs_fullkv_pred"] == 100.0 and vs["metric_undefined"] == 1  # no paragraph in FullKV's answer
+    passkey = PasskeyTask("passkey", smollm2.tokenizer, 256, num_samples=1)
+    assert passkey.reference_answer("The pass key is 40612.") == "40612"
+    vs = agreement_with_reference(passkey, rows(["The pass key is 40612!", "4."], ["40612", "40612"]),
+                                  rows(["The pass key is 40612.", "40612"], ["40612", "40612"]))
+    assert vs["exact_match"] == 0.0 and vs["metric_vs_fullkv_pred"] == 50.0
+    assert agreement_with_reference(qa, method, []) is None
