@@ -339,7 +339,8 @@ def test_several_methods_in_one_run_predict_what_separate_runs_predict(smollm2, 
             assert preds[0] == preds[1], (result["label"], name)
             assert alone["results"][name]["score"] == result["results"][name]["score"]
     markdown = table.read_text()
-    assert markdown.count("| task |") == 3 and "scout@64" in markdown and "(change vs FullKV)" in markdown
+    assert markdown.count("| task |") == 4 and "scout@64" in markdown and "(change vs FullKV)" in markdown
+    assert "CPU seconds per record" in markdown
     # a rerun of the same command finds every configuration complete: nothing is generated again
     monkeypatch.setattr("scoutbench.accuracy.SharedPrefill", _never)
     monkeypatch.setattr("scoutbench.accuracy.generate_text", _never)
