@@ -425,12 +425,16 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
     def change(score: float | None, base: float | None) -> str:
         return "" if score is None or not base else f" ({100 * (score - base) / base:+.1f}%)"
 
+    # the mean over the tasks that every configuration has (all of them once a run has finished)
+    done = [t for t in task_names if all(entry(r, t) for r in results)]
+    partial = "" if len(done) == len(task_names) else f" ({len(done)} of {len(task_names)} tasks)"
+    mean_label = "mean" + partial
     rows = []
     for name in [*task_names, "mean"]:
         if name == "mean":
-            scores = [mean([entry(r, t).get("score") for t in task_names]) for r in results]
-            base = mean([entry(reference, t).get("score") for t in task_names]) if reference else None
-            first = ["mean", "", ""]
+            scores = [mean([entry(r, t).get("score") for t in done]) for r in results]
+            base = mean([entry(reference, t).get("score") for t in done]) if reference else None
+            first = [mean_label, "", ""]
         else:
             scores = [entry(r, name).get("score") for r in results]
             base = entry(reference, name).get("score")
@@ -449,7 +453,7 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
 
     if any(entry(r, t).get("vs_fullkv") for r in compared for t in task_names):
         rows = [[name, n_of(name), *(agreement(r, [name]) for r in compared)] for name in task_names]
-        rows.append(["mean", "", *(agreement(r, task_names) for r in compared)])
+        rows.append([mean_label, "", *(agreement(r, done) for r in compared)])
         tables.append(("agreement with FullKV's prediction: exact match % / metric with FullKV's prediction as the "
                        "reference", header, rows))
 
@@ -466,7 +470,7 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
                   if entry(r, t).get("fidelity")), None)
     if steps:
         rows = [[name, n_of(name), *(fidelity(r, [name]) for r in compared)] for name in task_names]
-        rows.append(["all steps", "", *(fidelity(r, task_names) for r in compared)])
+        rows.append(["all steps" + partial, "", *(fidelity(r, done) for r in compared)])
         tables.append((f"teacher-forced fidelity over FullKV's first {steps} generated tokens: top-1 agreement % / "
                        "KL(FullKV || method) nats", header, rows))
 
@@ -476,8 +480,8 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
         return fmt(own, 0) + ("" if extra is None else f" + {extra:.0f}")
 
     if any(entry(r, t).get("cpu_s_per_record") is not None for r in results for t in task_names):
-        rows = [[name, n_of(name), fmt(max((entry(r, name).get("shared_prefill_cpu_s_per_record") or 0
-                                            for r in results), default=0), 0),
+        rows = [[name, n_of(name), fmt(max((entry(r, name)["shared_prefill_cpu_s_per_record"] for r in results
+                                            if "shared_prefill_cpu_s_per_record" in entry(r, name)), default=None), 0),
                  *(cpu(r, name) for r in results)] for name in task_names]
         tables.append(("CPU seconds per record: the shared dense prefill, then each configuration's decode "
                        "(+ its teacher-forced fidelity)", ["task", "n", "prefill", *(r["label"] for r in results)],
