@@ -1,13 +1,18 @@
 """Passkey and multi-key accuracy of every method at two budgets on a real model, one dense prefill per prompt.
 
-For each task (passkey, passkey-multi), length and prompt, the dense prefill runs once and every method decodes from
-it (`generation.generate_texts_shared_prefill`; the same predictions as one `scoutbench accuracy` run per method,
-which would repeat the prefill, minutes per prompt at 16k on CPU). Predictions go to the layout of `scoutbench
-accuracy -o DIR` (one folder per method configuration, resumable: a rerun skips finished prompts), then every
-folder gets its `result.json` through the same runner, so `scoutbench accuracy` with the same arguments (and
-`--len`, `--limit`, `--seed`) finds them complete and `scoutbench report` reads them.
+For each length, `scoutbench.accuracy.run_comparison` runs FullKV and every sparse method at every budget on the
+same prompts, sharing one dense prefill per prompt between them (the same predictions as one `scoutbench accuracy`
+run per method, which would repeat the prefill, minutes per prompt at 16k on CPU). Predictions and results go to
+the layout of `scoutbench accuracy -o DIR` (one folder per method configuration, resumable: a rerun skips finished
+prompts), so `scoutbench accuracy` with the same arguments finds them complete and `scoutbench report` reads them.
+One length is the command
 
-Budgets: the `budget` field of every sparse method (quest, infinigen, hgca, scout).
+    scoutbench accuracy --dataset passkey --dataset passkey-multi --len 4k --limit 4 --model qwen2.5-0.5b \\
+        --dtype bf16 --method fullkv --method quest --method infinigen --method hgca --method scout \\
+        --budget 2048,1024 -o results/runs/accuracy-grid
+
+and this script runs it for every length and prints one table. Budgets: the `budget` field of every sparse method
+(quest, infinigen, hgca, scout), which bounds the tokens each attends per (sequence, KV head, layer, step).
 
     python benchmarks/accuracy_grid.py --model qwen2.5-0.5b --dtype bf16 --lens 4k:4,8k:2,16k:1 \\
         --budgets 2048,1024 -o results/runs/accuracy-grid
@@ -16,27 +21,17 @@ Budgets: the `budget` field of every sparse method (quest, infinigen, hgca, scou
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
-from scoutbench.accuracy import prediction_row, read_predictions, run_accuracy, run_dir  # noqa: E402
-from scoutbench.generation import MethodSpec, generate_texts_shared_prefill, method_spec, model_eos_ids  # noqa: E402
+from scoutbench.accuracy import run_comparison  # noqa: E402
+from scoutbench.generation import method_specs  # noqa: E402
 from scoutbench.models import load_model, parse_dtype  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 from scoutbench.workloads.passkey import TASKS, PasskeyTask  # noqa: E402
 
-METHODS_WITH_BUDGET = ("quest", "infinigen", "hgca", "scout")
-
-
-def grid_specs(budgets: list[int]) -> list[tuple[str, MethodSpec]]:
-    """(label, spec) of FullKV and of every sparse method at every budget."""
-    specs = [("fullkv", method_spec("fullkv"))]
-    for budget in budgets:
-        specs += [(f"{name}@{budget}", method_spec(name, budget=budget)) for name in METHODS_WITH_BUDGET]
-    return specs
+METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")
 
 
 def main() -> None:
@@ -52,43 +47,21 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(args.model, "cpu", parse_dtype(args.dtype))
-    stop_ids = model_eos_ids(loaded.model, loaded.tokenizer)
-    budgets = [int(b) for b in args.budgets.split(",")]
-    parameter = next(loaded.model.parameters())
-    cells = []  # (task, label, spec)
+    specs = method_specs(list(METHODS), budgets=[int(b) for b in args.budgets.split(",")])
+    scores: dict[str, dict[str, float]] = {}
     for item in args.lens.split(","):
         length_text, count = item.split(":")
-        context_len = parse_length(length_text)
-        for variant in args.tasks.split(","):
-            task = PasskeyTask(variant, loaded.tokenizer, context_len, num_samples=int(count), seed=args.seed)
-            specs = grid_specs(budgets)
-            paths = [run_dir(args.output, loaded, spec.describe(), parameter.dtype, parameter.device, None,
-                             args.seed) / f"{task.name}.jsonl" for _, spec in specs]
-            for index, record in enumerate(task.records):
-                pending = [(spec, path) for (_, spec), path in zip(specs, paths, strict=True)
-                           if len(read_predictions(path, task.records)) <= index]
-                if not pending:
-                    continue
-                prompt_ids = task.input_ids(record)
-                start = time.perf_counter()
-                preds = generate_texts_shared_prefill(loaded.model, loaded.tokenizer, [s for s, _ in pending],
-                                                      prompt_ids, task.max_new_tokens, stop_ids)
-                for (_, path), pred in zip(pending, preds, strict=True):
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    with open(path, "a", encoding="utf-8") as out:
-                        out.write(json.dumps(prediction_row(index, record, pred, prompt_ids)) + "\n")
-                        out.flush()
-                        os.fsync(out.fileno())
-                print(f"{task.name} prompt {index}: {len(prompt_ids)} tokens, {len(pending)} methods, "
-                      f"{time.perf_counter() - start:.0f} s", flush=True)
-            cells += [(task, label, spec) for label, spec in specs]
+        tasks = [PasskeyTask(variant, loaded.tokenizer, parse_length(length_text), num_samples=int(count),
+                             seed=args.seed) for variant in args.tasks.split(",")]
 
-    scores: dict[str, dict[str, float]] = {}
-    for task, label, spec in cells:
-        result, _ = run_accuracy([task], loaded, spec, args.output, None, args.seed, None,
-                                 command=["python", "benchmarks/accuracy_grid.py"])
-        entry = result["results"][task.name]
-        scores.setdefault(label, {})[f"{task.name} (n={entry['n']})"] = entry["score"]
+        def progress(name: str, done: int, total: int) -> None:
+            print(f"{name}: {done}/{total} prompts", flush=True)
+
+        for result, _ in run_comparison(tasks, loaded, specs, args.output, None, args.seed, int(count),
+                                        command=["python", "benchmarks/accuracy_grid.py"], on_progress=progress):
+            for task in tasks:
+                entry = result["results"][task.name]
+                scores.setdefault(result["label"], {})[f"{task.name} (n={entry['n']})"] = entry["score"]
     columns = list(dict.fromkeys(column for row in scores.values() for column in row))
     lines = ["| method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     lines += [f"| {label} | " + " | ".join(f"{row.get(c, float('nan')):.0f}" for c in columns) + " |"

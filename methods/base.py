@@ -172,6 +172,46 @@ def transfer_stats(h2d_bytes: int, d2h_bytes: int, steps: int) -> dict[str, floa
     return {"h2d_bytes_per_step": h2d_bytes / steps, "d2h_bytes_per_step": d2h_bytes / steps}
 
 
+class AttendedTokens:
+    """Tokens attended per (sequence, KV head) in a method's sparse layers, over every (layer, step): the one
+    number `--budget` bounds (issue 18 item 1), reported as mean and max in every method's stats.
+
+    Counts come as a device tensor `[B, Hkv]` (`add`: accumulated on the device, no host sync until `stats`) or
+    as host per-sequence counts shared by every KV head (`add_host`)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._host_sum = 0.0
+        self._host_max = 0
+        self._rows = 0
+        self._device_sum: torch.Tensor | None = None
+        self._device_max: torch.Tensor | None = None
+
+    def add(self, counts: torch.Tensor) -> None:
+        counts = counts.float()
+        total, most = counts.sum(), counts.max()
+        self._device_sum = total if self._device_sum is None else self._device_sum + total
+        self._device_max = most if self._device_max is None else torch.maximum(self._device_max, most)
+        self._rows += counts.numel()
+
+    def add_host(self, per_sequence: list[int], kv_heads: int) -> None:
+        self._host_sum += sum(per_sequence) * kv_heads
+        self._host_max = max(self._host_max, max(per_sequence))
+        self._rows += len(per_sequence) * kv_heads
+
+    def stats(self, budget: int | None) -> dict[str, Any]:
+        """`attended_tokens_per_head` of a method's stats: mean, max, the budget, and whether max <= budget."""
+        total, most = self._host_sum, self._host_max
+        if self._device_sum is not None:
+            total += float(self._device_sum)
+            most = max(most, int(round(float(self._device_max))))
+        mean = total / self._rows if self._rows else None
+        within = None if budget is None or not self._rows else most <= budget
+        return {"mean": mean, "max": most if self._rows else None, "budget": budget, "within_budget": within}
+
+
 def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
     if not isinstance(raw, str):
         return raw

@@ -9,6 +9,7 @@ import torch
 
 from scoutbench.kernels.attention import decode_attention
 from scoutbench.methods.base import (
+    AttendedTokens,
     AttentionMethod,
     Footprint,
     MethodContext,
@@ -40,6 +41,10 @@ class FullKV(AttentionMethod):
         self.keys = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
         self.values = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
         self._batch_index = torch.arange(ctx.batch, device=ctx.device)
+        self._attended = AttendedTokens()
+
+    def reset_stats(self) -> None:
+        self._attended.reset()
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         num_tokens = k.shape[2]
@@ -51,6 +56,11 @@ class FullKV(AttentionMethod):
         self._span = max(step.positions_host) + 1
         self._valid_len = None if step.uniform else step.positions + 1
         self._valid_host = None if step.uniform else [p + 1 for p in step.positions_host]
+        self._count_attended(step)
+
+    def _count_attended(self, step: StepInfo) -> None:
+        """Every layer attends every cached token (one count per step stands for all layers: they are equal)."""
+        self._attended.add_host([p + 1 for p in step.positions_host], self.ctx.num_kv_heads)
 
     def decode(self, layer, q, k, v):
         step = self.step
@@ -71,4 +81,5 @@ class FullKV(AttentionMethod):
     def stats(self):
         ctx = self.ctx
         return {"device_kv_bytes": ctx.num_layers * ctx.batch * ctx.max_len * ctx.kv_bytes_per_token(),
+                "attended_tokens_per_head": self._attended.stats(None),
                 **transfer_stats(0, 0, 1)}  # everything stays on the device

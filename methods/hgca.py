@@ -53,6 +53,7 @@ from scoutbench.kernels.attention import (
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
 from scoutbench.methods.base import (
+    AttendedTokens,
     AttentionMethod,
     Footprint,
     MethodContext,
@@ -177,6 +178,7 @@ class HGCA(AttentionMethod):
 
     def reset_stats(self) -> None:
         self.drain()  # the workers add to the timers: let them finish first
+        self._attended = AttendedTokens()
         self._cpu_pairs = [0] * self.ctx.num_layers
         self._device_pairs = [0] * self.ctx.num_layers
         self._cpu_ms = self._ema_ms = self._wait_ms = 0.0
@@ -296,6 +298,7 @@ class HGCA(AttentionMethod):
             self._d2h_bytes += 2 * ctx.num_kv_heads * self.migrate_block * ctx.head_dim * ctx.dtype.itemsize
         self._cpu_pairs[layer] += ctx.num_heads * sum(self.cpu_take)
         self._device_pairs[layer] += ctx.num_heads * sum(self.window_len)
+        self._attended.add_host([w + c for w, c in zip(self.window_len, self.cpu_take, strict=True)], ctx.num_kv_heads)
         return out
 
     def cpu_select(self, layer: int, split: list[int], take: list[int]) -> torch.Tensor:
@@ -411,5 +414,6 @@ class HGCA(AttentionMethod):
             "wait_ms_per_step": self._wait_ms / steps,
             "window_tokens_mean": sum(self.window_len) / len(self.window_len) if self._steps else 0.0,
             "host_tokens_mean": sum(self.split) / len(self.split),
+            "attended_tokens_per_head": self._attended.stats(self.budget),
             **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
         }

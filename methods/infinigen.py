@@ -45,6 +45,7 @@ from scoutbench.kernels.offload import (
     token_chunks,
 )
 from scoutbench.methods.base import (
+    AttendedTokens,
     AttentionMethod,
     Footprint,
     MethodContext,
@@ -119,6 +120,7 @@ class InfiniGen(AttentionMethod):
         self.reset_stats()
 
     def reset_stats(self) -> None:
+        self._attended = AttendedTokens()
         self._fetched_tokens = [0] * self.ctx.num_layers
         self._wait_ms = [0.0] * self.ctx.num_layers
         self._h2d_bytes = self._d2h_bytes = 0
@@ -254,6 +256,8 @@ class InfiniGen(AttentionMethod):
             valid = None if step.uniform else step.positions.clamp(max=n)  # a short sequence has fewer tokens
             fetched = partial_attention(q, fetched_k, fetched_v, ctx.scale, valid)
             current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
+        # the fetched tokens a sequence really has, and the current one
+        self._attended.add_host([min(p, n) + 1 for p in step.positions_host], ctx.num_kv_heads)
         with ctx.timer.stage("merge"):
             return merge_states(fetched, current).o.to(q.dtype)
 
@@ -311,4 +315,5 @@ class InfiniGen(AttentionMethod):
             "fetch_wait_ms_per_step": sum(self._wait_ms) / steps,
             "partial_dim": self.partial_dim(ctx.head_dim),
             "device_kv_bytes": self.dense.stats()["device_kv_bytes"],
+            "attended_tokens_per_head": self._attended.stats(self.budget),
         }

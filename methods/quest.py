@@ -57,6 +57,7 @@ class Quest(FullKV):
         self.reset_stats()
 
     def reset_stats(self) -> None:
+        super().reset_stats()
         # sum over decode steps of the mean tokens attended per (sequence, KV head); on the device, no sync
         self._attended_sum = torch.zeros(self.ctx.num_layers, device=self.ctx.device)
         self._steps = 0
@@ -87,13 +88,18 @@ class Quest(FullKV):
         else:
             self._completed = [(slice(b, b + 1), n // block - 1) for b, n in enumerate(lengths) if n % block == 0]
         self._attended_step = sum(lengths) / len(lengths)
+        self._lengths = lengths
         self._steps += 1
+
+    def _count_attended(self, step: StepInfo) -> None:
+        """Counted per sparse layer in decode (the dense layers are not what the budget bounds)."""
 
     def decode(self, layer, q, k, v):
         if layer < self.dense_layers or self._fits:
             out = super().decode(layer, q, k, v)
             self._attended_sum[layer] += self._attended_step
             if layer >= self.dense_layers:
+                self._attended.add_host(self._lengths, self.ctx.num_kv_heads)  # the context fits the budget
                 with self.ctx.timer.stage("attn_device"):
                     self._update_digests(layer)
             return out
@@ -106,6 +112,7 @@ class Quest(FullKV):
             gather_blocks(keys, block_ids, self.block_size, self._gathered_k)
             gather_blocks(values, block_ids, self.block_size, self._gathered_v)
             self._attended_sum[layer] += valid_len.float().mean()
+            self._attended.add(valid_len)
             return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, valid_len,
                                     self._selected_len_host)
 
@@ -145,4 +152,5 @@ class Quest(FullKV):
     def stats(self):
         digest_bytes = self.digests.device_bytes()
         attended = (self._attended_sum / max(self._steps, 1)).tolist()
-        return {**super().stats(), "digest_bytes": digest_bytes, "attended_tokens_per_layer": attended}
+        return {**super().stats(), "digest_bytes": digest_bytes, "attended_tokens_per_layer": attended,
+                "attended_tokens_per_head": self._attended.stats(self.budget)}

@@ -28,6 +28,7 @@ from scoutbench.kernels.offload import (
     token_chunks,
 )
 from scoutbench.methods.base import (
+    AttendedTokens,
     AttentionMethod,
     Footprint,
     MethodContext,
@@ -53,6 +54,7 @@ class _Plan:
     payload: torch.Tensor  # host int64 [B, Hkv, 3k + 4]: cpu ids | pending | victims | n_cpu n_sel n_avail n_res
     event: Any  # completes when `q` and `payload` are on the host
     pool_use: torch.Tensor  # device bool [B, Hkv, k_sel]: pool slots read by the device part
+    cpu_blocks: torch.Tensor  # device [B, Hkv]: blocks the CPU part attends
     predicted: bool
     wait_events: tuple = ()  # events the worker waits for before reusing this parity's host buffers
     future: Future | None = None
@@ -92,12 +94,15 @@ class ScoutAttention(AttentionMethod):
     (`pred_norm="next"`: layer i+1's input norm applied to layer i's residual input; `"self"`: layer i's
     normalised input, the literal `W_Q^{i+1} X^i`), rotated at the current position; scores layer i+1's digests,
     selects top-k, and submits the CPU partial attention of the selected blocks that are not resident (`B_cpu`) to
-    the worker pool. `decode(i)` appends k/v, computes the device part with the true query over every resident
-    block (Algorithm 1 line 10, `A_gpu = GPUAttn(Q^i, B_gpu^i)`; `device_blocks="selected"`: only the resident
-    blocks of this step's selection, Quest's set split in two) plus sink/local/tail (which hold the current
-    token), waits for layer i's CPU result (timed as
-    `idle`) and merges the two by LSE. The first sparse layer is predicted from layer `dense_layers - 1`; with
-    `dense_layers == 0`, layer 0's CPU part runs synchronously with the true query.
+    the worker pool. `decode(i)` appends k/v, computes the device part with the true query over the resident
+    blocks of this step's selection plus sink/local/tail (which hold the current token), waits for layer i's CPU
+    result (timed as `idle`) and merges the two by LSE: the top-k selection is split between the device (resident
+    blocks) and the CPU (the others), so the two parts together attend at most `budget` tokens (the paper's
+    split). `device_blocks="resident"` is a variant that reads Algorithm 1 line 10 (`A_gpu = GPUAttn(Q^i,
+    B_gpu^i)`) literally: the device attends every resident block, selected or not, and the CPU part comes on
+    top, so it attends more than `budget` tokens (up to k_sel blocks more); its stats say so
+    (`attended_tokens_per_head.within_budget: false`). The first sparse layer is predicted from layer
+    `dense_layers - 1`; with `dense_layers == 0`, layer 0's CPU part runs synchronously with the true query.
     `pc=False` is the parallel co-attention baseline: selection with the true query inside `decode(i)`, the CPU
     part submitted and run while the device part of the same layer runs. `oracle=True` behaves like `pc=False`
     (true query everywhere): the exactness tests use it.
@@ -111,8 +116,9 @@ class ScoutAttention(AttentionMethod):
     victims are never selected or in-flight blocks, so the layer's next use never reads a half-copied slot.
 
     CPU compute ratio = tokens attended on the CPU / `budget` per layer, averaged over (sequence, KV head).
-    `stats()` reports it (mean and per layer) with blocks selected/resident, recall counters, CPU attention time
-    and idle time. On CUDA the worker gets the query and block ids by a non-blocking D2H copy and an event; its
+    `stats()` reports it (mean and per layer) with the tokens attended per (sequence, KV head) in the sparse
+    layers (mean and max, against the budget), blocks selected/resident, recall counters, CPU attention time and
+    idle time. On CUDA the worker gets the query and block ids by a non-blocking D2H copy and an event; its
     result returns by H2D; the decode loop has no `.item()`/`.cpu()` sync. On a CPU-only machine both tiers are
     CPU memory and the worker thread still runs concurrently with the main thread (torch ops release the GIL).
     """
@@ -130,7 +136,7 @@ class ScoutAttention(AttentionMethod):
     recall_interval: int = 8
     beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
     beta_trigger: bool = False
-    device_blocks: str = "resident"
+    device_blocks: str = "selected"
     recall_profile: str | None = None
     oracle: bool = False
     pred_norm: str = "next"
@@ -264,6 +270,7 @@ class ScoutAttention(AttentionMethod):
         self._cpu_tasks = 0
         self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
+        self._attended = AttendedTokens()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -496,7 +503,7 @@ class ScoutAttention(AttentionMethod):
         counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, table.resident_count()], dim=-1)
         payload = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
         self._d2h_bytes += q.numel() * q.element_size() + payload.numel() * payload.element_size()
-        if self.device_blocks == "resident":  # every resident block whose copy has landed
+        if self.device_blocks == "resident":  # the variant: every resident block whose copy has landed
             pool_use = (table.slot_block[..., : self.k_sel] >= 0) & table.slot_ready[..., : self.k_sel]
         else:
             pool_use = table.slot_mask(on_dev, slot)
@@ -510,7 +517,7 @@ class ScoutAttention(AttentionMethod):
             event.record()
         else:
             q_host, payload_host, event = q, payload, DONE
-        plan = _Plan(layer, self.step.index, parity, q_host, payload_host, event, pool_use, predicted,
+        plan = _Plan(layer, self.step.index, parity, q_host, payload_host, event, pool_use, counts[..., 0], predicted,
                      tuple(self._parity_free[parity]))
         self._parity_free[parity] = []
         if self.trace is not None:
@@ -604,6 +611,8 @@ class ScoutAttention(AttentionMethod):
         pool_bias.masked_fill_(~plan.pool_use, float("-inf"))
         self._bias[:, :, 0, : self.k_sel * b].view(*pool_bias.shape, b).copy_(pool_bias.unsqueeze(-1).expand(-1, -1, -1, b))
         self._log_event("device", layer)
+        # what this layer attends per (sequence, KV head): the device mask's open slots and the CPU part's blocks
+        self._attended.add((self._bias[:, :, 0] == 0).sum(-1) + plan.cpu_blocks * b)
         return region_attention(q, self._dev_k[layer], self._dev_v[layer], self.ctx.scale, self._bias)
 
     # ------------------------------------------------------------------ periodic recall
@@ -694,6 +703,7 @@ class ScoutAttention(AttentionMethod):
             "blocks_selected_per_head": mean_of(self._sel_sum),
             "blocks_resident_per_head": mean_of(self._res_sum),
             "k_sel": self.k_sel,
+            "attended_tokens_per_head": self._attended.stats(self.budget),
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
                        "bytes": sum(self._recall_blocks) * block_bytes, "per_layer": list(self._recalls),
                        "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)]},

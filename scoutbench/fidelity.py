@@ -4,7 +4,9 @@ FullKV generates greedily from each prompt; the method is then teacher-forced on
 compares the two next-token distributions given the same history, and an early disagreement does not derail
 every later step. Per decode step: top-1 agreement, KL(P_fullkv || P_method) in nats, and the cosine between the
 final hidden states (`engine.last_hidden`, before the final norm). The prefill is dense for every method, so the
-first compared step is the first decode step.
+first compared step is the first decode step, and both runs start from one shared prefill (`SharedPrefill`).
+`scoutbench fidelity` measures it on passkey prompts; `scoutbench accuracy --fidelity-steps N` on the task's own
+prompts (LongBench records), next to the predictions.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from scoutbench.engine import DecodeEngine
-from scoutbench.generation import MethodSpec, silent_timer
+from scoutbench.generation import Generation, MethodSpec, SharedPrefill
 from scoutbench.methods.base import dense_if_budget_covers
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.models import LoadedModel
@@ -33,23 +34,29 @@ def fidelity_prompts(loaded: LoadedModel, context_len: int, num_prompts: int, se
     return [task.input_ids(record) for record in task.records]
 
 
-@torch.no_grad()
-def _run(model: torch.nn.Module, method: Any, prompt_ids: list[int], steps: int,
-         forced_tokens: list[int] | None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """Decode `steps` tokens, greedily or forced; returns the fed tokens, log-probs `[steps, vocab]` and final
-    hidden states `[steps, hidden]` after each fed token."""
-    device = next(model.parameters()).device
-    engine = DecodeEngine(model, method, silent_timer(device))
-    engine.start(batch=1, max_len=len(prompt_ids) + steps)
-    logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
-    tokens, log_probs, hidden = [], [], []
-    for step in range(steps):
-        token = forced_tokens[step] if forced_tokens is not None else int(logits.argmax(-1))
-        tokens.append(token)
-        logits = engine.decode_step(torch.tensor([token], device=device))
-        log_probs.append(F.log_softmax(logits[0].float(), dim=-1))
-        hidden.append(engine.last_hidden[0].float())
-    return tokens, torch.stack(log_probs), torch.stack(hidden)
+def reference_spec() -> MethodSpec:
+    return MethodSpec(FullKV.name)
+
+
+def fullkv_reference(shared: SharedPrefill, steps: int, stop_ids: frozenset[int] = frozenset(),
+                     min_new_tokens: int = 0) -> Generation:
+    """FullKV's greedy tokens and its predictions after each of the first `steps` of them (fewer when it stops
+    earlier: a stop token is fed to nobody)."""
+    return shared.generate(reference_spec(), steps + 1, stop_ids, min_new_tokens, keep_steps=steps)
+
+
+def compare_steps(reference: Generation, spec: MethodSpec, shared: SharedPrefill) -> dict[str, list[float]]:
+    """`spec`'s method teacher-forced on the reference's tokens, step by step against the reference: top-1
+    agreement (0/1), KL(P_fullkv || P_method) in nats and the final hidden states' cosine."""
+    if reference.log_probs is None:
+        return {"top1": [], "kl": [], "cosine": []}
+    steps = reference.log_probs.shape[0]
+    ours = shared.forced(spec, reference.token_ids[:steps])
+    ref = reference.log_probs
+    kl = (ref.exp() * (ref - ours.log_probs)).sum(-1)
+    agree = ref.argmax(-1) == ours.log_probs.argmax(-1)
+    cosine = F.cosine_similarity(reference.hidden, ours.hidden, dim=-1)
+    return {"top1": [float(a) for a in agree], "kl": [float(k) for k in kl], "cosine": [float(c) for c in cosine]}
 
 
 def _mean(values: list[float]) -> float:
@@ -57,30 +64,19 @@ def _mean(values: list[float]) -> float:
 
 
 def measure_fidelity(loaded: LoadedModel, spec: MethodSpec, prompts: list[list[int]], steps: int) -> dict[str, Any]:
-    """Per-step and overall agreement of `spec`'s method with FullKV over `prompts`."""
+    """Per-step and overall agreement of `spec`'s method with FullKV over `prompts` (one dense prefill each)."""
     agreement: list[list[float]] = [[] for _ in range(steps)]
     kl: list[list[float]] = [[] for _ in range(steps)]
     cosine: list[list[float]] = [[] for _ in range(steps)]
     plans = []
     for prompt_ids in prompts:
-        reference = FullKV()
-        try:
-            tokens, ref_log_probs, ref_hidden = _run(loaded.model, reference, prompt_ids, steps, None)
-        finally:
-            reference.close()
-        method, plan = dense_if_budget_covers(spec.build(), len(prompt_ids) + steps)
-        plans.append(plan)
-        try:
-            _, log_probs, hidden = _run(loaded.model, method, prompt_ids, steps, tokens)
-        finally:
-            method.close()
-        step_kl = (ref_log_probs.exp() * (ref_log_probs - log_probs)).sum(-1)
-        step_agree = ref_log_probs.argmax(-1) == log_probs.argmax(-1)
-        step_cos = F.cosine_similarity(ref_hidden, hidden, dim=-1)
+        plans.append(dense_if_budget_covers(spec.build(), len(prompt_ids) + steps)[1])
+        shared = SharedPrefill(loaded.model, prompt_ids)
+        compared = compare_steps(fullkv_reference(shared, steps), spec, shared)
         for step in range(steps):
-            agreement[step].append(float(step_agree[step]))
-            kl[step].append(float(step_kl[step]))
-            cosine[step].append(float(step_cos[step]))
+            agreement[step].append(compared["top1"][step])
+            kl[step].append(compared["kl"][step])
+            cosine[step].append(compared["cosine"][step])
     per_step = [{"step": step, "top1_agreement": _mean(agreement[step]), "kl_mean": _mean(kl[step]),
                  "hidden_cosine": _mean(cosine[step])} for step in range(steps)]
     every_cosine = [c for values in cosine for c in values]

@@ -62,6 +62,29 @@ def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: in
     return spec
 
 
+def method_specs(names: list[str], method_args: dict[str, Any] | None = None,
+                 budgets: list[int] | None = None) -> list[MethodSpec]:
+    """Every configuration of a comparison, in order: each method once per budget when it has a budget field,
+    once otherwise (FullKV). A `--method-arg` goes to every method with that field; with several methods, one
+    that no method has, or budgets that no method takes, is a usage error (one method: `method_spec`'s own)."""
+    args = dict(method_args or {})
+    if len(names) == 1:
+        return [method_spec(names[0], args, budget) for budget in (budgets or [None])]
+    fields = {name: method_field_names(name) for name in names}
+    unknown = sorted(key for key in args if not any(key in f for f in fields.values()))
+    if unknown:
+        raise UsageError(f"--method-arg {unknown[0]}: none of {', '.join(names)} has this field")
+    takes_budget = [name for name in names if any(f in fields[name] for f in BUDGET_FIELDS)]
+    if budgets and not takes_budget:
+        return [method_spec(names[0], args, budgets[0])]  # raises: no token budget
+    specs = []
+    for name in names:
+        own = {key: value for key, value in args.items() if key in fields[name]}
+        for budget in (budgets or [None]) if name in takes_budget else [None]:
+            specs.append(method_spec(name, own, budget))
+    return specs
+
+
 def model_eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
     """The stop tokens HF generate uses by default: the generation config's EOS (int or list), else the tokenizer's."""
     eos = getattr(model.generation_config, "eos_token_id", None)
@@ -98,7 +121,7 @@ def greedy_generate(model: torch.nn.Module, method: AttentionMethod, prompt_ids:
     engine = DecodeEngine(model, method, silent_timer(device))
     engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
     logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
-    return _greedy_decode(engine, logits, max_new_tokens, stop_ids, min_new_tokens)
+    return _greedy_decode(engine, logits, max_new_tokens, stop_ids, min_new_tokens).token_ids
 
 
 def _check_max_new_tokens(max_new_tokens: int) -> None:
@@ -106,11 +129,22 @@ def _check_max_new_tokens(max_new_tokens: int) -> None:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
 
 
+@dataclass
+class Generation:
+    """New token ids of one greedy run and, for its first `keep_steps` decode steps, what the model predicted
+    after each fed token: log-probabilities `[steps, vocab]` (fp32) and final hidden states `[steps, hidden]`."""
+
+    token_ids: list[int]
+    log_probs: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
 def _greedy_decode(engine: DecodeEngine, logits: torch.Tensor, max_new_tokens: int, stop_ids: frozenset[int],
-                   min_new_tokens: int) -> list[int]:
+                   min_new_tokens: int, keep_steps: int = 0) -> Generation:
     """Argmax decode from the prefill's last-token logits until a stop token or `max_new_tokens`."""
     blocked = torch.tensor(sorted(stop_ids), dtype=torch.long, device=logits.device)
     generated: list[int] = []
+    trace = _StepTrace()
     while True:
         if len(generated) < min_new_tokens and len(blocked):
             logits = logits.clone()  # the caller's (possibly shared) prefill logits stay untouched
@@ -118,8 +152,27 @@ def _greedy_decode(engine: DecodeEngine, logits: torch.Tensor, max_new_tokens: i
         token = logits.argmax(-1)
         generated.append(int(token))
         if generated[-1] in stop_ids or len(generated) == max_new_tokens:
-            return generated
+            return Generation(generated, *trace.stacked())
         logits = engine.decode_step(token)
+        if len(generated) <= keep_steps:
+            trace.record(logits, engine)
+
+
+class _StepTrace:
+    """Per decode step: log-softmax of the logits and the final hidden state (fidelity compares these)."""
+
+    def __init__(self) -> None:
+        self.log_probs: list[torch.Tensor] = []
+        self.hidden: list[torch.Tensor] = []
+
+    def record(self, logits: torch.Tensor, engine: DecodeEngine) -> None:
+        self.log_probs.append(torch.log_softmax(logits[0].float(), dim=-1))
+        self.hidden.append(engine.last_hidden[0].float())
+
+    def stacked(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not self.log_probs:
+            return None, None
+        return torch.stack(self.log_probs), torch.stack(self.hidden)
 
 
 @dataclass
@@ -132,32 +185,65 @@ class _PrefillRecorder(AttentionMethod):
         self.layer_inputs.append((q_obs, k, v))
 
 
-@torch.no_grad()
+class SharedPrefill:
+    """One dense prefill of one prompt, from which any number of methods decode: the prefill does not depend on
+    the method (every method only reads the prefill's K/V), so comparing methods on a long prompt pays for it once,
+    and each method still decodes exactly what its own full run decodes (tests/test_passkey.py,
+    tests/test_accuracy.py). The recorded K/V of every layer is held until the object is dropped."""
+
+    @torch.no_grad()
+    def __init__(self, model: torch.nn.Module, prompt_ids: list[int]):
+        self.model = model
+        self.prompt_ids = prompt_ids
+        self.device = next(model.parameters()).device
+        recorder = _PrefillRecorder()
+        engine = DecodeEngine(model, recorder, silent_timer(self.device))
+        engine.start(batch=1, max_len=len(prompt_ids))
+        self.logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=self.device))
+        self._layer_inputs = recorder.layer_inputs
+        self._lengths = torch.tensor([len(prompt_ids)], dtype=torch.long)
+
+    def _engine(self, method: AttentionMethod, new_tokens: int) -> DecodeEngine:
+        engine = DecodeEngine(self.model, method, silent_timer(self.device))
+        engine.start(batch=1, max_len=len(self.prompt_ids) + new_tokens)
+        engine.adopt_prefill(self._layer_inputs, self._lengths)
+        return engine
+
+    @torch.no_grad()
+    def generate(self, spec: MethodSpec, max_new_tokens: int, stop_ids: frozenset[int] = frozenset(),
+                 min_new_tokens: int = 0, keep_steps: int = 0) -> Generation:
+        """Greedy decode with a fresh `spec` method (dense when its budget covers the run), always closed."""
+        _check_max_new_tokens(max_new_tokens)
+        method = spec.build_for(len(self.prompt_ids) + max_new_tokens)
+        try:
+            engine = self._engine(method, max_new_tokens)
+            return _greedy_decode(engine, self.logits, max_new_tokens, stop_ids, min_new_tokens, keep_steps)
+        finally:
+            method.close()
+
+    @torch.no_grad()
+    def forced(self, spec: MethodSpec, token_ids: list[int]) -> Generation:
+        """Teacher forcing: feed `token_ids` one decode step each to a fresh `spec` method; returns what it
+        predicted after each (fidelity holds the token stream fixed, so one early disagreement does not derail
+        every later step)."""
+        method = spec.build_for(len(self.prompt_ids) + len(token_ids))
+        trace = _StepTrace()
+        try:
+            engine = self._engine(method, len(token_ids))
+            for token in token_ids:
+                trace.record(engine.decode_step(torch.tensor([token], device=self.device)), engine)
+        finally:
+            method.close()
+        return Generation(list(token_ids), *trace.stacked())
+
+
 def generate_texts_shared_prefill(model: torch.nn.Module, tokenizer: Any, specs: list[MethodSpec],
                                   prompt_ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
                                   min_new_tokens: int = 0) -> list[str]:
-    """`generate_text` for several methods on one prompt, running the (method-independent) dense prefill once:
-    the same predictions as one `generate_text` per method (tests/test_passkey.py), a fraction of the time at
-    long context, where the prefill dominates. The recorded K/V (all layers) is held until the last method ends."""
-    _check_max_new_tokens(max_new_tokens)
-    device = next(model.parameters()).device
-    recorder = _PrefillRecorder()
-    engine = DecodeEngine(model, recorder, silent_timer(device))
-    engine.start(batch=1, max_len=len(prompt_ids))
-    logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
-    lengths = torch.tensor([len(prompt_ids)], dtype=torch.long)
-    predictions = []
-    for spec in specs:
-        method = spec.build_for(len(prompt_ids) + max_new_tokens)
-        try:
-            engine = DecodeEngine(model, method, silent_timer(device))
-            engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
-            engine.adopt_prefill(recorder.layer_inputs, lengths)
-            new_ids = _greedy_decode(engine, logits, max_new_tokens, stop_ids, min_new_tokens)
-        finally:
-            method.close()
-        predictions.append(tokenizer.decode(new_ids, skip_special_tokens=True))
-    return predictions
+    """`generate_text` for several methods on one prompt, running the dense prefill once (`SharedPrefill`)."""
+    shared = SharedPrefill(model, prompt_ids)
+    return [tokenizer.decode(shared.generate(spec, max_new_tokens, stop_ids, min_new_tokens).token_ids,
+                             skip_special_tokens=True) for spec in specs]
 
 
 def generate_text(model: torch.nn.Module, tokenizer: Any, spec: MethodSpec, prompt_ids: list[int],

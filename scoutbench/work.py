@@ -4,7 +4,8 @@ A run's `method_stats` count what the method actually selected (ScoutAttention's
 blocks it recalled, InfiniGen's fetched tokens, HGCA's CPU (head, token) pairs, Quest's attended tokens). These
 are turned into *shape-free fractions* (`MeasuredWork`: e.g. "the CPU attends 9% of the budget"), which carry
 to another model, length, batch and budget; `step_work` multiplies them out for a shape into bytes per tier, bus
-bytes each way, CPU-attended tokens, recall bytes and linear-layer FLOPs (`StepWork`).
+bytes each way, CPU-attended tokens, recall bytes, linear-layer FLOPs and the tokens attended per (sequence, KV
+head) in a sparse layer, mean and max (what `--budget` bounds) (`StepWork`).
 
 Two users, one arithmetic: the projection (scoutbench/projection.py) times a `StepWork` on a hardware profile,
 and the counter gate (scoutbench/counter_gate.py) compares the `StepWork` of a run at its own shape with a
@@ -37,7 +38,8 @@ class MeasuredWork:
     recall_budget_frac: float = 0.0  # scout: tokens recalled per (sequence, KV head, sparse layer, step) / budget
     fetch_context_frac: float = 0.0  # infinigen: tokens fetched per (sequence, KV head, sparse layer) / context
     cpu_host_frac: float = 0.0  # hgca: tokens the CPU attends per (sequence, query head) / host tokens
-    attended_budget_frac: float = 1.0  # quest: tokens attended per (sequence, KV head, sparse layer) / budget
+    attended_budget_frac: float = 1.0  # quest, scout: tokens attended per (sequence, KV head, sparse layer) / budget
+    attended_max_budget_frac: float | None = None  # the most tokens one (sequence, KV head, layer, step) attended / budget
     source: str = ""  # the result file
 
     def describe(self) -> dict[str, Any]:
@@ -104,13 +106,19 @@ class StepWork:
     num_sparse: int
     head_weight_bytes: float  # lm_head (and the embedding row gather, negligible)
     head_flops: float
+    rows: int  # (sequence, KV head) pairs of one layer, over which device_tokens and cpu_tokens count
+    attended_max: float  # the most tokens one (sequence, KV head) attends in a sparse layer (dense: the context)
 
     def totals(self) -> dict[str, float]:
         """Per-step counters (the counter gate's metrics; all lower-is-better)."""
         def total(name: str) -> float:
             return self.num_dense * _get(self.dense, name) + self.num_sparse * _get(self.sparse, name)
 
+        layer = self.sparse if self.num_sparse else self.dense
         return {
+            # what --budget bounds: tokens per (sequence, KV head) in a sparse layer, both tiers (issue 18)
+            "attended_tokens_per_head_mean": (layer.device_tokens + layer.cpu_tokens) / self.rows,
+            "attended_tokens_per_head_max": self.attended_max,
             "device_kv_bytes_per_step": total("device_kv_bytes"),
             "select_bytes_per_step": total("select_bytes"),
             "host_kv_bytes_per_step": total("host_kv_bytes"),
@@ -122,6 +130,7 @@ class StepWork:
             "linear_flops_per_step": total("linear_flops") + self.head_flops,
             "weight_bytes_per_step": total("weight_bytes") + total("predict_weight_bytes") + self.head_weight_bytes,
         }
+
 
 
 def _get(layer: LayerWork, dotted: str) -> float:
@@ -191,6 +200,12 @@ def measured_work(result: dict[str, Any]) -> MeasuredWork:
     shape = result_shape(result)
     source = str(result.get("_path", ""))
     m = shape.model
+    # the tokens attended per (sequence, KV head) in a sparse layer, as fractions of the budget (results written
+    # before issue 18 lack them: the work model then assumes the budget)
+    attended = stats.get("attended_tokens_per_head") or {}
+    budget = config.get("budget")
+    mean_frac = attended["mean"] / budget if budget and attended.get("mean") is not None else None
+    max_frac = attended["max"] / budget if budget and attended.get("max") is not None else None
     if family == "scout":
         ratio = (stats.get("cpu_compute_ratio") or {}).get("mean") or 0.0
         recall = stats.get("recall") or {}
@@ -199,25 +214,29 @@ def measured_work(result: dict[str, Any]) -> MeasuredWork:
         rows = steps * shape.batch * m.num_kv_heads * sparse
         recalled_tokens = (recall.get("blocks") or 0) * config.get("block_size", 1) / rows
         return MeasuredWork(method, family, config, cpu_budget_frac=float(ratio),
-                            recall_budget_frac=recalled_tokens / config["budget"], source=source)
+                            recall_budget_frac=recalled_tokens / config["budget"],
+                            attended_budget_frac=1.0 if mean_frac is None else mean_frac,
+                            attended_max_budget_frac=max_frac, source=source)
     if family == "infinigen":
         dense = min(config.get("dense_layers", 0), m.num_layers)
         fetched = [n for n in (stats.get("tokens_fetched_per_layer") or [])[dense:]]
         mean_fetched = statistics.fmean(fetched) if fetched else 0.0
         return MeasuredWork(method, family, config, fetch_context_frac=mean_fetched / shape.context_len,
-                            source=source)
+                            attended_max_budget_frac=max_frac, source=source)
     if family == "hgca":
         dense = min(config.get("dense_layers", 0), m.num_layers)
         pairs = (stats.get("cpu_tokens_per_layer") or [])[dense:]
         host_tokens = stats.get("host_tokens_mean") or 0.0
         per_head = statistics.fmean(pairs) / (shape.batch * m.num_heads) if pairs else 0.0
         return MeasuredWork(method, family, config, cpu_host_frac=per_head / host_tokens if host_tokens else 0.0,
-                            source=source)
+                            attended_max_budget_frac=max_frac, source=source)
     if family == "quest":
         dense = min(config.get("dense_layers", 0), m.num_layers)
         attended = (stats.get("attended_tokens_per_layer") or [])[dense:]
-        frac = statistics.fmean(attended) / config["budget"] if attended else 1.0
-        return MeasuredWork(method, family, config, attended_budget_frac=frac, source=source)
+        per_layer = (stats.get("attended_tokens_per_layer") or [])[dense:]
+        frac = statistics.fmean(per_layer) / config["budget"] if per_layer else 1.0
+        return MeasuredWork(method, family, config, attended_budget_frac=frac, attended_max_budget_frac=max_frac,
+                            source=source)
     return MeasuredWork(method, family, config, source=source)
 
 
@@ -282,6 +301,7 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
     elif work.family == "scout":
         T, bs = min(cfg["budget"], N), cfg["block_size"]
         cpu_tokens = work.cpu_budget_frac * T
+        attended = min(work.attended_budget_frac * cfg["budget"], N)  # both tiers
         digests = B * m.num_kv_heads * math.ceil(N / bs) * 2 * m.head_dim * e
         indices = Transfer(B * m.num_kv_heads * math.ceil(cpu_tokens / bs) * INDEX_BYTES, 0)  # rides with q
         recalled = work.recall_budget_frac * cfg["budget"] if cfg.get("pr", True) else 0.0
@@ -289,7 +309,7 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
         sparse = LayerWork(
             "layer_ahead" if cfg.get("pc", True) else "same_layer", weights, flops, split,
             predict_weight_bytes=predict if cfg.get("pc", True) else 0.0, select_bytes=digests,
-            device_kv_bytes=B * (T - cpu_tokens) * kv, device_tokens=B * m.num_kv_heads * (T - cpu_tokens),
+            device_kv_bytes=B * (attended - cpu_tokens) * kv, device_tokens=B * m.num_kv_heads * (attended - cpu_tokens),
             host_kv_bytes=B * cpu_tokens * kv, cpu_tokens=B * m.num_kv_heads * cpu_tokens, merge_bytes=merge,
             d2h=Transfer(q_bytes, 1) + indices + new_kv, h2d=result_back,
             host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
@@ -304,7 +324,7 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
         fetch_bytes = B * fetched * kv
         gathered = fetch_granularity == "gathered"
         sparse = LayerWork("prefetch", weights, flops, split, predict_weight_bytes=predict, select_bytes=speculation,
-                           device_kv_bytes=fetch_bytes, device_tokens=B * m.num_kv_heads * fetched,
+                           device_kv_bytes=fetch_bytes, device_tokens=B * m.num_kv_heads * (fetched + 1),  # + current
                            host_gather_bytes=fetch_bytes if gathered else 0.0, d2h=new_kv,
                            h2d=Transfer(fetch_bytes, (2 if fetched else 0) if gathered else B * fetched))
     elif work.family == "hgca":
@@ -327,5 +347,14 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
                            merge_bytes=merge, d2h=Transfer(q_bytes, 1) + new_kv, h2d=result_back)
     else:  # pragma: no cover - method_family only returns FAMILIES
         raise UsageError(f"no work model for {work.family}")
+    rows = B * m.num_kv_heads
+    if num_dense == m.num_layers:
+        attended_max = float(N)
+    elif cfg.get("budget") is not None:  # measured, as a fraction of the budget; else the bound itself
+        frac = 1.0 if work.attended_max_budget_frac is None else work.attended_max_budget_frac
+        attended_max = min(frac * cfg["budget"], N)
+    else:  # HGCA's fraction policy has no budget: its mean selection
+        attended_max = (sparse.device_tokens + sparse.cpu_tokens) / rows
     head_bytes = m.vocab_size * m.hidden_size * e
-    return StepWork(dense_layer, sparse, num_dense, m.num_layers - num_dense, head_bytes, 2.0 * B * head_bytes / e)
+    return StepWork(dense_layer, sparse, num_dense, m.num_layers - num_dense, head_bytes, 2.0 * B * head_bytes / e,
+                    rows, attended_max)

@@ -281,3 +281,122 @@ def test_score_command_rejects_malformed_files_in_one_line(tmp_path, monkeypatch
     path.write_bytes(content)
     code, _, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path))
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------------------------ several methods
+COMPARE_ARGS = ["--dataset", "2wikimqa", "--data-dir", str(DATA), "--limit", "1", "--method", "fullkv", "--method",
+                "quest", "--method", "scout", "--budget", "64", "--method-arg", "block_size=16", "--max-length",
+                "1500", "--device", "cpu"]
+
+
+def test_method_specs_expand_methods_and_budgets():
+    from scoutbench.generation import method_specs
+
+    specs = method_specs(["fullkv", "quest", "scout"], {"block_size": "16"}, [1024, 2048])
+    assert [(s.name, s.args) for s in specs] == [
+        ("fullkv", {}), ("quest", {"block_size": "16", "budget": 1024}), ("quest", {"block_size": "16", "budget": 2048}),
+        ("scout", {"block_size": "16", "budget": 1024}), ("scout", {"block_size": "16", "budget": 2048})]
+    with pytest.raises(ScoutbenchError, match="none of fullkv, hgca has this field"):
+        method_specs(["fullkv", "hgca"], {"block_size": "16"})
+    with pytest.raises(ScoutbenchError, match="no token budget"):
+        method_specs(["fullkv"], budgets=[1024])
+
+
+def test_several_methods_in_one_run_predict_what_separate_runs_predict(smollm2, tmp_path, monkeypatch, capsys):
+    """Issue 18 item 4: `--method` repeated and a budget list give one configuration per (method, budget), FullKV
+    once; they share one dense prefill per record and predict exactly what one run per configuration predicts.
+    Each result compares with FullKV (agreement, teacher-forced fidelity) and the table puts them side by side."""
+    monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)
+    table = tmp_path / "table.md"
+    code, out, err = run_cli(monkeypatch, capsys, "accuracy", *COMPARE_ARGS, "--fidelity-steps", "4",
+                             "-o", str(tmp_path / "together"), "--markdown", str(table), "--json")
+    assert code == 0, err
+    results = json.loads(out)
+    labels = [r["label"] for r in results]
+    assert labels == ["fullkv", "quest@64", "scout@64"]
+    for result in results:
+        for name in ("2wikimqa",):
+            entry = result["results"][name]
+            assert entry["n"] == 1 and entry["cpu_s_per_record"] >= 0
+            if result["label"] == "fullkv":
+                assert "vs_fullkv" not in entry and "fidelity" not in entry
+                continue
+            assert entry["dense_records"] == 0  # the budgets are below every prompt: really sparse
+            vs = entry["vs_fullkv"]
+            assert vs["n"] == entry["n"] and 0 <= vs["exact_match"] <= 100 and vs["score"] == entry["score"]
+            fidelity = entry["fidelity"]
+            assert fidelity["steps"] == 4 and fidelity["records"] == entry["n"]
+            assert 0 < fidelity["compared_steps"] <= 4 * entry["n"] and fidelity["kl_mean"] >= 0
+
+    for result in results[1:]:  # one run per configuration, each in its own output folder
+        spec = MethodSpec(result["method"], result["method_config"])
+        tasks = [lb.LongBenchTask("2wikimqa", lb.load_records("2wikimqa", DATA)[:1], smollm2.tokenizer, 1500)]
+        alone, path = run_accuracy(tasks, smollm2, spec, tmp_path / "alone", 1500, seed=0, limit=1)
+        folder = path.parent.relative_to(tmp_path / "alone")  # the same folder name: the hash has no -o in it
+        for name in ("2wikimqa",):
+            preds = [[json.loads(line)["pred"] for line in (tmp_path / run / folder / f"{name}.jsonl").open()]
+                     for run in ("together", "alone")]
+            assert preds[0] == preds[1], (result["label"], name)
+            assert alone["results"][name]["score"] == result["results"][name]["score"]
+    markdown = table.read_text()
+    assert markdown.count("| task |") == 4 and "scout@64" in markdown and "(change vs FullKV)" in markdown
+    assert "CPU seconds per record" in markdown
+    # a rerun of the same command finds every configuration complete: nothing is generated again
+    monkeypatch.setattr("scoutbench.accuracy.SharedPrefill", _never)
+    monkeypatch.setattr("scoutbench.accuracy.generate_text", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "accuracy", *COMPARE_ARGS, "--fidelity-steps", "4",
+                             "-o", str(tmp_path / "together"), "--json")
+    assert code == 0, err
+    assert [r["results"] for r in json.loads(out)] == [r["results"] for r in results]
+
+
+def test_summarize_scores_a_run_in_progress_without_touching_it(smollm2, tmp_path, monkeypatch, capsys):
+    """`--summarize` generates nothing and writes no result: it scores what a (possibly running) run has on disk,
+    with n per task saying how far it got; a half-written last line is skipped, not cut off."""
+    monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)
+    monkeypatch.setattr("scoutbench.accuracy.generate_text", lambda *args, **kwargs: " Paris")
+    args = ["accuracy", "--dataset", "2wikimqa", "--data-dir", str(DATA), "--method", "fullkv", "--max-length",
+            "1500", "--device", "cpu", "-o", str(tmp_path)]
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--limit", "2")
+    assert code == 0, err
+    (path,) = tmp_path.glob("smollm2-135m/fullkv-*/2wikimqa.jsonl")
+    with open(path, "a") as handle:
+        handle.write('{"pred": "half')  # a line being written by the run
+    before = {p: p.read_bytes() for p in path.parent.iterdir()}
+    monkeypatch.setattr("scoutbench.accuracy.generate_text", _never)
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--summarize", "--json")
+    assert code == 0, err
+    assert json.loads(out)["results"]["2wikimqa"]["n"] == 2  # of 3 records
+    assert {p: p.read_bytes() for p in path.parent.iterdir()} == before
+
+
+def test_agreement_scores_each_prediction_against_fullkvs_own(smollm2):
+    """Exact match with FullKV's prediction, the task's metric with FullKV's prediction as the only reference
+    (undefined records counted, not scored), and the official score's change relative to FullKV's."""
+    from scoutbench.accuracy import agreement_with_reference
+
+    def rows(preds, answers):
+        return [{"pred": p, "answers": [a], "all_classes": None, "length": 10, "_id": str(i), "index": i}
+                for i, (p, a) in enumerate(zip(preds, answers, strict=True))]
+
+    qa = lb.LongBenchTask("2wikimqa", [], None, max_length=100)
+    answers = ["Paris", "blue whale", "1999"]
+    fullkv = rows(["Paris", "the blue whale", "in 1998"], answers)
+    method = rows(["Paris", "a whale", "in 1998"], answers)
+    vs = agreement_with_reference(qa, method, fullkv)
+    assert vs["n"] == 3 and vs["exact_match"] == pytest.approx(66.67)
+    assert vs["metric_vs_fullkv_pred"] == pytest.approx(100 * (1 + m.qa_f1_score("a whale", "the blue whale") + 1) / 3,
+                                                        abs=0.01)
+    assert vs["score"] == m.dataset_score("2wikimqa", method) and vs["fullkv_score"] == m.dataset_score("2wikimqa", fullkv)
+    assert vs["score_change_pct"] == pytest.approx(100 * (vs["score"] - vs["fullkv_score"]) / vs["fullkv_score"], abs=0.01)
+    retrieval = lb.LongBenchTask("passage_retrieval_en", [], None, max_length=100)
+    answers = ["Paragraph 3", "Paragraph 5"]
+    vs = agreement_with_reference(retrieval, rows(["Paragraph 3", "Paragraph 2"], answers),
+                                  rows(["Paragraph 3", "I do not know"], answers))
+    assert vs["metric_vs_fullkv_pred"] == 100.0 and vs["metric_undefined"] == 1  # no paragraph in FullKV's answer
+    passkey = PasskeyTask("passkey", smollm2.tokenizer, 256, num_samples=1)
+    assert passkey.reference_answer("The pass key is 40612.") == "40612"
+    vs = agreement_with_reference(passkey, rows(["The pass key is 40612!", "4."], ["40612", "40612"]),
+                                  rows(["The pass key is 40612.", "40612"], ["40612", "40612"]))
+    assert vs["exact_match"] == 0.0 and vs["metric_vs_fullkv_pred"] == 50.0
+    assert agreement_with_reference(qa, method, []) is None

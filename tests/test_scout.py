@@ -210,13 +210,14 @@ def test_recall_empties_the_cpu_part_for_the_same_selection(tiny_qwen3, prompt_3
                 assert j in after["device"][s][h]
 
 
-@pytest.mark.parametrize("device_blocks", ["resident", "selected"])
-def test_device_part_reads_every_resident_block_by_default(tiny_qwen3, prompt_300, device_blocks):
-    """Algorithm 1 line 10: the device part attends every resident block (B_gpu), not only this step's selected
-    ones; `device_blocks="selected"` keeps Quest's set split in two. The CPU part is the selected blocks the pool
-    does not hold, in both modes."""
+@pytest.mark.parametrize("device_blocks", [None, "resident"])
+def test_device_part_reads_the_selected_resident_blocks_by_default(tiny_qwen3, prompt_300, device_blocks):
+    """The paper's split (the default): the device part attends the resident blocks of this step's selection,
+    the CPU part the selected blocks the pool does not hold, so the two together are the selection.
+    `device_blocks="resident"` (the variant that exceeds the budget) attends every resident block on the device."""
     prompt, lengths, tokens = prompt_300
-    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2, device_blocks=device_blocks)
+    mode = {} if device_blocks is None else {"device_blocks": device_blocks}
+    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2, **mode)
     scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
     extra = 0
     for record in plans(method):

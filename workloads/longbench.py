@@ -49,8 +49,8 @@ DATA_HINT = (f"download {HUB_ARCHIVE} from https://huggingface.co/datasets/{HUB_
 # Prompt-token limit for truncation, per model (the official model2maxlen.json). The official convention is the
 # context window minus ~500 tokens for the chat wrapper and the answer (3500 for 4k models, 7500 for 8k).
 # SmolLM2-135M accepts 8192 positions but only answers sensibly up to ~2k tokens, so its default is 2k - 500;
-# Qwen2.5-0.5B is a 32k model (31500, as the official table's 32k entries).
-MODEL_MAX_LENGTH = {"smollm2-135m": 1500, "qwen2.5-0.5b": 31500}
+# the Qwen2.5 models are 32k models (31500, as the official table's 32k entries).
+MODEL_MAX_LENGTH = {"smollm2-135m": 1500, "qwen2.5-0.5b": 31500, "qwen2.5-1.5b": 31500}
 CHAT_AND_ANSWER_RESERVE_TOKENS = 500
 
 

@@ -116,6 +116,12 @@ class PasskeyTask:
         return {"metric": "passkey_exact", "max_new_tokens": self.max_new_tokens, "context_len": self.context_len,
                 "depth": self.depth, "seed": self.seed, "num_keys": self.num_keys if self.variant != "passkey" else 1}
 
+    def reference_answer(self, prediction: str) -> str:
+        """What another prediction is scored against when this one is the reference (agreement with FullKV): the
+        key it answered, its first digit run ("" when it has none)."""
+        match = _FIRST_DIGITS.search(prediction)
+        return match.group() if match else ""
+
     def score(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Percentage of predictions whose first digit run is exactly the key, rounded like LongBench."""
         if not rows:

@@ -31,14 +31,19 @@ def _load(model: str, device: str, dtype: str | None, seed: int):
     return load_model(model, resolved, torch_dtype, seed=seed), torch_dtype
 
 
+def _method_options(func):
+    """One method, one budget (fidelity)."""
+    func = click.option("--budget", default=None, help=BUDGET_HELP)(func)
+    return click.option("--method", default="fullkv", show_default=True,
+                        help="Attention method (scoutbench methods).")(func)
+
+
 def _common_options(func):
     options = [
-        click.option("--method", default="fullkv", show_default=True, help="Attention method (scoutbench methods)."),
         click.option("--model", default="smollm2-135m", show_default=True,
-                     help="smollm2-135m or qwen2.5-0.5b (real, offline), a local folder or a Hugging Face id."),
-        click.option("--budget", default=None, help=BUDGET_HELP),
+                     help="smollm2-135m, qwen2.5-0.5b or qwen2.5-1.5b (real, offline), a local folder or a Hugging Face id."),
         click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
-                     help="Set a method field (repeatable)."),
+                     help="Set a method field (repeatable; with several methods, of every method that has it)."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
         click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA."),
         click.option("--seed", default=0, show_default=True, type=SEED, help="Seed for synthetic prompts."),
@@ -90,6 +95,12 @@ def _list_datasets(as_json: bool) -> None:
               help="LongBench dataset (any of v1's 21, e.g. qasper, hotpotqa, lcc, or a LongBench-E file such as "
                    "qasper_e), 'all' (the 21 v1 datasets), passkey or passkey-multi. Repeatable. "
                    "'list' prints them all (with their metric) and exits.")
+@click.option("--method", "methods", multiple=True, default=("fullkv",), show_default=True,
+              help="Attention method (scoutbench methods). Repeatable: the methods are compared side by side, "
+                   "sharing one dense prefill per record.")
+@click.option("--budget", "budgets", default=None,
+              help="Token budget(s) of the sparse methods, comma-separated (1k,2k): one configuration per method "
+                   "and budget; methods without one (fullkv) run once.")
 @_common_options
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder of official LongBench <name>.jsonl files, or a parquet mirror (<name>.parquet, "
@@ -103,22 +114,32 @@ def _list_datasets(as_json: bool) -> None:
 @click.option("--len", "context_len", default="1k", show_default=True,
               help=f"Passkey prompt length ({LENGTH_HELP}).")
 @click.option("--depth", type=float, default=None, help="Passkey needle depth in [0, 1] (default: spread).")
+@click.option("--fidelity-steps", type=int, default=0, show_default=True,
+              help="Also teacher-force every method but FullKV on FullKV's first N generated tokens of each record "
+                   "(top-1 agreement, KL); 0: off.")
 @click.option("-o", "--output", "out_dir", default="results/runs/accuracy", show_default=True,
-              help="Output folder (predictions + result.json).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")
-def command(datasets, method, model, budget, method_args, device, dtype, seed, data_dir, data_revision, limit,
-            max_length, context_len, depth, out_dir, as_json) -> None:
-    """Accuracy of a method on LongBench (official prompts, truncation and metrics) or passkey retrieval.
+              help="Output folder (one folder per method configuration: predictions + result.json).")
+@click.option("--markdown", "markdown_file", default=None, type=click.Path(dir_okay=False),
+              help="Also write the comparison tables as markdown to this file.")
+@click.option("--summarize", is_flag=True,
+              help="Generate nothing: score the predictions already in -o (a run still in progress included, which "
+                   "is left alone; n per task says how far it got) and print or write the tables.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table (one method; "
+              "several: a JSON list).")
+def command(datasets, methods, budgets, model, method_args, device, dtype, seed, data_dir, data_revision, limit,
+            max_length, context_len, depth, fidelity_steps, out_dir, markdown_file, summarize, as_json) -> None:
+    """Accuracy of one or several methods on LongBench (official prompts, truncation and metrics) or passkey
+    retrieval, each compared with FullKV.
 
-    Predictions are resumable: rerunning the same command skips finished samples.
+    Predictions are resumable per method configuration: rerunning the same command skips finished samples.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scoutbench.accuracy import run_accuracy
-    from scoutbench.generation import method_spec
+    from scoutbench.accuracy import comparison_tables, run_comparison, tables_markdown
+    from scoutbench.generation import method_specs
     from scoutbench.models import PRESETS, context_window, loaded_context_window
-    from scoutbench.results import check_writable, output_lock
+    from scoutbench.results import check_writable, output_lock, utc_now
     from scoutbench.throughput import resolve_device, resolve_dtype
     from scoutbench.workloads import longbench, passkey
 
@@ -128,8 +149,11 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
     # every option is checked before the model loads (a minute for a real model) and before any data is read
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
+    if fidelity_steps < 0:
+        raise UsageError(f"--fidelity-steps must be 0 (off) or more, got {fidelity_steps}")
     names = _expand_datasets(datasets)
-    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"))
+    budget_list = None if budgets is None else [_parse_len(b.strip(), "--budget") for b in budgets.split(",")]
+    specs = method_specs(list(dict.fromkeys(methods)), parse_method_args(method_args), budget_list)
     passkey_len = _parse_len(context_len, "--len")
     length_limit = _parse_len(max_length, "--max-length")
     if depth is not None and not 0.0 <= depth <= 1.0:
@@ -153,9 +177,12 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
             raise UsageError(f"no records for {name} in {data_dir or 'the hub archive'}: the data file is empty")
     _check_context(names, model, context_window(model), passkey_len, length_limit)
     check_writable(out_dir, single_file=False)
-    # the folder's writer lock before the model loads (a minute): a second run into -o stops at once; released
-    # when the command ends (click closes its context), as every command holds its -o
-    click.get_current_context().with_resource(output_lock(out_dir))
+    if markdown_file:
+        check_writable(markdown_file, overwrite=True, single_file=True)
+    if not summarize:
+        # the folder's writer lock before the model loads (a minute): a second run into -o stops at once; released
+        # when the command ends (click closes its context), as every command holds its -o. --summarize only reads.
+        click.get_current_context().with_resource(output_lock(out_dir))
     loaded, _ = _load(model, device, dtype, seed)
     if loaded.tokenizer is None:
         raise UsageError(f"model {model!r} has no tokenizer; accuracy tasks need text (use smollm2-135m)")
@@ -177,18 +204,35 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
 
         def on_progress(task_name: str, done: int, total: int) -> None:
             progress.update(bars[task_name], completed=done, total=total)
+            if not console.is_terminal and not as_json:  # a log file (a background run): one line per record
+                console.print(f"{utc_now()} {task_name}: {done}/{total} records", highlight=False)
 
         try:
-            result, path = run_accuracy(tasks, loaded, spec, out_dir, length_limit, seed, limit,
-                                        command=["scoutbench", *sys.argv[1:]], on_progress=on_progress)
+            outcomes = run_comparison(tasks, loaded, specs, out_dir, length_limit, seed, limit,
+                                      command=["scoutbench", *sys.argv[1:]], on_progress=on_progress,
+                                      fidelity_steps=fidelity_steps, generate=not summarize)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every finished prediction is on disk
             console.print(f"kept the finished predictions in {out_dir}; rerun the same command to resume")
             raise
+    task_names = [task.name for task in tasks]
+    results = [result for result, _ in outcomes]
+    if markdown_file:
+        _write_text_atomic(markdown_file, tables_markdown(comparison_tables(results, task_names)))
     if as_json:
-        click.echo(path.read_text("utf-8"), nl=False)  # the file as written: strict JSON
+        if len(outcomes) == 1 and not summarize:
+            click.echo(outcomes[0][1].read_text("utf-8"), nl=False)  # the file as written: strict JSON
+        elif not summarize:
+            click.echo("[" + ",\n".join(path.read_text("utf-8").strip() for _, path in outcomes) + "]")
+        else:  # nothing was written: the results as computed
+            click.echo(json.dumps(results if len(results) > 1 else results[0], indent=2, default=str))
         return
-    _print_accuracy_table(Console(), result, [task.name for task in tasks])  # the result on stdout
-    console.print(f"result: {path}")
+    stdout = Console()  # the result on stdout, progress and paths on stderr
+    if len(results) == 1:
+        _print_accuracy_table(stdout, results[0], task_names)
+    else:
+        _print_comparison(stdout, comparison_tables(results, task_names))
+    for _, path in outcomes:
+        console.print(f"result: {path}")
 
 
 def _check_context(names: list[str], model: str, window: int | None, passkey_len: int,
@@ -226,8 +270,33 @@ def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> 
     console.print(table)
 
 
+def _write_text_atomic(path: str, text: str) -> None:
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".markdown.", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _print_comparison(console, tables) -> None:
+    from rich.table import Table
+
+    for title, header, rows in tables:
+        table = Table(title=title)
+        for column in header:
+            table.add_column(column, justify="left" if column in ("task", "metric") else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+
 # ---------------------------------------------------------------------------------------------- fidelity
 @click.command("fidelity")
+@_method_options
 @_common_options
 @click.option("--len", "context_len", default="1k", show_default=True, help=f"Prompt length ({LENGTH_HELP}).")
 @click.option("--steps", default=32, show_default=True, type=int, help="Decode steps compared per prompt.")
