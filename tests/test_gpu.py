@@ -13,28 +13,13 @@ import warnings
 import pytest
 import torch
 
-from scoutbench.methods import METHODS
+from gpu_configs import ALL_NAMES, DECODE_STEPS, PROMPT_LENGTHS
+from gpu_configs import build as _method
+from gpu_configs import method_args as _method_args
 
 pytestmark = pytest.mark.gpu
 
 CUDA = torch.device("cuda")
-PROMPT_LENGTHS = [256, 200]  # ragged: exercises per-sequence valid lengths
-DECODE_STEPS = 4
-# tiny but really sparse: 64-token budgets in 16-token blocks, one dense layer of four
-BUDGET, BLOCK_SIZE, COMMON_ARGS = 64, 16, {"dense_layers": 1}
-ALL_NAMES = METHODS.names()
-
-
-def _method_args(name: str) -> dict:
-    from scoutbench.cli.options import method_args_for
-
-    return method_args_for(name, COMMON_ARGS, BUDGET, BLOCK_SIZE, set())
-
-
-def _method(name: str):
-    from scoutbench.throughput import build_method
-
-    return build_method(name, _method_args(name))
 
 
 @pytest.fixture(scope="module")
