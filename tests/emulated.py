@@ -18,9 +18,18 @@ from scoutbench.engine import DecodeEngine
 from scoutbench.kernels import backends
 from scoutbench.methods.base import AttentionMethod
 
-# Host syncs a method documents (method name -> (file suffix, source text of the line)): InfiniGen's dynamic fetch
-# count (dynamic_count=True, as in the original) is one `.item()` per sparse layer. Any other sync fails.
-ALLOWED_SYNCS = {"infinigen": ("methods/infinigen.py", ".mean().item()")}
+def allowed_syncs(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """Host syncs a method documents, as (file suffix, source text of the line); any other sync fails:
+    - InfiniGen with dynamic_count=True (the original's count): one `.item()` per sparse layer;
+    - ScoutAttention with dense_layers=0 and layer-ahead prediction: layer 0 has no layer ahead of it, so its CPU
+      part runs inline with the true query, and the host waits for that query's copy (and for the reuse events
+      of the host buffers it fills)."""
+    allowed = []
+    if config.get("dynamic_count"):
+        allowed.append(("methods/infinigen.py", ".mean().item()"))
+    if config.get("dense_layers") == 0 and config.get("pc") and not config.get("oracle"):
+        allowed += [("methods/scout.py", "plan.event.synchronize()"), ("methods/scout.py", "event.synchronize()")]
+    return allowed
 
 
 @dataclass
@@ -35,15 +44,15 @@ class EmulatedRun:
     backends: dict[str, int]
     transfers: dict[str, float]  # bytes per decode step the emulator saw, "h2d" and "d2h"
     side_items: int  # work items the copy streams executed
+    config: dict[str, Any] = field(default_factory=dict)  # the method's fields
     step_ms: list[float] = field(default_factory=list)
 
     def max_diff(self) -> list[float]:
         return [float((a - b).abs().max()) for a, b in zip(self.cpu_logits, self.cuda_logits, strict=True)]
 
-    def unexpected_syncs(self, method_name: str) -> list[SyncSite]:
-        allowed_file, allowed_text = ALLOWED_SYNCS.get(method_name, ("", None))
-        return [s for s in self.syncs if not (allowed_text and s.filename.endswith(allowed_file)
-                                              and allowed_text in s.line)]
+    def unexpected_syncs(self) -> list[SyncSite]:
+        allowed = allowed_syncs(self.config)
+        return [s for s in self.syncs if not any(s.filename.endswith(f) and text in s.line for f, text in allowed)]
 
 
 def teacher_tokens(model: torch.nn.Module, method: AttentionMethod, prompt: torch.Tensor, lengths: torch.Tensor,
@@ -103,7 +112,7 @@ def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMeth
             torch.cuda.synchronize()
             side_items = sum(s.done for s in runtime.streams if not s.is_default) - side_before
             return EmulatedRun(cpu_logits, cuda_logits, syncs, cpu_stats, method.stats(), backends.USAGE.snapshot(),
-                               transfers, side_items, step_ms)
+                               transfers, side_items, method.config(), step_ms)
         finally:
             method.close()
 

@@ -31,8 +31,13 @@ VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
 }
 
 
+# for the generation loop (no sync per step), with the attended set fixed by the selection (see that test)
+GENERATION_VARIANTS = {"scout-pr-selected": ("scout-pr", {"device_blocks": "selected"}),
+                       "scout-base-selected": ("scout-base", {"device_blocks": "selected"})}
+
+
 def _factory(key: str):
-    name, extra = VARIANTS[key]
+    name, extra = VARIANTS.get(key) or GENERATION_VARIANTS[key]
     args = {**gpu_configs.method_args(name), **extra}
     return name, lambda: build_method(name, args)
 
@@ -110,13 +115,14 @@ def test_decode_loop_has_no_host_device_sync(runs, key):
     """Outside the documented allow-list (tests/emulated.py), nothing in a decode step blocks the host on the
     device: no `.item()`/`.cpu()`/`.tolist()`, no `torch.tensor(host data, device=cuda)`, no blocking or pageable
     copy, no host wait on an event."""
-    name = VARIANTS[key][0]
     run = runs(key)
-    unexpected = run.unexpected_syncs(name)
+    unexpected = run.unexpected_syncs()
     assert not unexpected, f"{key}: {len(unexpected)} syncs in {STEPS} steps, e.g.\n" + "\n".join(
         map(str, dict.fromkeys(map(str, unexpected))))
     if VARIANTS[key][1].get("dynamic_count"):  # exactly the documented ones: one per sparse layer and step
         assert len(run.syncs) == STEPS * 2
+    if key == "scout-dense0":  # layer 0 inline: one wait for its query, at most one for a buffer's reuse
+        assert 0 < len(run.syncs) <= 2 * STEPS
 
 
 @pytest.mark.parametrize("key", list(VARIANTS))
@@ -143,17 +149,22 @@ def test_the_asynchronous_paths_ran(runs, key):
     assert run.side_items > 0
 
 
-@pytest.mark.parametrize("key", ["scout-pr", "scout-base", "hgca", "infinigen", "quest"])
+@pytest.mark.parametrize("key", ["scout-pr-selected", "scout-base-selected", "hgca", "infinigen", "quest"])
 def test_generation_loop_without_a_sync_per_step(runs, key):
     """As a generation loop runs: no synchronize at the end of each step, only the read of the logits. The copy
     streams' work then runs later still (when the worker or the device waits for it): a recalled slot is still in
-    flight at the next step, so its block is attended on the CPU, and the results hold. (Only with the true query
-    on the CPU: with layer-ahead prediction a block in flight is attended with the predicted query, as the paper's
-    method does for every CPU block, so scout's logits then differ from its CPU path by design.)"""
+    flight at the next step, so a selected block in it is attended on the CPU, and the results hold.
+
+    ScoutAttention compares only where the attended set is the selection, computed with the true query
+    (`device_blocks="selected"`, no layer-ahead prediction). By design its results otherwise depend on when a
+    recall lands: `device_blocks="resident"` attends every resident block whose copy has landed (a block still in
+    flight and not selected is attended by no one), and with layer-ahead prediction a block in flight is attended
+    on the CPU with the predicted query. On a GPU without a sync per step that is timing-dependent (the
+    throughput runner syncs at each step's end, so its runs are not)."""
     run = runs(key, timed_steps=False)
     diffs = run.max_diff()
     assert max(diffs) < ATOL, f"{key}: {['%.1e' % d for d in diffs]}"
-    assert not run.unexpected_syncs(VARIANTS[key][0])
+    assert not run.unexpected_syncs()
 
 
 def test_scout_generation_loop_attends_blocks_in_flight_on_the_cpu(model, prompt):
