@@ -50,6 +50,7 @@ from scoutbench.kernels.attention import (
     partial_attention,
     partial_attention_probs,
 )
+from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
 from scoutbench.methods.base import (
@@ -135,7 +136,8 @@ class HGCA(AttentionMethod):
         self.dense = FullKV.for_layers(ctx, dense)
         self.sparse_layers = range(dense, ctx.num_layers)
         # the window never exceeds its target by a whole block (it migrates then)
-        self.window_capacity = min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block)
+        # in whole flashinfer pages (16 tokens): its pages tile a row of the window
+        self.window_capacity = page_aligned(min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block))
         window_shape = (batch, kv_heads, self.window_capacity, head_dim)
         # the host holds tokens [0, split): split = n - window <= max_len - window_target(max_len) (the window never
         # falls below its target, and n - window_target(n) grows with n)
@@ -280,7 +282,8 @@ class HGCA(AttentionMethod):
         with ctx.timer.stage("attn_device"):
             span = max(self.window_len)
             device_part = partial_attention(q, window_k[:, :, :span], window_v[:, :, :span], ctx.scale,
-                                            self._window_valid)
+                                            self._window_valid, self.window_len if self._window_valid is not None
+                                            else None)
         if future is None:  # nothing on the host yet (or window_frac = 1)
             out = device_part.o.to(q.dtype)
         else:
@@ -411,7 +414,8 @@ class HGCA(AttentionMethod):
         sparse = shape.num_layers - dense
         window = self.window_target(context_len)
         # the window's capacity: it may exceed its target by up to a migration block before it migrates
-        device = dense * context_len * kv + sparse * min(context_len, window + self.migrate_block) * kv
+        device = (dense * page_aligned(context_len) * kv
+                  + sparse * page_aligned(min(context_len, window + self.migrate_block)) * kv)
         # the host arena: K/V and fp32 moving averages of the host part, migration staging, two gather buffers
         gather_rows, gather_tokens = self.gather_rows_tokens(context_len, shape.num_heads, shape.num_kv_heads)
         host = (sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv

@@ -28,6 +28,7 @@ What it cannot see is listed in docs/gpu.md ("What emulation cannot catch").
 from __future__ import annotations
 
 import contextlib
+import gc
 import linecache
 import os
 import threading
@@ -886,6 +887,7 @@ def _clear_device_caches() -> None:
 def deactivate() -> None:
     global _RUNTIME, _MODE
     _clear_device_caches()
+    gc.collect()  # host arenas that are garbage unregister now, while `cudaHostUnregister` is still emulated
     if _MODE is not None:
         _MODE.__exit__(None, None, None)
     for (owner, name), value in _SAVED.items():

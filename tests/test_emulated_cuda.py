@@ -188,6 +188,7 @@ def test_scout_generation_loop_attends_blocks_in_flight_on_the_cpu(model, prompt
 
 
 # ---------------------------------------------------------------------------------------------- missing waits
+@pytest.mark.filterwarnings("ignore")  # stale ids make slices and views out of range: that is the point
 def test_a_missing_wait_gives_a_wrong_result(model, prompt):
     """The emulated streams defer a copy until it is waited on: ScoutAttention's worker that does not wait for
     the device-to-host copy of its query and block ids reads stale host buffers, and the run fails."""

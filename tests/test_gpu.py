@@ -84,7 +84,8 @@ def test_flashinfer_plans_once_per_step_for_every_layer():
     cache_k = torch.randn(4, 8, 4096, 128, dtype=torch.bfloat16, device=CUDA)
     cache_v = torch.randn_like(cache_k)
     q = torch.randn(4, 40, 128, dtype=torch.bfloat16, device=CUDA)  # group 5: the tensor-core wrapper
-    planned = backends._wrapper(0, True)
+    site = (4, 8, 5, 128, 4096, 16, torch.bfloat16, 0.088)  # the call site: batch, KV heads, group, ..., scale
+    planned = backends._wrapper(0, True, site)
     calls = []
     original = planned.wrapper.plan
     planned.wrapper.plan = lambda *args, **kwargs: (calls.append(1), original(*args, **kwargs))[1]
