@@ -74,14 +74,15 @@ def teacher_tokens(model: torch.nn.Module, method: AttentionMethod, prompt: torc
 
 def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMethod], prompt: torch.Tensor,
                  lengths: torch.Tensor, steps: int, *, timed_steps: bool = True, lazy: bool = True,
-                 reference: tuple | None = None, on_runtime: Callable[[Any], None] | None = None) -> EmulatedRun:
+                 reference: tuple | None = None, on_runtime: Callable[[Any], None] | None = None,
+                 side_item_delay_s: float = 0.0) -> EmulatedRun:
     """Decode `steps` tokens with the method's CPU path and then its CUDA path on emulated CUDA.
 
     `timed_steps`: each step between the StageTimer's begin/end (CUDA events, one synchronize at the end, as the
     throughput runner does); otherwise no host sync at all between steps but the read of the logits (as a
     generation loop). `reference` reuses a CPU run of `teacher_tokens`. Syncs are recorded inside decode_step."""
     cpu_logits, tokens, cpu_stats = reference or teacher_tokens(model, make_method(), prompt, lengths, steps)
-    with emulated_cuda(lazy=lazy) as runtime:
+    with emulated_cuda(lazy=lazy, side_item_delay_s=side_item_delay_s) as runtime:
         if on_runtime is not None:
             on_runtime(runtime)
         cuda_model = to_emulated_device(copy.deepcopy(model))

@@ -231,3 +231,17 @@ def test_reading_a_recalled_slot_before_its_copy_event_gives_a_wrong_result(mode
     finally:
         block_table.BlockTable.assign = original
     assert max(run.max_diff()) > 1e-2
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def test_a_steps_time_includes_its_copy_streams_work(model, prompt):
+    """2d: the step's end event must come after every stream's work of the step. Each emulated copy-stream item
+    takes 40 ms here, and ScoutAttention recalls at every step and sparse layer; the last layer's recall is
+    waited on by nobody before the step ends, so it ran after the end event and the step looked faster than it
+    was. The steps' times must cover all the copy-stream work they issued."""
+    delay_s = 0.04
+    name, _ = _factory("scout-pr")
+    make = lambda: build_method(name, {**gpu_configs.method_args(name), "recall_interval": 1})  # noqa: E731
+    run = run_emulated(model, make, *prompt, 6, side_item_delay_s=delay_s)
+    assert run.cuda_stats["recall"]["issued"] >= 6 and run.side_items >= 6 * 8
+    assert sum(run.step_ms) >= 0.95 * run.side_items * delay_s * 1e3, (run.step_ms, run.side_items)

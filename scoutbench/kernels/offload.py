@@ -7,7 +7,8 @@
 - `host_empty`: small host buffers (staging of one step), pinned when CUDA is present.
 - `token_chunks`: bounded prefill transients (a copy or an fp32 temporary over a whole prompt is split).
 - `CopyStream`: device<->host copies on their own CUDA stream, each followed by an event; on a CPU-only run the
-  copy is a plain `copy_` and the "event" is already complete.
+  copy is a plain `copy_` and the "event" is already complete. `join_copy_streams` makes the compute stream wait
+  for all of them (the timer's step end: a step's time includes every stream's work).
 - `CpuWorkerPool`: threads for CPU-side attention. torch ops release the GIL, so a worker really runs while the
   main thread keeps issuing device work; the main thread's wait on a future is the measured idle time.
 """
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -107,12 +109,31 @@ class _DoneEvent:
 DONE = _DoneEvent()
 
 
+_COPY_STREAMS: weakref.WeakSet[CopyStream] = weakref.WeakSet()  # every live CUDA copy stream (join_copy_streams)
+_COPY_STREAMS_LOCK = threading.Lock()
+
+
+def join_copy_streams(device: torch.device) -> None:
+    """Make `device`'s current stream wait for all work queued so far on every copy stream: an event recorded
+    after this (the end of a timed step) then covers every stream's work, a recall's copies included."""
+    with _COPY_STREAMS_LOCK:
+        streams = [c.stream for c in _COPY_STREAMS if c.stream is not None and c.device == torch.device(device)]
+    current = torch.cuda.current_stream(device)
+    for stream in streams:
+        current.wait_stream(stream)
+
+
 class CopyStream:
     """Asynchronous copies with completion events (CUDA), or synchronous copies (CPU)."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        if self.stream is not None:
+            with _COPY_STREAMS_LOCK:
+                _COPY_STREAMS.add(self)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any = None) -> Any:
         """Enqueue `dst.copy_(src)` after the work already queued on the current stream, or only after the event
