@@ -19,8 +19,9 @@ run). It is adversarial where real hardware is lucky:
 - Host-device synchronisations (`.item()`, `.tolist()`, `.cpu()`, `bool(t)`, a blocking or pageable copy,
   `torch.tensor(data, device=cuda)`, indexing with host or boolean indices, `nonzero`, a host wait on an event or
   stream) on a thread inside `detect_syncs()` are recorded with the source line that caused them.
-- `cudart()` keeps CUDA's per-thread last error: a failed call (see `fail_host_register`) leaves it set and the
-  next device operation raises it, as torch's kernel-launch check does, until `cudaGetLastError()` clears it.
+- `cudart()` (the functions torch binds) keeps CUDA's per-thread last error: a failed call (see
+  `fail_host_register`) leaves it set and the next device operation raises it, as torch's kernel-launch check does
+  (which also clears it).
 
 What it cannot see is listed in docs/gpu.md ("What emulation cannot catch").
 """
@@ -80,16 +81,23 @@ class EmulatedStream(torch.Stream):
     device-to-host copies and the source checks of host-to-device copies; other streams queue everything.
     (A `torch.Stream` subclass, so that `Tensor.record_stream` accepts it.)"""
 
-    def __new__(cls, runtime: EmulatedRuntime, default: bool = False) -> EmulatedStream:
+    def __new__(cls, device: Any = None, priority: int = 0, *, runtime: EmulatedRuntime | None = None,
+                default: bool = False) -> EmulatedStream:
         return super().__new__(cls, device="cpu")
 
-    def __init__(self, runtime: EmulatedRuntime, default: bool = False):
+    def __init__(self, device: Any = None, priority: int = 0, *, runtime: EmulatedRuntime | None = None,
+                 default: bool = False):
+        """`torch.cuda.Stream(device=None, priority=0)` while emulated (the runtime's default stream otherwise)."""
+        runtime = runtime or _active()
         self.runtime = runtime
         self.is_default = default
         self.items: list[_Item] = []
         self.done = 0  # items executed
         self._waits: list[tuple[EmulatedStream, int]] = []  # dependencies of the next item
         self.done_time = time.perf_counter()  # when the last item finished
+        if not default:
+            with runtime.lock:
+                runtime.streams.append(self)
 
     def enqueue(self, run: Callable[[], None]) -> None:
         with self.runtime.lock:
@@ -194,6 +202,8 @@ class _StreamContext:
 class EmulatedCudart:
     """The part of `torch.cuda.cudart()` scoutbench calls, with CUDA's per-thread last error."""
 
+    cudaError = int  # noqa: N815 - torch's enum; `int(code)` is how callers read it
+
     def __init__(self, runtime: EmulatedRuntime):
         self.runtime = runtime
 
@@ -209,13 +219,7 @@ class EmulatedCudart:
         self.runtime.unregister_pinned(pointer)
         return CUDA_SUCCESS
 
-    def cudaGetLastError(self) -> int:  # noqa: N802
-        error = getattr(self.runtime.local, "last_error", CUDA_SUCCESS)
-        self.runtime.local.last_error = CUDA_SUCCESS
-        return error
-
-    def cudaPeekAtLastError(self) -> int:  # noqa: N802
-        return getattr(self.runtime.local, "last_error", CUDA_SUCCESS)
+    # No cudaGetLastError: torch's bindings (torch/csrc/cuda/shared/cudart.cpp) have none either.
 
 
 @dataclass
@@ -237,7 +241,7 @@ class EmulatedRuntime:
         self.side_item_delay_s = side_item_delay_s  # wall time each queued side-stream item takes (timing tests)
         self.lock = threading.RLock()
         self.local = threading.local()
-        self.default_stream = EmulatedStream(self, default=True)
+        self.default_stream = EmulatedStream(runtime=self, default=True)
         self.streams: list[EmulatedStream] = [self.default_stream]
         self.timed_events: list[EmulatedEvent] = []
         self.syncs: list[SyncSite] = []
@@ -284,12 +288,6 @@ class EmulatedRuntime:
                                "reported by this kernel launch)")
 
     # -- execution
-    def new_stream(self) -> EmulatedStream:
-        stream = EmulatedStream(self)
-        with self.lock:
-            self.streams.append(stream)
-        return stream
-
     def flush(self, stream: EmulatedStream, upto: int) -> None:
         """Run `stream`'s queued items up to position `upto` (and first what each of them waits for)."""
         with self.lock:
@@ -810,9 +808,6 @@ def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
     def current_stream(device: Any = None) -> EmulatedStream:
         return runtime.current_stream()
 
-    def stream_factory(device: Any = None, priority: int = 0, **kwargs: Any) -> EmulatedStream:
-        return runtime.new_stream()
-
     return {
         (cuda, "is_available"): lambda: True,
         (cuda, "device_count"): lambda: 1,
@@ -820,7 +815,7 @@ def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
         (cuda, "set_device"): lambda device: None,
         (cuda, "init"): lambda: None,
         (cuda, "is_initialized"): lambda: True,
-        (cuda, "Stream"): stream_factory,
+        (cuda, "Stream"): EmulatedStream,
         (cuda, "Event"): EmulatedEvent,
         (cuda, "current_stream"): current_stream,
         (cuda, "default_stream"): lambda device=None: runtime.default_stream,
@@ -839,6 +834,8 @@ def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
         (cuda, "reset_peak_memory_stats"): lambda device=None: None,
         (cuda, "empty_cache"): lambda: None,
         (torch, "Generator"): _EmulatedGenerator,
+        **({(torch.accelerator, "empty_host_cache"): lambda: None} if hasattr(torch, "accelerator") else {}),
+        **({(torch._C, "_host_emptyCache"): lambda: None} if hasattr(torch._C, "_host_emptyCache") else {}),
     }
 
 

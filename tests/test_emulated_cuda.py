@@ -245,3 +245,24 @@ def test_a_steps_time_includes_its_copy_streams_work(model, prompt):
     run = run_emulated(model, make, *prompt, 6, side_item_delay_s=delay_s)
     assert run.cuda_stats["recall"]["issued"] >= 6 and run.side_items >= 6 * 8
     assert sum(run.step_ms) >= 0.95 * run.side_items * delay_s * 1e3, (run.step_ms, run.side_items)
+
+
+# ---------------------------------------------------------------------------------------------- out of memory
+def test_batch_auto_retries_cleanly_after_a_failed_host_register():
+    """2g: a failed `cudaHostRegister` (the pinned host tier does not fit) leaves CUDA's last error set; unless it is
+    cleared, the retry's first kernel launch reports it as a fresh CUDA out-of-memory error, and `--batch auto`
+    halves the batch once more than it must. One failed registration: one halving."""
+    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.throughput import ThroughputConfig, run_throughput
+
+    args = {**gpu_configs.method_args("scout"), "dense_layers": 1}
+    config = ThroughputConfig(method="scout", method_args=args, model="tiny-qwen3", length=256, batch="auto",
+                              steps=2, warmup=1, device="cuda", dtype="float32", prefill="synthetic",
+                              gpu_mem=2 * 1024**3, host_mem=16 * 1024**2, command=["test"])
+    with emulated_cuda() as runtime:
+        runtime.fail_host_register = 1
+        result = run_throughput(config)
+    attempts = result["batch_plan"]["attempts"]
+    planned = result["batch_plan"]["planned"]
+    assert planned >= 4 and result["device"]["type"] == "cuda"
+    assert [(a["batch"], a["status"]) for a in attempts] == [(planned, "oom"), (planned // 2, "ok")], attempts

@@ -39,9 +39,27 @@ def arena_layout(specs: dict[Any, tuple[tuple[int, ...], torch.dtype]]) -> tuple
     return offsets, end
 
 
-def _unregister(pointer: int) -> None:
+def clear_last_cuda_error(device: torch.device) -> None:
+    """Consume CUDA's last error after a runtime call that failed and was handled (`cudaHostRegister`).
+
+    A failed call stays the thread's last error, and torch's check after the next kernel launch reports it as a
+    new failure of that kernel (the `--batch auto` retry then fails too, and halves the batch once more). torch's
+    cudart bindings have no `cudaGetLastError`, but a check that fails clears it (c10_cuda_check_implementation
+    calls it): one trivial launch absorbs the stale error.
+    """
+    try:
+        torch.zeros(1, device=device)
+    except RuntimeError:
+        pass
+
+
+def _unregister(pointer: int, device: torch.device) -> None:
     torch.cuda.synchronize()  # no copy may still be reading or writing the pages (rare: the end of a run)
-    torch.cuda.cudart().cudaHostUnregister(pointer)
+    if int(torch.cuda.cudart().cudaHostUnregister(pointer)) != 0:
+        clear_last_cuda_error(device)
+
+
+
 
 
 class HostArena:
@@ -49,7 +67,8 @@ class HostArena:
 
     On CUDA the allocation is page-locked with `cudaHostRegister`, so copies from and to it are asynchronous and
     `is_pinned()` holds; `release()` (also run when the arena is collected) unregisters it. A registration that
-    fails raises an out-of-memory RuntimeError, which `--batch auto` answers by halving the batch.
+    fails raises an out-of-memory RuntimeError, which `--batch auto` answers by halving the batch; it first clears
+    CUDA's last error, which the next kernel launch (of the retry) would otherwise report as a fresh failure.
     """
 
     def __init__(self, specs: dict[Any, tuple[tuple[int, ...], torch.dtype]], device: torch.device):
@@ -62,9 +81,10 @@ class HostArena:
             pointer = self.buffer.data_ptr()
             code = int(torch.cuda.cudart().cudaHostRegister(pointer, self.nbytes, CUDA_HOST_REGISTER_PORTABLE))
             if code != 0:
+                clear_last_cuda_error(torch.device(device))
                 raise RuntimeError(f"pinned host memory: registering {self.nbytes / 1024**3:.2f} GiB failed "
                                    f"(cudaError {code}): out of memory")
-            self._release = weakref.finalize(self, _unregister, pointer)
+            self._release = weakref.finalize(self, _unregister, pointer, torch.device(device))
             self._release.atexit = False  # the CUDA context may already be gone at exit
 
     def __getitem__(self, key: Any) -> torch.Tensor:
