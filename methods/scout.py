@@ -260,6 +260,7 @@ class ScoutAttention(AttentionMethod):
         self._res_sum = [0.0] * L
         self._recalls = [0] * L
         self._recall_blocks = [0] * L
+        self._recall_bytes = 0  # K/V bytes the recalls copied to the device
         self._cpu_ms = 0.0
         self._idle_ms = 0.0
         self._cpu_tasks = 0
@@ -646,6 +647,8 @@ class ScoutAttention(AttentionMethod):
         dk, dv = self._dev_k[layer].view(-1, b, D), self._dev_v[layer].view(-1, b, D)
         device = dk.device
         if self._cuda:
+            # DMA of the whole used gather buffer (no host work), the recalled blocks picked on the device: more
+            # bytes than the recalled blocks, and what `recall.bytes` counts
             def job() -> None:
                 src_d, dst_d = _to_device(src, device), _to_device(dst, device)
                 for stage, gather, pool in ((self._stage_k, gk, dk), (self._stage_v, gv, dv)):
@@ -654,10 +657,12 @@ class ScoutAttention(AttentionMethod):
 
             _, event = self._copy.run(job)
             self._parity_free[plan.parity].append(event)  # the copy reads this parity's gather buffer
+            self._recall_bytes += 2 * used * b * D * gk.element_size()
         else:
             dk.index_copy_(0, dst, gk.index_select(0, src))
             dv.index_copy_(0, dst, gv.index_select(0, src))
             event = None
+            self._recall_bytes += 2 * int(bh.numel()) * b * D * gk.element_size()
         self._tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
         self._recalls[layer] += 1
         # the whole used gather buffer goes to the device (then the recalled rows are picked there), plus the
@@ -697,8 +702,10 @@ class ScoutAttention(AttentionMethod):
             "blocks_selected_per_head": mean_of(self._sel_sum),
             "blocks_resident_per_head": mean_of(self._res_sum),
             "k_sel": self.k_sel,
+            # bytes: what the recalls copied (on CUDA the whole used gather buffer); recalled_bytes: the blocks
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
-                       "bytes": sum(self._recall_blocks) * block_bytes, "per_layer": list(self._recalls),
+                       "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
+                       "per_layer": list(self._recalls),
                        "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)]},
             "cpu_attention_ms": self._cpu_ms,
             "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,

@@ -45,6 +45,7 @@ class EmulatedRun:
     transfers: dict[str, float]  # bytes per decode step the emulator saw, "h2d" and "d2h"
     side_items: int  # work items the copy streams executed
     config: dict[str, Any] = field(default_factory=dict)  # the method's fields
+    copied: dict = field(default_factory=dict)  # bytes over the timed steps by (direction, stream kind, dtype)
     step_ms: list[float] = field(default_factory=list)
 
     def max_diff(self) -> list[float]:
@@ -97,13 +98,17 @@ def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMeth
             runtime.transfers.clear()
             side_before = sum(s.done for s in runtime.streams if not s.is_default)
             syncs, step_ms, moved = [], [], {"h2d": 0, "d2h": 0}
+            copied: dict = {}
             for token in device_tokens:
                 if timed_steps:
                     engine.timer.begin_step()
                 before = {d: runtime.transferred(d) for d in moved}
+                detail = dict(runtime.transfers)
                 with runtime.detect_syncs() as found:
                     logits = engine.decode_step(token)
                 syncs += found
+                for key, n in runtime.transfers.items():
+                    copied[key] = copied.get(key, 0) + n - detail.get(key, 0)
                 for direction in moved:
                     moved[direction] += runtime.transferred(direction) - before[direction]
                 if timed_steps:
@@ -113,7 +118,7 @@ def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMeth
             torch.cuda.synchronize()
             side_items = sum(s.done for s in runtime.streams if not s.is_default) - side_before
             return EmulatedRun(cpu_logits, cuda_logits, syncs, cpu_stats, method.stats(), backends.USAGE.snapshot(),
-                               transfers, side_items, method.config(), step_ms)
+                               transfers, side_items, method.config(), copied, step_ms)
         finally:
             method.close()
 

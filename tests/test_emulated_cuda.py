@@ -134,6 +134,22 @@ def test_transfer_counters_are_what_the_cuda_path_copies(runs, key):
         assert run.cuda_stats[f"{direction}_bytes_per_step"] == pytest.approx(run.transfers[direction]), direction
 
 
+@pytest.mark.parametrize("key", ["scout", "scout-pr", "scout-beta"])
+def test_recall_bytes_are_what_the_recall_copies(runs, key):
+    """2h: ScoutAttention's `recall.bytes` against the K/V bytes its recalls copied to the device (the copy
+    stream's only copies of the KV dtype): on CUDA a recall copies the whole used gather buffer and picks the
+    recalled blocks on the device, which is more than the recalled blocks (1.46x in a batch-2 check)."""
+    run = runs(key)
+    copied = sum(n for (direction, stream, dtype), n in run.copied.items()
+                 if direction == "h2d" and stream == "side" and dtype == torch.float32)
+    recall = run.cuda_stats["recall"]
+    assert recall["issued"] > 0 and copied > 0
+    assert recall["bytes"] == copied
+    block_bytes = 2 * 16 * 32 * 4  # K and V of one block of one KV head, fp32
+    assert recall["recalled_bytes"] == recall["blocks"] * block_bytes <= copied
+    assert run.cpu_stats["recall"]["bytes"] == run.cpu_stats["recall"]["recalled_bytes"]  # the CPU copies those
+
+
 @pytest.mark.parametrize("key", ["scout", "scout-pr", "scout-beta", "hgca", "hgca-fractions", "infinigen"])
 def test_the_asynchronous_paths_ran(runs, key):
     """The runs really recall, migrate and fetch, on a copy stream whose work ran only when waited on."""
