@@ -229,6 +229,7 @@ class _DeviceProperties:
     multi_processor_count: int = 4
     major: int = 9
     minor: int = 0
+    uuid: str | None = None  # torch's `get_device_properties(i).uuid` (tests set one)
 
 
 # ---------------------------------------------------------------------------------------------- the runtime

@@ -304,6 +304,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
-        "nvml": nvml.summary() if nvml is not None else None, "method_stats": stats,
+        "nvml": nvml.summary(tokens=workload.batch * len(records)) if nvml is not None else None,
+        "method_stats": stats,
         "attention_backends": backends_used, "env": env_info(),
     }
