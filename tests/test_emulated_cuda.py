@@ -229,23 +229,70 @@ def test_a_missing_wait_gives_a_wrong_result(model, prompt):
     assert max(run.max_diff()) < ATOL
 
 
-def test_reading_a_recalled_slot_before_its_copy_event_gives_a_wrong_result(model, prompt):
-    """BlockTable gates a recalled slot on its copy event: marking it ready at once (no gating) reads the pool
-    before the copy stream wrote it, and the logits leave the CPU path's."""
-    from scoutbench.kernels import block_table
+def test_a_recalled_slot_is_read_only_once_its_copy_event_completed():
+    """Event-gated slot readiness (BlockTable): a slot filled by a copy-stream copy is pending until the copy's
+    event completed, and the emulated copy does not run before someone waits for it, so reading the slot earlier
+    reads the old data; gating on the event is what keeps the device from reading it."""
+    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.kernels.block_table import BlockTable
+    from scoutbench.kernels.offload import CopyStream
 
-    name, make = _factory("scout-pr")
-    reference = teacher_tokens(model, make(), *prompt, 24)
-    original = block_table.BlockTable.assign
+    with emulated_cuda():
+        pool = torch.zeros(4, 8, device="cuda")
+        host_block = torch.arange(8.0).pin_memory()
+        table = BlockTable(1, 1, num_slots=4, max_blocks=10, device="cuda")
+        copy = CopyStream(torch.device("cuda"))
+        event = copy.copy(pool[2], host_block)
+        slot, block, row = torch.tensor([2], device="cuda"), torch.tensor([7], device="cuda"), \
+            torch.tensor([0], device="cuda")
+        table.assign(row, slot, block, event)
+        ids, valid = torch.tensor([[[7]]], device="cuda"), torch.tensor([[[True]]], device="cuda")
+        table.poll()
+        on_device, pending, _ = table.split(ids, valid)
+        assert not bool(on_device.any()) and bool(pending.all())  # gated: the device does not read it yet
+        assert bool((pool[2] == 0).all())  # and indeed the copy has not run: reading it would be wrong
+        event.synchronize()
+        table.poll()
+        on_device, pending, _ = table.split(ids, valid)
+        assert bool(on_device.all()) and torch.equal(pool[2].cpu(), torch.arange(8.0))
 
-    def ungated(self, bh, slots, blocks, event=None):
-        return original(self, bh, slots, blocks, None)
 
-    block_table.BlockTable.assign = ungated
+def test_a_missing_compute_stream_wait_gives_a_wrong_result(model, prompt):
+    """HGCA's migration copies the oldest window tokens to host staging on the copy stream, and the compute stream
+    waits for that copy (`copied.wait()`) before it shifts the window over them. Without the wait the emulated copy
+    runs later, reads the shifted window, and the migrated tokens are wrong."""
+    from scoutbench.methods import hgca
+
+    name, make = _factory("hgca")
+    reference = teacher_tokens(model, make(), *prompt, STEPS)
+    original = hgca.HGCA._migrate
+
+    class NoWait:
+        def __init__(self, event):
+            self.event = event
+
+        def wait(self, stream=None):  # the removed wait
+            pass
+
+        def __getattr__(self, name):
+            return getattr(self.event, name)
+
+    def migrate_without_the_wait(self, layer, b):
+        copy = self.copy.copy
+        self.copy.copy = lambda dst, src, after=None: NoWait(copy(dst, src, after))
+        try:
+            return original(self, layer, b)
+        finally:
+            self.copy.copy = copy
+
+    hgca.HGCA._migrate = migrate_without_the_wait
     try:
-        run = run_emulated(model, make, *prompt, 24, reference=reference, timed_steps=False)
+        run = run_emulated(model, make, *prompt, STEPS, reference=reference)
     finally:
-        block_table.BlockTable.assign = original
+        hgca.HGCA._migrate = original
+    method = make()
+    prompt_host_tokens = sum(n - method.window_target(n) for n in LENGTHS) / len(LENGTHS)
+    assert run.cuda_stats["host_tokens_mean"] > prompt_host_tokens  # it migrated
     assert max(run.max_diff()) > 1e-2
 
 
