@@ -67,6 +67,7 @@ def test_nvml_samples_the_gpu_cuda_runs_on(monkeypatch, visible, cuda_index, exp
     assert summary["device"] == info
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="emulated CUDA: needs a machine without CUDA")
 def test_nvml_matches_the_uuid_torch_reports(monkeypatch):
     """On emulated CUDA with a device UUID (as torch's get_device_properties(i).uuid gives it, without a prefix),
     the UUID wins over a CUDA_VISIBLE_DEVICES ordinal that NVML numbers differently."""

@@ -81,6 +81,10 @@ def main() -> None:
     # OpenMP threads that spin while waiting steal the cores a concurrent CPU attention worker (or a loaded
     # machine) needs: measured 2-10x slower CPU steps with the default policy. Must be set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if os.environ.get("SCOUTBENCH_EMULATE_CUDA") == "1":  # CUDA code paths on a CPU (the GPU check's dry run)
+        from scoutbench.emulated_cuda import activate_from_environment
+
+        activate_from_environment()
     try:
         cli.main(standalone_mode=False, prog_name="scoutbench")
     except ScoutbenchError as exc:
