@@ -478,6 +478,10 @@ def _is_cuda_device(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # `.to(0)`, `device=0`: a CUDA ordinal
 
 
+def _is_host_device(value: Any) -> bool:
+    return value is not None and not _is_cuda_device(value) and torch.device(value).type == "cpu"
+
+
 def _unwrap(value: Any) -> Any:
     if isinstance(value, EmulatedTensor):
         return value._inner
@@ -557,6 +561,8 @@ class EmulatedTensor(torch.Tensor):
         name = getattr(func, "__name__", "")
         if name in _SHAPE_CHANGING:
             raise RuntimeError(f"emulated CUDA: in-place shape change {name} is not emulated")
+        if _is_host_device(kwargs.get("device")):  # `t.new_empty(0, device="cpu")` (Triton's interpreter): host
+            return func(*inner_args, **inner_kwargs)
         if func in _EMPTY and runtime.poison_empty and not inplace_name(name):
             with runtime.lock:
                 return _wrap_result(_poison(func(*inner_args, **inner_kwargs)), args, kwargs)
