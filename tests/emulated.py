@@ -18,6 +18,7 @@ from scoutbench.engine import DecodeEngine
 from scoutbench.kernels import backends
 from scoutbench.methods.base import AttentionMethod
 
+
 def allowed_syncs(config: dict[str, Any]) -> list[tuple[str, str]]:
     """Host syncs a method documents, as (file suffix, source text of the line); any other sync fails:
     - InfiniGen with dynamic_count=True (the original's count): one `.item()` per sparse layer;

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import gpu_configs
 import pytest
 import torch
-
-import gpu_configs
 from emulated import run_emulated, small_qwen3, teacher_tokens
 from method_harness import ragged_prompt
+
 from scoutbench.throughput import build_method
 
 # emulated CUDA runs where no real CUDA device is (it refuses otherwise); tests/test_gpu.py covers a real one
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
+
 STEPS = 64  # decode steps: every sequence crosses four 16-token block boundaries
 LENGTHS = [120, 83]  # ragged
 ATOL = 2e-4  # fp32 logits: the CUDA branches compute attention with other (equally exact) kernels
@@ -109,7 +110,7 @@ def test_every_gpu_test_configuration_builds_and_decodes_on_cpu(tiny_qwen3, name
 @pytest.mark.parametrize("key", list(VARIANTS))
 def test_cuda_path_logits_equal_the_cpu_path(runs, key):
     diffs = runs(key).max_diff()
-    assert max(diffs) < ATOL, f"{key}: max |logit difference| per step {['%.1e' % d for d in diffs]}"
+    assert max(diffs) < ATOL, f"{key}: max |logit difference| per step {[f'{d:.1e}' for d in diffs]}"
 
 
 @pytest.mark.parametrize("key", list(VARIANTS))
@@ -181,7 +182,7 @@ def test_generation_loop_without_a_sync_per_step(runs, key):
     throughput runner syncs at each step's end, so its runs are not)."""
     run = runs(key, timed_steps=False)
     diffs = run.max_diff()
-    assert max(diffs) < ATOL, f"{key}: {['%.1e' % d for d in diffs]}"
+    assert max(diffs) < ATOL, f"{key}: {[f'{d:.1e}' for d in diffs]}"
     assert not run.unexpected_syncs()
 
 
@@ -198,10 +199,12 @@ def test_scout_generation_loop_attends_blocks_in_flight_on_the_cpu(model, prompt
 
     run = run_emulated(model, make, *prompt, 24, timed_steps=False)  # (the trace itself syncs: tests only)
     plans = [r for r in made[-1].trace if r["kind"] == "plan"]
-    in_flight = sum(len(sel - dev - cpu_only) for plan in plans
-                    for sel_row, dev_row, res_row in zip(plan["selected"], plan["device"], plan["resident"])
-                    for sel, dev, cpu_only in zip(sel_row, dev_row, [s - r for s, r in zip(sel_row, res_row)]))
-    assert in_flight > 0  # selected, resident, not read on the device: a copy was in flight
+    # selected and resident but not read on the device: its copy was in flight
+    in_flight = sum(len((selected & resident) - device)
+                    for plan in plans
+                    for rows in zip(plan["selected"], plan["device"], plan["resident"], strict=True)
+                    for selected, device, resident in zip(*rows, strict=True))
+    assert in_flight > 0
     assert max(run.max_diff()) < 1.0  # the predicted query attends those blocks: close, not equal
 
 

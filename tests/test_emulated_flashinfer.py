@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 
+import gpu_configs
 import pytest
 import torch
-
-import gpu_configs
 from emulated import emulated_model, flashinfer_standin, run_emulated, small_qwen3, teacher_tokens
 from method_harness import ragged_prompt
+
 from scoutbench.emulated_cuda import EMULATED_DEVICE, emulated_cuda
 from scoutbench.kernels import backends
 from scoutbench.kernels.attention import decode_attention, partial_attention
@@ -20,6 +20,7 @@ from scoutbench.throughput import build_method
 
 # emulated CUDA runs where no real CUDA device is (it refuses otherwise); tests/test_gpu.py covers a real one
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
+
 BF16 = torch.bfloat16
 STEPS = 24
 LENGTHS = [120, 83]
@@ -170,22 +171,22 @@ def test_adapter_pages_are_whole_16_token_pages(name, max_len):
 
 
 # ---------------------------------------------------------------------------------------------- every method
-VARIANTS = {name: name for name in gpu_configs.ALL_NAMES}
-
-
 @pytest.fixture(scope="module")
 def bf16_models():
     """bf16, head_dim 64 (flashinfer's kernels): a group of 4 (CUDA-core decode) and of 5 (tensor-core decode)."""
     return {group: small_qwen3(num_heads=2 * group, num_kv_heads=2, head_dim=64, dtype=BF16) for group in (4, 5)}
 
 
-@pytest.mark.parametrize("group", [4, 5])
-@pytest.mark.parametrize("name", gpu_configs.ALL_NAMES)
+# every method and ablation on the CUDA-core path (group 4); each method once on the tensor-core path (group 5)
+FLASHINFER_CASES = [(name, 4) for name in gpu_configs.ALL_NAMES] + \
+    [(name, 5) for name in ("fullkv", "quest", "infinigen", "hgca", "scout")]
+
+
+@pytest.mark.parametrize("name,group", FLASHINFER_CASES)
 def test_every_method_meets_the_flashinfer_contract(bf16_models, name, group, monkeypatch):
     """Every method and ablation decodes through the adapter and the stand-in: each flashinfer call equals the
     torch backend on the same inputs, the decode loop has no host sync (page tables from pinned memory, empty rows
     masked on the device), and each call site plans once per step (the layers of a step share a plan)."""
-    import flashinfer_standin as standin
 
     model = bf16_models[group]
     prompt, lengths = ragged_prompt(model.config.vocab_size, LENGTHS, seed=3)

@@ -12,7 +12,6 @@ import warnings
 
 import pytest
 import torch
-
 from gpu_configs import ALL_NAMES, DECODE_STEPS, PROMPT_LENGTHS
 from gpu_configs import build as _method
 from gpu_configs import method_args as _method_args
