@@ -1,6 +1,14 @@
 """Sessions: `nox -s tests` (default), `triton` (the Triton kernel in its CPU interpreter), `lint`, `perf_gate` (CPU
-sweep + relative gate), `tests_qwen` (opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run) runs tests,
-triton, perf_gate."""
+sweep + relative gate), `floors` (the declared dependency floors, and the lent H200's transformers), `tests_qwen`
+(opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run) runs tests, triton, perf_gate."""
+
+import re
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import nox
 
@@ -29,6 +37,38 @@ def tests(session: nox.Session) -> None:
     install on 2 cores, seconds of tests (measured in the issue 22 report)."""
     _install(session, "test,smollm,ray,mlflow,wandb,datasets")
     session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+def declared_floors() -> list[str]:
+    """`name==X` for every `name>=X` dependency of pyproject.toml but torch (pinned: a CPU wheel), so that the
+    floor session tests whatever is declared."""
+    dependencies = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
+    floors = []
+    for requirement in dependencies:
+        match = re.match(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][^,;\s]*)", requirement)
+        if match and match.group(1) != "torch":
+            floors.append(f"{match.group(1)}=={match.group(2)}")
+    return floors
+
+
+# The engine, kernels and backends, every method, the CLI and planner, and the emulated CUDA path.
+FLOOR_TESTS = ["tests/test_engine.py", "tests/test_kernels.py", "tests/test_backends.py", "tests/test_scout.py",
+               "tests/test_hgca.py", "tests/test_infinigen.py", "tests/test_quest.py", "tests/test_plan.py",
+               "tests/test_cli.py", "tests/test_telemetry.py", "tests/test_emulated_cuda.py",
+               "tests/test_emulated_flashinfer.py"]
+
+
+@nox.session
+@nox.parametrize("versions", ["declared-floors", "lent-h200"])
+def floors(session: nox.Session, versions: str) -> None:
+    """The engine, method, CLI and emulated-CUDA tests at the lowest version of every declared dependency (a `>=` in
+    pyproject.toml is a promise), or with the lent H200's transformers 5.17.0 (its python3 has torch 2.11, which is
+    not installable here: torch stays at the pinned CPU wheel)."""
+    session.install(TORCH)
+    session.install("-e", ".[test]")
+    session.install(*(declared_floors() if versions == "declared-floors" else ["transformers==5.17.0"]))
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    session.run("python", "-m", "pytest", "-q", *FLOOR_TESTS, *session.posargs)
 
 
 @nox.session

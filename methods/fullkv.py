@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from scoutbench.kernels.attention import decode_attention
+from scoutbench.kernels.backends import page_aligned
 from scoutbench.methods.base import (
     AttendedTokens,
     AttentionMethod,
@@ -35,7 +36,9 @@ class FullKV(AttentionMethod):
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
-        shape = (ctx.batch, ctx.num_kv_heads, ctx.max_len, ctx.head_dim)
+        # rows of whole flashinfer pages (16 tokens): its pages tile a row, and a capacity such as 65555 would
+        # leave only 1-token pages
+        shape = (ctx.batch, ctx.num_kv_heads, page_aligned(ctx.max_len), ctx.head_dim)
         # zeros, not empty: in a ragged batch a shorter sequence's masked tail covers slots it never wrote, and a
         # masked NaN still poisons attention (NaN + -inf = NaN, 0 * NaN = NaN)
         self.keys = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
@@ -76,10 +79,10 @@ class FullKV(AttentionMethod):
                                     self._valid_len, self._valid_host)
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
-        return Footprint(shape.num_layers * context_len * shape.kv_bytes_per_token_layer(elem_bytes), 0)
+        return Footprint(shape.num_layers * page_aligned(context_len) * shape.kv_bytes_per_token_layer(elem_bytes), 0)
 
     def stats(self):
         ctx = self.ctx
-        return {"device_kv_bytes": ctx.num_layers * ctx.batch * ctx.max_len * ctx.kv_bytes_per_token(),
+        return {"device_kv_bytes": ctx.num_layers * ctx.batch * page_aligned(ctx.max_len) * ctx.kv_bytes_per_token(),
                 "attended_tokens_per_head": self._attended.stats(None),
                 **transfer_stats(0, 0, 1)}  # everything stays on the device

@@ -50,6 +50,7 @@ from scoutbench.kernels.attention import (
     partial_attention,
     partial_attention_probs,
 )
+from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
 from scoutbench.methods.base import (
@@ -136,7 +137,8 @@ class HGCA(AttentionMethod):
         self.dense = FullKV.for_layers(ctx, dense)
         self.sparse_layers = range(dense, ctx.num_layers)
         # the window never exceeds its target by a whole block (it migrates then)
-        self.window_capacity = min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block)
+        # in whole flashinfer pages (16 tokens): its pages tile a row of the window
+        self.window_capacity = page_aligned(min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block))
         window_shape = (batch, kv_heads, self.window_capacity, head_dim)
         # the host holds tokens [0, split): split = n - window <= max_len - window_target(max_len) (the window never
         # falls below its target, and n - window_target(n) grows with n)
@@ -167,6 +169,13 @@ class HGCA(AttentionMethod):
                         for i in self.sparse_layers} if on_cuda else None
         self._lse_host = {i: host_empty((batch, ctx.num_heads), torch.float32, ctx.device)
                           for i in self.sparse_layers} if on_cuda else None
+        # the CPU part's output and LSE per layer, pinned, so their copy to the device is asynchronous (a copy from
+        # the worker's fresh pageable tensors is synchronous, or unsafe); the worker refills a layer's buffers only
+        # once the previous step's copy from them has run (`_results_read`)
+        self._out_host = {i: PartialState(host_empty((batch, ctx.num_heads, head_dim), torch.float32, ctx.device),
+                                          host_empty((batch, ctx.num_heads), torch.float32, ctx.device))
+                          for i in self.sparse_layers} if on_cuda else None
+        self._results_read: dict[int, Any] = {}
         self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
         self.pool = CpuWorkerPool(1)
@@ -270,26 +279,28 @@ class HGCA(AttentionMethod):
                 q_host = self._q_host[layer]
                 q_ready = self.copy.copy(q_host, q)
             future = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
-                                      list(self.cpu_take))
+                                      list(self.cpu_take), self._results_read.get(layer))
         self._submit_deferred()  # behind this layer's CPU attention, ahead of the next layer's
         with ctx.timer.stage("attn_device"):
             span = max(self.window_len)
             device_part = partial_attention(q, window_k[:, :, :span], window_v[:, :, :span], ctx.scale,
-                                            self._window_valid)
+                                            self._window_valid, self.window_len if self._window_valid is not None
+                                            else None)
         if future is None:  # nothing on the host yet (or window_frac = 1)
             out = device_part.o.to(q.dtype)
         else:
             with ctx.timer.stage("idle"):
                 start = time.perf_counter()
-                cpu_host, ids, probs = future.result()
+                cpu_host, ids, probs, lse_cpu = future.result()
                 self._wait_ms += (time.perf_counter() - start) * 1e3
-                # CPU results are fresh (pageable) host tensors: an asynchronous copy from pageable memory is staged
-                # by the driver at once, with no device sync (a blocking copy would drain the whole queue)
+                # on CUDA the CPU results sit in this layer's pinned buffers: an asynchronous copy
                 cpu_part = PartialState(cpu_host.o.to(ctx.device, non_blocking=True),
                                         cpu_host.lse.to(ctx.device, non_blocking=True))
+                if self._out_host is not None:
+                    self._results_read[layer] = torch.cuda.current_stream(ctx.device).record_event()
             with ctx.timer.stage("merge"):
                 out = merge_states(device_part, cpu_part).o.to(q.dtype)
-            self._schedule_ema_update(layer, ids, probs, cpu_host.lse, device_part.lse)
+            self._schedule_ema_update(layer, ids, probs, lse_cpu, device_part.lse)
             # q to the worker; its output and LSE back; the device LSE to the moving-average update
             self._d2h_bytes += q.numel() * q.element_size() + device_part.lse.numel() * 4
             self._h2d_bytes += cpu_host.o.numel() * 4 + cpu_host.lse.numel() * 4
@@ -316,10 +327,13 @@ class HGCA(AttentionMethod):
         # ordered only when the rows keep different counts (a third faster unordered, measured at 24k tokens)
         return scores.topk(max(take), dim=-1, sorted=min(take) != max(take)).indices
 
-    def _cpu_attention(self, layer: int, q: torch.Tensor, q_ready: Any, split: list[int], take: list[int]
-                       ) -> tuple[PartialState, torch.Tensor, torch.Tensor]:
+    def _cpu_attention(self, layer: int, q: torch.Tensor, q_ready: Any, split: list[int], take: list[int],
+                       results_read: Any = None) -> tuple[PartialState, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Worker thread: sparse attention of every query head over its selection's host tokens (one gather per
-        selection row: per KV head with a budget, the group's query heads packed against it)."""
+        selection row: per KV head with a budget, the group's query heads packed against it). On CUDA the result
+        goes into the layer's pinned buffers, once `results_read` (the previous copy from them) has run. Returns
+        (the state to copy to the device, ids, probs, the LSE for the moving average: its own tensor, which no later
+        step overwrites)."""
         if q_ready is not None:
             q_ready.synchronize()
         start = time.perf_counter()
@@ -333,8 +347,15 @@ class HGCA(AttentionMethod):
         gather_blocks(self.host_v[layer], ids, 1, values)
         valid = None if min(take) == most else torch.tensor(take)
         state, probs = partial_attention_probs(q, keys, values, self.ctx.scale, valid)
+        transfer = state
+        if self._out_host is not None:
+            if results_read is not None:
+                results_read.synchronize()
+            transfer = self._out_host[layer]
+            transfer.o.copy_(state.o)
+            transfer.lse.copy_(state.lse)
         self._cpu_ms += (time.perf_counter() - start) * 1e3
-        return state, ids, probs
+        return transfer, ids, probs, state.lse
 
     def _schedule_ema_update(self, layer: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
                              lse_device: torch.Tensor) -> None:
@@ -396,7 +417,8 @@ class HGCA(AttentionMethod):
         sparse = shape.num_layers - dense
         window = self.window_target(context_len)
         # the window's capacity: it may exceed its target by up to a migration block before it migrates
-        device = dense * context_len * kv + sparse * min(context_len, window + self.migrate_block) * kv
+        device = (dense * page_aligned(context_len) * kv
+                  + sparse * page_aligned(min(context_len, window + self.migrate_block)) * kv)
         # the host arena: K/V and fp32 moving averages of the host part, migration staging, two gather buffers
         gather_rows, gather_tokens = self.gather_rows_tokens(context_len, shape.num_heads, shape.num_kv_heads)
         host = (sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv

@@ -36,6 +36,7 @@ import torch
 
 from scoutbench.engine import OBS_WINDOW
 from scoutbench.kernels.attention import merge_states, partial_attention
+from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import (
     PREFILL_CHUNK_TOKENS,
@@ -104,9 +105,13 @@ class InfiniGen(AttentionMethod):
                                             device=ctx.device) for i in self.sparse_layers}
         self.skew: dict[int, torch.Tensor] = {}  # [Hkv, D, D] fp32, orthogonal
         self.partial_proj: dict[int, torch.Tensor] = {}  # [Hkv, D, channels]: the partial columns of the skew
-        # double-buffered fetch targets: layer i+1's fetch lands while layer i still reads the other buffer
-        self._fetched = [(torch.empty(numel, dtype=ctx.dtype, device=ctx.device),
-                          torch.empty(numel, dtype=ctx.dtype, device=ctx.device)) for _ in range(2)]
+        # double-buffered fetch targets: layer i+1's fetch lands while layer i still reads the other buffer. On CUDA
+        # each (sequence, KV head) row holds whole flashinfer pages (the fetch is copied into the row's front),
+        # since a row of budget - 1 = 2047 tokens would leave flashinfer only 1-token pages; on CPU the worker
+        # gathers straight into a contiguous buffer of exactly n tokens per row.
+        fetch_shape = (batch, kv_heads, page_aligned(self.capacity), head_dim) if on_cuda else (numel,)
+        self._fetched = [(torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device),
+                          torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device)) for _ in range(2)]
         # on CUDA the worker gathers into pinned staging first; on CPU it gathers straight into the fetch buffer
         self._staging = [(arena["stage_k", slot], arena["stage_v", slot]) for slot in range(2)] if on_cuda \
             else self._fetched
@@ -230,7 +235,9 @@ class InfiniGen(AttentionMethod):
                                           self._fetched[slot], strict=True):
             torch.index_select(host.view(-1, head_dim), 0, host_rows, out=staging[:numel].view(-1, head_dim))
             if staging is not fetched:
-                copied = self.copy.copy(fetched[:numel], staging[:numel], after=slot_free)
+                n = host_rows.numel() // (self.ctx.batch * self.ctx.num_kv_heads)
+                target = self._fetch_view(fetched, n)
+                copied = self.copy.copy(target, staging[:numel].view(target.shape), after=slot_free)
         return copied
 
     def decode(self, layer, q, k, v):
@@ -250,16 +257,24 @@ class InfiniGen(AttentionMethod):
                 copied.wait()  # the compute stream waits for the copy; the host does not
             self._wait_ms[layer] += (time.perf_counter() - start) * 1e3
         with ctx.timer.stage("attn_device"):
-            shape = (ctx.batch, ctx.num_kv_heads, n, ctx.head_dim)
-            numel = math.prod(shape)
-            fetched_k, fetched_v = (buffer[:numel].view(shape) for buffer in self._fetched[layer % 2])
-            valid = None if step.uniform else step.positions.clamp(max=n)  # a short sequence has fewer tokens
-            fetched = partial_attention(q, fetched_k, fetched_v, ctx.scale, valid)
+            fetched_k, fetched_v = (self._fetch_view(buffer, n) for buffer in self._fetched[layer % 2])
+            valid = valid_host = None
+            if not step.uniform:  # a short sequence has fewer tokens
+                valid, valid_host = step.positions.clamp(max=n), [min(p, n) for p in step.positions_host]
+            fetched = partial_attention(q, fetched_k, fetched_v, ctx.scale, valid, valid_host)
             current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
         # the fetched tokens a sequence really has, and the current one
         self._attended.add_host([min(p, n) + 1 for p in step.positions_host], ctx.num_kv_heads)
         with ctx.timer.stage("merge"):
             return merge_states(fetched, current).o.to(q.dtype)
+
+    def _fetch_view(self, buffer: torch.Tensor, n: int) -> torch.Tensor:
+        """The `[B, Hkv, n, D]` fetched tokens in a fetch buffer (the front of each row on CUDA)."""
+        if buffer.dim() == 4:
+            return buffer[:, :, :n]
+        ctx = self.ctx
+        return buffer[: ctx.batch * ctx.num_kv_heads * n * ctx.head_dim].view(ctx.batch, ctx.num_kv_heads, n,
+                                                                            ctx.head_dim)
 
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new token: partial key to the device tier, K/V to host memory (asynchronously on CUDA)."""
@@ -291,7 +306,8 @@ class InfiniGen(AttentionMethod):
         sparse = shape.num_layers - dense
         partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
         fetch = min(self.budget - 1, context_len)
-        device = dense * context_len * kv + partial_keys + 2 * fetch * kv  # double-buffered prefetch
+        # the dense layers' FullKV rows and (on CUDA) the double-buffered fetch rows are whole 16-token pages
+        device = dense * page_aligned(context_len) * kv + partial_keys + 2 * page_aligned(fetch) * kv
         # the host arena: the sparse layers' KV, and on CUDA the pinned staging of both fetch slots and their ids
         staging = 2 * fetch * (kv + shape.num_kv_heads * 8)
         # prefill (skewing): one chunk of fp32 keys and einsum's copy of it; the observed queries in fp32, their

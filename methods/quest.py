@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from scoutbench.kernels.attention import decode_attention
+from scoutbench.kernels.backends import PAGE_TOKENS
 from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.methods.base import Footprint, MethodContext, ModelShape, StepInfo, require
@@ -45,8 +46,10 @@ class Quest(FullKV):
         return self.budget // self.block_size
 
     def bind(self, ctx: MethodContext) -> None:
-        # Storage rounded up to whole blocks, so that a block gather is one index_select over a blocked view.
-        rounded = math.ceil(ctx.max_len / self.block_size) * self.block_size
+        # Storage rounded up to whole blocks, so that a block gather is one index_select over a blocked view, and to
+        # whole flashinfer pages (FullKV's rows, which the dense layers read)
+        unit = math.lcm(self.block_size, PAGE_TOKENS)
+        rounded = math.ceil(ctx.max_len / unit) * unit
         super().bind(dataclasses.replace(ctx, max_len=rounded))
         digest_shape = (ctx.batch, ctx.num_kv_heads, rounded // self.block_size, ctx.head_dim)
         sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)

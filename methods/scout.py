@@ -250,6 +250,7 @@ class ScoutAttention(AttentionMethod):
         self._bh_host = torch.arange(B * Hkv).view(B, Hkv)  # host row index b * Hkv + h, for the worker
         self._bias = torch.zeros((B, Hkv, 1, self._region), dtype=dtype, device=dev)
         self._batch_index = torch.arange(B, device=dev)
+        self._bh_rows = torch.arange(B * Hkv, device=dev)  # row b * Hkv + h of every (sequence, KV head)
         self._arange_k = torch.arange(k, device=dev)
         self._plans: dict[int, _Plan] = {}
         self._pool = CpuWorkerPool(self.cpu_workers)
@@ -265,6 +266,7 @@ class ScoutAttention(AttentionMethod):
         self._res_sum = [0.0] * L
         self._recalls = [0] * L
         self._recall_blocks = [0] * L
+        self._recall_bytes = 0  # K/V bytes the recalls copied to the device
         self._cpu_ms = 0.0
         self._idle_ms = 0.0
         self._cpu_tasks = 0
@@ -300,6 +302,7 @@ class ScoutAttention(AttentionMethod):
         self._digests.write_blocks(layer, k, b)
         lengths_host = [int(n) for n in lengths.tolist()]
         self._prompt_len = lengths_host
+        self._prompt_len_device = lengths.to(self.ctx.device)
         dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]
         dev_k.zero_()
         dev_v.zero_()
@@ -359,34 +362,35 @@ class ScoutAttention(AttentionMethod):
         selectable, so its attention moved to the CPU and used the *predicted* query. With a budget covering the
         whole context, scout then drifted from FullKV at every block boundary until a recall brought the block
         back (issue 11 item 1). Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
-        a fixed set of blocks; the periodic recall brings it back when it matters. No host sync: rows without a
-        free slot write to the table's trash column (BlockTable keeps one for masked scatters) and copy the ring
-        slot onto itself.
+        a fixed set of blocks; the periodic recall brings it back when it matters. No host-device copy or sync:
+        which rows move is computed on the device from the positions (a list built on the host cost a blocking
+        `torch.tensor(..., device=cuda)` copy per block boundary), every (sequence, KV head) row takes part, and
+        rows that do not move, or have no free slot, write to the table's trash column (BlockTable keeps one for
+        masked scatters) and copy their ring slot onto itself.
         """
         b, n_ring = self.block_size, self._n_ring
         # the ring held blocks tail - n_ring .. tail - 1 in the previous step only if that step was a decode step
-        # (prefill fills the ring for the first decode token's tail block)
-        leaving = [(seq, p // b - n_ring) for seq, (p, prompt) in enumerate(zip(step.positions_host, self._prompt_len,
-                                                                                  strict=True))
-                   if p % b == 0 and p > prompt and p // b - n_ring >= self.sink_blocks]
-        if not leaving:
+        # (prefill fills the ring for the first decode token's tail block); the host check only skips idle steps
+        if not any(p % b == 0 and p > prompt and p // b - n_ring >= self.sink_blocks
+                   for p, prompt in zip(step.positions_host, self._prompt_len, strict=True)):
             return
-        Hkv, D, dev = self.ctx.num_kv_heads, self.ctx.head_dim, self.ctx.device
-        bh = torch.tensor([seq * Hkv + h for seq, _ in leaving for h in range(Hkv)], device=dev)
-        block = torch.tensor([j for _, j in leaving for _ in range(Hkv)], device=dev)
-        ring = torch.tensor([self._ring_slot(j) for _, j in leaving for _ in range(Hkv)], device=dev)
-        self._h2d_bytes += 3 * bh.numel() * 8  # the three index lists; the blocks move device-to-device
+        Hkv, D = self.ctx.num_kv_heads, self.ctx.head_dim
+        pos = step.positions
+        block = pos // b - n_ring  # the block leaving the ring, per sequence
+        moving = ((pos % b == 0) & (pos > self._prompt_len_device) & (block >= self.sink_blocks)).repeat_interleave(Hkv)
+        block = block.repeat_interleave(Hkv)
+        ring = self.k_sel + self.sink_blocks + block % n_ring
+        src = self._bh_rows * self._n_slots + ring
         for layer in range(self._dense, self._L):
             table = self._tables[layer]
-            free = table.slot_block.view(-1, self.k_sel + 1)[bh, : self.k_sel] < 0
-            has_free = free.any(-1)
+            free = table.slot_block.view(-1, self.k_sel + 1)[:, : self.k_sel] < 0
+            take = moving & free.any(-1)
             slot = free.to(torch.uint8).argmax(-1)
-            src = bh * self._n_slots + ring
-            dst = bh * self._n_slots + torch.where(has_free, slot, ring)
+            dst = self._bh_rows * self._n_slots + torch.where(take, slot, ring)
             for region in (self._dev_k[layer], self._dev_v[layer]):
                 rows = region.view(-1, b, D)
                 rows.index_copy_(0, dst, rows.index_select(0, src))
-            table.assign(bh, torch.where(has_free, slot, self.k_sel), torch.where(has_free, block, self._max_blocks))
+            table.assign(self._bh_rows, torch.where(take, slot, self.k_sel), torch.where(take, block, self._max_blocks))
 
     def _step_bias(self, pos: torch.Tensor) -> None:
         """The always-on part of this step's device mask (same for every sparse layer): sink and ring slots."""
@@ -652,6 +656,8 @@ class ScoutAttention(AttentionMethod):
         dk, dv = self._dev_k[layer].view(-1, b, D), self._dev_v[layer].view(-1, b, D)
         device = dk.device
         if self._cuda:
+            # DMA of the whole used gather buffer (no host work), the recalled blocks picked on the device: more
+            # bytes than the recalled blocks, and what `recall.bytes` counts
             def job() -> None:
                 src_d, dst_d = _to_device(src, device), _to_device(dst, device)
                 for stage, gather, pool in ((self._stage_k, gk, dk), (self._stage_v, gv, dv)):
@@ -660,10 +666,12 @@ class ScoutAttention(AttentionMethod):
 
             _, event = self._copy.run(job)
             self._parity_free[plan.parity].append(event)  # the copy reads this parity's gather buffer
+            self._recall_bytes += 2 * used * b * D * gk.element_size()
         else:
             dk.index_copy_(0, dst, gk.index_select(0, src))
             dv.index_copy_(0, dst, gv.index_select(0, src))
             event = None
+            self._recall_bytes += 2 * int(bh.numel()) * b * D * gk.element_size()
         self._tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
         self._recalls[layer] += 1
         # the whole used gather buffer goes to the device (then the recalled rows are picked there), plus the
@@ -704,8 +712,10 @@ class ScoutAttention(AttentionMethod):
             "blocks_resident_per_head": mean_of(self._res_sum),
             "k_sel": self.k_sel,
             "attended_tokens_per_head": self._attended.stats(self.budget),
+            # bytes: what the recalls copied (on CUDA the whole used gather buffer); recalled_bytes: the blocks
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
-                       "bytes": sum(self._recall_blocks) * block_bytes, "per_layer": list(self._recalls),
+                       "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
+                       "per_layer": list(self._recalls),
                        "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)]},
             "cpu_attention_ms": self._cpu_ms,
             "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,

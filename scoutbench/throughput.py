@@ -309,7 +309,7 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
         backends_used = attention_backends.snapshot()
         if nvml is not None:  # the profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
-            nvml_summary, nvml = nvml.summary(), None
+            nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
         if profiled_steps:
             from scoutbench.profiling import profile_decode
 

@@ -2,7 +2,8 @@
 
 Stages are leaves (`qkv_proj`, `predict`, `attn_device`, `idle`, `merge`, `o_proj`, `mlp`); `other` is the part
 of a step no stage covers (embedding, norms, lm_head, sampling, Python overhead). On CUDA, `idle` is measured
-on the stream: events around a host wait capture exactly the time the GPU had nothing queued.
+on the stream: events around a host wait capture exactly the time the GPU had nothing queued; the step's end
+waits for the copy streams too.
 
 Stages can also be annotated for profilers: `annotate` wraps each in a `torch.profiler.record_function` (what
 `throughput --profile` turns on, so the trace shows the stages), and `nvtx` on CUDA pushes an NVTX range per stage
@@ -18,12 +19,15 @@ from contextlib import contextmanager
 
 import torch
 
+from scoutbench.kernels.offload import join_copy_streams
+
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
 
 
 class StageTimer:
     def __init__(self, device: torch.device | str):
-        self.use_cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.use_cuda = self.device.type == "cuda"
         self.steps: list[dict[str, float]] = []
         # (stage, start, end, sign): a stage nested in another is subtracted from the enclosing one (sign -1), so
         # e.g. a host wait timed as `idle` inside `predict` is not counted twice
@@ -89,7 +93,13 @@ class StageTimer:
         self._step_start = self._mark()
 
     def end_step(self) -> dict[str, float]:
-        """Close a step (synchronising the GPU once) and return ms per stage, plus `total`."""
+        """Close a step (synchronising the GPU once) and return ms per stage, plus `total`.
+
+        On CUDA the end event is recorded after the compute stream has waited for every copy stream: a step ends
+        when all its work has, not when its last kernel was queued (a recall's copies would otherwise run after
+        the end event and the step look faster than it is)."""
+        if self.use_cuda:
+            join_copy_streams(self.device)
         end = self._mark()
         if self.use_cuda:
             torch.cuda.synchronize()

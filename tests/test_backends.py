@@ -38,6 +38,22 @@ def test_backend_dispatch_rules(device, dtype, group, head_dim, flashinfer, trit
                           lengths_on_host=on_host) == expected
 
 
+@pytest.mark.parametrize("version,groups", [("0.6.17", (1, 2, 3, 4, 8)), ("0.6.18", (1, 2, 3, 4, 6, 8)),
+                                            ("0.7.0", (1, 2, 3, 4, 6, 8)), ("0.7.4", (1, 2, 3, 4, 6, 8, 16)),
+                                            ("0.7.2.post1", (1, 2, 3, 4, 6, 8, 16))])
+def test_decode_group_sizes_follow_the_release(version, groups):
+    """DISPATCH_GQA_GROUP_SIZE as each release's include/flashinfer/utils.cuh has it (read from the wheels)."""
+    assert backends.decode_group_sizes(version) == groups
+    for group in (5, 6, 16):
+        expected = "flashinfer" if group in groups else "flashinfer-tc"
+        assert select_backend("cuda", BF16, group, 128, flashinfer=True, triton=True, lengths_on_host=True,
+                              decode_groups=groups) == expected
+
+
+def test_page_aligned_rows():
+    assert [backends.page_aligned(n) for n in (1, 16, 17, 2047, 65555)] == [16, 16, 32, 2048, 65568]
+
+
 def test_row_lengths_host_per_sequence_per_row_and_clamped():
     assert row_lengths_host(None, 2, 3, 7) == [7] * 6
     assert row_lengths_host([5, 9], 2, 3, 7) == [5, 5, 5, 7, 7, 7]
@@ -105,7 +121,7 @@ class _FakeWrapper:
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
     planned = backends._Planned(_FakeWrapper())
-    monkeypatch.setattr(backends, "_wrapper", lambda device_index, use_tensor_cores: planned)
+    monkeypatch.setattr(backends, "_wrapper", lambda device_index, use_tensor_cores, site=(): planned)
     monkeypatch.setattr(backends, "_record_event", lambda device: None)
     return planned.wrapper
 

@@ -1,5 +1,7 @@
 """The engine's explicit layer loop must reproduce `model(...)` bit for bit with the same attention function."""
 
+import inspect
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -21,6 +23,13 @@ def test_engine_logits_bit_identical_to_hf_on_qwen25(qwen25):
     _check_bit_identical(qwen25.model, 1, prompt_len=300)
 
 
+def cache_keyword(model) -> str:
+    """The forward argument that takes the KV cache: `cache` from transformers 5.24 (which still accepts the old
+    name until 5.40, with a warning), `past_key_values` before (5.17, the lent GPU machine's, ignores `cache=`
+    silently: the reference then decodes without a cache)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _check_bit_identical(model, batch: int, prompt_len: int) -> None:
     name = register_hf_attention()
     previous = model.config._attn_implementation
@@ -28,9 +37,9 @@ def _check_bit_identical(model, batch: int, prompt_len: int) -> None:
     try:
         torch.manual_seed(1)
         prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len))
-        cache = DynamicCache(config=model.config)
+        cache = {cache_keyword(model): DynamicCache(config=model.config)}
         with torch.no_grad():
-            ref = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            ref = model(input_ids=prompt, **cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         engine = DecodeEngine(model, FullKV())
         engine.start(batch=batch, max_len=prompt_len + 6)
         ours = engine.prefill(prompt)
@@ -38,7 +47,7 @@ def _check_bit_identical(model, batch: int, prompt_len: int) -> None:
         for _ in range(5):
             token = ref.argmax(-1)
             with torch.no_grad():
-                ref = model(input_ids=token[:, None], cache=cache, use_cache=True).logits[:, -1]
+                ref = model(input_ids=token[:, None], **cache, use_cache=True).logits[:, -1]
             ours = engine.decode_step(token)
             assert torch.equal(ours, ref)
     finally:

@@ -12,29 +12,13 @@ import warnings
 
 import pytest
 import torch
-
-from scoutbench.methods import METHODS
+from gpu_configs import ALL_NAMES, DECODE_STEPS, PROMPT_LENGTHS
+from gpu_configs import build as _method
+from gpu_configs import method_args as _method_args
 
 pytestmark = pytest.mark.gpu
 
 CUDA = torch.device("cuda")
-PROMPT_LENGTHS = [256, 200]  # ragged: exercises per-sequence valid lengths
-DECODE_STEPS = 4
-# tiny but really sparse: 64-token budgets in 16-token blocks, one dense layer of four
-BUDGET, BLOCK_SIZE, COMMON_ARGS = 64, 16, {"dense_layers": 1}
-ALL_NAMES = METHODS.names()
-
-
-def _method_args(name: str) -> dict:
-    from scoutbench.cli.options import method_args_for
-
-    return method_args_for(name, COMMON_ARGS, BUDGET, BLOCK_SIZE, set())
-
-
-def _method(name: str):
-    from scoutbench.throughput import build_method
-
-    return build_method(name, _method_args(name))
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +83,8 @@ def test_flashinfer_plans_once_per_step_for_every_layer():
     cache_k = torch.randn(4, 8, 4096, 128, dtype=torch.bfloat16, device=CUDA)
     cache_v = torch.randn_like(cache_k)
     q = torch.randn(4, 40, 128, dtype=torch.bfloat16, device=CUDA)  # group 5: the tensor-core wrapper
-    planned = backends._wrapper(0, True)
+    site = (4, 8, 5, 128, 4096, 16, torch.bfloat16, 0.088)  # the call site: batch, KV heads, group, ..., scale
+    planned = backends._wrapper(0, True, site)
     calls = []
     original = planned.wrapper.plan
     planned.wrapper.plan = lambda *args, **kwargs: (calls.append(1), original(*args, **kwargs))[1]

@@ -80,7 +80,7 @@ def test_gpu_provenance_from_nvml(monkeypatch, renamed):
     info = nvml_device_info(1)
     assert handles == [1]  # the visible ordinal 1 is physical GPU 1 under CUDA_VISIBLE_DEVICES=3,1
     assert info == {"driver_version": "580.65.06", "uuid": "GPU-8f1c2d3e-0000-1111-2222-333344445555",
-                    "nvml_index": 1, "power_limit_w": 700.0,
+                    "matched_by": {"matched_by": "CUDA_VISIBLE_DEVICES", "index": 1}, "power_limit_w": 700.0,
                     "clock_event_reasons": ["sw_power_cap", "hw_thermal_slowdown"]}
 
 

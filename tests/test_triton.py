@@ -1,6 +1,6 @@
 """The Triton decode kernel against the torch reference `partial_attention`, run on CPU through the Triton
 interpreter. Skipped when triton is not installed (it is not a default dependency); `nox -s triton` (run by CI)
-installs it and requires it.
+installs it and requires it. The methods that use it on CUDA run on emulated CUDA with the kernel interpreted.
 
 TRITON_INTERPRET=1 must be set before triton is first imported (triton's own library functions are decorated at
 import), and setting it in this process would turn a CUDA run's compiled kernels into interpreted ones. So the
@@ -87,3 +87,29 @@ def test_kernel_all_rows_empty_is_the_empty_state():
     state = triton_decode.triton_partial_attention(q, k, v, SCALE, torch.zeros(1, dtype=torch.long))
     assert torch.equal(state.o, torch.zeros_like(state.o))
     assert torch.isneginf(state.lse).all()
+
+
+@interpreted
+@pytest.mark.parametrize("name", ["hgca", "infinigen"])
+def test_methods_on_emulated_cuda_run_the_triton_kernel(name):
+    """The lent H200 has triton and no flashinfer: on CUDA, HGCA's window and InfiniGen's fetched tokens go
+    through this kernel. On emulated CUDA (scoutbench/emulated_cuda.py) with the kernel in the interpreter, in a
+    ragged batch (valid lengths per row) across block boundaries and migrations: the logits equal the CPU path's,
+    the kernel really ran, and the decode loop has no host sync."""
+    import gpu_configs
+    from emulated import run_emulated, small_qwen3
+    from method_harness import ragged_prompt
+
+    from scoutbench.throughput import build_method
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = small_qwen3()
+        prompt, lengths = ragged_prompt(model.config.vocab_size, [120, 83], seed=3)
+        run = run_emulated(model, lambda: build_method(name, gpu_configs.method_args(name)), prompt, lengths, 40)
+    finally:
+        torch.set_num_threads(threads)
+    assert run.backends.get("cuda:triton", 0) > 0, run.backends
+    assert max(run.max_diff()) < 2e-4, run.max_diff()
+    assert not run.unexpected_syncs(), run.unexpected_syncs()

@@ -90,6 +90,8 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     if num_keys == 0:
         return empty_state(batch, num_heads, head_dim, q.device)
+    if num_keys == 1 and valid_len is None:  # one key (a current token): softmax of one is 1, no kernel needed
+        return single_key_state(q, k, v, scale)
     backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
     backends.USAGE.add(q.device.type, backend)
     if backend.startswith("flashinfer"):
@@ -134,6 +136,17 @@ def partial_attention_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     out = torch.matmul(probs.to(v.dtype), v).float()
     state = PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
     return state, probs.reshape(batch, num_heads, num_keys)
+
+
+def single_key_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> PartialState:
+    """Attention over exactly one key per row, `k`/`v` `[B, Hkv, 1, D]`: the output is that value, the LSE its
+    logit (exact; a flashinfer call would plan 1-token pages for it)."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    q4 = _packed(q, num_kv_heads).float()
+    lse = torch.matmul(q4, k.float().transpose(-1, -2))[..., 0] * scale  # [B, Hkv, G]
+    out = v.float().expand(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
 
 
 def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:

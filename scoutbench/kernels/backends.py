@@ -4,18 +4,27 @@ dispatch rule that picks one per call, and the record of which backend really ra
 flashinfer's kernels run only on CUDA (sm75+); on a CPU machine the import may even succeed while every kernel
 call raises, so it is probed only when a CUDA tensor asks for it.
 
-What flashinfer's batch decode supports (flashinfer-ai/flashinfer, read for this adapter):
-- the CUDA-core decode kernel is instantiated only for the GQA group sizes in `DISPATCH_GQA_GROUP_SIZE`
-  (`include/flashinfer/utils.cuh`: 1, 2, 3, 4, 8); any other group (Qwen3-14B: 40 / 8 = 5) aborts inside `plan()`
-  with "Unsupported group_size". `BatchDecodeWithPagedKVCacheWrapper(..., use_tensor_cores=True)` runs decode
-  through the prefill (tensor-core) kernels, which take any group size ("faster for large group size in grouped
-  query attention", docs.flashinfer.ai/api/decode.html); SGLang and vLLM switch to it for groups above 4.
-- head_dim in {64, 128, 256} and fp16/bf16 inputs (`DISPATCH_HEAD_DIM`; no fp32 kernels are compiled).
+What flashinfer's batch decode supports (flashinfer-python 0.7.4, python/flashinfer/decode.py and
+include/flashinfer/utils.cuh; checked against 0.6.17, 0.6.18, 0.7.1; tests/flashinfer_standin.py implements it):
+- the CUDA-core decode kernel is instantiated only for the GQA group sizes in `DISPATCH_GQA_GROUP_SIZE`: 1, 2, 3,
+  4, 8 up to 0.6.17, plus 6 from 0.6.18 and 16 from 0.7.1 (`decode_group_sizes`); any other group (Qwen3-14B:
+  40 / 8 = 5) aborts inside `plan()` with "Unsupported group_size". `BatchDecodeWithPagedKVCacheWrapper(...,
+  use_tensor_cores=True)` runs decode through the prefill (tensor-core) kernels, which take any group size
+  ("faster for large group size in grouped query attention", docs.flashinfer.ai/api/decode.html).
+- head_dim in {64, 128, 256} (`DISPATCH_HEAD_DIM`; 512 too, not used here) and fp16/bf16 inputs (no fp32 kernels).
+- the float workspace "must be initialized to 0 for its first use" (the constructor's docstring): it is
+  allocated with `torch.zeros`.
 - `plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, q_data_type=,
-  kv_data_type=, sm_scale=)` reads `indptr.to("cpu")` and `last_page_len.to("cpu")` (python/flashinfer/decode.py):
-  given device tensors that is a device sync per call, so the page table is built here on the host, from lengths
-  the caller knows on the host (`positions_host`); a call whose lengths live only on the device uses the next
-  backend instead. The plan is meant to be made once and reused by every layer of a step (the docs' example).
+  kv_data_type=, sm_scale=)` copies the page table to the device with `non_blocking=True` and reads
+  `indptr.to("cpu")`: the table is built here on the host, in pinned memory (from pageable memory the copy is
+  synchronous, or unsafe), from lengths the caller knows on the host (`positions_host`); a call whose lengths live
+  only on the device uses the next backend. plan() also writes its schedule into a pinned buffer of the wrapper and
+  queues that buffer's copy, so a wrapper is replanned only after its previous plan's copy ran. Each call site
+  (layer shape) gets its own wrapper, planned once per step and reused by every layer of the step (the docs'
+  example): one shared wrapper replanned between call sites would wait on the device at every switch.
+- pages tile each row of a cache exactly, so a row's capacity is a multiple of the page size; caches that
+  flashinfer reads are allocated in whole `PAGE_TOKENS` pages (`page_aligned`): pages of gcd(capacity, 16)
+  tokens degenerate to 1 token for a capacity such as 65555 (64k + warm-up + steps) or 2047.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import Any
 
 import torch
 
-FLASHINFER_DECODE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE: CUDA-core decode kernels
+FLASHINFER_DECODE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE up to 0.6.17: CUDA-core decode kernels
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
 PAGE_TOKENS = 16  # tokens per flashinfer page when the row's capacity allows it (split-KV works in whole pages)
@@ -67,6 +76,23 @@ def _status(module_name: str) -> str:
     return f"available {getattr(module, '__version__', '?')}"
 
 
+def decode_group_sizes(version: str) -> tuple[int, ...]:
+    """The GQA group sizes flashinfer `version`'s CUDA-core decode kernel is compiled for (DISPATCH_GQA_GROUP_SIZE)."""
+    release = tuple(int(part) for part in version.split("+")[0].split(".")[:3] if part.isdigit())
+    sizes = FLASHINFER_DECODE_GROUP_SIZES
+    if release >= (0, 6, 18):
+        sizes = (1, 2, 3, 4, 6, 8)
+    if release >= (0, 7, 1):
+        sizes = (*sizes, 16)
+    return sizes
+
+
+def installed_decode_group_sizes() -> tuple[int, ...]:
+    module = _flashinfer()[0]
+    return decode_group_sizes(str(getattr(module, "__version__", "0"))) if module is not None \
+        else FLASHINFER_DECODE_GROUP_SIZES
+
+
 def flashinfer_status() -> str:
     return _status("flashinfer")
 
@@ -77,25 +103,27 @@ def triton_status() -> str:
 
 # ---------------------------------------------------------------------------------------------- dispatch
 def select_backend(device_type: str, dtype: torch.dtype, group_size: int, head_dim: int, *,
-                   flashinfer: bool, triton: bool, lengths_on_host: bool) -> str:
+                   flashinfer: bool, triton: bool, lengths_on_host: bool,
+                   decode_groups: tuple[int, ...] = FLASHINFER_DECODE_GROUP_SIZES) -> str:
     """The backend of one partial-attention call (a pure function of the call, so it is tested on CPU).
 
-    "flashinfer" (CUDA-core decode) for the group sizes it is compiled for, "flashinfer-tc" (tensor-core decode)
-    for the others; fp32, other head dims, or lengths known only on the device skip flashinfer; then the Triton
-    kernel (any dtype, group and head_dim), then torch.
+    "flashinfer" (CUDA-core decode) for the group sizes the installed release compiles it for (`decode_groups`),
+    "flashinfer-tc" (tensor-core decode) for the others; fp32, other head dims, or lengths known only on the device
+    skip flashinfer; then the Triton kernel (any dtype, group and head_dim), then torch.
     """
     if device_type != "cuda":
         return "torch"
     if flashinfer and lengths_on_host and dtype in FLASHINFER_DTYPES and head_dim in FLASHINFER_HEAD_DIMS:
-        return "flashinfer" if group_size in FLASHINFER_DECODE_GROUP_SIZES else "flashinfer-tc"
+        return "flashinfer" if group_size in decode_groups else "flashinfer-tc"
     return "triton" if triton else "torch"
 
 
 def backend_for(q: torch.Tensor, num_kv_heads: int, lengths_on_host: bool) -> str:
     batch, num_heads, head_dim = q.shape
-    return select_backend(q.device.type, q.dtype, num_heads // num_kv_heads, head_dim,
-                          flashinfer=q.device.type == "cuda" and flashinfer_available(),
-                          triton=q.device.type == "cuda" and triton_available(), lengths_on_host=lengths_on_host)
+    flashinfer = q.device.type == "cuda" and flashinfer_available()
+    return select_backend(q.device.type, q.dtype, num_heads // num_kv_heads, head_dim, flashinfer=flashinfer,
+                          triton=q.device.type == "cuda" and triton_available(), lengths_on_host=lengths_on_host,
+                          decode_groups=installed_decode_group_sizes() if flashinfer else FLASHINFER_DECODE_GROUP_SIZES)
 
 
 def partial_backend(device: torch.device) -> str:
@@ -144,8 +172,14 @@ def row_lengths_host(lengths: Sequence[int] | None, batch: int, num_kv_heads: in
     return [min(max(int(n), 0), num_keys) for n in lengths]
 
 
+def page_aligned(tokens: int) -> int:
+    """`tokens` rounded up to whole PAGE_TOKENS pages: the row capacity of a cache flashinfer reads."""
+    return -(-tokens // PAGE_TOKENS) * PAGE_TOKENS
+
+
 def page_size_for(capacity: int) -> int:
-    """The largest page of at most PAGE_TOKENS tokens that tiles a row of `capacity` tokens exactly."""
+    """The largest page of at most PAGE_TOKENS tokens that tiles a row of `capacity` tokens exactly (PAGE_TOKENS
+    for the `page_aligned` caches; a smaller one only for a row that is not, such as one current token)."""
     return math.gcd(capacity, PAGE_TOKENS) if capacity else 1
 
 
@@ -190,43 +224,50 @@ def page_table(lengths: Sequence[int], capacity: int, page_size: int
 
 @functools.lru_cache(maxsize=8)
 def _workspace(device_index: int) -> torch.Tensor:
-    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{device_index}")
+    """flashinfer's float workspace, shared by the wrappers of a device (their kernels run in stream order):
+    zeroed, as flashinfer requires before its first use."""
+    return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{device_index}")
 
 
 @dataclass
 class _Planned:
-    """One flashinfer decode wrapper per (device, tensor cores) and the plan it holds."""
+    """One flashinfer decode wrapper per call site (device, path and layer shape) and the plan it holds."""
 
     wrapper: Any
-    key: tuple | None = None
+    lengths: tuple | None = None
     planned: Any = None  # CUDA event after the last plan(): its page table copy has been queued before it
 
 
-@functools.lru_cache(maxsize=8)
-def _wrapper(device_index: int, use_tensor_cores: bool) -> _Planned:
+@functools.lru_cache(maxsize=32)
+def _wrapper(device_index: int, use_tensor_cores: bool, site: tuple = ()) -> _Planned:
     flashinfer = _flashinfer()[0]
     return _Planned(flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(device_index), "HND",
                                                                   use_tensor_cores=use_tensor_cores))
 
 
-def _planned_wrapper(device: torch.device, use_tensor_cores: bool, key: tuple, lengths: list[int], capacity: int,
+def _planned_wrapper(device: torch.device, use_tensor_cores: bool, site: tuple, lengths: list[int], capacity: int,
                      page_size: int, group: int, head_dim: int, dtype: torch.dtype, scale: float) -> Any:
-    """The wrapper planned for `key`: planned again only when the key changed (a new step's lengths, another
-    layer shape), so the layers of a step share one plan.
+    """The wrapper of call site `site`, planned for `lengths`: planned again only when they changed (a new step),
+    so the layers of a step share one plan and call sites never replan each other's wrapper.
 
-    plan() writes the page table into a pinned buffer of the wrapper and queues its copy to the device; replanning
-    before that copy ran would change the table under the previous plan's kernels, so a replan first waits for
-    the previous plan's event (already complete unless two plans follow each other within microseconds).
+    plan() writes its schedule into a pinned buffer of the wrapper and queues that buffer's copy; replanning before
+    the copy ran would change the schedule under the previous plan's kernels, so a replan first waits for the
+    previous plan's event (complete by then: the previous step ended, and with it, in the throughput runner, a
+    synchronize).
     """
-    planned = _wrapper(device.index or 0, use_tensor_cores)
-    if planned.key == key:
+    planned = _wrapper(device.index or 0, use_tensor_cores, site)
+    key = tuple(lengths)
+    if planned.lengths == key:
         return planned.wrapper
     if planned.planned is not None and not planned.planned.query():
         planned.planned.synchronize()
-    indptr, indices, last_page_len = page_table(lengths, capacity, page_size)
+    table = page_table(lengths, capacity, page_size)
+    if device.type == "cuda":  # plan() copies it with non_blocking=True: from pinned memory, asynchronous
+        table = tuple(t.pin_memory() for t in table)
+    indptr, indices, last_page_len = table
     planned.wrapper.plan(indptr, indices, last_page_len, group, 1, head_dim, page_size, q_data_type=dtype,
                          kv_data_type=dtype, sm_scale=scale)
-    planned.key = key
+    planned.lengths = key
     planned.planned = _record_event(device)
     return planned.wrapper
 
@@ -242,7 +283,7 @@ def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     Each (sequence, KV head) row is one request (one KV head, G query heads) whose pages tile its row of the
     cache (`row_pages`), so ragged lengths per row map onto the page table. The base-2 LSE becomes natural log.
     """
-    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural  # noqa: PLC0415
+    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural, row_lengths  # noqa: PLC0415
 
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
@@ -252,17 +293,17 @@ def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
         k, v = k.contiguous(), v.contiguous()
     capacity = row_capacity(k)
     page_size = page_size_for(capacity)
-    key = (batch, num_kv_heads, group, head_dim, capacity, page_size, q.dtype, scale, tuple(lengths))
-    wrapper = _planned_wrapper(q.device, use_tensor_cores, key, lengths, capacity, page_size, group, head_dim,
+    site = (batch, num_kv_heads, group, head_dim, capacity, page_size, q.dtype, scale)
+    wrapper = _planned_wrapper(q.device, use_tensor_cores, site, lengths, capacity, page_size, group, head_dim,
                                q.dtype, scale)
     rows = batch * num_kv_heads
     out, lse2 = wrapper.run(q.reshape(rows, group, head_dim), (row_pages(k, page_size), row_pages(v, page_size)),
                             return_lse=True)
     lse = lse_base2_to_natural(lse2.float()).reshape(batch, num_heads)
     out = out.float().reshape(batch, num_heads, head_dim)
-    if min(lengths) <= 0:
-        empty = (torch.tensor(lengths) <= 0).view(batch, num_kv_heads).repeat_interleave(group, dim=1)
-        empty = empty.to(q.device, non_blocking=True)
+    if min(lengths) <= 0:  # flashinfer gave an empty row one page: mask it, from the device lengths (no copy)
+        empty = (row_lengths(valid_len, batch, num_kv_heads, num_keys, q.device) <= 0).view(batch, num_kv_heads)
+        empty = empty.repeat_interleave(group, dim=1)
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     return PartialState(out, lse)

@@ -7,7 +7,8 @@
 - `host_empty`: small host buffers (staging of one step), pinned when CUDA is present.
 - `token_chunks`: bounded prefill transients (a copy or an fp32 temporary over a whole prompt is split).
 - `CopyStream`: device<->host copies on their own CUDA stream, each followed by an event; on a CPU-only run the
-  copy is a plain `copy_` and the "event" is already complete.
+  copy is a plain `copy_` and the "event" is already complete. `join_copy_streams` makes the compute stream wait
+  for all of them (the timer's step end: a step's time includes every stream's work).
 - `CpuWorkerPool`: threads for CPU-side attention. torch ops release the GIL, so a worker really runs while the
   main thread keeps issuing device work; the main thread's wait on a future is the measured idle time.
 """
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,9 +39,27 @@ def arena_layout(specs: dict[Any, tuple[tuple[int, ...], torch.dtype]]) -> tuple
     return offsets, end
 
 
-def _unregister(pointer: int) -> None:
+def clear_last_cuda_error(device: torch.device) -> None:
+    """Consume CUDA's last error after a runtime call that failed and was handled (`cudaHostRegister`).
+
+    A failed call stays the thread's last error, and torch's check after the next kernel launch reports it as a
+    new failure of that kernel (the `--batch auto` retry then fails too, and halves the batch once more). torch's
+    cudart bindings have no `cudaGetLastError`, but a check that fails clears it (c10_cuda_check_implementation
+    calls it): one trivial launch absorbs the stale error.
+    """
+    try:
+        torch.zeros(1, device=device)
+    except RuntimeError:
+        pass
+
+
+def _unregister(pointer: int, device: torch.device) -> None:
     torch.cuda.synchronize()  # no copy may still be reading or writing the pages (rare: the end of a run)
-    torch.cuda.cudart().cudaHostUnregister(pointer)
+    if int(torch.cuda.cudart().cudaHostUnregister(pointer)) != 0:
+        clear_last_cuda_error(device)
+
+
+
 
 
 class HostArena:
@@ -47,7 +67,8 @@ class HostArena:
 
     On CUDA the allocation is page-locked with `cudaHostRegister`, so copies from and to it are asynchronous and
     `is_pinned()` holds; `release()` (also run when the arena is collected) unregisters it. A registration that
-    fails raises an out-of-memory RuntimeError, which `--batch auto` answers by halving the batch.
+    fails raises an out-of-memory RuntimeError, which `--batch auto` answers by halving the batch; it first clears
+    CUDA's last error, which the next kernel launch (of the retry) would otherwise report as a fresh failure.
     """
 
     def __init__(self, specs: dict[Any, tuple[tuple[int, ...], torch.dtype]], device: torch.device):
@@ -60,9 +81,10 @@ class HostArena:
             pointer = self.buffer.data_ptr()
             code = int(torch.cuda.cudart().cudaHostRegister(pointer, self.nbytes, CUDA_HOST_REGISTER_PORTABLE))
             if code != 0:
+                clear_last_cuda_error(torch.device(device))
                 raise RuntimeError(f"pinned host memory: registering {self.nbytes / 1024**3:.2f} GiB failed "
                                    f"(cudaError {code}): out of memory")
-            self._release = weakref.finalize(self, _unregister, pointer)
+            self._release = weakref.finalize(self, _unregister, pointer, torch.device(device))
             self._release.atexit = False  # the CUDA context may already be gone at exit
 
     def __getitem__(self, key: Any) -> torch.Tensor:
@@ -107,12 +129,31 @@ class _DoneEvent:
 DONE = _DoneEvent()
 
 
+_COPY_STREAMS: weakref.WeakSet[CopyStream] = weakref.WeakSet()  # every live CUDA copy stream (join_copy_streams)
+_COPY_STREAMS_LOCK = threading.Lock()
+
+
+def join_copy_streams(device: torch.device) -> None:
+    """Make `device`'s current stream wait for all work queued so far on every copy stream: an event recorded
+    after this (the end of a timed step) then covers every stream's work, a recall's copies included."""
+    with _COPY_STREAMS_LOCK:
+        streams = [c.stream for c in _COPY_STREAMS if c.stream is not None and c.device == torch.device(device)]
+    current = torch.cuda.current_stream(device)
+    for stream in streams:
+        current.wait_stream(stream)
+
+
 class CopyStream:
     """Asynchronous copies with completion events (CUDA), or synchronous copies (CPU)."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        if self.stream is not None:
+            with _COPY_STREAMS_LOCK:
+                _COPY_STREAMS.add(self)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any = None) -> Any:
         """Enqueue `dst.copy_(src)` after the work already queued on the current stream, or only after the event

@@ -1,0 +1,927 @@
+"""Emulated CUDA on a CPU: scoutbench's CUDA-only code paths run, unchanged, on CPU tensors that say `cuda:0`.
+
+Why: a GPU is lent rarely and briefly, so the CUDA branches (pinned staging, `non_blocking` copies, copy streams
+and their events, event-gated slot readiness, the flashinfer adapter) must be proven on a CPU first. Enable it
+with `with emulated_cuda() as cuda:` (tests) or `SCOUTBENCH_EMULATE_CUDA=1` (the CLI, `scripts/gpu_check.sh`'s dry
+run). It is adversarial where real hardware is lucky:
+
+- Device memory is an `EmulatedTensor`: `.device` is `cuda:0`, the data a CPU tensor. Every torch call on it runs
+  on the CPU data (`__torch_function__`), so HF modules, methods and kernels run as they are; mixing it with a
+  CPU tensor of one or more dimensions raises as CUDA does.
+- Host memory is plain CPU memory; it is pinned when made by `pin_memory` / `torch.empty(..., pin_memory=True)` or
+  registered with `cudart().cudaHostRegister` (a registry of address ranges answers `is_pinned()`).
+- The default stream runs device work at once (the device is never behind the host); every other stream queues its
+  work, which runs only when someone waits for it (an event or stream wait, a synchronize), in stream order and
+  after whatever it waited on (`lazy=True`). So a missing wait reads stale data, never a lucky finished copy.
+- A device-to-host copy into pinned memory lands only when it is waited on; a host-to-device copy from pinned memory
+  reads its source at once, and that source must not change before the copy is known complete (else
+  `EmulatedCudaHazard`: the host overwrote a buffer a queued copy still reads).
+- Host-device synchronisations (`.item()`, `.tolist()`, `.cpu()`, `bool(t)`, a blocking or pageable copy,
+  `torch.tensor(data, device=cuda)`, indexing with host or boolean indices, `nonzero`, a host wait on an event or
+  stream) on a thread inside `detect_syncs()` are recorded with the source line that caused them.
+- `cudart()` (the functions torch binds) keeps CUDA's per-thread last error: a failed call (see
+  `fail_host_register`) leaves it set and the next device operation raises it, as torch's kernel-launch check does
+  (which also clears it).
+
+What it cannot see is listed in docs/gpu.md ("What emulation cannot catch").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import linecache
+import os
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+
+EMULATED_DEVICE = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+CUDA_SUCCESS = 0
+CUDA_ERROR_MEMORY_ALLOCATION = 2
+_OWN_FILES = (__file__, os.sep + "torch" + os.sep, os.sep + "contextlib.py", os.sep + "threading.py",
+              os.sep + "concurrent" + os.sep, os.sep + "_pytree.py")
+
+
+class EmulatedCudaHazard(RuntimeError):
+    """A data race the emulator proved: the host overwrote memory that a queued copy had not read yet."""
+
+
+@dataclass
+class SyncSite:
+    """One host-device synchronisation: what kind, and the first source line outside torch and the emulator."""
+
+    kind: str
+    filename: str
+    lineno: int
+    line: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.filename}:{self.lineno}: {self.line}"
+
+
+# ---------------------------------------------------------------------------------------------- streams and events
+@dataclass
+class _Item:
+    run: Callable[[], None]
+    deps: list[tuple[EmulatedStream, int]]
+
+
+class EmulatedStream(torch.Stream):
+    """A CUDA stream. The default stream executes device work when issued and queues only the deliveries of
+    device-to-host copies and the source checks of host-to-device copies; other streams queue everything.
+    (A `torch.Stream` subclass, so that `Tensor.record_stream` accepts it.)"""
+
+    def __new__(cls, device: Any = None, priority: int = 0, *, runtime: EmulatedRuntime | None = None,
+                default: bool = False) -> EmulatedStream:
+        return super().__new__(cls, device="cpu")
+
+    def __init__(self, device: Any = None, priority: int = 0, *, runtime: EmulatedRuntime | None = None,
+                 default: bool = False):
+        """`torch.cuda.Stream(device=None, priority=0)` while emulated (the runtime's default stream otherwise)."""
+        runtime = runtime or _active()
+        self.runtime = runtime
+        self.is_default = default
+        self.items: list[_Item] = []
+        self.done = 0  # items executed
+        self._waits: list[tuple[EmulatedStream, int]] = []  # dependencies of the next item
+        self.done_time = time.perf_counter()  # when the last item finished
+        if not default:
+            with runtime.lock:
+                runtime.streams.append(self)
+
+    def enqueue(self, run: Callable[[], None]) -> None:
+        with self.runtime.lock:
+            self.items.append(_Item(run, self._waits))
+            self._waits = []
+            if not self.runtime.lazy or self.runtime.executing:
+                self.runtime.flush(self, len(self.items))
+
+    @property
+    def tail(self) -> int:
+        return len(self.items)
+
+    def wait_event(self, event: EmulatedEvent) -> None:
+        if event.stream is None:
+            return
+        if self.is_default:  # the default stream runs device work now: what it waits for must have run
+            self.runtime.flush(event.stream, event.position)
+        else:
+            self._waits.append((event.stream, event.position))
+
+    def wait_stream(self, stream: EmulatedStream) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: EmulatedEvent | None = None) -> EmulatedEvent:
+        event = event or EmulatedEvent()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return self.done >= self.tail
+
+    def synchronize(self) -> None:
+        self.runtime.record_sync("stream.synchronize()")
+        self.runtime.flush(self, self.tail)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+
+class EmulatedEvent:
+    """A CUDA event: a position in a stream. `query()` is true only once that stream has executed up to it."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self.stream: EmulatedStream | None = None
+        self.position = 0
+        self.time_s: float | None = None
+
+    def record(self, stream: EmulatedStream | None = None) -> None:
+        runtime = _active()
+        stream = stream or runtime.current_stream()
+        with runtime.lock:
+            self.stream, self.position = stream, stream.tail
+            self.time_s = None
+            if stream.is_default or stream.done >= self.position:
+                self.time_s = time.perf_counter()  # the default stream's device work has run; an idle stream is here
+            else:
+                runtime.timed_events.append(self)  # stamped when the stream's queued work reaches it
+
+    def query(self) -> bool:
+        return self.stream is None or self.stream.done >= self.position
+
+    def synchronize(self) -> None:
+        if self.stream is None:
+            return
+        runtime = _active()
+        if not self.query():
+            runtime.record_sync("event.synchronize()")
+        elif not self.stream.is_default:
+            runtime.record_sync("event.synchronize()")
+        runtime.flush(self.stream, self.position)
+
+    def wait(self, stream: EmulatedStream | None = None) -> None:
+        (stream or _active().current_stream()).wait_event(self)
+
+    def elapsed_time(self, end: EmulatedEvent) -> float:
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self.time_s is None or end.time_s is None:
+            raise RuntimeError("CUDA error: device not ready (an event was not recorded or has not completed)")
+        return (end.time_s - self.time_s) * 1e3
+
+
+class _StreamContext:
+    def __init__(self, stream: EmulatedStream | None):
+        self.stream = stream
+
+    def __enter__(self) -> EmulatedStream | None:
+        runtime = _active()
+        self._previous = runtime.current_stream()
+        if self.stream is not None:
+            runtime.local.stream = self.stream
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        _active().local.stream = self._previous
+
+
+# ---------------------------------------------------------------------------------------------- cudart
+class EmulatedCudart:
+    """The part of `torch.cuda.cudart()` scoutbench calls, with CUDA's per-thread last error."""
+
+    cudaError = int  # noqa: N815 - torch's enum; `int(code)` is how callers read it
+
+    def __init__(self, runtime: EmulatedRuntime):
+        self.runtime = runtime
+
+    def cudaHostRegister(self, pointer: int, nbytes: int, flags: int) -> int:  # noqa: N802 - CUDA's name
+        if self.runtime.fail_host_register > 0:
+            self.runtime.fail_host_register -= 1
+            self.runtime.local.last_error = CUDA_ERROR_MEMORY_ALLOCATION
+            return CUDA_ERROR_MEMORY_ALLOCATION
+        self.runtime.register_pinned(pointer, nbytes)
+        return CUDA_SUCCESS
+
+    def cudaHostUnregister(self, pointer: int) -> int:  # noqa: N802
+        self.runtime.unregister_pinned(pointer)
+        return CUDA_SUCCESS
+
+    # No cudaGetLastError: torch's bindings (torch/csrc/cuda/shared/cudart.cpp) have none either.
+
+
+@dataclass
+class _DeviceProperties:
+    name: str = "Emulated CUDA device (CPU)"
+    total_memory: int = 8 * 1024**3
+    multi_processor_count: int = 4
+    major: int = 9
+    minor: int = 0
+    uuid: str | None = None  # torch's `get_device_properties(i).uuid` (tests set one)
+
+
+# ---------------------------------------------------------------------------------------------- the runtime
+class EmulatedRuntime:
+    """State of one emulation: streams, the pinned-memory registry, recorded syncs, options."""
+
+    def __init__(self, lazy: bool = True, memory_bytes: int = 8 * 1024**3, side_item_delay_s: float = 0.0):
+        self.lazy = lazy  # False: side streams run at once (an infinitely fast device)
+        self.poison_empty = True  # `torch.empty` on the device (and pinned) returns NaN / garbage, as reused memory does
+        self.side_item_delay_s = side_item_delay_s  # wall time each queued side-stream item takes (timing tests)
+        self.lock = threading.RLock()
+        self.local = threading.local()
+        self.default_stream = EmulatedStream(runtime=self, default=True)
+        self.streams: list[EmulatedStream] = [self.default_stream]
+        self.timed_events: list[EmulatedEvent] = []
+        self.syncs: list[SyncSite] = []
+        self.fail_host_register = 0  # the next N cudaHostRegister calls fail (out of memory)
+        self.properties = _DeviceProperties(total_memory=memory_bytes)
+        self.cudart = EmulatedCudart(self)
+        self._pinned: list[tuple[int, int, Any]] = []  # (start, end, StorageWeakRef or None for registered)
+        self._source_checks: list[tuple[EmulatedStream, int, torch.Tensor, torch.Tensor, str]] = []
+        # bytes copied, by (direction "h2d"/"d2h", stream "default"/"side", dtype): methods' counters are checked on it
+        self.transfers: Counter[tuple[str, str, torch.dtype]] = Counter()
+
+    # -- threads
+    def current_stream(self) -> EmulatedStream:
+        return getattr(self.local, "stream", None) or self.default_stream
+
+    @property
+    def executing(self) -> bool:
+        return getattr(self.local, "executing", False)
+
+    @contextlib.contextmanager
+    def detect_syncs(self) -> Iterator[list[SyncSite]]:
+        """Record every host-device sync this thread causes inside the block (returns the list)."""
+        found: list[SyncSite] = []
+        previous = getattr(self.local, "armed", None)
+        self.local.armed = found
+        try:
+            yield found
+        finally:
+            self.local.armed = previous
+            self.syncs.extend(found)
+
+    def record_sync(self, kind: str) -> None:
+        armed = getattr(self.local, "armed", None)
+        if armed is None or self.executing:
+            return
+        armed.append(_call_site(kind))
+
+    def check_last_error(self) -> None:
+        """A device operation after a failed CUDA call raises that call's error (torch's launch check)."""
+        error = getattr(self.local, "last_error", CUDA_SUCCESS)
+        if error != CUDA_SUCCESS:
+            self.local.last_error = CUDA_SUCCESS
+            raise RuntimeError(f"CUDA error: out of memory (cudaError {error}, left by an earlier CUDA call and "
+                               "reported by this kernel launch)")
+
+    # -- execution
+    def flush(self, stream: EmulatedStream, upto: int) -> None:
+        """Run `stream`'s queued items up to position `upto` (and first what each of them waits for)."""
+        with self.lock:
+            previous = (self.executing, getattr(self.local, "stream", None))
+            self.local.executing = True
+            try:
+                while stream.done < min(upto, stream.tail):
+                    item = stream.items[stream.done]
+                    for other, position in item.deps:
+                        self.flush(other, position)
+                    self.local.stream = stream
+                    item.run()
+                    if self.side_item_delay_s and not stream.is_default:
+                        time.sleep(self.side_item_delay_s)
+                    stream.done += 1
+                    stream.done_time = time.perf_counter()
+                    self._passed(stream)
+            finally:
+                self.local.executing, self.local.stream = previous
+
+    def synchronize(self) -> None:
+        self.record_sync("torch.cuda.synchronize()")
+        with self.lock:
+            for stream in list(self.streams):
+                self.flush(stream, stream.tail)
+
+    def _passed(self, stream: EmulatedStream) -> None:
+        for event in [e for e in self.timed_events if e.stream is stream and stream.done >= e.position]:
+            event.time_s = stream.done_time
+            self.timed_events.remove(event)
+        checks = [c for c in self._source_checks if c[0] is stream and stream.done >= c[1]]
+        for check in checks:
+            self._source_checks.remove(check)
+            self._verify_source(check)
+
+    def _verify_source(self, check: tuple) -> None:
+        _, _, source, snapshot, site = check
+        if not torch.equal(source, snapshot):
+            raise EmulatedCudaHazard(f"the host changed the pinned source of a host-to-device copy before the copy "
+                                     f"was known complete (no wait on an event recorded after it); copy issued {site}")
+
+    # -- pinned memory
+    def register_pinned(self, pointer: int, nbytes: int, storage: Any = None) -> None:
+        with self.lock:
+            self._pinned.append((pointer, pointer + nbytes, StorageWeakRef(storage) if storage is not None else None))
+
+    def unregister_pinned(self, pointer: int) -> None:
+        with self.lock:
+            self._pinned = [entry for entry in self._pinned if entry[0] != pointer]
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr()
+        with self.lock:
+            self._pinned = [e for e in self._pinned if e[2] is None or not e[2].expired()]
+            return any(lo <= start < hi for lo, hi, _ in self._pinned) and storage.nbytes() > 0
+
+    def pinned_empty(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        kwargs.pop("pin_memory", None)
+        kwargs["device"] = CPU
+        tensor = torch.empty(*args, **kwargs)
+        storage = tensor.untyped_storage()
+        self.register_pinned(storage.data_ptr(), max(storage.nbytes(), 1), storage)
+        return tensor
+
+    def pinned_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = self.pinned_empty(tensor.shape, dtype=tensor.dtype)
+        out.copy_(tensor)
+        return out
+
+    # -- copies between host and device
+    def host_to_device(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
+        """dst (device data) <- src (host): now on the default stream, queued on another one."""
+        stream = self.current_stream()
+        pinned = self.is_pinned(src)
+        self._count("h2d", stream, src)
+        if not non_blocking:
+            self.record_sync("blocking host-to-device copy")
+        elif not pinned:
+            self.record_sync("non_blocking host-to-device copy from pageable memory (synchronous, or unsafe)")
+        if stream.is_default or self.executing or not (non_blocking and pinned):
+            with self.lock:
+                dst.copy_(src)
+                if non_blocking and pinned and stream.is_default and not self.executing:
+                    self._source_checks.append((stream, stream.tail + 1, src, src.clone(), _call_site("").where()))
+                    stream.enqueue(lambda: None)  # the point where the copy is known complete
+            return
+        stream.enqueue(lambda: dst.copy_(src))
+
+    def device_to_host(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
+        """dst (host) <- src (device data): lands when waited on (pinned, non_blocking), else now with a sync."""
+        stream = self.current_stream()
+        self._count("d2h", stream, src)
+        if not non_blocking or not self.is_pinned(dst):
+            kind = "blocking device-to-host copy" if not non_blocking else \
+                "non_blocking device-to-host copy into pageable memory (synchronous)"
+            self.record_sync(kind)
+            self.flush(stream, stream.tail)
+            with self.lock:
+                dst.copy_(src)
+            return
+        if stream.is_default and not self.executing:
+            snapshot = src.clone()  # the device has computed src by now; the host sees it only once waited on
+            stream.enqueue(lambda: dst.copy_(snapshot))
+        else:
+            stream.enqueue(lambda: dst.copy_(src))
+
+    def _count(self, direction: str, stream: EmulatedStream, tensor: torch.Tensor) -> None:
+        if not self.executing:
+            with self.lock:
+                self.transfers[direction, "default" if stream.is_default else "side", tensor.dtype] += \
+                    tensor.numel() * tensor.element_size()
+
+    def transferred(self, direction: str) -> int:
+        """Bytes copied in `direction` ("h2d" or "d2h") since the counters were last cleared."""
+        return sum(n for (d, _, _), n in self.transfers.items() if d == direction)
+
+    def run_device(self, fn: Callable[[], Any], inplace: bool) -> Any:
+        """A device operation: now on the default stream; queued on another stream (see EmulatedTensor)."""
+        self.check_last_error()
+        stream = self.current_stream()
+        if stream.is_default or self.executing:
+            with self.lock:
+                return fn()
+        if inplace:
+            stream.enqueue(fn)
+            return None
+        raise AssertionError("non-inplace side-stream work goes through EmulatedTensor")
+
+
+_RUNTIME: EmulatedRuntime | None = None
+
+
+def _active() -> EmulatedRuntime:
+    if _RUNTIME is None:
+        raise RuntimeError("emulated CUDA is not active")
+    return _RUNTIME
+
+
+def active_runtime() -> EmulatedRuntime | None:
+    """The running emulation, or None."""
+    return _RUNTIME
+
+
+class _Site(SyncSite):
+    def where(self) -> str:
+        return f"at {self.filename}:{self.lineno} ({self.line})"
+
+
+def _call_site(kind: str) -> _Site:
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not any(part in frame.filename for part in _OWN_FILES):
+            line = frame.line or linecache.getline(frame.filename, frame.lineno).strip()
+            return _Site(kind, frame.filename, frame.lineno or 0, line)
+    return _Site(kind, "?", 0, "")
+
+
+# ---------------------------------------------------------------------------------------------- device tensors
+def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
+    """`fn` over the leaves of nested tuples, lists and dicts (torch's pytree is several times slower here)."""
+    if isinstance(value, (list, tuple)):
+        mapped = [tree_map(fn, item) for item in value]
+        if type(value) is list:
+            return mapped
+        return tuple(mapped) if type(value) is tuple else type(value)(mapped)
+    if isinstance(value, dict):
+        return {key: tree_map(fn, item) for key, item in value.items()}
+    return fn(value)
+
+
+def tree_leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tree_leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tree_leaves(item)
+    else:
+        yield value
+
+
+def _is_cuda_device(value: Any) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, str):
+        return value.split(":")[0] == "cuda"
+    return isinstance(value, int) and not isinstance(value, bool)  # `.to(0)`, `device=0`: a CUDA ordinal
+
+
+def _is_host_device(value: Any) -> bool:
+    return value is not None and not _is_cuda_device(value) and torch.device(value).type == "cpu"
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, EmulatedTensor):
+        return value._inner
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return CPU
+    return value
+
+
+_METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
+             torch.Tensor.is_cuda.__get__, torch.Tensor.ndim.__get__, torch.Tensor.layout.__get__,
+             torch.Tensor.requires_grad.__get__, torch.Tensor.is_leaf.__get__, torch.Tensor.itemsize.__get__,
+             torch.Tensor.nbytes.__get__, torch.Tensor.size, torch.Tensor.stride, torch.Tensor.dim,
+             torch.Tensor.numel, torch.Tensor.nelement, torch.Tensor.element_size, torch.Tensor.storage_offset,
+             torch.Tensor.__len__, torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.get_device,
+             torch.Tensor.is_sparse.__get__, torch.Tensor.is_quantized.__get__, torch.Tensor.is_meta.__get__,
+             torch.Tensor.is_cpu.__get__, torch.Tensor._base.__get__,
+             torch.Tensor.is_nested.__get__, torch.Tensor.grad.__get__, torch.Tensor.is_mkldnn.__get__}
+_HOST_READS = {torch.Tensor.item: ".item()", torch.Tensor.tolist: ".tolist()", torch.Tensor.__bool__: "bool(tensor)",
+               torch.Tensor.__int__: "int(tensor)", torch.Tensor.__float__: "float(tensor)",
+               torch.Tensor.__index__: "tensor used as an index", torch.Tensor.numpy: ".numpy()",
+               torch.Tensor.__array__: "numpy conversion", torch.Tensor.__repr__: "repr(tensor)",
+               torch.Tensor.__format__: "format(tensor)", torch.Tensor.__str__: "str(tensor)"}
+_DATA_DEPENDENT = {torch.nonzero, torch.Tensor.nonzero, torch.masked_select, torch.Tensor.masked_select,
+                   torch.unique, torch.Tensor.unique, torch.argwhere, torch.Tensor.argwhere,
+                   torch.unique_consecutive, torch.Tensor.unique_consecutive}
+_SHAPE_CHANGING = {"resize_", "resize_as_", "set_", "as_strided_", "squeeze_", "unsqueeze_", "transpose_", "t_",
+                   "swapdims_", "swapaxes_"}
+
+
+class EmulatedTensor(torch.Tensor):
+    """A tensor on the emulated `cuda:0`: metadata of its own, data in `_inner` (a CPU tensor)."""
+
+    _inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor) -> EmulatedTensor:
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, strides=inner.stride(), storage_offset=inner.storage_offset(), dtype=inner.dtype,
+            device=EMULATED_DEVICE, requires_grad=False)
+        tensor._inner = inner
+        return tensor
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        raise RuntimeError(f"emulated CUDA: {func} reached the dispatcher (call it through torch's Python API)")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206, C901
+        kwargs = kwargs or {}
+        if func in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        runtime = _active()
+        if func in _HOST_READS:
+            runtime.record_sync(_HOST_READS[func])
+            inner = args[0]._inner
+            if func in (torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__):
+                return f"{func(inner, *args[1:], **kwargs)} (emulated cuda:0)"
+            return func(inner, *[_unwrap(a) for a in args[1:]], **kwargs)
+        if func is torch.Tensor.copy_:
+            return _copy(runtime, args[0], args[1], bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False)))
+        if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.pin_memory,
+                    torch.Tensor.is_pinned, torch.Tensor.record_stream, torch.Tensor.data_ptr,
+                    torch.Tensor.untyped_storage):
+            result = _tensor_method(runtime, func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        if func in _DATA_DEPENDENT:
+            runtime.record_sync(f"{func.__name__} (its output size depends on device data)")
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
+            _index_syncs(runtime, args)
+        inner_args = _unwrap_all(args)
+        inner_kwargs = {key: _unwrap(value) if not isinstance(value, (list, tuple)) else tree_map(_unwrap, value)
+                        for key, value in kwargs.items()} if kwargs else kwargs
+        if func not in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
+            _check_same_device(func, args, kwargs)
+        name = getattr(func, "__name__", "")
+        if name in _SHAPE_CHANGING:
+            raise RuntimeError(f"emulated CUDA: in-place shape change {name} is not emulated")
+        if _is_host_device(kwargs.get("device")):  # `t.new_empty(0, device="cpu")` (Triton's interpreter): host
+            return func(*inner_args, **inner_kwargs)
+        if func in _EMPTY and runtime.poison_empty and not inplace_name(name):
+            with runtime.lock:
+                return _wrap_result(_poison(func(*inner_args, **inner_kwargs)), args, kwargs)
+        inplace = (name.endswith("_") and not name.startswith("__")) or name in ("__setitem__", "__iadd__",
+                                                                               "__isub__", "__imul__", "__itruediv__") \
+            or "out" in kwargs
+        stream = runtime.current_stream()
+        if stream.is_default or runtime.executing:
+            runtime.check_last_error()
+            with runtime.lock:
+                result = func(*inner_args, **inner_kwargs)
+            return _wrap_result(result, args, kwargs)
+        return _side_stream_op(runtime, stream, func, inner_args, inner_kwargs, inplace, args, kwargs)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        raise TypeError("an emulated CUDA tensor cannot be pickled or deep-copied; copy the CPU model instead")
+
+
+def inplace_name(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("__")
+
+
+def _wrap_result(result: Any, args: tuple, kwargs: dict) -> Any:
+    """Device tensors for the CPU results of an operation; an in-place operation returns its own argument."""
+    if isinstance(result, torch.Tensor):
+        for arg in args:
+            if isinstance(arg, EmulatedTensor) and arg._inner is result:
+                return arg
+        return result if isinstance(result, EmulatedTensor) else EmulatedTensor(result)
+    if isinstance(result, (list, tuple)):
+        return tree_map(lambda value: _wrap_result(value, args, kwargs), result)
+    return result
+
+
+def _unwrap_all(values: Any) -> Any:
+    """`_unwrap` over call arguments: one level of tuples/lists covers torch's signatures (cat, indexing)."""
+    out = []
+    for value in values:
+        if isinstance(value, EmulatedTensor):
+            out.append(value._inner)
+        elif isinstance(value, (list, tuple, dict)):
+            out.append(tree_map(_unwrap, value))
+        elif isinstance(value, torch.device) and value.type == "cuda":
+            out.append(CPU)
+        else:
+            out.append(value)
+    return out
+
+
+def _check_same_device(func: Any, args: Any, kwargs: Any) -> None:
+    """CUDA refuses an operation mixing device tensors with host tensors of one or more dimensions."""
+    for value in (*args, *kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        for item in items:
+            if isinstance(item, torch.Tensor) and not isinstance(item, EmulatedTensor) and item.dim() > 0:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                                   f"cuda:0 and cpu! (emulated CUDA: {getattr(func, '__name__', func)} got a host "
+                                   f"tensor of shape {tuple(item.shape)})")
+
+
+def _index_syncs(runtime: EmulatedRuntime, args: tuple) -> None:
+    """Indexing a device tensor with host index tensors copies them (a sync); boolean masks need `nonzero`."""
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    for item in tree_leaves(index):
+        if isinstance(item, torch.Tensor) and item.dtype == torch.bool and item.dim() > 0:
+            runtime.record_sync("indexing with a boolean mask (nonzero)")
+        elif isinstance(item, torch.Tensor) and not isinstance(item, EmulatedTensor) and item.dim() > 0:
+            runtime.record_sync("indexing a device tensor with a host index tensor (blocking copy)")
+        elif isinstance(item, (list, tuple)) and item and all(isinstance(i, int) for i in item):
+            runtime.record_sync("indexing a device tensor with a Python list (blocking copy)")
+    if len(args) > 2 and isinstance(args[2], torch.Tensor) and not isinstance(args[2], EmulatedTensor) \
+            and args[2].dim() > 0:
+        runtime.record_sync("assigning a host tensor into a device tensor (blocking copy)")
+
+
+def _side_stream_op(runtime: EmulatedRuntime, stream: EmulatedStream, func: Any, inner_args: Any,
+                    inner_kwargs: Any, inplace: bool, args: tuple, kwargs: dict) -> Any:
+    """Work issued on a non-default stream: queued. Its outputs are allocated now from the shapes torch's meta
+    kernels give (the inputs may not hold their data yet); views are made now (metadata only)."""
+    if inplace:
+        stream.enqueue(lambda: func(*inner_args, **inner_kwargs))
+        return args[0]
+    metas: set[int] = set()
+
+    def to_meta(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            metas.add(id(meta))
+            return meta
+        return torch.device("meta") if isinstance(value, torch.device) else value
+
+    try:
+        shapes = func(*tree_map(to_meta, inner_args), **tree_map(to_meta, inner_kwargs))
+    except Exception:  # noqa: BLE001 - no meta kernel (or data-dependent): run the stream up to here, then this
+        runtime.flush(stream, stream.tail)
+        with runtime.lock:
+            return _wrap_result(func(*inner_args, **inner_kwargs), args, kwargs)
+    outputs = [t for t in tree_leaves(shapes) if isinstance(t, torch.Tensor)]
+    if outputs and all(t._base is not None and id(t._base) in metas for t in outputs):
+        return _wrap_result(func(*inner_args, **inner_kwargs), args, kwargs)  # views: no data is read
+    buffers = tree_map(lambda t: _poison(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
+                       if isinstance(t, torch.Tensor) else t, shapes)
+
+    def run() -> None:
+        fresh = func(*inner_args, **inner_kwargs)
+        for buffer, value in zip(list(tree_leaves(buffers)), list(tree_leaves(fresh)), strict=True):
+            if isinstance(buffer, torch.Tensor):
+                buffer.copy_(value)
+
+    stream.enqueue(run)
+    return tree_map(lambda t: EmulatedTensor(t) if isinstance(t, torch.Tensor) else t, buffers)
+
+
+def _copy(runtime: EmulatedRuntime, dst: torch.Tensor, src: Any, non_blocking: bool) -> torch.Tensor:
+    dst_device, src_device = isinstance(dst, EmulatedTensor), isinstance(src, EmulatedTensor)
+    if dst_device and src_device:
+        runtime.run_device(lambda: dst._inner.copy_(src._inner), inplace=True)
+    elif dst_device:
+        src = src if isinstance(src, torch.Tensor) else torch.as_tensor(src)
+        runtime.check_last_error()
+        runtime.host_to_device(dst._inner, src, non_blocking)
+    else:
+        runtime.check_last_error()
+        runtime.device_to_host(dst, src._inner, non_blocking)
+    return dst
+
+
+def _tensor_method(runtime: EmulatedRuntime, func: Any, args: tuple, kwargs: dict) -> Any:
+    tensor = args[0]
+    if func is torch.Tensor.record_stream:
+        return None  # the emulator never reuses memory (see docs/gpu.md: what it cannot catch)
+    if func is torch.Tensor.is_pinned:
+        return False
+    if func is torch.Tensor.pin_memory:
+        raise RuntimeError("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned")
+    if func in (torch.Tensor.data_ptr, torch.Tensor.untyped_storage):
+        return func(tensor._inner)
+    if func is torch.Tensor.cpu:
+        return _to_host(runtime, tensor, non_blocking=False)
+    if func is torch.Tensor.cuda:
+        return tensor
+    device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+    if device is not None and device.type == "cpu":
+        host = _to_host(runtime, tensor, non_blocking)
+        return host.to(dtype=dtype) if dtype is not None else host
+    return NotImplemented  # a dtype or layout change on the device: an ordinary device operation
+
+
+def _to_host(runtime: EmulatedRuntime, tensor: EmulatedTensor, non_blocking: bool) -> torch.Tensor:
+    """`.cpu()` / `.to("cpu")`: with non_blocking torch returns pinned memory that is valid once waited on."""
+    if non_blocking:
+        out = runtime.pinned_empty(tensor.shape, dtype=tensor.dtype)
+        runtime.device_to_host(out, tensor._inner, True)
+        return out
+    out = torch.empty(tensor.shape, dtype=tensor.dtype)
+    runtime.device_to_host(out, tensor._inner, False)
+    return out
+
+
+def to_host_h2d(runtime: EmulatedRuntime, host: torch.Tensor, non_blocking: bool) -> EmulatedTensor:
+    """`host.to("cuda")`: a fresh device tensor filled from host memory."""
+    runtime.check_last_error()
+    out = torch.empty_like(host, device=CPU)
+    if runtime.poison_empty:
+        _poison(out)
+    runtime.host_to_device(out, host, non_blocking)
+    return EmulatedTensor(out)
+
+
+def _poison(tensor: torch.Tensor) -> torch.Tensor:
+    """Fill fresh `empty` memory the way a reused allocation looks: NaN, a huge negative index, True, 0xA5."""
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.bool:
+        tensor.fill_(True)
+    elif tensor.dtype == torch.uint8:
+        tensor.fill_(0xA5)
+    else:
+        tensor.fill_(torch.iinfo(tensor.dtype).min // 2)
+    return tensor
+
+
+_EMPTY = {torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty}
+
+
+# ---------------------------------------------------------------------------------------------- factories (a mode)
+_FACTORY_SYNCS = {torch.tensor: "torch.tensor(host data, device=cuda) (a blocking copy)",
+                  torch.as_tensor: "torch.as_tensor(host data, device=cuda) (a blocking copy)"}
+
+
+class _EmulationMode(TorchFunctionMode):
+    """Calls without a device tensor among their arguments: factories with `device=cuda`, host tensors moving to
+    the device, and pinning. (Thread-local, as torch function modes are: the decode loop's thread has it.)"""
+
+    def __init__(self, runtime: EmulatedRuntime):
+        super().__init__()
+        self.runtime = runtime
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        kwargs = kwargs or {}
+        runtime = self.runtime
+        if types and any(issubclass(t, EmulatedTensor) for t in types):
+            return func(*args, **kwargs)  # EmulatedTensor.__torch_function__ handles it
+        if func is torch.Tensor.pin_memory:
+            return runtime.pinned_like(args[0])
+        if func is torch.Tensor.is_pinned:
+            return runtime.is_pinned(args[0])
+        if func in (torch.Tensor.to, torch.Tensor.cuda) and isinstance(args[0], torch.Tensor):
+            if func is torch.Tensor.cuda:
+                return to_host_h2d(runtime, args[0], bool(kwargs.get("non_blocking", False)))
+            device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is not None and device.type == "cuda":
+                moved = to_host_h2d(runtime, args[0], non_blocking)
+                return moved.to(dtype) if dtype is not None else moved
+            return func(*args, **kwargs)
+        if kwargs.get("pin_memory"):
+            if func is torch.empty:
+                pinned = runtime.pinned_empty(*args, **kwargs)
+                return _poison(pinned) if runtime.poison_empty else pinned
+            return runtime.pinned_like(func(*args, **{k: v for k, v in kwargs.items() if k != "pin_memory"}))
+        device = kwargs.get("device")
+        if device is not None and _is_cuda_device(device):
+            runtime.check_last_error()
+            kwargs = {**kwargs, "device": CPU}
+            result = func(*args, **kwargs)
+            if func in _FACTORY_SYNCS:  # host data copied to the device, synchronously
+                runtime.record_sync(_FACTORY_SYNCS[func])
+                runtime._count("h2d", runtime.current_stream(), result)
+            if func in _EMPTY and runtime.poison_empty:
+                _poison(result)
+            return tree_map(lambda t: EmulatedTensor(t) if isinstance(t, torch.Tensor) else t, result)
+        return func(*args, **kwargs)
+
+
+class _EmulatedGenerator(torch.Generator):
+    """`torch.Generator(device="cuda")` on the emulated device: a CPU generator (random streams differ from CUDA)."""
+
+    def __new__(cls, device: Any = "cpu") -> _EmulatedGenerator:
+        return super().__new__(cls, device="cpu")
+
+    def __init__(self, device: Any = "cpu") -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------- activation
+def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
+    cuda = torch.cuda
+    mib = 1024**2
+
+    def current_stream(device: Any = None) -> EmulatedStream:
+        return runtime.current_stream()
+
+    return {
+        (cuda, "is_available"): lambda: True,
+        (cuda, "device_count"): lambda: 1,
+        (cuda, "current_device"): lambda: 0,
+        (cuda, "set_device"): lambda device: None,
+        (cuda, "init"): lambda: None,
+        (cuda, "is_initialized"): lambda: True,
+        (cuda, "Stream"): EmulatedStream,
+        (cuda, "Event"): EmulatedEvent,
+        (cuda, "current_stream"): current_stream,
+        (cuda, "default_stream"): lambda device=None: runtime.default_stream,
+        (cuda, "stream"): _StreamContext,
+        (cuda, "synchronize"): lambda device=None: runtime.synchronize(),
+        (cuda, "cudart"): lambda: runtime.cudart,
+        (cuda, "set_sync_debug_mode"): lambda mode: None,
+        (cuda, "get_device_properties"): lambda device=None: runtime.properties,
+        (cuda, "get_device_name"): lambda device=None: runtime.properties.name,
+        (cuda, "get_device_capability"): lambda device=None: (runtime.properties.major, runtime.properties.minor),
+        (cuda, "mem_get_info"): lambda device=None: (runtime.properties.total_memory - 256 * mib,
+                                                     runtime.properties.total_memory),
+        (cuda, "memory_allocated"): lambda device=None: 0,
+        (cuda, "memory_reserved"): lambda device=None: 0,
+        (cuda, "max_memory_allocated"): lambda device=None: 0,
+        (cuda, "reset_peak_memory_stats"): lambda device=None: None,
+        (cuda, "empty_cache"): lambda: None,
+        (torch, "Generator"): _EmulatedGenerator,
+        **({(torch.accelerator, "empty_host_cache"): lambda: None} if hasattr(torch, "accelerator") else {}),
+        **({(torch._C, "_host_emptyCache"): lambda: None} if hasattr(torch._C, "_host_emptyCache") else {}),
+    }
+
+
+@contextlib.contextmanager
+def emulated_cuda(lazy: bool = True, memory_bytes: int = 8 * 1024**3,
+                  side_item_delay_s: float = 0.0) -> Iterator[EmulatedRuntime]:
+    """Run the block with emulated CUDA (see the module docstring); one emulation at a time."""
+    runtime = activate(lazy, memory_bytes, side_item_delay_s)
+    try:
+        yield runtime
+    finally:
+        deactivate()
+
+
+_SAVED: dict[tuple[Any, str], Any] = {}
+_MODE: _EmulationMode | None = None
+
+
+def activate(lazy: bool = True, memory_bytes: int = 8 * 1024**3, side_item_delay_s: float = 0.0) -> EmulatedRuntime:
+    """Patch `torch.cuda` and push the emulation's torch function mode on this thread (`deactivate` undoes it)."""
+    global _RUNTIME, _MODE
+    if _RUNTIME is not None:
+        raise RuntimeError("emulated CUDA is already active")
+    if torch.cuda.is_available():
+        raise RuntimeError("emulated CUDA refuses to run where a real CUDA device is available")
+    runtime = EmulatedRuntime(lazy, memory_bytes, side_item_delay_s)
+    _clear_device_caches()
+    for (owner, name), value in _patches(runtime).items():
+        _SAVED[owner, name] = getattr(owner, name)
+        setattr(owner, name, value)
+    _RUNTIME = runtime
+    _MODE = _EmulationMode(runtime)
+    _MODE.__enter__()
+    return runtime
+
+
+def _clear_device_caches() -> None:
+    """Per-device caches of scoutbench's backends (flashinfer wrappers and workspace) belong to one emulation."""
+    from scoutbench.kernels import backends
+
+    for value in vars(backends).values():
+        if callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()
+
+
+def deactivate() -> None:
+    global _RUNTIME, _MODE
+    _clear_device_caches()
+    gc.collect()  # host arenas that are garbage unregister now, while `cudaHostUnregister` is still emulated
+    if _MODE is not None:
+        _MODE.__exit__(None, None, None)
+    for (owner, name), value in _SAVED.items():
+        setattr(owner, name, value)
+    _SAVED.clear()
+    _RUNTIME, _MODE = None, None
+
+
+def to_emulated_device(module: torch.nn.Module) -> torch.nn.Module:
+    """Move a (CPU) module's parameters and buffers to the emulated device, in place; returns it."""
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                sub._parameters[name] = torch.nn.Parameter(EmulatedTensor(param.detach().clone()), requires_grad=False)
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = EmulatedTensor(buffer.detach().clone())
+    return module
+
+
+def activate_from_environment() -> EmulatedRuntime | None:
+    """`SCOUTBENCH_EMULATE_CUDA=1` (the CLI calls this first): the whole process runs on emulated CUDA, with
+    `SCOUTBENCH_EMULATE_CUDA_MEMORY_BYTES` of device memory (8 GiB)."""
+    if os.environ.get("SCOUTBENCH_EMULATE_CUDA") != "1":
+        return None
+    memory = int(os.environ.get("SCOUTBENCH_EMULATE_CUDA_MEMORY_BYTES", str(8 * 1024**3)))
+    torch.set_num_threads(1)  # thousands of tiny emulated device ops: a second intra-op thread only adds waits
+    return activate(lazy=True, memory_bytes=memory)
+
+
+__all__ = ["EMULATED_DEVICE", "EmulatedCudaHazard", "EmulatedEvent", "EmulatedRuntime", "EmulatedStream",
+           "EmulatedTensor", "SyncSite", "activate", "activate_from_environment", "active_runtime", "deactivate",
+           "emulated_cuda", "to_emulated_device"]

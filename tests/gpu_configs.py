@@ -1,0 +1,27 @@
+"""The method configurations of the CUDA tests (tests/test_gpu.py), in one place: tests/test_emulated_cuda.py builds
+and runs every one of them on a CPU, so a configuration a method refuses fails here, not on a lent GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scoutbench.methods import METHODS
+
+PROMPT_LENGTHS = [256, 200]  # ragged: exercises per-sequence valid lengths
+DECODE_STEPS = 4
+# tiny but really sparse: 96-token budgets in 16-token blocks, one dense layer. 96, not 64: HGCA's budget must hold
+# its window at its largest (48 + a 32-token migration block) and its 4 sink tokens
+BUDGET, BLOCK_SIZE, COMMON_ARGS = 96, 16, {"dense_layers": 1}
+ALL_NAMES = METHODS.names()
+
+
+def method_args(name: str) -> dict[str, Any]:
+    from scoutbench.cli.options import method_args_for
+
+    return method_args_for(name, COMMON_ARGS, BUDGET, BLOCK_SIZE, set())
+
+
+def build(name: str):
+    from scoutbench.throughput import build_method
+
+    return build_method(name, method_args(name))
