@@ -27,10 +27,13 @@ leaves the rest open (methods.md §6); our choices, all fields:
   the others. It starts, for prompt tokens on the host, as the mean attention of the observed prompt queries
   (their causal softmax over the prompt); a token that migrates to the host enters at its row's current maximum,
   so the CPU computes it at least once before the average judges it. The update, and the admission of migrated
-  tokens, are deferred: they reach the worker only after the next layer's CPU attention was submitted, so that
-  attention never queues behind them; they run in the worker's slack while the device finishes that layer. One
-  worker keeps them in order with the CPU attention that reads them (a second thread measured slower on a few
-  cores: its intra-op threads compete with the attention's).
+  tokens, are deferred: they reach the worker only after the next sparse layer's CPU attention was submitted, so
+  that attention never queues behind them; they run in the worker's slack while the device finishes that layer.
+  Work of layer l itself is always submitted before layer l's next CPU attention, which reads it (with a single
+  sparse layer the next sparse layer is l itself, so there it cannot be deferred past it), and a migration
+  waits for the previous admission of its layer before reusing the staging buffer. One worker keeps them in
+  order with the CPU attention that reads them (a second thread measured slower on a few cores: its intra-op
+  threads compete with the attention's).
 - layers below `dense_layers` (default none: HGCA is window + CPU, not query-aware) keep full KV on the device.
 """
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,8 +173,10 @@ class HGCA(AttentionMethod):
         self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
         self.pool = CpuWorkerPool(1)
-        # moving-average updates and admissions of migrated tokens, held back until the next CPU attention is queued
-        self._deferred: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        # per layer: moving-average updates and admissions of migrated tokens, held back until the next CPU
+        # attention is queued, and the future of the last one submitted (a migration waits for it)
+        self._deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
+        self._host_writes: dict[int, Future] = {}
         self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
         self._split_device = torch.zeros(batch, dtype=torch.long, device=ctx.device)  # kept in step with `split`
         self.reset_stats()
@@ -188,10 +194,15 @@ class HGCA(AttentionMethod):
         self._submit_deferred()
         self.pool.submit(lambda: None).result()
 
-    def _submit_deferred(self) -> None:
-        for fn, args in self._deferred:
-            self.pool.submit(fn, *args)
-        self._deferred.clear()
+    def _submit_deferred(self, layer: int | None = None) -> None:
+        """Hand the deferred host updates to the worker: those of `layer` only, or all of them."""
+        kept = []
+        for owner, fn, args in self._deferred:
+            if layer is None or owner == layer:
+                self._host_writes[owner] = self.pool.submit(fn, *args)
+            else:
+                kept.append((owner, fn, args))
+        self._deferred = kept
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         if layer not in self.sparse_layers:
@@ -261,6 +272,7 @@ class HGCA(AttentionMethod):
         with ctx.timer.stage("attn_device"):
             write_tokens(window_k, k, *self._slots)
             write_tokens(window_v, v, *self._slots)
+        self._submit_deferred(layer)  # this layer's own updates: its CPU attention below reads them
         future = None
         if max(self.cpu_take) > 0:
             q_host, q_ready = q, None
@@ -269,7 +281,7 @@ class HGCA(AttentionMethod):
                 q_ready = self.copy.copy(q_host, q)
             future = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
                                       list(self.cpu_take))
-        self._submit_deferred()  # behind this layer's CPU attention, ahead of the next layer's
+        self._submit_deferred()  # the other layers': behind this layer's CPU attention, ahead of the next one
         with ctx.timer.stage("attn_device"):
             span = max(self.window_len)
             device_part = partial_attention(q, window_k[:, :, :span], window_v[:, :, :span], ctx.scale,
@@ -339,7 +351,8 @@ class HGCA(AttentionMethod):
         if self._lse_host is not None:
             ready = self.copy.copy(self._lse_host[layer], lse_device)
             lse_device = self._lse_host[layer]
-        self._deferred.append((self._update_ema, (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
+        self._deferred.append((layer, self._update_ema,
+                               (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
 
     def _update_ema(self, layer: int, span: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
                     lse_device: torch.Tensor, ready: Any) -> None:
@@ -358,13 +371,16 @@ class HGCA(AttentionMethod):
     def _migrate(self, layer: int, b: int) -> None:
         """Move the oldest `migrate_block` window tokens of sequence b to the host (the split moves at end_step)."""
         block, length = self.migrate_block, self.window_len[b]
+        last_write = self._host_writes.pop(layer, None)
+        if last_write is not None:  # the previous admission of this layer still reads the staging buffer
+            last_write.result()
         for window, staging in zip((self.window_k[layer], self.window_v[layer]), self._staging[layer], strict=True):
             copied = self.copy.copy(staging[b], window[b, :, :block])
             copied.wait()  # the compute stream shifts the window only after the copy has read it
             scratch = self._shift_scratch[:, : length - block]
             scratch.copy_(window[b, :, block:length])
             window[b, :, : length - block].copy_(scratch)
-        self._deferred.append((self._admit, (layer, b, self.split[b], copied)))
+        self._deferred.append((layer, self._admit, (layer, b, self.split[b], copied)))
 
     def _admit(self, layer: int, b: int, start: int, copied: Any) -> None:
         """Worker thread, deferred like the moving average: the migrated tokens join the host cache, their moving average at the row's maximum."""

@@ -45,6 +45,43 @@ def test_every_cpu_token_equals_fullkv(model_name, lengths, request):
     assert 0.5 < method.stats()["cpu_pair_fraction"] < 1.0
 
 
+def test_one_sparse_layer_reads_only_admitted_tokens(tiny_llama):
+    """Issue 18 item 2: with a single sparse layer the next sparse layer is the same layer, so its deferred
+    moving-average update and admission must reach the worker before its next CPU attention (queued behind it,
+    the attention read 2 host tokens not yet admitted and the logits moved by 0.065)."""
+    prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [50, 31])
+    reference, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=10)
+    method = HGCA(budget=None, cpu_topk_frac=1.0, migrate_block=4, dense_layers=tiny_llama.config.num_hidden_layers - 1)
+    ours = run_engine(tiny_llama, method, prompt, lengths, tokens)
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert list(method.sparse_layers) == [3] and method.split != [n - math.ceil(n / 4) for n in lengths.tolist()]
+
+
+def test_a_migration_waits_for_the_previous_admission_of_its_layer(tiny_llama):
+    """A budget that leaves the CPU nothing to attend migrates a token every step and never waits on the worker:
+    the next migration must not overwrite the staging buffer before the worker admitted the previous one (a slow
+    worker is simulated by delaying every admission)."""
+    prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [20])
+    _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=6)
+    fullkv = FullKV()
+    run_engine(tiny_llama, fullkv, prompt, lengths, tokens)
+    method = HGCA(budget=8, window_share=0.875, migrate_block=1, sink_tokens=0)  # cpu_take 0, a migration a step
+    admit = method._admit
+    method._admit = lambda *args: (time.sleep(0.05), admit(*args))
+
+    def drain_at_the_end(engine):
+        if engine.step_index == len(tokens):
+            method.drain()
+
+    run_engine(tiny_llama, method, prompt, lengths, tokens, on_step=drain_at_the_end)
+    split = method.split[0]
+    assert split == 20 - 7 + 6 and max(method.cpu_take) == 0
+    for layer in method.sparse_layers:
+        assert torch.equal(method.host_k[layer][0, :, :split], fullkv.keys[layer][0, :, :split])
+        assert torch.equal(method.host_v[layer][0, :, :split], fullkv.values[layer][0, :, :split])
+
+
 def test_full_window_equals_fullkv_with_an_empty_cpu_part(tiny_qwen3):
     prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [40, 23])
     reference, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, steps=5)
