@@ -24,8 +24,10 @@ leaves the rest open (methods.md §6); our choices, all fields:
   In both policies the CPU metric counts (query head, token) pairs.
 - moving average: a <- ema_decay * a + (1 - ema_decay) * p, where p is the probability renormalised to the
   whole context, exp(logit - lse_merged) = p_cpu * exp(lse_cpu - lse_merged), for the computed tokens and 0 for
-  the others. It starts, for prompt tokens on the host, as the mean attention of the observed prompt queries
-  (their causal softmax over the prompt); a token that migrates to the host enters at its row's current maximum,
+  the others. It starts, for prompt tokens on the host, as the mean attention of the last `observed_queries`
+  prompt queries (their causal softmax over the prompt; 32, the SnapKV-style observation window of methods.md
+  §6.2: the engine observes 256, and all 256 made HGCA's prefill 8x the cost, 80 s of a 16-layer 32k run on 2
+  cores); a token that migrates to the host enters at its row's current maximum,
   so the CPU computes it at least once before the average judges it. The update, and the admission of migrated
   tokens, are deferred: they reach the worker only after the next sparse layer's CPU attention was submitted, so
   that attention never queues behind them; they run in the worker's slack while the device finishes that layer.
@@ -83,6 +85,7 @@ class HGCA(AttentionMethod):
     sink_tokens: int = 4  # first tokens always attended on the CPU
     migrate_block: int = 32  # tokens moved from the window to the host at once
     refresh_interval: int = 0  # every N-th step the CPU attends every host token (0 = never)
+    observed_queries: int = 32  # last prompt queries whose mean attention starts the moving average
     dense_layers: int = 0
 
     def __post_init__(self) -> None:
@@ -101,6 +104,7 @@ class HGCA(AttentionMethod):
         require(self.migrate_block >= 1, f"migrate_block must be >= 1, got {self.migrate_block}")
         require(self.refresh_interval >= 0, f"refresh_interval must be >= 0 (0 = never), got {self.refresh_interval}")
         require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+        require(self.observed_queries >= 1, f"observed_queries must be >= 1, got {self.observed_queries}")
 
     @property
     def window_tokens(self) -> int:
@@ -215,7 +219,7 @@ class HGCA(AttentionMethod):
             for host, window, source in ((self.host_k, self.window_k, k), (self.host_v, self.window_v, v)):
                 host[layer][b, :, :split].copy_(source[b, :, :split])
                 window[layer][b, :, : n - split].copy_(source[b, :, split:n])
-        self.observed_weights(q_obs, k, lengths, out=self.ema[layer])
+        self.observed_weights(q_obs[:, :, -self.observed_queries:], k, lengths, out=self.ema[layer])
 
     def observed_weights(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
                          out: torch.Tensor | None = None) -> torch.Tensor:

@@ -132,17 +132,19 @@ def _bound_hgca(lengths, num_kv_heads, seed=0, **fields):
     return method, ctx, prompt, generator
 
 
-def test_moving_average_starts_from_the_observed_queries():
+@pytest.mark.parametrize("observed_queries", [32, 5])  # all 13 the engine observed, or the last 5 of them
+def test_moving_average_starts_from_the_observed_queries(observed_queries):
     lengths = [40, 13]
-    method, ctx, prompt, _ = _bound_hgca(lengths, num_kv_heads=2)
+    method, ctx, prompt, _ = _bound_hgca(lengths, num_kv_heads=2, observed_queries=observed_queries)
     q_obs, k, _ = prompt[1]
-    window, group = q_obs.shape[2], ctx.num_heads // ctx.num_kv_heads
+    observed, group = q_obs.shape[2], ctx.num_heads // ctx.num_kv_heads
+    window = min(observed, observed_queries)
     for b, length in enumerate(lengths):
         for h in range(ctx.num_heads):
             expected = torch.zeros(length)
             for w in range(window):
                 position = length - window + w  # observed queries are the last W prompt tokens
-                logits = k[b, h // group, : position + 1] @ q_obs[b, h, w] * ctx.scale
+                logits = k[b, h // group, : position + 1] @ q_obs[b, h, observed - window + w] * ctx.scale
                 expected[: position + 1] += logits.softmax(-1) / window
             host = method.split[b]  # the moving averages exist for the host part only
             torch.testing.assert_close(method.ema[1][b, h, :host], expected[:host], atol=1e-6, rtol=1e-5)
