@@ -28,6 +28,17 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.timing import StageTimer
 
+# Every sparse method keeps its first layers dense (FullKV storage, `FullKV.for_layers`) through this one field,
+# with one default: a comparison then compares the same sparse layers (`--dense-layers` sets it for every method
+# at once). 2, after Quest §3.4: the first two layers are under 10% sparse in the models it measured.
+DENSE_LAYERS_FIELD = "dense_layers"
+DEFAULT_DENSE_LAYERS = 2
+
+
+def dense_layers_of(method: AttentionMethod) -> int | None:
+    """The layers a method keeps dense (None: it has no such field, e.g. FullKV, which is dense everywhere)."""
+    return getattr(method, DENSE_LAYERS_FIELD, None)
+
 
 @dataclass
 class StepInfo:

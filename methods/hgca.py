@@ -36,7 +36,9 @@ leaves the rest open (methods.md §6); our choices, all fields:
   waits for the previous admission of its layer before reusing the staging buffer. One worker keeps them in
   order with the CPU attention that reads them (a second thread measured slower on a few cores: its intra-op
   threads compete with the attention's).
-- layers below `dense_layers` (default none: HGCA is window + CPU, not query-aware) keep full KV on the device.
+- layers below `dense_layers` keep full KV on the device: 2 by default, the one default of every sparse method,
+  so that a comparison compares the same sparse layers (methods.md §6.5 treats layers 0 and 1 like the others,
+  HGCA being window + CPU, not query-aware: `dense_layers=0`, or `--dense-layers 0` for every method).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from scoutbench.kernels.attention import (
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
 from scoutbench.methods.base import (
+    DEFAULT_DENSE_LAYERS,
     AttentionMethod,
     Footprint,
     MethodContext,
@@ -86,7 +89,7 @@ class HGCA(AttentionMethod):
     migrate_block: int = 32  # tokens moved from the window to the host at once
     refresh_interval: int = 0  # every N-th step the CPU attends every host token (0 = never)
     observed_queries: int = 32  # last prompt queries whose mean attention starts the moving average
-    dense_layers: int = 0
+    dense_layers: int = DEFAULT_DENSE_LAYERS  # as every sparse method: a comparison keeps the same layers dense
 
     def __post_init__(self) -> None:
         require(0.0 < self.window_share < 1.0, f"window_share must be in (0, 1), got {self.window_share}")
@@ -176,7 +179,7 @@ class HGCA(AttentionMethod):
                           for i in self.sparse_layers} if on_cuda else None
         self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
-        self.pool = CpuWorkerPool(1)
+        self.pool = CpuWorkerPool(1, shares_cores=ctx.device.type != "cuda")
         # per layer: moving-average updates and admissions of migrated tokens, held back until the next CPU
         # attention is queued, and the future of the last one submitted (a migration waits for it)
         self._deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []

@@ -13,7 +13,12 @@ import torch
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import AttentionMethod, dense_if_budget_covers
+from scoutbench.methods.base import (
+    DENSE_LAYERS_FIELD,
+    AttentionMethod,
+    dense_if_budget_covers,
+    dense_layers_of,
+)
 from scoutbench.throughput import BUDGET_FIELDS, build_method, method_field_names
 from scoutbench.timing import StageTimer
 
@@ -39,15 +44,25 @@ class MethodSpec:
         method = self.build()
         try:
             return {"method": METHODS.canonical(self.name), "method_config": method.config(),
-                    "method_repr": repr(method)}
+                    "method_repr": repr(method), "dense_layers": dense_layers_of(method)}
         finally:
             method.close()
 
 
-def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: int | None = None) -> MethodSpec:
-    """Resolve `--budget` into the method's `budget` field; a method without one (FullKV) rejects it rather than
-    silently ignore it."""
+def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: int | None = None,
+                dense_layers: int | None = None) -> MethodSpec:
+    """Resolve `--budget` and `--dense-layers` into the method's `budget` and dense-layers fields; a method without
+    one (FullKV) rejects it rather than silently ignore it."""
     args = dict(method_args or {})
+    if dense_layers is not None:
+        fields = method_field_names(name)
+        if DENSE_LAYERS_FIELD not in fields:
+            raise UsageError(f"--dense-layers: method {name!r} keeps no dense layers (it is dense everywhere or has "
+                             "no such field); drop --dense-layers")
+        if DENSE_LAYERS_FIELD in args:
+            raise UsageError(f"--dense-layers and --method-arg {DENSE_LAYERS_FIELD}= both set {name}'s dense layers; "
+                             "use one")
+        args[DENSE_LAYERS_FIELD] = dense_layers
     if budget is not None:
         fields = method_field_names(name)
         target = next((f for f in BUDGET_FIELDS if f in fields), None)

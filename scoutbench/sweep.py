@@ -43,6 +43,7 @@ class Grid:
     budgets: tuple[int | None, ...] = (None,)
     block_sizes: tuple[int | None, ...] = (None,)
     method_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    dense_layers: int | None = None  # one setting for every sparse method of the sweep (None: their default)
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def expand(grid: Grid) -> list[SweepPoint]:
     points: dict[SweepPoint, None] = {}
     for length, batch, method, budget, block_size, common in itertools.product(
             grid.lengths, grid.batches, grid.methods, grid.budgets, grid.block_sizes, combos):
-        args = method_args_for(method, common, budget, block_size, used)
+        args = method_args_for(method, common, budget, block_size, used, grid.dense_layers)
         points[SweepPoint(method, length, batch, tuple(sorted(args.items())))] = None
     check_all_used({k: None for k in keys}, used, list(grid.methods))
     return list(points)

@@ -37,6 +37,8 @@ def _common_options(func):
         click.option("--model", default="smollm2-135m", show_default=True,
                      help="smollm2-135m or qwen2.5-0.5b (real, offline), a local folder or a Hugging Face id."),
         click.option("--budget", default=None, help=BUDGET_HELP),
+        click.option("--dense-layers", default=None, type=click.IntRange(min=0),
+                     help="First layers the sparse method keeps dense (default: the methods' shared 2)."),
         click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
                      help="Set a method field (repeatable)."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
@@ -85,8 +87,8 @@ def _expand_datasets(names: tuple[str, ...]) -> list[str]:
 @click.option("-o", "--output", "out_dir", default="results/runs/accuracy", show_default=True,
               help="Output folder (predictions + result.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")
-def command(datasets, method, model, budget, method_args, device, dtype, seed, data_dir, limit, max_length,
-            context_len, depth, out_dir, as_json) -> None:
+def command(datasets, method, model, budget, dense_layers, method_args, device, dtype, seed, data_dir, limit,
+            max_length, context_len, depth, out_dir, as_json) -> None:
     """Accuracy of a method on LongBench (official prompts, truncation and metrics) or passkey retrieval.
 
     Predictions are resumable: rerunning the same command skips finished samples.
@@ -105,7 +107,7 @@ def command(datasets, method, model, budget, method_args, device, dtype, seed, d
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     names = _expand_datasets(datasets)
-    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"))
+    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"), dense_layers)
     passkey_len = _parse_len(context_len, "--len")
     length_limit = _parse_len(max_length, "--max-length")
     if depth is not None and not 0.0 <= depth <= 1.0:
@@ -179,8 +181,8 @@ def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> 
               help="Also write the result JSON to this file.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")
-def fidelity_command(method, model, budget, method_args, device, dtype, seed, context_len, steps, num_prompts,
-                     out_file, overwrite, as_json) -> None:
+def fidelity_command(method, model, budget, dense_layers, method_args, device, dtype, seed, context_len, steps,
+                     num_prompts, out_file, overwrite, as_json) -> None:
     """A method against FullKV on the same prompts, teacher-forced on FullKV's greedy tokens: top-1 agreement,
     KL(FullKV || method) and final-hidden-state cosine, per step and overall."""
     from rich.console import Console
@@ -196,7 +198,7 @@ def fidelity_command(method, model, budget, method_args, device, dtype, seed, co
         raise UsageError("--steps and --prompts must be at least 1")
     from scoutbench.results import check_writable
 
-    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"))
+    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"), dense_layers)
     context_tokens = _parse_len(context_len)
     if out_file:
         check_writable(out_file, overwrite, single_file=True)

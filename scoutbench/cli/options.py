@@ -35,11 +35,13 @@ def expand_methods(names: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def method_args_for(method: str, common: dict[str, Any], budget: int | None, block_size: int | None,
-                    used: set[str]) -> dict[str, Any]:
-    """The args that apply to `method`: shared `--method-arg`s it has a field for, plus --budget/--block-size.
+                    used: set[str], dense_layers: int | None = None) -> dict[str, Any]:
+    """The args that apply to `method`: shared `--method-arg`s it has a field for, plus --budget/--block-size
+    and --dense-layers (every method that keeps its first layers dense has the one field they set).
 
     `used` collects the keys some method accepted, so a key no method knows can be reported as an error.
     """
+    from scoutbench.methods.base import DENSE_LAYERS_FIELD
     from scoutbench.throughput import BUDGET_FIELDS, method_field_names
 
     fields = method_field_names(method)
@@ -55,6 +57,14 @@ def method_args_for(method: str, common: dict[str, Any], budget: int | None, blo
     if block_size is not None and "block_size" in fields:
         args["block_size"] = block_size
         used.add("--block-size")
+    if dense_layers is not None:
+        used.add("--dense-layers given")
+        if DENSE_LAYERS_FIELD in fields:
+            if DENSE_LAYERS_FIELD in common:
+                raise UsageError(f"--dense-layers and --method-arg {DENSE_LAYERS_FIELD}= both set {method}'s dense "
+                                 "layers; use --dense-layers alone (it applies to every selected method)")
+            args[DENSE_LAYERS_FIELD] = dense_layers
+            used.add("--dense-layers")
     return args
 
 
@@ -62,6 +72,9 @@ def check_all_used(common: dict[str, Any], used: set[str], methods: list[str]) -
     if "--budget given" in used and "--budget" not in used:
         raise UsageError(f"--budget: no selected method has a token budget ({', '.join(methods)}); drop --budget "
                          "or select a sparse method (see `scoutbench methods`)")
+    if "--dense-layers given" in used and "--dense-layers" not in used:
+        raise UsageError(f"--dense-layers: no selected method keeps dense layers ({', '.join(methods)} attend every "
+                         "layer densely); drop --dense-layers or select a sparse method")
     unknown = [k for k in common if k not in used]
     if unknown:
         raise UsageError(f"--method-arg {unknown[0]!r} is not a field of any selected method ({', '.join(methods)}); "

@@ -14,9 +14,12 @@ from scoutbench.units import format_length, parse_bytes, parse_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
 DEFAULT_OUTPUT = "results/runs"
-# The no-argument run: the attention-dominated bench-attn shape at 32k (synthetic prefill, since its weights are
-# random), the regime where sparse methods beat FullKV even on a CPU; every method in under a minute on 2 cores.
-DEFAULT_MODEL = "bench-attn"
+# The no-argument run, per device type. CUDA: the paper's setup (Qwen3-14B shape, bf16, every method's default
+# budget 2048 and block 32). CPU: bench-attn16, the paper models' dense share (2 of 16 layers) and GQA group (4)
+# with a small hidden size, so that attention dominates a step as at long context on a GPU; every method in about
+# a minute on 2 cores. Both at 32k with a synthetic prefill (the weights are random), every method with the same
+# dense layers.
+DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
 DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compared methods; `--method all` adds ablations
 
@@ -25,8 +28,9 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
 @click.option("--method", "methods", multiple=True, metavar="NAME",
               help="Method to run (repeatable), or 'all' for every registered one, ablations included "
                    f"(default: {', '.join(DEFAULT_METHODS)}).")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Built-in name (tiny-qwen3, bench-attn, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
+@click.option("--model", default=None,
+              help="Built-in name (tiny-qwen3, bench-attn16, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face "
+                   f"id (default: {DEFAULT_MODELS['cuda']} on CUDA, {DEFAULT_MODELS['cpu']} on CPU).")
 @click.option("--len", "length", default=DEFAULT_LEN, show_default=True,
               help="Prompt tokens per sequence: 4096, 4k (=4096), 64k, 1m.")
 @click.option("--batch", default="1", show_default=True,
@@ -48,6 +52,8 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
               help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
 @click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
 @click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0),
+              help="First layers every selected sparse method keeps dense (default: the methods' shared default, 2).")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="Set a method field (repeatable); applies to the selected methods that have it.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
@@ -56,10 +62,10 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
 @click.option("--force", is_flag=True, help="Run even when the planned memory exceeds the free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
-            budget, block_size, method_args, output, overwrite, force, as_json):
-    """Decode throughput and latency breakdown. With no arguments: the compared methods on the bench-attn shape
-    (attention-dominated, random weights) at 32k with a synthetic prefill, where sparse methods pull ahead of
-    FullKV; under a minute on two idle CPU cores."""
+            budget, block_size, dense_layers, method_args, output, overwrite, force, as_json):
+    """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
+    prefill, on the paper's Qwen3-14B shape (bf16) on CUDA, or on a CPU on bench-attn16 (16 layers of which 2
+    dense, GQA group 4, attention-dominated; about a minute on two idle cores)."""
     from rich.console import Console
 
     from scoutbench.errors import UsageError
@@ -73,6 +79,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
+    model = model or DEFAULT_MODELS["cuda" if resolved.type == "cuda" else "cpu"]
     batch = _parse_batch(batch)
     if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
@@ -84,7 +91,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     names = expand_methods(methods or DEFAULT_METHODS)
     common = parse_method_args(method_args)
     used: set[str] = set()
-    per_method = {name: method_args_for(name, common, budget_tokens, block_size, used) for name in names}
+    per_method = {name: method_args_for(name, common, budget_tokens, block_size, used, dense_layers)
+                  for name in names}
     check_all_used(common, used, names)
     out_path = Path(output)
     single_file = out_path.suffix == ".json"
@@ -170,6 +178,7 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
 def _summary(result, path):
     return {"method": result["method"], "model": result["model"]["name"], "len": result["workload"]["len"],
             "batch": result["workload"]["batch"], "decode_throughput_tok_s": result["decode_throughput_tok_s"],
+            "dense_layers": result["dense_layers"],
             "decode_step_ms": result["decode_step_ms"], "gpu_idle_frac": result["gpu_idle_frac"],
             "main_thread_wait_frac": result["main_thread_wait_frac"], "tiers": result["tiers"],
             "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
@@ -185,17 +194,24 @@ def _table(results):
     from rich.table import Table
 
     first = results[0]
+    dense = sorted({r.get("dense_layers") for r in results} - {None})  # FullKV has none: dense everywhere
+    mixed_dense = len(dense) > 1  # methods compared with different dense layers: say so on every row
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
-                        f"len {first['workload']['len']}, batch {first['workload']['batch']} (ms/step)",
+                        f"len {first['workload']['len']}, batch {first['workload']['batch']}"
+                        + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("method", no_wrap=True)
+    if mixed_dense:
+        table.add_column("dense", justify="right", no_wrap=True)
     wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
     for header in ("tok/s", "step", "vs full", wait_header, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
     base = next((r["decode_throughput_tok_s"] for r in results if r["method"] in ("fullkv", "full")), None)
     for r in results:
         speedup = f"{r['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
-        row = [r["method"], f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
+        dense_cell = "-" if r.get("dense_layers") is None else str(r["dense_layers"])
+        row = [r["method"], *([dense_cell] if mixed_dense else []),
+               f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}", speedup,
                f"{100 * (wait_frac(r) or 0.0):.1f}"]
         breakdown = r["latency_breakdown_ms"]
         row += [f"{sum(breakdown[s] for s in stages):.2f}" for g, stages in STAGE_GROUPS.items() if g != "idle"]
