@@ -28,6 +28,7 @@ from scoutbench.kernels.offload import (
     token_chunks,
 )
 from scoutbench.methods.base import (
+    DEFAULT_DENSE_LAYERS,
     AttentionMethod,
     Footprint,
     MethodContext,
@@ -122,7 +123,7 @@ class ScoutAttention(AttentionMethod):
 
     budget: int = 2048
     block_size: int = 32
-    dense_layers: int = 2
+    dense_layers: int = DEFAULT_DENSE_LAYERS
     sink_blocks: int = 1
     local_blocks: int = 1
     pc: bool = True
@@ -246,7 +247,7 @@ class ScoutAttention(AttentionMethod):
         self._batch_index = torch.arange(B, device=dev)
         self._arange_k = torch.arange(k, device=dev)
         self._plans: dict[int, _Plan] = {}
-        self._pool = CpuWorkerPool(self.cpu_workers)
+        self._pool = CpuWorkerPool(self.cpu_workers, shares_cores=not self._cuda)
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 
