@@ -17,7 +17,7 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import PartialState, merge_states, partial_attention
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
-from scoutbench.kernels.digest import DigestTable, select_top_blocks
+from scoutbench.kernels.digest import CandidateBlocks, DigestTable
 from scoutbench.kernels.offload import (
     DONE,
     PREFILL_CHUNK_TOKENS,
@@ -311,7 +311,7 @@ class ScoutAttention(AttentionMethod):
                     dev_v[seq, :, slot * b: slot * b + count].copy_(v[seq, :, j * b: j * b + count])
         # initial resident set: top-k_sel selectable blocks for the last prompt query
         positions = lengths.to(self.ctx.device)
-        ids, valid, _ = self._select(layer, q_obs[:, :, -1], positions, max(lengths_host))
+        ids, valid, _ = self._select(layer, q_obs[:, :, -1], self._selectable(positions, max(lengths_host)))
         valid = self._initial_selection(layer, ids, valid)
         ids_host, valid_host = ids.cpu(), valid.cpu()
         bh, kk = valid_host.view(B * Hkv, -1).nonzero(as_tuple=True)
@@ -341,6 +341,7 @@ class ScoutAttention(AttentionMethod):
         if self._L > self._dense:
             self._keep_leaving_blocks(step)
             self._step_bias(pos)
+            self._step_selectable = self._selectable(pos, max(step.positions_host))
             if not step.uniform:
                 self._ring_row = (self.k_sel + self.sink_blocks + (pos // b) % self._n_ring) * b + pos % b
         self._steps += 1
@@ -462,31 +463,33 @@ class ScoutAttention(AttentionMethod):
             self._plans.clear()
 
     # ------------------------------------------------------------------ selection and the CPU part
-    def _select(self, layer: int, q: torch.Tensor, positions: torch.Tensor, max_position: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Top-k_sel selectable blocks for query `q` `[B, Hq, D]` when the new token sits at `positions`.
-
-        Selectable: complete blocks `j` with `sink_blocks <= j < tail - local_blocks`. Returns ids `[B, Hkv, k_sel]`
-        (descending score, padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`.
-        """
+    def _selectable(self, positions: torch.Tensor, max_position: int) -> tuple[CandidateBlocks, torch.Tensor]:
+        """The blocks a selection may pick when the new token sits at `positions` (complete blocks `j` with
+        `sink_blocks <= j < tail - local_blocks`), and which of the k_sel selections are valid `[B, Hkv, k_sel]`.
+        The same for every layer of a step: `begin_step` builds them once."""
         b = self.block_size
         num_scored = max(1, max_position // b)
-        scores = self._digests.scores(layer, q, num_scored)
         limit = (positions // b - self.local_blocks).clamp(min=0)
         excluded = None
         if self.sink_blocks:
-            excluded = (torch.arange(num_scored, device=scores.device) < self.sink_blocks)[None, None, :]
-        ids, count = select_top_blocks(scores, limit, self.k_sel, excluded)
-        ids = pad_last(ids, self.k_sel)
-        count = count.expand(scores.shape[0], scores.shape[1])  # [B, 1] when nothing is excluded per head
-        valid = self._arange_k[None, None, :] < count[:, :, None]
-        return ids, valid, scores
+            excluded = (torch.arange(num_scored, device=positions.device) < self.sink_blocks)[None, None, :]
+        candidates = CandidateBlocks.build(num_scored, limit, self.k_sel, excluded, positions.device)
+        count = candidates.count.expand(positions.shape[0], self.ctx.num_kv_heads)  # [B, 1]: nothing excluded per head
+        return candidates, self._arange_k[None, None, :] < count[:, :, None]
+
+    def _select(self, layer: int, q: torch.Tensor, selectable: tuple[CandidateBlocks, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
+        padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
+        candidates, valid = selectable
+        scores = self._digests.scores(layer, q, candidates.allowed.shape[-1])
+        return pad_last(candidates.top(scores), self.k_sel), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
         table = self._tables[layer]
         table.poll()
-        ids, valid, scores = self._select(layer, q, self.step.positions, max(self.step.positions_host))
+        ids, valid, scores = self._select(layer, q, self._step_selectable)
         on_dev, pending, slot = table.split(ids, valid)
         on_cpu = valid & ~on_dev
         order = torch.argsort((~on_cpu).to(torch.uint8), dim=-1, stable=True)  # CPU blocks first, by score

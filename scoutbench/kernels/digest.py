@@ -8,6 +8,8 @@ the whole group and is still an upper bound for each of its heads. Digests exist
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, token_chunks
@@ -72,19 +74,35 @@ def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: i
     Returns (ids `[B, Hkv, k']` int64 with the valid selections first, in descending score order;
     count `[B, Hkv]` of valid selections), where `k' = min(k, nB)`.
     """
-    num_blocks = scores.shape[-1]
-    k = min(k, num_blocks)
-    if k <= 0:
-        empty = torch.zeros(*scores.shape[:2], 0, dtype=torch.long, device=scores.device)
-        return empty, torch.zeros(scores.shape[:2], dtype=torch.long, device=scores.device)
-    block_index = torch.arange(num_blocks, device=scores.device)
-    allowed = block_index[None, None, :] < num_valid_blocks.to(scores.device)[:, None, None]
-    if excluded is not None:
-        allowed = allowed & ~excluded
-    masked = scores.masked_fill(~allowed, float("-inf"))
-    _, ids = torch.topk(masked, k, dim=-1, sorted=True)
-    count = allowed.sum(dim=-1).clamp(max=k).expand(scores.shape[:2])
-    return ids, count
+    candidates = CandidateBlocks.build(scores.shape[-1], num_valid_blocks, k, excluded, scores.device)
+    return candidates.top(scores), candidates.count.expand(scores.shape[:2])
+
+
+@dataclass(frozen=True)
+class CandidateBlocks:
+    """The blocks a top-k may pick: the first `num_valid_blocks[b]` of `num_blocks`, minus `excluded`. It depends
+    on the positions only, so a method selecting in every layer of a step builds it once per step."""
+
+    allowed: torch.Tensor  # bool [B, 1 or Hkv, nB]
+    count: torch.Tensor  # [B, 1 or Hkv]: valid selections, min(k, allowed blocks)
+    k: int  # selections per row, min(k, nB)
+
+    @classmethod
+    def build(cls, num_blocks: int, num_valid_blocks: torch.Tensor, k: int, excluded: torch.Tensor | None,
+              device: torch.device) -> CandidateBlocks:
+        block_index = torch.arange(num_blocks, device=device)
+        allowed = block_index[None, None, :] < num_valid_blocks.to(device)[:, None, None]
+        if excluded is not None:
+            allowed = allowed & ~excluded
+        k = max(0, min(k, num_blocks))
+        return cls(allowed, allowed.sum(dim=-1).clamp(max=k), k)
+
+    def top(self, scores: torch.Tensor) -> torch.Tensor:
+        """ids `[B, Hkv, k]` (int64) of the highest `scores` `[B, Hkv, nB]` among the candidates, the valid
+        `count` first, in descending score order."""
+        if self.k == 0:
+            return torch.zeros(*scores.shape[:2], 0, dtype=torch.long, device=scores.device)
+        return torch.topk(scores.masked_fill(~self.allowed, float("-inf")), self.k, dim=-1, sorted=True).indices
 
 
 def digest_score_dtype(kv_dtype: torch.dtype, device_type: str) -> torch.dtype:
