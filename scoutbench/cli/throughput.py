@@ -21,6 +21,8 @@ DEFAULT_OUTPUT = "results/runs"
 # dense layers.
 DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
+# (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
+DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
 DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compared methods; `--method all` adds ablations
 
 
@@ -40,8 +42,11 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
               "device's usable memory; required on CPU).")
 @click.option("--host-mem", default=None, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB "
               "(default: this machine's available memory).")
-@click.option("--steps", default=16, show_default=True, type=int, help="Timed decode steps.")
-@click.option("--warmup", default=3, show_default=True, type=int, help="Untimed decode steps first.")
+@click.option("--steps", default=None, type=int,
+              help=f"Timed decode steps (default {DEFAULT_STEPS['cuda'][0]} on CUDA, {DEFAULT_STEPS['cpu'][0]} on CPU).")
+@click.option("--warmup", default=None, type=int,
+              help=f"Untimed decode steps first (default {DEFAULT_STEPS['cuda'][1]} on CUDA, "
+                   f"{DEFAULT_STEPS['cpu'][1]} on CPU).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default=None, help="float32|bfloat16|float16 (fp32/bf16/fp16); default fp32 on CPU, bf16 on CUDA.")
 @click.option("--seed", default=0, show_default=True, type=SEED)
@@ -64,8 +69,8 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
             budget, block_size, dense_layers, method_args, output, overwrite, force, as_json):
     """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
-    prefill, on the paper's Qwen3-14B shape (bf16) on CUDA, or on a CPU on bench-attn16 (16 layers of which 2
-    dense, GQA group 4, attention-dominated; about a minute on two idle cores)."""
+    prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
+    which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
     from rich.console import Console
 
     from scoutbench.errors import UsageError
@@ -79,7 +84,10 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
-    model = model or DEFAULT_MODELS["cuda" if resolved.type == "cuda" else "cpu"]
+    kind = "cuda" if resolved.type == "cuda" else "cpu"
+    model = model or DEFAULT_MODELS[kind]
+    steps = DEFAULT_STEPS[kind][0] if steps is None else steps
+    warmup = DEFAULT_STEPS[kind][1] if warmup is None else warmup
     batch = _parse_batch(batch)
     if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
