@@ -4,7 +4,7 @@ Runs `scoutbench.throughput.run_throughput` for each method, `--repeats` times i
 hits every method alike), keeps each method's run with the lowest median step, and prints the step time, the ratio
 to FullKV, the per-stage breakdown and ScoutAttention's CPU compute ratio, recall and idle statistics.
 
-    python benchmarks/bench_scout_vs_fullkv.py                       # bench-attn, 32k, bf16, synthetic prefill
+    python benchmarks/bench_scout_vs_fullkv.py    # bench-attn16 (16 layers, 2 dense), 32k, fp32, synthetic prefill
     python benchmarks/bench_scout_vs_fullkv.py --variant scout:dense_layers=0 --repeats 3
 """
 
@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from scoutbench.throughput import ThroughputConfig, run_throughput
-from scoutbench.units import parse_length
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
+
+from scoutbench.throughput import ThroughputConfig, run_throughput  # noqa: E402
+from scoutbench.units import parse_length  # noqa: E402
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
 
@@ -28,9 +31,9 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="bench-attn")
+    parser.add_argument("--model", default="bench-attn16")
     parser.add_argument("--len", default="32k")
-    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)

@@ -46,7 +46,7 @@ def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | 
                    "(Fig. 11), ablation (Fig. 12); at --scale cpu a CPU-only measurement, not the paper's figure. "
                    "Any axis flag below overrides the preset's.")
 @click.option("--scale", type=click.Choice(["paper", "cpu"]), default=None,
-              help="Preset sizes: paper (Qwen3-14B, 8k-64k, GPU) or cpu (bench-attn, 4k-32k, minutes on 2 cores). "
+              help="Preset sizes: paper (Qwen3-14B, 8k-64k, GPU) or cpu (bench-attn16, 4k-32k, minutes on 2 cores). "
                    "Default: paper on CUDA, cpu otherwise.")
 @click.option("--method", "methods", multiple=True, metavar="NAME", help="Method (repeatable or a,b), or 'all'.")
 @click.option("--len", "lengths", multiple=True, metavar="N", help="Prompt tokens (repeatable or 4k,8k; k = 1024).")
