@@ -493,9 +493,9 @@ class ScoutAttention(AttentionMethod):
         on_dev, pending, slot = table.split(ids, valid)
         on_cpu = valid & ~on_dev
         order = torch.argsort((~on_cpu).to(torch.uint8), dim=-1, stable=True)  # CPU blocks first, by score
-        if self.pr:
+        if self._recall_due(layer):
             victims, available = table.victims(ids, valid, scores)
-        else:  # no recall will read them
+        else:  # no recall will read them this step
             victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
         counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, table.resident_count()], dim=-1)
         payload = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
@@ -611,6 +611,11 @@ class ScoutAttention(AttentionMethod):
         return region_attention(q, self._dev_k[layer], self._dev_v[layer], self.ctx.scale, self._bias)
 
     # ------------------------------------------------------------------ periodic recall
+    def _recall_due(self, layer: int) -> bool:
+        """Whether layer `layer` may recall after its attention this step (its plan then needs the eviction order):
+        the periodic recall knows it in advance; the reactive trigger (beta_trigger) decides only after the CPU part."""
+        return self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer])
+
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
         self._since[layer] += 1
         if self._since[layer] < self._intervals[layer]:
