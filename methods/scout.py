@@ -244,6 +244,7 @@ class ScoutAttention(AttentionMethod):
         self._copy = CopyStream(dev)
         self._bh_host = torch.arange(B * Hkv).view(B, Hkv)  # host row index b * Hkv + h, for the worker
         self._bias = torch.zeros((B, Hkv, 1, self._region), dtype=dtype, device=dev)
+        self._pool_bias = self._bias[:, :, 0, : k * b].view(B, Hkv, k, b)
         self._batch_index = torch.arange(B, device=dev)
         self._arange_k = torch.arange(k, device=dev)
         self._plans: dict[int, _Plan] = {}
@@ -603,10 +604,8 @@ class ScoutAttention(AttentionMethod):
 
     def _device_partial(self, layer: int, q: torch.Tensor, plan: _Plan) -> PartialState:
         """Exact attention of the true query over the resident selected blocks and the always-on blocks."""
-        b = self.block_size
-        pool_bias = torch.zeros(plan.pool_use.shape, dtype=self._bias.dtype, device=q.device)
-        pool_bias.masked_fill_(~plan.pool_use, float("-inf"))
-        self._bias[:, :, 0, : self.k_sel * b].view(*pool_bias.shape, b).copy_(pool_bias.unsqueeze(-1).expand(-1, -1, -1, b))
+        pool_bias = self._pool_bias  # the pool slots' part of the mask, per token
+        pool_bias.fill_(float("-inf")).masked_fill_(plan.pool_use.unsqueeze(-1), 0.0)
         self._log_event("device", layer)
         return region_attention(q, self._dev_k[layer], self._dev_v[layer], self.ctx.scale, self._bias)
 
