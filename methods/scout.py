@@ -248,7 +248,7 @@ class ScoutAttention(AttentionMethod):
         self._batch_index = torch.arange(B, device=dev)
         self._arange_k = torch.arange(k, device=dev)
         self._plans: dict[int, _Plan] = {}
-        self._pool = CpuWorkerPool(self.cpu_workers, shares_cores=not self._cuda)
+        self._pool = CpuWorkerPool(self.cpu_workers)
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 

@@ -148,16 +148,13 @@ class CopyStream:
 class CpuWorkerPool:
     """A small thread pool for CPU attention tasks (one worker serves the layer-ahead pipeline in order).
 
-    `shares_cores` (a CPU-only run: the main thread's "device" work runs on the same cores): each worker runs its
-    torch ops on one intra-op thread. A parallel op waits at its barriers for every thread of its team, so two
-    2-thread teams on 2 cores stall each other: ScoutAttention's digest scoring on the main thread took 0.45 ms
-    alone, 4.2 ms beside a worker's 2-thread CPU attention and 0.55 ms beside a 1-thread one. torch's thread count
-    is per thread under OpenMP, so the main thread keeps its own. On CUDA the worker is the only CPU-heavy thread
-    and keeps every core.
+    `intra_op_threads` (None: torch's, as the main thread): each worker's torch thread count, which under OpenMP is
+    per thread, so the main thread keeps its own. On a CPU-only run the worker shares the cores with the main
+    thread's "device" work, and what that costs depends on the method's overlap (docs/platform.md).
     """
 
-    def __init__(self, workers: int = 1, shares_cores: bool = False):
-        initializer = (lambda: torch.set_num_threads(1)) if shares_cores else None
+    def __init__(self, workers: int = 1, intra_op_threads: int | None = None):
+        initializer = None if intra_op_threads is None else (lambda: torch.set_num_threads(intra_op_threads))
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scoutbench-cpu",
                                            initializer=initializer)
 
