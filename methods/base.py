@@ -126,7 +126,7 @@ class AttentionMethod:
     def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        lengths: torch.Tensor) -> None:
         """q_obs `[B, Hq, W, D]`: queries of each prompt's last W tokens; k/v `[B, Hkv, N, D]`, right-padded to N,
-        valid up to lengths[b]."""
+        valid up to lengths[b]. The engine may reuse these tensors for the next layer: copy what you keep."""
         raise NotImplementedError
 
     def begin_step(self, step: StepInfo) -> None:
