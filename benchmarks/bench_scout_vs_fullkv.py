@@ -11,6 +11,7 @@ to FullKV, the per-stage breakdown and ScoutAttention's CPU compute ratio, recal
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 
@@ -55,6 +56,7 @@ def main() -> None:
                                    length=parse_length(args.len), batch=1, steps=args.steps, warmup=args.warmup,
                                    device=args.device, dtype=args.dtype, prefill="synthetic")
             result = run_throughput(cfg)
+            gc.collect()  # free this run's KV before the next run's memory check (as the sweep runner does)
             if label not in best or result["decode_step_ms"]["median"] < best[label]["decode_step_ms"]["median"]:
                 best[label] = result
     base = best.get("fullkv")
