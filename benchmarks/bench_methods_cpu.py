@@ -16,7 +16,6 @@ the way they do on a GPU box; the breakdown shows where each method spends its s
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 
@@ -77,7 +76,6 @@ def main() -> None:
         rows = []
         for name in methods:
             result = run(name, length, args.steps)
-            gc.collect()  # free this run's KV before the next run's memory check (as the sweep runner does)
             results.append(result)
             rows.append((name, result))
         reference = dict(rows).get("fullkv")

@@ -11,13 +11,13 @@ to FullKV, the per-stage breakdown and ScoutAttention's CPU compute ratio, recal
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
-from scoutbench.throughput import ThroughputConfig, run_throughput  # noqa: E402
+from scoutbench.models import load_model  # noqa: E402
+from scoutbench.throughput import ThroughputConfig, resolve_device, resolve_dtype, run_throughput  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
@@ -49,14 +49,17 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
     variants = [parse_variant(v) for v in (args.variant or ["fullkv", "scout", "scout:dense_layers=0"])]
+    device = resolve_device(args.device)
+    # one model for every run, as the throughput command does (a model loaded inside each run kept that run's
+    # frame, its KV storage included, alive until a full garbage collection: the next 32k FullKV run was refused)
+    loaded = load_model(args.model, device, resolve_dtype(args.dtype, device))
     best: dict[str, dict] = {}
     for _ in range(args.repeats):
         for label, method, method_args in variants:
             cfg = ThroughputConfig(method=method, method_args=method_args, model=args.model,
                                    length=parse_length(args.len), batch=1, steps=args.steps, warmup=args.warmup,
                                    device=args.device, dtype=args.dtype, prefill="synthetic")
-            result = run_throughput(cfg)
-            gc.collect()  # free this run's KV before the next run's memory check (as the sweep runner does)
+            result = run_throughput(cfg, loaded)
             if label not in best or result["decode_step_ms"]["median"] < best[label]["decode_step_ms"]["median"]:
                 best[label] = result
     base = best.get("fullkv")

@@ -408,6 +408,8 @@ class HGCA(AttentionMethod):
     def close(self) -> None:
         if hasattr(self, "pool"):
             self.pool.close()
+            self._deferred.clear()  # its bound methods hold this method: no reference cycle outlives the run
+            self._host_writes.clear()
         if hasattr(self, "_host_arena"):
             self._host_arena.release()
 

@@ -10,6 +10,7 @@ in HF's order and layout, so with the same attention function the logits are bit
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -50,10 +51,14 @@ class DecodeEngine:
     # ------------------------------------------------------------------ setup
     def start(self, batch: int, max_len: int) -> None:
         """Bind the method to this model and run shape; storage for `max_len` tokens per sequence."""
+        # the method keeps its context, so a bound `self.predict_query` would make engine -> method -> engine a
+        # reference cycle: a finished run's KV storage (GBs) then lived on until the next full garbage collection
+        predict_query = weakref.WeakMethod(self.predict_query)
         ctx = MethodContext(
             num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim, scale=self.scale, batch=batch, max_len=max_len, device=self.device,
-            dtype=self.dtype, timer=self.timer, predict_query=self.predict_query,
+            dtype=self.dtype, timer=self.timer,
+            predict_query=lambda *args, **kwargs: predict_query()(*args, **kwargs),
         )
         self.method.bind(ctx)
         self.step_index = 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 from pathlib import Path
@@ -177,7 +176,6 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
                     path = write_json_unique(folder / name, result)
                 results.append(result)
                 paths.append(str(path))
-                gc.collect()  # the finished method's storage (held in a reference cycle) before the next one binds
     except BaseException:
         if paths:
             console.print(f"kept {len(paths)} finished result(s): {', '.join(paths)}", highlight=False)
