@@ -1,8 +1,9 @@
 """One decode step of every compared method on CPU, same model and same context, with the per-stage breakdown.
 
 Methods: FullKV, Quest, InfiniGen, HGCA and ScoutAttention (skipped if its module is not installed), each with its
-defaults (budget 2048, block 32, ...). Model: the `bench-attn` preset (4 layers, 32 query heads, 8 KV heads,
-head_dim 128, attention-dominated), bf16, batch 1, synthetic prefill (random post-RoPE K/V) at each length.
+defaults (budget 2048, block 32, 2 dense layers, ...). Model: the `bench-attn16` preset of the default
+`scoutbench throughput` run (16 layers, 32 query heads, 8 KV heads, head_dim 128, hidden 256, attention-dominated),
+fp32, batch 1, synthetic prefill (random post-RoPE K/V) at each length.
 Each method runs through `scoutbench.throughput.run_throughput`, so the numbers are those `scoutbench throughput`
 reports: median step, mean ms per stage (StageTimer records), and the method's own statistics.
 
@@ -28,7 +29,7 @@ from scoutbench.throughput import ThroughputConfig, run_throughput
 from scoutbench.timing import STAGES
 from scoutbench.units import format_length, parse_length
 
-MODEL = "bench-attn"
+MODEL = "bench-attn16"
 
 
 def available_methods() -> list[str]:
@@ -60,16 +61,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(MODEL, "cpu", torch.bfloat16, seed=0)
+    loaded = load_model(MODEL, "cpu", torch.float32, seed=0)
     methods = available_methods()
 
     def run(name: str, length: int, steps: int) -> dict:
         cfg = ThroughputConfig(method=name, model=MODEL, length=length, batch=args.batch, steps=steps,
-                               warmup=args.warmup, device="cpu", dtype="bfloat16", prefill="synthetic",
+                               warmup=args.warmup, device="cpu", dtype="float32", prefill="synthetic",
                                command=["bench_methods_cpu"])
         return run_throughput(cfg, loaded)
 
-    run("fullkv", 1024, steps=4)  # process warm-up: the first bf16 calls of each kernel are far slower
+    run("fullkv", 1024, steps=4)  # process warm-up: the first calls of each kernel are slower
     results = []
     for length in (parse_length(text) for text in args.lens.split(",")):
         rows = []
@@ -78,7 +79,7 @@ def main() -> None:
             results.append(result)
             rows.append((name, result))
         reference = dict(rows).get("fullkv")
-        print(f"\n{MODEL} bf16 cpu, {torch.get_num_threads()} threads, batch {args.batch}, "
+        print(f"\n{MODEL} fp32 cpu, {torch.get_num_threads()} threads, batch {args.batch}, "
               f"context {format_length(length)}: ms per decode step (median) and mean ms per stage")
         print(f"{'method':10} {'step':>8} {'vs full':>8} " + " ".join(f"{s:>11}" for s in STAGES))
         for name, result in rows:

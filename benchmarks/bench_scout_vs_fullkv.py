@@ -4,7 +4,7 @@ Runs `scoutbench.throughput.run_throughput` for each method, `--repeats` times i
 hits every method alike), keeps each method's run with the lowest median step, and prints the step time, the ratio
 to FullKV, the per-stage breakdown and ScoutAttention's CPU compute ratio, recall and idle statistics.
 
-    python benchmarks/bench_scout_vs_fullkv.py                       # bench-attn, 32k, bf16, synthetic prefill
+    python benchmarks/bench_scout_vs_fullkv.py    # bench-attn16 (16 layers, 2 dense), 32k, fp32, synthetic prefill
     python benchmarks/bench_scout_vs_fullkv.py --variant scout:dense_layers=0 --repeats 3
 """
 
@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from scoutbench.throughput import ThroughputConfig, run_throughput
-from scoutbench.units import parse_length
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
+
+from scoutbench.models import load_model  # noqa: E402
+from scoutbench.throughput import ThroughputConfig, resolve_device, resolve_dtype, run_throughput  # noqa: E402
+from scoutbench.units import parse_length  # noqa: E402
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
 
@@ -28,9 +32,9 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="bench-attn")
+    parser.add_argument("--model", default="bench-attn16")
     parser.add_argument("--len", default="32k")
-    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
@@ -45,13 +49,17 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
     variants = [parse_variant(v) for v in (args.variant or ["fullkv", "scout", "scout:dense_layers=0"])]
+    device = resolve_device(args.device)
+    # one model for every run, as the throughput command does (a model loaded inside each run kept that run's
+    # frame, its KV storage included, alive until a full garbage collection: the next 32k FullKV run was refused)
+    loaded = load_model(args.model, device, resolve_dtype(args.dtype, device))
     best: dict[str, dict] = {}
     for _ in range(args.repeats):
         for label, method, method_args in variants:
             cfg = ThroughputConfig(method=method, method_args=method_args, model=args.model,
                                    length=parse_length(args.len), batch=1, steps=args.steps, warmup=args.warmup,
                                    device=args.device, dtype=args.dtype, prefill="synthetic")
-            result = run_throughput(cfg)
+            result = run_throughput(cfg, loaded)
             if label not in best or result["decode_step_ms"]["median"] < best[label]["decode_step_ms"]["median"]:
                 best[label] = result
     base = best.get("fullkv")

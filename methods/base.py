@@ -28,6 +28,17 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.timing import StageTimer
 
+# Every sparse method keeps its first layers dense (FullKV storage, `FullKV.for_layers`) through this one field,
+# with one default: a comparison then compares the same sparse layers (`--dense-layers` sets it for every method
+# at once). 2, after Quest §3.4: the first two layers are under 10% sparse in the models it measured.
+DENSE_LAYERS_FIELD = "dense_layers"
+DEFAULT_DENSE_LAYERS = 2
+
+
+def dense_layers_of(method: AttentionMethod) -> int | None:
+    """The layers a method keeps dense (None: it has no such field, e.g. FullKV, which is dense everywhere)."""
+    return getattr(method, DENSE_LAYERS_FIELD, None)
+
 
 @dataclass
 class StepInfo:
@@ -115,7 +126,7 @@ class AttentionMethod:
     def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        lengths: torch.Tensor) -> None:
         """q_obs `[B, Hq, W, D]`: queries of each prompt's last W tokens; k/v `[B, Hkv, N, D]`, right-padded to N,
-        valid up to lengths[b]."""
+        valid up to lengths[b]. The engine may reuse these tensors for the next layer: copy what you keep."""
         raise NotImplementedError
 
     def begin_step(self, step: StepInfo) -> None:

@@ -24,14 +24,21 @@ leaves the rest open (methods.md §6); our choices, all fields:
   In both policies the CPU metric counts (query head, token) pairs.
 - moving average: a <- ema_decay * a + (1 - ema_decay) * p, where p is the probability renormalised to the
   whole context, exp(logit - lse_merged) = p_cpu * exp(lse_cpu - lse_merged), for the computed tokens and 0 for
-  the others. It starts, for prompt tokens on the host, as the mean attention of the observed prompt queries
-  (their causal softmax over the prompt); a token that migrates to the host enters at its row's current maximum,
+  the others. It starts, for prompt tokens on the host, as the mean attention of the last `observed_queries`
+  prompt queries (their causal softmax over the prompt; 32, the SnapKV-style observation window of methods.md
+  §6.2: the engine observes 256, and all 256 made HGCA's prefill 8x the cost, 80 s of a 16-layer 32k run on 2
+  cores); a token that migrates to the host enters at its row's current maximum,
   so the CPU computes it at least once before the average judges it. The update, and the admission of migrated
-  tokens, are deferred: they reach the worker only after the next layer's CPU attention was submitted, so that
-  attention never queues behind them; they run in the worker's slack while the device finishes that layer. One
-  worker keeps them in order with the CPU attention that reads them (a second thread measured slower on a few
-  cores: its intra-op threads compete with the attention's).
-- layers below `dense_layers` (default none: HGCA is window + CPU, not query-aware) keep full KV on the device.
+  tokens, are deferred: they reach the worker only after the next sparse layer's CPU attention was submitted, so
+  that attention never queues behind them; they run in the worker's slack while the device finishes that layer.
+  Work of layer l itself is always submitted before layer l's next CPU attention, which reads it (with a single
+  sparse layer the next sparse layer is l itself, so there it cannot be deferred past it), and a migration
+  waits for the previous admission of its layer before reusing the staging buffer. One worker keeps them in
+  order with the CPU attention that reads them (a second thread measured slower on a few cores: its intra-op
+  threads compete with the attention's).
+- layers below `dense_layers` keep full KV on the device: 2 by default, the one default of every sparse method,
+  so that a comparison compares the same sparse layers (methods.md §6.5 treats layers 0 and 1 like the others,
+  HGCA being window + CPU, not query-aware: `dense_layers=0`, or `--dense-layers 0` for every method).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +62,7 @@ from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
 from scoutbench.methods.base import (
+    DEFAULT_DENSE_LAYERS,
     AttendedTokens,
     AttentionMethod,
     Footprint,
@@ -81,7 +90,8 @@ class HGCA(AttentionMethod):
     sink_tokens: int = 4  # first tokens always attended on the CPU
     migrate_block: int = 32  # tokens moved from the window to the host at once
     refresh_interval: int = 0  # every N-th step the CPU attends every host token (0 = never)
-    dense_layers: int = 0
+    observed_queries: int = 32  # last prompt queries whose mean attention starts the moving average
+    dense_layers: int = DEFAULT_DENSE_LAYERS  # as every sparse method: a comparison keeps the same layers dense
 
     def __post_init__(self) -> None:
         require(0.0 < self.window_share < 1.0, f"window_share must be in (0, 1), got {self.window_share}")
@@ -99,6 +109,7 @@ class HGCA(AttentionMethod):
         require(self.migrate_block >= 1, f"migrate_block must be >= 1, got {self.migrate_block}")
         require(self.refresh_interval >= 0, f"refresh_interval must be >= 0 (0 = never), got {self.refresh_interval}")
         require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+        require(self.observed_queries >= 1, f"observed_queries must be >= 1, got {self.observed_queries}")
 
     @property
     def window_tokens(self) -> int:
@@ -178,9 +189,13 @@ class HGCA(AttentionMethod):
         self._results_read: dict[int, Any] = {}
         self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
-        self.pool = CpuWorkerPool(1)
-        # moving-average updates and admissions of migrated tokens, held back until the next CPU attention is queued
-        self._deferred: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        # on a CPU-only run one intra-op thread: HGCA's host part runs beside the main thread's window attention
+        # and merge; with torch's 2 threads its steps were slower (bench-attn16 16k, docs/platform.md)
+        self.pool = CpuWorkerPool(1, intra_op_threads=None if ctx.device.type == "cuda" else 1)
+        # per layer: moving-average updates and admissions of migrated tokens, held back until the next CPU
+        # attention is queued, and the future of the last one submitted (a migration waits for it)
+        self._deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
+        self._host_writes: dict[int, Future] = {}
         self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
         self._split_device = torch.zeros(batch, dtype=torch.long, device=ctx.device)  # kept in step with `split`
         self.reset_stats()
@@ -199,10 +214,15 @@ class HGCA(AttentionMethod):
         self._submit_deferred()
         self.pool.submit(lambda: None).result()
 
-    def _submit_deferred(self) -> None:
-        for fn, args in self._deferred:
-            self.pool.submit(fn, *args)
-        self._deferred.clear()
+    def _submit_deferred(self, layer: int | None = None) -> None:
+        """Hand the deferred host updates to the worker: those of `layer` only, or all of them."""
+        kept = []
+        for owner, fn, args in self._deferred:
+            if layer is None or owner == layer:
+                self._host_writes[owner] = self.pool.submit(fn, *args)
+            else:
+                kept.append((owner, fn, args))
+        self._deferred = kept
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         if layer not in self.sparse_layers:
@@ -215,7 +235,7 @@ class HGCA(AttentionMethod):
             for host, window, source in ((self.host_k, self.window_k, k), (self.host_v, self.window_v, v)):
                 host[layer][b, :, :split].copy_(source[b, :, :split])
                 window[layer][b, :, : n - split].copy_(source[b, :, split:n])
-        self.observed_weights(q_obs, k, lengths, out=self.ema[layer])
+        self.observed_weights(q_obs[:, :, -self.observed_queries:], k, lengths, out=self.ema[layer])
 
     def observed_weights(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
                          out: torch.Tensor | None = None) -> torch.Tensor:
@@ -272,6 +292,7 @@ class HGCA(AttentionMethod):
         with ctx.timer.stage("attn_device"):
             write_tokens(window_k, k, *self._slots)
             write_tokens(window_v, v, *self._slots)
+        self._submit_deferred(layer)  # this layer's own updates: its CPU attention below reads them
         future = None
         if max(self.cpu_take) > 0:
             q_host, q_ready = q, None
@@ -280,7 +301,7 @@ class HGCA(AttentionMethod):
                 q_ready = self.copy.copy(q_host, q)
             future = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
                                       list(self.cpu_take), self._results_read.get(layer))
-        self._submit_deferred()  # behind this layer's CPU attention, ahead of the next layer's
+        self._submit_deferred()  # the other layers': behind this layer's CPU attention, ahead of the next one
         with ctx.timer.stage("attn_device"):
             span = max(self.window_len)
             device_part = partial_attention(q, window_k[:, :, :span], window_v[:, :, :span], ctx.scale,
@@ -363,7 +384,8 @@ class HGCA(AttentionMethod):
         if self._lse_host is not None:
             ready = self.copy.copy(self._lse_host[layer], lse_device)
             lse_device = self._lse_host[layer]
-        self._deferred.append((self._update_ema, (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
+        self._deferred.append((layer, self._update_ema,
+                               (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
 
     def _update_ema(self, layer: int, span: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
                     lse_device: torch.Tensor, ready: Any) -> None:
@@ -382,13 +404,16 @@ class HGCA(AttentionMethod):
     def _migrate(self, layer: int, b: int) -> None:
         """Move the oldest `migrate_block` window tokens of sequence b to the host (the split moves at end_step)."""
         block, length = self.migrate_block, self.window_len[b]
+        last_write = self._host_writes.pop(layer, None)
+        if last_write is not None:  # the previous admission of this layer still reads the staging buffer
+            last_write.result()
         for window, staging in zip((self.window_k[layer], self.window_v[layer]), self._staging[layer], strict=True):
             copied = self.copy.copy(staging[b], window[b, :, :block])
             copied.wait()  # the compute stream shifts the window only after the copy has read it
             scratch = self._shift_scratch[:, : length - block]
             scratch.copy_(window[b, :, block:length])
             window[b, :, : length - block].copy_(scratch)
-        self._deferred.append((self._admit, (layer, b, self.split[b], copied)))
+        self._deferred.append((layer, self._admit, (layer, b, self.split[b], copied)))
 
     def _admit(self, layer: int, b: int, start: int, copied: Any) -> None:
         """Worker thread, deferred like the moving average: the migrated tokens join the host cache, their moving average at the row's maximum."""
@@ -407,6 +432,8 @@ class HGCA(AttentionMethod):
     def close(self) -> None:
         if hasattr(self, "pool"):
             self.pool.close()
+            self._deferred.clear()  # its bound methods hold this method: no reference cycle outlives the run
+            self._host_writes.clear()
         if hasattr(self, "_host_arena"):
             self._host_arena.release()
 

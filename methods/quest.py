@@ -21,7 +21,14 @@ from scoutbench.kernels.attention import decode_attention
 from scoutbench.kernels.backends import PAGE_TOKENS
 from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
 from scoutbench.kernels.gather import gather_blocks, write_tokens
-from scoutbench.methods.base import Footprint, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.base import (
+    DEFAULT_DENSE_LAYERS,
+    Footprint,
+    MethodContext,
+    ModelShape,
+    StepInfo,
+    require,
+)
 from scoutbench.methods.fullkv import FullKV
 
 
@@ -32,7 +39,7 @@ class Quest(FullKV):
     name = "quest"
     budget: int = 2048  # tokens attended per (sequence, KV head) in a sparse layer, tail block included
     block_size: int = 32
-    dense_layers: int = 2  # the first layers stay dense (under 10% sparsity there, Quest §3.4)
+    dense_layers: int = DEFAULT_DENSE_LAYERS  # the first layers stay dense (under 10% sparsity there, Quest §3.4)
 
     def __post_init__(self) -> None:
         require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")

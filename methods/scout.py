@@ -17,7 +17,7 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import PartialState, merge_states, partial_attention
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
-from scoutbench.kernels.digest import DigestTable, select_top_blocks
+from scoutbench.kernels.digest import CandidateBlocks, DigestTable
 from scoutbench.kernels.offload import (
     DONE,
     PREFILL_CHUNK_TOKENS,
@@ -28,6 +28,7 @@ from scoutbench.kernels.offload import (
     token_chunks,
 )
 from scoutbench.methods.base import (
+    DEFAULT_DENSE_LAYERS,
     AttendedTokens,
     AttentionMethod,
     Footprint,
@@ -128,7 +129,7 @@ class ScoutAttention(AttentionMethod):
 
     budget: int = 2048
     block_size: int = 32
-    dense_layers: int = 2
+    dense_layers: int = DEFAULT_DENSE_LAYERS
     sink_blocks: int = 1
     local_blocks: int = 1
     pc: bool = True
@@ -249,6 +250,7 @@ class ScoutAttention(AttentionMethod):
         self._copy = CopyStream(dev)
         self._bh_host = torch.arange(B * Hkv).view(B, Hkv)  # host row index b * Hkv + h, for the worker
         self._bias = torch.zeros((B, Hkv, 1, self._region), dtype=dtype, device=dev)
+        self._pool_bias = self._bias[:, :, 0, : k * b].view(B, Hkv, k, b)
         self._batch_index = torch.arange(B, device=dev)
         self._bh_rows = torch.arange(B * Hkv, device=dev)  # row b * Hkv + h of every (sequence, KV head)
         self._arange_k = torch.arange(k, device=dev)
@@ -320,7 +322,7 @@ class ScoutAttention(AttentionMethod):
                     dev_v[seq, :, slot * b: slot * b + count].copy_(v[seq, :, j * b: j * b + count])
         # initial resident set: top-k_sel selectable blocks for the last prompt query
         positions = lengths.to(self.ctx.device)
-        ids, valid, _ = self._select(layer, q_obs[:, :, -1], positions, max(lengths_host))
+        ids, valid, _ = self._select(layer, q_obs[:, :, -1], self._selectable(positions, max(lengths_host)))
         valid = self._initial_selection(layer, ids, valid)
         ids_host, valid_host = ids.cpu(), valid.cpu()
         bh, kk = valid_host.view(B * Hkv, -1).nonzero(as_tuple=True)
@@ -350,6 +352,7 @@ class ScoutAttention(AttentionMethod):
         if self._L > self._dense:
             self._keep_leaving_blocks(step)
             self._step_bias(pos)
+            self._step_selectable = self._selectable(pos, max(step.positions_host))
             if not step.uniform:
                 self._ring_row = (self.k_sel + self.sink_blocks + (pos // b) % self._n_ring) * b + pos % b
         self._steps += 1
@@ -472,37 +475,39 @@ class ScoutAttention(AttentionMethod):
             self._plans.clear()
 
     # ------------------------------------------------------------------ selection and the CPU part
-    def _select(self, layer: int, q: torch.Tensor, positions: torch.Tensor, max_position: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Top-k_sel selectable blocks for query `q` `[B, Hq, D]` when the new token sits at `positions`.
-
-        Selectable: complete blocks `j` with `sink_blocks <= j < tail - local_blocks`. Returns ids `[B, Hkv, k_sel]`
-        (descending score, padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`.
-        """
+    def _selectable(self, positions: torch.Tensor, max_position: int) -> tuple[CandidateBlocks, torch.Tensor]:
+        """The blocks a selection may pick when the new token sits at `positions` (complete blocks `j` with
+        `sink_blocks <= j < tail - local_blocks`), and which of the k_sel selections are valid `[B, Hkv, k_sel]`.
+        The same for every layer of a step: `begin_step` builds them once."""
         b = self.block_size
         num_scored = max(1, max_position // b)
-        scores = self._digests.scores(layer, q, num_scored)
         limit = (positions // b - self.local_blocks).clamp(min=0)
         excluded = None
         if self.sink_blocks:
-            excluded = (torch.arange(num_scored, device=scores.device) < self.sink_blocks)[None, None, :]
-        ids, count = select_top_blocks(scores, limit, self.k_sel, excluded)
-        ids = pad_last(ids, self.k_sel)
-        count = count.expand(scores.shape[0], scores.shape[1])  # [B, 1] when nothing is excluded per head
-        valid = self._arange_k[None, None, :] < count[:, :, None]
-        return ids, valid, scores
+            excluded = (torch.arange(num_scored, device=positions.device) < self.sink_blocks)[None, None, :]
+        candidates = CandidateBlocks.build(num_scored, limit, self.k_sel, excluded, positions.device)
+        count = candidates.count.expand(positions.shape[0], self.ctx.num_kv_heads)  # [B, 1]: nothing excluded per head
+        return candidates, self._arange_k[None, None, :] < count[:, :, None]
+
+    def _select(self, layer: int, q: torch.Tensor, selectable: tuple[CandidateBlocks, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
+        padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
+        candidates, valid = selectable
+        scores = self._digests.scores(layer, q, candidates.allowed.shape[-1])
+        return pad_last(candidates.top(scores), self.k_sel), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
         table = self._tables[layer]
         table.poll()
-        ids, valid, scores = self._select(layer, q, self.step.positions, max(self.step.positions_host))
+        ids, valid, scores = self._select(layer, q, self._step_selectable)
         on_dev, pending, slot = table.split(ids, valid)
         on_cpu = valid & ~on_dev
         order = torch.argsort((~on_cpu).to(torch.uint8), dim=-1, stable=True)  # CPU blocks first, by score
-        if self.pr:
+        if self._recall_due(layer):
             victims, available = table.victims(ids, valid, scores)
-        else:  # no recall will read them
+        else:  # no recall will read them this step
             victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
         counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, table.resident_count()], dim=-1)
         payload = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
@@ -611,15 +616,19 @@ class ScoutAttention(AttentionMethod):
     def _device_partial(self, layer: int, q: torch.Tensor, plan: _Plan) -> PartialState:
         """Exact attention of the true query over the resident selected blocks and the always-on blocks."""
         b = self.block_size
-        pool_bias = torch.zeros(plan.pool_use.shape, dtype=self._bias.dtype, device=q.device)
-        pool_bias.masked_fill_(~plan.pool_use, float("-inf"))
-        self._bias[:, :, 0, : self.k_sel * b].view(*pool_bias.shape, b).copy_(pool_bias.unsqueeze(-1).expand(-1, -1, -1, b))
+        pool_bias = self._pool_bias  # the pool slots' part of the mask, per token
+        pool_bias.fill_(float("-inf")).masked_fill_(plan.pool_use.unsqueeze(-1), 0.0)
         self._log_event("device", layer)
         # what this layer attends per (sequence, KV head): the device mask's open slots and the CPU part's blocks
         self._attended.add((self._bias[:, :, 0] == 0).sum(-1) + plan.cpu_blocks * b)
         return region_attention(q, self._dev_k[layer], self._dev_v[layer], self.ctx.scale, self._bias)
 
     # ------------------------------------------------------------------ periodic recall
+    def _recall_due(self, layer: int) -> bool:
+        """Whether layer `layer` may recall after its attention this step (its plan then needs the eviction order):
+        the periodic recall knows it in advance; the reactive trigger (beta_trigger) decides only after the CPU part."""
+        return self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer])
+
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
         self._since[layer] += 1
         if self._since[layer] < self._intervals[layer]:

@@ -13,7 +13,12 @@ import torch
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import AttentionMethod, dense_if_budget_covers
+from scoutbench.methods.base import (
+    DENSE_LAYERS_FIELD,
+    AttentionMethod,
+    dense_if_budget_covers,
+    dense_layers_of,
+)
 from scoutbench.throughput import BUDGET_FIELDS, build_method, method_field_names
 from scoutbench.timing import StageTimer
 
@@ -39,15 +44,25 @@ class MethodSpec:
         method = self.build()
         try:
             return {"method": METHODS.canonical(self.name), "method_config": method.config(),
-                    "method_repr": repr(method)}
+                    "method_repr": repr(method), "dense_layers": dense_layers_of(method)}
         finally:
             method.close()
 
 
-def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: int | None = None) -> MethodSpec:
-    """Resolve `--budget` into the method's `budget` field; a method without one (FullKV) rejects it rather than
-    silently ignore it."""
+def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: int | None = None,
+                dense_layers: int | None = None) -> MethodSpec:
+    """Resolve `--budget` and `--dense-layers` into the method's `budget` and dense-layers fields; a method without
+    one (FullKV) rejects it rather than silently ignore it."""
     args = dict(method_args or {})
+    if dense_layers is not None:
+        fields = method_field_names(name)
+        if DENSE_LAYERS_FIELD not in fields:
+            raise UsageError(f"--dense-layers: method {name!r} keeps no dense layers (it is dense everywhere or has "
+                             "no such field); drop --dense-layers")
+        if DENSE_LAYERS_FIELD in args:
+            raise UsageError(f"--dense-layers and --method-arg {DENSE_LAYERS_FIELD}= both set {name}'s dense layers; "
+                             "use one")
+        args[DENSE_LAYERS_FIELD] = dense_layers
     if budget is not None:
         fields = method_field_names(name)
         target = next((f for f in BUDGET_FIELDS if f in fields), None)
@@ -63,25 +78,30 @@ def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: in
 
 
 def method_specs(names: list[str], method_args: dict[str, Any] | None = None,
-                 budgets: list[int] | None = None) -> list[MethodSpec]:
+                 budgets: list[int] | None = None, dense_layers: int | None = None) -> list[MethodSpec]:
     """Every configuration of a comparison, in order: each method once per budget when it has a budget field,
-    once otherwise (FullKV). A `--method-arg` goes to every method with that field; with several methods, one
-    that no method has, or budgets that no method takes, is a usage error (one method: `method_spec`'s own)."""
+    once otherwise (FullKV). A `--method-arg` and `--dense-layers` go to every method with that field; with several
+    methods, one that no method has, or budgets that no method takes, is a usage error (one method: `method_spec`'s
+    own)."""
     args = dict(method_args or {})
     if len(names) == 1:
-        return [method_spec(names[0], args, budget) for budget in (budgets or [None])]
+        return [method_spec(names[0], args, budget, dense_layers) for budget in (budgets or [None])]
     fields = {name: method_field_names(name) for name in names}
     unknown = sorted(key for key in args if not any(key in f for f in fields.values()))
     if unknown:
         raise UsageError(f"--method-arg {unknown[0]}: none of {', '.join(names)} has this field")
+    keeps_dense = [name for name in names if DENSE_LAYERS_FIELD in fields[name]]
+    if dense_layers is not None and not keeps_dense:
+        return [method_spec(names[0], args, None, dense_layers)]  # raises: no dense layers
     takes_budget = [name for name in names if any(f in fields[name] for f in BUDGET_FIELDS)]
     if budgets and not takes_budget:
         return [method_spec(names[0], args, budgets[0])]  # raises: no token budget
     specs = []
     for name in names:
         own = {key: value for key, value in args.items() if key in fields[name]}
+        dense = dense_layers if name in keeps_dense else None
         for budget in (budgets or [None]) if name in takes_budget else [None]:
-            specs.append(method_spec(name, own, budget))
+            specs.append(method_spec(name, own, budget, dense))
     return specs
 
 

@@ -7,7 +7,8 @@ a budget above its context, any error) gets a file with `"status": "failed"` and
 
 Presets reproduce the paper's performance figures at two scales: `paper` (Qwen3-14B shapes, 8k-64k, each method
 at its own largest batch as in the paper, `--batch auto`, or batch 16-64 for Figure 9: a GPU) and `cpu` (the
-attention-dominated `bench-attn` shape at 4k-32k, batch 1-4: minutes on two cores). Every axis a preset sets can be
+attention-dominated `bench-attn16` shape, 16 layers of which 2 dense as in the paper's models, at 4k-32k, batch
+1-4: minutes on two cores). Every axis a preset sets can be
 overridden by the matching flag.
 """
 
@@ -44,6 +45,7 @@ class Grid:
     budgets: tuple[int | None, ...] = (None,)
     block_sizes: tuple[int | None, ...] = (None,)
     method_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    dense_layers: int | None = None  # one setting for every sparse method of the sweep (None: their default)
 
 
 @dataclass(frozen=True)
@@ -88,25 +90,25 @@ class Preset:
 K = 1024
 # Paper setting (section 5): Qwen3-14B, sparse budget 2048, block size 32, decode only, methods compared at their own
 # maximum batch (FullKV is capped by memory: that is the point of Figure 8). The CPU scale keeps the
-# paper's budget/length ratios (1/4 .. 1/32) on the bench-attn shape, where attention dominates a step as it
+# paper's budget/length ratios (1/4 .. 1/32) on the bench-attn16 shape, where attention dominates a step as it
 # does on a GPU at long context. The paper does not name its three block sizes; 16/32/64 bracket its default.
 _CPU_STEPS = dict(steps=8, warmup=2)
 PRESETS: dict[str, Preset] = {
     "lengths": Preset("Figure 8: decode throughput vs input length", COMPARED,
                       Scale("qwen3-14b", (8 * K, 16 * K, 32 * K, 64 * K), ("auto",), 2048),
-                      Scale("bench-attn", (4 * K, 8 * K, 16 * K, 32 * K), (1,), 1024, **_CPU_STEPS)),
+                      Scale("bench-attn16", (4 * K, 8 * K, 16 * K, 32 * K), (1,), 1024, **_CPU_STEPS)),
     "batch": Preset("Figure 9: decode throughput vs batch size", COMPARED,
                     Scale("qwen3-14b", (32 * K,), (16, 32, 64), 2048),
-                    Scale("bench-attn", (8 * K,), (1, 2, 4), 512, **_CPU_STEPS)),
+                    Scale("bench-attn16", (8 * K,), (1, 2, 4), 512, **_CPU_STEPS)),
     "block-size": Preset("Figure 10: ScoutAttention throughput vs block size", ("scout",),
                          Scale("qwen3-14b", (32 * K,), ("auto",), 2048, (16, 32, 64)),
-                         Scale("bench-attn", (16 * K,), (2,), 1024, (16, 32, 64), **_CPU_STEPS)),
+                         Scale("bench-attn16", (16 * K,), (2,), 1024, (16, 32, 64), **_CPU_STEPS)),
     "breakdown": Preset("Figure 11: latency breakdown with GPU idle time", COMPARED,
                         Scale("qwen3-14b", (32 * K,), ("auto",), 2048),
-                        Scale("bench-attn", (16 * K,), (1,), 1024, **_CPU_STEPS)),
+                        Scale("bench-attn16", (16 * K,), (1,), 1024, **_CPU_STEPS)),
     "ablation": Preset("Figure 12: ablation, parallel co-attention then +PC then +PC+PR", ABLATION,
                        Scale("qwen3-14b", (32 * K,), ("auto",), 2048),
-                       Scale("bench-attn", (16 * K,), (1,), 1024, **_CPU_STEPS)),
+                       Scale("bench-attn16", (16 * K,), (1,), 1024, **_CPU_STEPS)),
 }
 
 
@@ -122,7 +124,7 @@ class SweepPoint:
         return dict(self.method_args)
 
     def point_id(self, model: str) -> str:
-        """Deterministic file stem, e.g. `scout_bench-attn_len16k_b1_block_size-32_budget-1024`; a hash is
+        """Deterministic file stem, e.g. `scout_bench-attn16_len16k_b1_block_size-32_budget-1024`; a hash is
         appended when the readable form had to be altered, so two different points never share a file."""
         parts = [self.method, model.replace("/", "--"), f"len{format_length(self.length)}", f"b{self.batch}"]
         # a recall profile is named by its file's stem: the folder it sits in is no part of the point
@@ -138,12 +140,12 @@ class SweepPoint:
         return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
 
 
-def expand(grid: Grid, given: tuple[str, ...] = ("--budget", "--block-size")) -> list[SweepPoint]:
+def expand(grid: Grid, given: tuple[str, ...] = ("--budget", "--block-size", "--dense-layers")) -> list[SweepPoint]:
     """Cartesian product of the axes, lengths outermost (an interrupted sweep has whole lengths done).
 
     --budget, --block-size and --method-arg apply only to methods with such a field (FullKV has no budget), so
     the product collapses where an axis does not apply; an arg no method knows is a usage error, and so is a
-    --budget or --block-size in `given` (the flags the user passed, not a preset's sizes) that no method has.
+    --budget, --block-size or --dense-layers in `given` (the flags the user passed, not a preset's sizes) that no method has.
     """
     from scoutbench.cli.options import check_all_used, method_args_for
 
@@ -153,7 +155,7 @@ def expand(grid: Grid, given: tuple[str, ...] = ("--budget", "--block-size")) ->
     points: dict[SweepPoint, None] = {}
     for length, batch, method, budget, block_size, common in itertools.product(
             grid.lengths, grid.batches, grid.methods, grid.budgets, grid.block_sizes, combos):
-        args = method_args_for(method, common, budget, block_size, used)
+        args = method_args_for(method, common, budget, block_size, used, grid.dense_layers)
         points[SweepPoint(method, length, batch, tuple(sorted(args.items())))] = None
     check_all_used({k: None for k in keys}, used, list(grid.methods), given)
     return list(points)

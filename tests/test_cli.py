@@ -224,11 +224,90 @@ def test_prefill_auto_is_synthetic_for_random_weights_and_real_otherwise(tiny_qw
 
 
 def test_default_run_is_the_regime_where_methods_differ():
-    """No arguments: the compared methods on the attention-dominated shape at 32k (timed in the closing note)."""
-    from scoutbench.cli.throughput import command
+    """No arguments: the compared methods at 32k, on the paper's Qwen3-14B shape on CUDA and on bench-attn16 on a
+    CPU: the dense share (2 of 16 layers) and GQA group (4) of the paper's models, one dense-layer setting for every
+    sparse method (the default run's time is in the closing note)."""
+    from scoutbench.cli.throughput import DEFAULT_METHODS, DEFAULT_MODELS, command
+    from scoutbench.methods.base import DEFAULT_DENSE_LAYERS, dense_layers_of
+    from scoutbench.models import preset_config
+    from scoutbench.throughput import build_method
 
     defaults = {p.name: p.default for p in command.params}
-    assert (defaults["model"], defaults["length"], defaults["prefill"]) == ("bench-attn", "32k", "auto")
+    assert (defaults["model"], defaults["length"], defaults["prefill"]) == (None, "32k", "auto")
+    assert DEFAULT_MODELS == {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
+    cpu = preset_config(DEFAULT_MODELS["cpu"])
+    assert cpu.num_hidden_layers >= 16 and cpu.num_attention_heads // cpu.num_key_value_heads == 4
+    dense = {name: dense_layers_of(build_method(name, {})) for name in DEFAULT_METHODS}
+    assert dense == {"fullkv": None, **{name: DEFAULT_DENSE_LAYERS for name in DEFAULT_METHODS if name != "fullkv"}}
+
+
+def test_dense_layers_is_one_run_level_setting(monkeypatch, capsys, tmp_path):
+    """Issue 18 item 3: `--dense-layers N` sets the dense layers of every selected sparse method (FullKV is dense
+    everywhere), each result records it, and the table says it once; without it every method keeps the shared
+    default. Alone with FullKV, or together with `--method-arg dense_layers=`, it is a usage error."""
+    methods = ["--method", "fullkv", "--method", "quest", "--method", "infinigen", "--method", "hgca", "--method",
+               "scout"]
+    args = [*methods, "--model", "tiny-qwen3", "--len", "256", "--budget", "128", "--steps", "1", "--warmup", "0"]
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", *args, "--dense-layers", "1", "-o",
+                             str(tmp_path / "one"))
+    assert code == 0, err
+    assert "dense layers 1" in out
+    results = {r["method"]: r for r in (json.loads(p.read_text()) for p in (tmp_path / "one").glob("*.json"))}
+    assert {m: r["dense_layers"] for m, r in results.items()} == {"fullkv": None, "quest": 1, "infinigen": 1,
+                                                                  "hgca": 1, "scout": 1}
+    assert all(r["method_config"]["dense_layers"] == 1 for m, r in results.items() if m != "fullkv")
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", *args, "--json", "-o", str(tmp_path / "default"))
+    assert code == 0, err
+    assert {s["method"]: s["dense_layers"] for s in json.loads(out)} == {
+        "fullkv": None, "quest": 2, "infinigen": 2, "hgca": 2, "scout": 2}
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", *TINY, "--dense-layers", "1")
+    assert code == 2 and "no selected method keeps dense layers" in _one_error_line(err)
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "hgca", *TINY, "--dense-layers", "1",
+                           "--method-arg", "dense_layers=0")
+    assert code == 2 and "use --dense-layers alone" in _one_error_line(err)
+
+
+def test_each_method_is_freed_before_the_next_one_runs(monkeypatch, capsys, tmp_path):
+    """A finished method's storage is freed as the run ends, without waiting for the garbage collector: the
+    context reaches the engine weakly (method -> context -> engine -> method was a cycle) and HGCA drops its
+    deferred bound methods at close. A FullKV left alive at 32k on bench-attn16 is 4 GB that the next method's
+    memory check counted as used."""
+    import gc
+
+    from scoutbench import throughput
+    from scoutbench.methods.base import AttentionMethod
+
+    real, bound = throughput.run_throughput, []
+
+    def counting(cfg, *args, **kwargs):
+        bound.append(sum(isinstance(o, AttentionMethod) and hasattr(o, "ctx") for o in gc.get_objects()))
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(throughput, "run_throughput", counting)
+    methods = ["fullkv", "quest", "infinigen", "hgca", "scout"]
+    gc.collect()
+    gc.disable()  # reference counting alone must free each run
+    try:
+        code, _, err = run_cli(monkeypatch, capsys, "throughput", *(f"--method={m}" for m in methods), "--model",
+                               "tiny-qwen3", "--len", "256", "--budget", "128", "--steps", "1", "--warmup", "1",
+                               "-o", str(tmp_path))
+    finally:
+        gc.enable()
+    assert code == 0, err
+    assert len(bound) == len(methods) and len(set(bound)) == 1
+
+
+def test_sweep_and_accuracy_take_dense_layers():
+    """The same option in a sweep (every point's sparse method) and in accuracy/fidelity (the method's field)."""
+    from scoutbench.generation import method_spec
+    from scoutbench.sweep import Grid, expand
+
+    points = expand(Grid(("fullkv", "hgca", "scout"), (4096,), (1,), dense_layers=3))
+    assert {p.method: p.args.get("dense_layers") for p in points} == {"fullkv": None, "hgca": 3, "scout": 3}
+    spec = method_spec("hgca", {}, None, 0)
+    assert spec.args == {"dense_layers": 0} and spec.describe()["dense_layers"] == 0
+    with pytest.raises(UsageError, match="keeps no dense layers"):
+        method_spec("fullkv", {}, None, 1)
 
 
 def test_progress_lines_when_not_a_terminal():

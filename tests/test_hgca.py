@@ -37,7 +37,7 @@ def test_every_cpu_token_equals_fullkv(model_name, lengths, request):
     model = request.getfixturevalue(model_name)
     prompt, lengths = ragged_prompt(model.config.vocab_size, lengths)
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=10)
-    method = HGCA(budget=None, cpu_topk_frac=1.0, migrate_block=4)
+    method = HGCA(budget=None, cpu_topk_frac=1.0, migrate_block=4, dense_layers=0)
     ours = run_engine(model, method, prompt, lengths, tokens)
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -45,10 +45,48 @@ def test_every_cpu_token_equals_fullkv(model_name, lengths, request):
     assert 0.5 < method.stats()["cpu_pair_fraction"] < 1.0
 
 
+def test_one_sparse_layer_reads_only_admitted_tokens(tiny_llama):
+    """Issue 18 item 2: with a single sparse layer the next sparse layer is the same layer, so its deferred
+    moving-average update and admission must reach the worker before its next CPU attention (queued behind it,
+    the attention read 2 host tokens not yet admitted and the logits moved by 0.065)."""
+    prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [50, 31])
+    reference, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=10)
+    method = HGCA(budget=None, cpu_topk_frac=1.0, migrate_block=4, dense_layers=tiny_llama.config.num_hidden_layers - 1)
+    ours = run_engine(tiny_llama, method, prompt, lengths, tokens)
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert list(method.sparse_layers) == [3] and method.split != [n - math.ceil(n / 4) for n in lengths.tolist()]
+
+
+def test_a_migration_waits_for_the_previous_admission_of_its_layer(tiny_llama):
+    """A budget that leaves the CPU nothing to attend migrates a token every step and never waits on the worker:
+    the next migration must not overwrite the staging buffer before the worker admitted the previous one (a slow
+    worker is simulated by delaying every admission)."""
+    prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [20])
+    _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=6)
+    fullkv = FullKV()
+    run_engine(tiny_llama, fullkv, prompt, lengths, tokens)
+    # cpu_take 0 and a migration every step
+    method = HGCA(budget=8, window_share=0.875, migrate_block=1, sink_tokens=0, dense_layers=0)
+    admit = method._admit
+    method._admit = lambda *args: (time.sleep(0.05), admit(*args))
+
+    def drain_at_the_end(engine):
+        if engine.step_index == len(tokens):
+            method.drain()
+
+    run_engine(tiny_llama, method, prompt, lengths, tokens, on_step=drain_at_the_end)
+    split = method.split[0]
+    assert split == 20 - 7 + 6 and max(method.cpu_take) == 0
+    for layer in method.sparse_layers:
+        assert torch.equal(method.host_k[layer][0, :, :split], fullkv.keys[layer][0, :, :split])
+        assert torch.equal(method.host_v[layer][0, :, :split], fullkv.values[layer][0, :, :split])
+
+
 def test_full_window_equals_fullkv_with_an_empty_cpu_part(tiny_qwen3):
     prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [40, 23])
     reference, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, steps=5)
-    method = HGCA(budget=None, window_frac=1.0)
+    method = HGCA(budget=None, window_frac=1.0, dense_layers=0)
     ours = run_engine(tiny_qwen3, method, prompt, lengths, tokens)
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -60,7 +98,7 @@ def test_window_and_host_hold_every_token_exactly_once(tiny_llama):
     _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=24)
     fullkv = FullKV()
     run_engine(tiny_llama, fullkv, prompt, lengths, tokens)  # layer 0's K/V depend on the tokens only
-    method = HGCA(budget=None, migrate_block=4)
+    method = HGCA(budget=None, migrate_block=4, dense_layers=0)
     splits = []
 
     def check(engine):
@@ -83,7 +121,7 @@ def test_window_and_host_hold_every_token_exactly_once(tiny_llama):
 def _bound_hgca(lengths, num_kv_heads, seed=0, **fields):
     generator = torch.Generator().manual_seed(seed)
     ctx = hand_context(batch=len(lengths), max_len=max(lengths) + 1, num_kv_heads=num_kv_heads)
-    method = HGCA(**fields)
+    method = HGCA(**{"dense_layers": 0, **fields})  # every layer sparse
     method.bind(ctx)
     shape = (len(lengths), num_kv_heads, max(lengths), ctx.head_dim)
     prompt = []
@@ -95,17 +133,19 @@ def _bound_hgca(lengths, num_kv_heads, seed=0, **fields):
     return method, ctx, prompt, generator
 
 
-def test_moving_average_starts_from_the_observed_queries():
+@pytest.mark.parametrize("observed_queries", [32, 5])  # all 13 the engine observed, or the last 5 of them
+def test_moving_average_starts_from_the_observed_queries(observed_queries):
     lengths = [40, 13]
-    method, ctx, prompt, _ = _bound_hgca(lengths, num_kv_heads=2)
+    method, ctx, prompt, _ = _bound_hgca(lengths, num_kv_heads=2, observed_queries=observed_queries)
     q_obs, k, _ = prompt[1]
-    window, group = q_obs.shape[2], ctx.num_heads // ctx.num_kv_heads
+    observed, group = q_obs.shape[2], ctx.num_heads // ctx.num_kv_heads
+    window = min(observed, observed_queries)
     for b, length in enumerate(lengths):
         for h in range(ctx.num_heads):
             expected = torch.zeros(length)
             for w in range(window):
                 position = length - window + w  # observed queries are the last W prompt tokens
-                logits = k[b, h // group, : position + 1] @ q_obs[b, h, w] * ctx.scale
+                logits = k[b, h // group, : position + 1] @ q_obs[b, h, observed - window + w] * ctx.scale
                 expected[: position + 1] += logits.softmax(-1) / window
             host = method.split[b]  # the moving averages exist for the host part only
             torch.testing.assert_close(method.ema[1][b, h, :host], expected[:host], atol=1e-6, rtol=1e-5)
@@ -177,7 +217,7 @@ def test_transfer_bytes_per_step(tiny_qwen3, policy):
     part's output and LSE back (no migration within these steps: migrate_block exceeds the window's growth)."""
     prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [150])
     _, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, 4)
-    method = HGCA(migrate_block=64, **policy)
+    method = HGCA(migrate_block=64, dense_layers=0, **policy)
     run_engine(tiny_qwen3, method, prompt, lengths, tokens)
     ctx = method.ctx
     per_layer = ctx.batch * ctx.num_heads * (ctx.head_dim + 1) * 4
@@ -195,7 +235,7 @@ def test_budget_covering_the_context_equals_fullkv(model_name, request):
     model = request.getfixturevalue(model_name)
     prompt, lengths = ragged_prompt(model.config.vocab_size, [50, 31])
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=10)
-    method = HGCA(budget=64, window_share=0.25, migrate_block=4)
+    method = HGCA(budget=64, window_share=0.25, migrate_block=4, dense_layers=0)
     ours = run_engine(model, method, prompt, lengths, tokens)
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -250,7 +290,7 @@ def test_budget_attended_tokens_per_kv_head_equal_the_budget(tiny_llama):
     exceeds it; between steps the window stays within [window_tokens, window_tokens + migrate_block)."""
     prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [50, 31])
     _, tokens = fullkv_reference(tiny_llama, prompt, lengths, steps=12)
-    method = HGCA(**SMALL_BUDGET)
+    method = HGCA(**SMALL_BUDGET, dense_layers=0)
     attended = []
 
     def check(engine):
@@ -302,15 +342,15 @@ def test_moving_average_update_is_off_the_critical_path():
 
 
 def test_budget_option_reaches_hgca(monkeypatch, capsys):
-    """`--budget` sets HGCA's budget (no usage error) and the plan follows it: the device holds a window of
-    budget x window_share tokens plus one migration block (Qwen3-14B: 40 layers, 40 query and 8 KV heads of 128
-    dims, 4096 KV bytes per token and layer)."""
+    """`--budget` sets HGCA's budget (no usage error) and the plan follows it: each of the 38 sparse layers holds a
+    window of budget x window_share tokens plus one migration block on the device, the 2 dense ones all 64k
+    tokens (Qwen3-14B: 40 layers, 40 query and 8 KV heads of 128 dims, 4096 KV bytes per token and layer)."""
     code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "qwen3-14b", "--len", "64k", "--gpu-mem",
                              "80GiB", "--method", "hgca", "--budget", "4k", "--json")
     assert code == 0, err
     [row] = json.loads(out)
-    assert row["device_bytes_per_seq"] == 40 * (2048 + 32) * 4096
+    assert row["device_bytes_per_seq"] == 2 * 65536 * 4096 + 38 * (2048 + 32) * 4096
     # host: K/V and fp32 moving averages of the rest, 32 tokens of migration staging, two gather buffers of
     # 4096 - 2048 tokens per KV head
-    assert row["host_bytes_per_seq"] == (40 * (65536 - 2048) * (4096 + 40 * 4) + 40 * 32 * 4096
+    assert row["host_bytes_per_seq"] == (38 * (65536 - 2048) * (4096 + 40 * 4) + 38 * 32 * 4096
                                          + 2 * 8 * 2048 * 128 * 2)

@@ -167,10 +167,10 @@ def test_q1_upper_bound_holds_for_every_key(block_size, group):
     logits = (q.view(3, kv_heads, group, dim) @ keys.transpose(-1, -2))  # [B, Hkv, G, N]
     per_block = logits.view(3, kv_heads, group, blocks, block_size).amax(dim=-1).amax(dim=2)
     assert (scores >= per_block - 1e-4).all()
-    # the group max is exactly the max of the per-head bounds
+    # the group max is the max of the per-head bounds (to fp32 rounding: a one-column matmul may sum in another order)
     per_head = torch.stack([upper_bound_scores(q.view(3, kv_heads, group, dim)[:, :, i], kmax, kmin)
                             for i in range(group)])
-    torch.testing.assert_close(scores, per_head.amax(0), atol=0, rtol=0)
+    torch.testing.assert_close(scores, per_head.amax(0), atol=1e-5, rtol=1e-6)
 
 
 def test_q1_partial_block_digest_is_an_upper_bound():
@@ -273,7 +273,8 @@ def test_block_table_split_victims_and_readiness():
 
 
 def test_digest_table_scores_equal_the_bound_kernel():
-    """The CPU path's cached fp32 center/radius give exactly the scores of the direct kernel."""
+    """The CPU path's cached fp32 center/radius give the scores of the direct kernel (to fp32 rounding: the BLAS
+    may sum differently for differently aligned operands)."""
     from scoutbench.kernels.digest import DigestTable
 
     torch.manual_seed(3)
@@ -283,7 +284,7 @@ def test_digest_table_scores_equal_the_bound_kernel():
     table.write(2, (slice(None), slice(None), slice(0, 10)), kmax, kmin)
     q = torch.randn(2, 6, 8, dtype=torch.bfloat16)
     assert 2 in table and 0 not in table
-    assert torch.equal(table.scores(2, q, 10), upper_bound_scores(q, kmax, kmin))
+    torch.testing.assert_close(table.scores(2, q, 10), upper_bound_scores(q, kmax, kmin), atol=1e-5, rtol=1e-6)
     assert table.device_bytes() == 2 * 2 * (2 * 2 * 16 * 8 * 2)
 
 

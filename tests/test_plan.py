@@ -52,11 +52,11 @@ EXPECTED_64K = {
     # head); prefill: fp32 key chunk x 2 and 256 observed queries x 3
     "infinigen": (2 * N * KV + 38 * N * 8 * 26 * 2 + 2 * 2048 * KV, 38 * N * KV + 2 * 2047 * (KV + 8 * 8),
                   4 * 128 * (2 * 4096 * 8 + 3 * 256 * 40)),
-    # no dense layers; a window of 1024 tokens (budget 2048 x window_share 0.5) + one 32-token migration block on
-    # the device; on the host the rest + fp32 moving averages per query head, migration staging (32 tokens), two
-    # gather buffers of 2048 - 1024 tokens per KV head (one selection per KV head)
-    "hgca": (40 * (1024 + 32) * KV,
-             40 * (N - 1024) * KV + 40 * 40 * (N - 1024) * 4 + 40 * 32 * KV + 2 * 8 * 1024 * 128 * 2, 0),
+    # 2 dense layers on the device; 38 sparse layers: a window of 1024 tokens (budget 2048 x window_share 0.5) + one
+    # 32-token migration block on the device; on the host the rest + fp32 moving averages per query head, migration
+    # staging (32 tokens), two gather buffers of 2048 - 1024 tokens per KV head (one selection per KV head)
+    "hgca": (2 * N * KV + 38 * (1024 + 32) * KV,
+             38 * (N - 1024) * KV + 38 * 40 * (N - 1024) * 4 + 38 * 32 * KV + 2 * 8 * 1024 * 128 * 2, 0),
 }
 
 

@@ -42,6 +42,8 @@ def _common_options(func):
     options = [
         click.option("--model", default="smollm2-135m", show_default=True,
                      help="smollm2-135m, qwen2.5-0.5b or qwen2.5-1.5b (real, offline), a local folder or a Hugging Face id."),
+        click.option("--dense-layers", default=None, type=click.IntRange(min=0),
+                     help="First layers every sparse method keeps dense (default: the methods' shared 2)."),
         click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
                      help="Set a method field (repeatable; with several methods, of every method that has it)."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
@@ -126,7 +128,7 @@ def _list_datasets(as_json: bool) -> None:
                    "is left alone; n per task says how far it got) and print or write the tables.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table (one method; "
               "several: a JSON list).")
-def command(datasets, methods, budgets, model, method_args, device, dtype, seed, data_dir, data_revision, limit,
+def command(datasets, methods, budgets, model, dense_layers, method_args, device, dtype, seed, data_dir, data_revision, limit,
             max_length, context_len, depth, fidelity_steps, out_dir, markdown_file, summarize, as_json) -> None:
     """Accuracy of one or several methods on LongBench (official prompts, truncation and metrics) or passkey
     retrieval, each compared with FullKV.
@@ -153,7 +155,8 @@ def command(datasets, methods, budgets, model, method_args, device, dtype, seed,
         raise UsageError(f"--fidelity-steps must be 0 (off) or more, got {fidelity_steps}")
     names = _expand_datasets(datasets)
     budget_list = None if budgets is None else [_parse_len(b.strip(), "--budget") for b in budgets.split(",")]
-    specs = method_specs(list(dict.fromkeys(methods)), parse_method_args(method_args), budget_list)
+    specs = method_specs(list(dict.fromkeys(methods)), parse_method_args(method_args), budget_list,
+                         dense_layers)
     passkey_len = _parse_len(context_len, "--len")
     length_limit = _parse_len(max_length, "--max-length")
     if depth is not None and not 0.0 <= depth <= 1.0:
@@ -305,8 +308,8 @@ def _print_comparison(console, tables) -> None:
               help="Also write the result JSON to this file.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")
-def fidelity_command(method, model, budget, method_args, device, dtype, seed, context_len, steps, num_prompts,
-                     out_file, overwrite, as_json) -> None:
+def fidelity_command(method, model, budget, dense_layers, method_args, device, dtype, seed, context_len, steps,
+                     num_prompts, out_file, overwrite, as_json) -> None:
     """A method against FullKV on the same prompts, teacher-forced on FullKV's greedy tokens: top-1 agreement,
     KL(FullKV || method) and final-hidden-state cosine, per step and overall."""
     from rich.console import Console
@@ -322,7 +325,7 @@ def fidelity_command(method, model, budget, method_args, device, dtype, seed, co
         raise UsageError("--steps and --prompts must be at least 1")
     from scoutbench.results import check_writable
 
-    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"))
+    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"), dense_layers)
     context_tokens = _parse_len(context_len)
     from scoutbench.models import check_context, context_window, loaded_context_window
 

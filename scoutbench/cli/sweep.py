@@ -65,7 +65,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
                    "(Fig. 11), ablation (Fig. 12); at --scale cpu a CPU-only measurement, not the paper's figure. "
                    "Any axis flag below overrides the preset's.")
 @click.option("--scale", type=click.Choice(["paper", "cpu"]), default=None,
-              help="Preset sizes: paper (Qwen3-14B, 8k-64k, GPU) or cpu (bench-attn, 4k-32k, minutes on 2 cores). "
+              help="Preset sizes: paper (Qwen3-14B, 8k-64k, GPU) or cpu (bench-attn16, 4k-32k, minutes on 2 cores). "
                    "Default: paper on CUDA, cpu otherwise.")
 @click.option("--method", "methods", multiple=True, metavar="NAME", help="Method (repeatable or a,b), or 'all'.")
 @click.option("--len", "lengths", multiple=True, metavar="N", help="Prompt tokens (repeatable or 4k,8k; k = 1024).")
@@ -77,6 +77,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
               help="Sparse token budget (repeatable), for the methods that have one.")
 @click.option("--block-size", "block_sizes", multiple=True, metavar="N",
               help="Block size (repeatable), for block-sparse methods.")
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0),
+              help="First layers every sparse method keeps dense, the same for all (default: their shared 2).")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="A method field (repeatable; repeating a key sweeps its values).")
 @click.option("--model", default=None, help="Model (default: the preset's, else tiny-qwen3).")
@@ -95,9 +97,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--address", default=None, help="Ray cluster to join, e.g. 10.0.0.1:6379 (default: a local instance).")
 @click.option("--cpus-per-point", default=None, type=click.FloatRange(min=0.0, min_open=True),
               help="CPUs each Ray task asks for (default 1; points sharing a node share its cores and bandwidth).")
-def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets, block_sizes, method_args, model,
-            steps, warmup, device, dtype, seed, prefill, output, retry_failed, as_json, executor, address,
-            cpus_per_point):
+def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets, block_sizes, dense_layers,
+            method_args, model, steps, warmup, device, dtype, seed, prefill, output, retry_failed, as_json, executor,
+            address, cpus_per_point):
     """Run a grid of throughput points (methods x lengths x batches x budgets x block sizes x method args) into
     one folder. Resumable: a rerun skips finished points. A failing point is recorded and the sweep goes on."""
     from dataclasses import replace
@@ -135,7 +137,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         batches=tuple(_ints(batches, "--batch", auto=True)) or grid.batches,
         budgets=tuple(parse_length(v, "--budget") for v in _split(budgets)) or grid.budgets,
         block_sizes=tuple(_ints(block_sizes, "--block-size")) or grid.block_sizes,
-        method_args=common)
+        method_args=common, dense_layers=dense_layers)
     settings = replace(settings, device=device, dtype=dtype, seed=seed,
                        gpu_mem=parse_bytes(gpu_mem) if gpu_mem else None,
                        host_mem=parse_bytes(host_mem) if host_mem else None,
@@ -143,7 +145,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
                           if v is not None})
     if "auto" in grid.batches and settings.gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
-    points = expand(grid, given=tuple(flag for flag, values in (("--budget", budgets), ("--block-size", block_sizes))
+    points = expand(grid, given=tuple(flag for flag, values in (("--budget", budgets), ("--block-size", block_sizes),
+                                                                ("--dense-layers", dense_layers is not None))
                                       if values))
     for point in points:  # every usage error before the first point runs
         SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,

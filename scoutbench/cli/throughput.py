@@ -25,10 +25,15 @@ from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
 DEFAULT_OUTPUT = "results/runs"
-# The no-argument run: the attention-dominated bench-attn shape at 32k (synthetic prefill, since its weights are
-# random), the regime where sparse methods beat FullKV even on a CPU; every method in under a minute on 2 cores.
-DEFAULT_MODEL = "bench-attn"
+# The no-argument run, per device type. CUDA: the paper's setup (Qwen3-14B shape, bf16, every method's default
+# budget 2048 and block 32). CPU: bench-attn16, the paper models' dense share (2 of 16 layers) and GQA group (4)
+# with a small hidden size, so that attention dominates a step as at long context on a GPU; every method in about
+# a minute on 2 cores. Both at 32k with a synthetic prefill (the weights are random), every method with the same
+# dense layers.
+DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
+# (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
+DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
 DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compared methods; `--method all` adds ablations
 
 
@@ -36,8 +41,9 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
 @click.option("--method", "methods", multiple=True, metavar="NAME",
               help="Method to run (repeatable), or 'all' for every registered one, ablations included "
                    f"(default: {', '.join(DEFAULT_METHODS)}).")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Built-in name (tiny-qwen3, bench-attn, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face id.")
+@click.option("--model", default=None,
+              help="Built-in name (tiny-qwen3, bench-attn16, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face "
+                   f"id (default: {DEFAULT_MODELS['cuda']} on CUDA, {DEFAULT_MODELS['cpu']} on CPU).")
 @click.option("--len", "length", default=DEFAULT_LEN, show_default=True, type=LENGTH,
               help="Prompt tokens per sequence: 4096, 4k (=4096), 64k, 1m.")
 @click.option("--batch", default="1", show_default=True,
@@ -47,8 +53,11 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
               "device's usable memory; required on CPU).")
 @click.option("--host-mem", default=None, type=BYTES, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB "
               "(default: this machine's available memory).")
-@click.option("--steps", default=16, show_default=True, type=STEPS, help="Timed decode steps.")
-@click.option("--warmup", default=3, show_default=True, type=WARMUP, help="Untimed decode steps first.")
+@click.option("--steps", default=None, type=STEPS,
+              help=f"Timed decode steps (default {DEFAULT_STEPS['cuda'][0]} on CUDA, {DEFAULT_STEPS['cpu'][0]} on CPU).")
+@click.option("--warmup", default=None, type=WARMUP,
+              help=f"Untimed decode steps first (default {DEFAULT_STEPS['cuda'][1]} on CUDA, "
+                   f"{DEFAULT_STEPS['cpu'][1]} on CPU).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA.")
 @click.option("--seed", default=0, show_default=True, type=SEED)
@@ -59,6 +68,8 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
               help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
 @click.option("--budget", default=None, type=LENGTH, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
 @click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0),
+              help="First layers every selected sparse method keeps dense (default: the methods' shared default, 2).")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="Set a method field (repeatable); applies to the selected methods that have it.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
@@ -72,10 +83,10 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
 @click.option("--profile-steps", default=4, show_default=True, type=STEPS, help="Decode steps in the --profile trace.")
 @click.option("--nvtx", is_flag=True, help="NVTX range per stage on CUDA (for Nsight Systems; costs a little per stage).")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
-            budget, block_size, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx):
-    """Decode throughput and latency breakdown. With no arguments: the compared methods on the bench-attn shape
-    (attention-dominated, random weights) at 32k with a synthetic prefill, where sparse methods pull ahead of
-    FullKV; under a minute on two idle CPU cores."""
+            budget, block_size, dense_layers, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx):
+    """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
+    prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
+    which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
     from rich.console import Console
 
     from scoutbench.errors import UsageError
@@ -90,6 +101,10 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
+    kind = "cuda" if resolved.type == "cuda" else "cpu"
+    model = model or DEFAULT_MODELS[kind]
+    steps = DEFAULT_STEPS[kind][0] if steps is None else steps
+    warmup = DEFAULT_STEPS[kind][1] if warmup is None else warmup
     batch = _parse_batch(batch)
     if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
@@ -99,7 +114,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     names = expand_methods(methods or DEFAULT_METHODS)
     common = parse_method_args(method_args)
     used: set[str] = set()
-    per_method = {name: method_args_for(name, common, budget_tokens, block_size, used) for name in names}
+    per_method = {name: method_args_for(name, common, budget_tokens, block_size, used, dense_layers)
+                  for name in names}
     check_all_used(common, used, names)
     out_path = Path(output)
     single_file = out_path.suffix == ".json"
@@ -201,7 +217,7 @@ def _summary(result, path):
     return {"method": result["method"], "model": result["model"]["name"], "len": result["workload"]["len"],
             "batch": result["workload"]["batch"], "decode_throughput_tok_s": result["decode_throughput_tok_s"],
             "decode_step_ms": result["decode_step_ms"], "step_spread_warning": result.get("step_spread_warning"),
-            "gpu_idle_frac": result["gpu_idle_frac"],
+            "dense_layers": result["dense_layers"], "gpu_idle_frac": result["gpu_idle_frac"],
             "main_thread_wait_frac": result["main_thread_wait_frac"], "tiers": result["tiers"],
             "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
 
@@ -237,10 +253,16 @@ def _table(results):
     first = results[0]
     batches = {r["workload"]["batch"] for r in results}
     batch = f"batch {first['workload']['batch']}" if len(batches) == 1 else "batch per method (--batch auto)"
+    dense = sorted({r.get("dense_layers") for r in results} - {None})  # FullKV has none: dense everywhere
+    mixed_dense = len(dense) > 1  # methods compared with different dense layers: say so on every row
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
-                        f"len {first['workload']['len']}, {batch} (ms/step)", caption=TABLE_CAPTION,
+                        f"len {first['workload']['len']}, {batch}"
+                        + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",
+                  caption=TABLE_CAPTION,
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("method", no_wrap=True)
+    if mixed_dense:
+        table.add_column("dense", justify="right", no_wrap=True)
     wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
     headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "±95%", "vs full", wait_header)
     for header in (*headers, *[g for g in STAGE_GROUPS if g != "idle"]):
@@ -249,7 +271,8 @@ def _table(results):
     for r in results:
         speedup = "-" if base is None else speedup_text(r["decode_throughput_tok_s"], r["workload"]["batch"],
                                                         base["decode_throughput_tok_s"], base["workload"]["batch"])
-        row = [r["method"], *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
+        dense_cell = "-" if r.get("dense_layers") is None else str(r["dense_layers"])
+        row = [r["method"], *([dense_cell] if mixed_dense else []), *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
                f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}",
                _ci_cell(r["decode_step_ms"]), speedup, f"{100 * (wait_frac(r) or 0.0):.1f}"]
         breakdown = r["latency_breakdown_ms"]

@@ -187,10 +187,17 @@ class CopyStream:
 
 
 class CpuWorkerPool:
-    """A small thread pool for CPU attention tasks (one worker serves the layer-ahead pipeline in order)."""
+    """A small thread pool for CPU attention tasks (one worker serves the layer-ahead pipeline in order).
 
-    def __init__(self, workers: int = 1):
-        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scoutbench-cpu")
+    `intra_op_threads` (None: torch's, as the main thread): each worker's torch thread count, which under OpenMP is
+    per thread, so the main thread keeps its own. On a CPU-only run the worker shares the cores with the main
+    thread's "device" work, and what that costs depends on the method's overlap (docs/platform.md).
+    """
+
+    def __init__(self, workers: int = 1, intra_op_threads: int | None = None):
+        initializer = None if intra_op_threads is None else (lambda: torch.set_num_threads(intra_op_threads))
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scoutbench-cpu",
+                                           initializer=initializer)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         return self.executor.submit(fn, *args)
