@@ -472,7 +472,7 @@ def test_memory_footprint_formula():
     staging_and_mask = k_sel * 32 * kv + 8 * 2048 * 2
     assert fp.device_bytes_per_seq == (2 * 65536 * kv + 38 * (n_blocks * 2 * 8 * 128 * 2 + 2048 * kv + block_table)
                                        + staging_and_mask)
-    assert fp.host_bytes_per_seq == 38 * 65536 * kv + 2 * k_sel * 32 * kv  # + the CPU part's two gather buffers
+    assert fp.host_bytes_per_seq == 38 * 65536 * kv + 2 * k_sel * 32 * kv  # + the recall's two staging buffers
     assert fp.prefill_bytes_per_seq == (4096 + k_sel * 32) * kv // 2
     odd = method.memory_footprint(shape, 100, 2)
     assert odd.device_bytes_per_seq == (2 * 100 * kv + 38 * (4 * 2 * 8 * 128 * 2 + 2048 * kv + 8 * (5 * 8 + 62 * 9))

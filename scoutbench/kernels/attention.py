@@ -4,6 +4,9 @@ Conventions (every method relies on them):
 - decode query `q` is `[B, Hq, D]`; keys/values are `[B, Hkv, N, D]` (post-RoPE); `G = Hq // Hkv`.
 - the query heads of a KV group are packed as G query rows against their KV head (`[B, Hkv, G, D]`):
   on CPU this form of SDPA is 2-10x faster than `enable_gqa=True` (docs/platform.md).
+- CPU: the compiled kernel of `cpu_attention` (bf16 and fp32 read at the memory limit, selected blocks attended in
+  place by `block_sparse_attention`), or torch's kernels where it is unavailable or `SCOUTBENCH_CPU_ATTENTION=torch`;
+  `backends.USAGE` records `cpu:native` or `cpu:torch` per call.
 - a partial result is `(o: fp32 [B, Hq, D], lse: fp32 [B, Hq])` with a *natural-log* LSE; an empty part has
   `lse = -inf` and `o = 0`. FlashInfer's base-2 LSE is converted at its boundary only.
 - `valid_len` (`[B, Hkv]` or `[B]`) counts the leading valid tokens of each row: gathers put valid tokens first.
@@ -20,7 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from scoutbench.kernels import backends
+from scoutbench.kernels import backends, cpu_attention
 
 
 class PartialState(NamedTuple):
@@ -71,6 +74,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         backends.USAGE.add(q.device.type, backend)
         return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
                                            use_tensor_cores=backend == "flashinfer-tc").o.to(q.dtype)
+    if cpu_attention.supports(q, k):
+        backends.USAGE.add("cpu", "native")
+        return _native(q, k, v, scale, valid_len).o.to(q.dtype)
     backends.USAGE.add(q.device.type, "torch")
     mask = None
     if valid_len is not None:
@@ -90,6 +96,9 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     if num_keys == 0:
         return empty_state(batch, num_heads, head_dim, q.device)
+    if cpu_attention.supports(q, k):
+        backends.USAGE.add("cpu", "native")
+        return _native(q, k, v, scale, valid_len)
     backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
     backends.USAGE.add(q.device.type, backend)
     if backend.startswith("flashinfer"):
@@ -126,6 +135,11 @@ def partial_attention_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     (HGCA's moving average) without a second pass over the keys. Empty rows give the empty state and zeros."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
+    if cpu_attention.supports(q, k) and num_keys:
+        backends.USAGE.add("cpu", "native")
+        o, lse, probs = cpu_attention.attend(q, k.unsqueeze(2), v.unsqueeze(2), scale, None, valid_len, with_probs=True)
+        return PartialState(o, lse), probs
+    backends.USAGE.add(q.device.type, "torch")
     logits = torch.matmul(_packed(q, num_kv_heads), k.transpose(-1, -2)).float() * scale
     if valid_len is not None:
         logits = logits + length_bias(valid_len, num_keys, num_kv_heads, torch.float32)
@@ -134,6 +148,63 @@ def partial_attention_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     out = torch.matmul(probs.to(v.dtype), v).float()
     state = PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
     return state, probs.reshape(batch, num_heads, num_keys)
+
+
+def block_sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, block_ids: torch.Tensor,
+                           scale: float, valid_len: torch.Tensor | None = None) -> PartialState:
+    """Partial attention over selected blocks of a blocked cache, read in place (no gather copy on CPU).
+
+    k/v blocks `[B, Hkv, num_blocks, block_size, D]`: any strided view with a contiguous head_dim (a head-major
+    cache `[B, Hkv, N, D]` viewed as `[B, Hkv, N // bs, bs, D]`, a block-major host tier permuted to it, or token
+    rows with block_size 1). block_ids `[B, H, W]` int64: per selection row the blocks attended, in order; H is
+    Hkv, or a multiple of it for per-query-head selections (row h reads KV head h // (H // Hkv), q then holds one
+    query per row). valid_len `[B]` or `[B, H]` counts the row's leading valid tokens of the selected blocks in that
+    order (None: all `W * block_size`); only the ids of blocks holding valid tokens are read (padding may be
+    anything). CPU tensors use the compiled kernel; otherwise (CUDA, or torch forced) the blocks are gathered and
+    `partial_attention` runs over them.
+    """
+    if cpu_attention.supports(q, k_blocks):
+        backends.USAGE.add("cpu", "native")
+        o, lse, _ = cpu_attention.attend(q, k_blocks, v_blocks, scale, block_ids, valid_len)
+        return PartialState(o, lse)
+    keys, values = _gather_selected(k_blocks, v_blocks, block_ids, valid_len)
+    return partial_attention(q, keys, values, scale, valid_len)
+
+
+def block_sparse_attention_probs(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor,
+                                 block_ids: torch.Tensor, scale: float, valid_len: torch.Tensor | None = None
+                                 ) -> tuple[PartialState, torch.Tensor]:
+    """`block_sparse_attention` that also returns each query head's probabilities over the selected tokens,
+    `[B, Hq, W * block_size]` fp32 (as `partial_attention_probs`: normalised within the part, 0 past valid_len)."""
+    if cpu_attention.supports(q, k_blocks):
+        backends.USAGE.add("cpu", "native")
+        o, lse, probs = cpu_attention.attend(q, k_blocks, v_blocks, scale, block_ids, valid_len, with_probs=True)
+        return PartialState(o, lse), probs
+    keys, values = _gather_selected(k_blocks, v_blocks, block_ids, valid_len)
+    return partial_attention_probs(q, keys, values, scale, valid_len)
+
+
+def _gather_selected(k_blocks: torch.Tensor, v_blocks: torch.Tensor, block_ids: torch.Tensor,
+                     valid_len: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selected blocks as `[B, H, W * block_size, D]` copies (the path without the CPU kernel). Padding ids
+    past a row's valid blocks are clamped into range: their tokens are masked by valid_len."""
+    batch, rows, width = block_ids.shape
+    kv_heads, num_blocks, block_size, head_dim = k_blocks.shape[1:]
+    if valid_len is not None:
+        used = (_expand_valid_len(valid_len, batch, rows) + block_size - 1) // block_size  # [B, H] blocks
+        padding = torch.arange(width, device=block_ids.device) >= used[..., None].to(block_ids.device)
+        block_ids = block_ids.masked_fill(padding, 0)
+    b = torch.arange(batch, device=block_ids.device)[:, None, None]
+    kv = (torch.arange(rows, device=block_ids.device) // (rows // kv_heads))[None, :, None]
+    shape = (batch, rows, width * block_size, head_dim)
+    return k_blocks[b, kv, block_ids].reshape(shape), v_blocks[b, kv, block_ids].reshape(shape)
+
+
+def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            valid_len: torch.Tensor | None) -> PartialState:
+    """Dense partial attention `[B, Hkv, N, D]` through the CPU kernel (the cache as one block per row)."""
+    o, lse, _ = cpu_attention.attend(q, k.unsqueeze(2), v.unsqueeze(2), scale, None, valid_len)
+    return PartialState(o, lse)
 
 
 def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:
