@@ -187,17 +187,30 @@ def block_sparse_attention_probs(q: torch.Tensor, k_blocks: torch.Tensor, v_bloc
 def _gather_selected(k_blocks: torch.Tensor, v_blocks: torch.Tensor, block_ids: torch.Tensor,
                      valid_len: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The selected blocks as `[B, H, W * block_size, D]` copies (the path without the CPU kernel). Padding ids
-    past a row's valid blocks are clamped into range: their tokens are masked by valid_len."""
+    past a row's valid blocks are set to 0: their tokens are masked by valid_len."""
     batch, rows, width = block_ids.shape
-    kv_heads, num_blocks, block_size, head_dim = k_blocks.shape[1:]
+    kv_heads, _, block_size, head_dim = k_blocks.shape[1:]
+    device = block_ids.device
     if valid_len is not None:
         used = (_expand_valid_len(valid_len, batch, rows) + block_size - 1) // block_size  # [B, H] blocks
-        padding = torch.arange(width, device=block_ids.device) >= used[..., None].to(block_ids.device)
-        block_ids = block_ids.masked_fill(padding, 0)
-    b = torch.arange(batch, device=block_ids.device)[:, None, None]
-    kv = (torch.arange(rows, device=block_ids.device) // (rows // kv_heads))[None, :, None]
+        block_ids = block_ids.masked_fill(torch.arange(width, device=device) >= used[..., None].to(device), 0)
+    b = torch.arange(batch, device=device)[:, None, None]
+    kv = (torch.arange(rows, device=device) // (rows // kv_heads))[None, :, None]
     shape = (batch, rows, width * block_size, head_dim)
-    return k_blocks[b, kv, block_ids].reshape(shape), v_blocks[b, kv, block_ids].reshape(shape)
+    return _take_blocks(k_blocks, b, kv, block_ids).view(shape), _take_blocks(v_blocks, b, kv, block_ids).view(shape)
+
+
+def _take_blocks(blocks: torch.Tensor, b: torch.Tensor, kv: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """blocks[b, kv, ids]: one flat `index_select` when every block is a contiguous run of its storage at a multiple
+    of the block's size (all our tiers), the fastest gather on CPU (docs/platform.md); else advanced indexing."""
+    row = blocks.shape[3] * blocks.shape[4]
+    strides = blocks.stride()
+    if strides[3:] != (blocks.shape[4], 1) or any(s % row for s in strides[:3]):
+        return blocks[b, kv, ids]
+    flat = (b * strides[0] + kv * strides[1] + ids * strides[2]) // row
+    rows = 1 + sum((n - 1) * s for n, s in zip(blocks.shape[:3], strides[:3], strict=True)) // row
+    table = blocks.as_strided((rows, row), (row, 1), blocks.storage_offset())
+    return torch.index_select(table, 0, flat.reshape(-1))
 
 
 def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
