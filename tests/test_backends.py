@@ -175,4 +175,4 @@ def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, exp
     assert set(used) == expected and all(count > 0 for count in used.values())
     if name == "fullkv":  # one call per layer and timed step (warm-up calls are not counted)
         assert used == {f"cpu:{cpu_backend}": tiny_qwen3.config.num_hidden_layers * 2}
-    assert result["env"]["partial_attention_backend"] == cpu_attention.backend_name()
+    assert result["env"]["partial_attention_backend"] == result["env"]["cpu_attention_backend"] == cpu_attention.backend_name()

@@ -343,7 +343,11 @@ void pv_dispatch(int gb, float* const* accs, const float* const* probs, const vo
   }
 }
 
-constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
+constexpr int kMaxGroup = 32;
+#ifndef SB_PREFETCH_TOKENS
+#define SB_PREFETCH_TOKENS 32
+#endif
+constexpr int64_t kPrefetchTokens = SB_PREFETCH_TOKENS;  // software prefetch distance  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
 
 template <int D, bool BF16>
 void attend_avx512(const Args& a, const Item& item, State st) {
@@ -372,29 +376,27 @@ void attend_avx512(const Args& a, const Item& item, State st) {
   float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
   Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
   Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  // token pointers one tile ahead, prefetched while the current tile computes
-  const T* kp_next[kTile];
-  const T* vp_next[kTile];
-  auto fetch = [&](int64_t t0, const T** kp, const T** vp) {
-    const int n = static_cast<int>(std::min<int64_t>(kTile, item.end - t0));
-    for (int i = 0; i < n; ++i) {
-      kp[i] = kc.next_token();
-      vp[i] = vc.next_token();
-      prefetch_row(kp[i], D * sizeof(T));
-      prefetch_row(vp[i], D * sizeof(T));
+  // a second pair of cursors runs kPrefetchTokens ahead and prefetches those tokens' rows: the hardware prefetcher
+  // follows a contiguous run but not the jump to the next selected block
+  Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
+  Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
+  int64_t prefetched = item.begin;
+  auto prefetch_until = [&](int64_t stop) {
+    for (stop = std::min(stop, item.end); prefetched < stop; ++prefetched) {
+      prefetch_row(kpre.next_token(), D * sizeof(T));
+      prefetch_row(vpre.next_token(), D * sizeof(T));
     }
-    return n;
   };
-  int n_next = fetch(item.begin, kp_next, vp_next);
+  prefetch_until(item.begin + kPrefetchTokens);
   for (int64_t t0 = item.begin; t0 < item.end; t0 += kTile) {
-    const int n = n_next;
+    const int n = static_cast<int>(std::min<int64_t>(kTile, item.end - t0));
     const T* kp[kTile];
     const T* vp[kTile];
     for (int i = 0; i < n; ++i) {
-      kp[i] = kp_next[i];
-      vp[i] = vp_next[i];
+      kp[i] = kc.next_token();
+      vp[i] = vc.next_token();
     }
-    if (t0 + kTile < item.end) n_next = fetch(t0 + kTile, kp_next, vp_next);
+    prefetch_until(t0 + kTile + kPrefetchTokens);
     const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
     for (int g = 0; g < G; ++g) {
       __m512 s;
