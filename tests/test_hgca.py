@@ -33,7 +33,7 @@ def _drain(method):
 # ragged lengths select in score order per row; equal lengths take the faster unordered top-k
 @pytest.mark.parametrize(("model_name", "lengths"), [("tiny_qwen3", [50, 31]), ("tiny_llama", [50, 31]),
                                                      ("tiny_mha", [44, 44])])
-def test_every_cpu_token_equals_fullkv(model_name, lengths, request):
+def test_every_cpu_token_equals_fullkv(model_name, lengths, request, cpu_backend):
     model = request.getfixturevalue(model_name)
     prompt, lengths = ragged_prompt(model.config.vocab_size, lengths)
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=10)

@@ -23,7 +23,7 @@ from scoutbench.methods.infinigen import InfiniGen
 # dense_layers=0: layer 0 has no layer ahead of it and speculates with its own query, synchronously
 @pytest.mark.parametrize("dynamic_count", [False, True])
 @pytest.mark.parametrize(("model_name", "dense_layers"), [("tiny_qwen3", 2), ("tiny_llama", 0), ("tiny_mha", 2)])
-def test_fetching_every_token_equals_fullkv(model_name, dense_layers, dynamic_count, request):
+def test_fetching_every_token_equals_fullkv(model_name, dense_layers, dynamic_count, request, cpu_backend):
     model = request.getfixturevalue(model_name)
     # uniform lengths: n is one count for the whole batch (the mean over sequences and heads, as the original)
     prompt, lengths = ragged_prompt(model.config.vocab_size, [40, 40])

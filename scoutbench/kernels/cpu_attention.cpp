@@ -58,7 +58,7 @@ struct Args {
 
 struct Item {
   int64_t row, begin, end;
-  int64_t slot;  // partial-state slot, or -1: the row's only item writes the output directly
+  int64_t slot;  // its partial state in the scratch buffer (merged per row afterwards)
 };
 
 // A partial state: running max m (base-2 logits), sum l, unnormalised accumulator acc [G, D] (for bf16 on the
@@ -652,11 +652,12 @@ int sb_attention(int dtype, int64_t B, int64_t H, int64_t rows_per_kv, int64_t G
     float* o = out + r * G * D;
     float* l_out = lse + r * G;
     const int64_t begin = first[r], end = first[r + 1];
+    std::vector<float> acc(D);
     for (int64_t g = 0; g < G; ++g) {
       float m = kNegInf;
       for (int64_t i = begin; i < end; ++i) m = std::max(m, state_of(item_base[i].slot).m[g]);
       float total_l = 0.f;
-      std::vector<float> acc(D, 0.f);
+      std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t i = begin; i < end; ++i) {
         State st = state_of(item_base[i].slot);
         const float w = std::exp2(st.m[g] - m);
