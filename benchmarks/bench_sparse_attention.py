@@ -9,7 +9,8 @@ fallback, torch's flash kernel after a gather of the selected blocks) it measure
   (`block_sparse_attention` over a block-major host tier, the layout ScoutAttention's host tier uses), the same;
 - the speed-up full / sparse (ideal len / budget: 32x for 2048 of 64k).
 Selections rotate over 16 random sets so the selected data is not cache-resident. Times: median / min of the
-repeats (the min approximates the uncontended time on a shared machine); fractions use the min.
+repeats (the min approximates the uncontended time on a shared machine); fractions use the min. OpenMP threads
+wait passively unless OMP_WAIT_POLICY says otherwise, as under the `scoutbench` command.
 
     python benchmarks/bench_sparse_attention.py                        # 64k, 2048, bf16 and fp32, both backends
     python benchmarks/bench_sparse_attention.py --dtype bf16 --backend native --len 32k
@@ -22,11 +23,13 @@ import os
 import statistics
 import time
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md): before torch
 
-from scoutbench.kernels import cpu_attention
-from scoutbench.kernels.attention import block_sparse_attention, partial_attention
-from scoutbench.units import parse_length
+import torch  # noqa: E402
+
+from scoutbench.kernels import cpu_attention  # noqa: E402
+from scoutbench.kernels.attention import block_sparse_attention, partial_attention  # noqa: E402
+from scoutbench.units import parse_length  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 BACKENDS = ("native", "torch")

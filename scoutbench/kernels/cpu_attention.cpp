@@ -21,6 +21,7 @@
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
@@ -62,7 +63,7 @@ struct Item {
 };
 
 // A partial state: running max m (base-2 logits), sum l, unnormalised accumulator acc [G, D] (for bf16 on the
-// AVX-512 path each 32-element chunk is stored as its 16 even then its 16 odd elements; finish() undoes it).
+// AVX-512 path each 32-element chunk is stored as its 16 even then its 16 odd elements; store_row() undoes it).
 struct State {
   float* m;
   float* l;
