@@ -2,8 +2,8 @@
 
 For each dtype and CPU backend (`native`: the compiled kernel of scoutbench/kernels/cpu_attention.py; `torch`: the
 fallback, torch's flash kernel after a gather of the selected blocks) it measures, in the same run:
-- the machine's read bandwidth (`sum` over 512 MiB) and copy bandwidth (`copy_` of 256 MiB, bytes copied),
-  measured right before the row, so each fraction is against the bandwidth of its own moment;
+- the machine's read bandwidth (`sum` over 512 MiB, interleaved with the full calls) and copy bandwidth (`copy_`
+  of 256 MiB, bytes copied), in each row, so each fraction is against the bandwidth of its own moments;
 - full attention over `len` tokens (`partial_attention`, packed GQA) in KV bytes/s and as a fraction of read;
 - sparse attention over `budget` of them in blocks of `block_size` per (sequence, KV head)
   (`block_sparse_attention` over a block-major host tier, the layout ScoutAttention's host tier uses), the same;
@@ -49,13 +49,10 @@ def time_ms(fn, repeats: int, warmup: int = 2) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
-def machine_bandwidth(repeats: int) -> tuple[float, float]:
-    """(read, copy) bytes/s at this moment: the best of `repeats` sums over READ_BYTES and copies of COPY_BYTES."""
-    src = torch.ones(READ_BYTES // 4)
-    read_ms = time_ms(lambda: src.sum(), repeats, warmup=1)[1]
+def copy_bandwidth(repeats: int) -> float:
+    """Bytes/s copied by the best of `repeats` `copy_` calls of COPY_BYTES."""
     a, b = torch.ones(COPY_BYTES // 4), torch.zeros(COPY_BYTES // 4)
-    copy_ms = time_ms(lambda: b.copy_(a), repeats, warmup=1)[1]
-    return READ_BYTES / read_ms * 1e3, COPY_BYTES / copy_ms * 1e3
+    return COPY_BYTES / time_ms(lambda: b.copy_(a), repeats, warmup=1)[1] * 1e3
 
 
 def use_backend(name: str) -> str:
@@ -100,8 +97,16 @@ def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: 
     got = sparse()
     assert torch.allclose(got.o, ref.o, atol=1e-2) and torch.allclose(got.lse, ref.lse, atol=1e-3)
     element = torch.tensor([], dtype=dtype).element_size()
-    result = {}
-    result["full_ms"], result["full_min_ms"] = time_ms(full, max(5, repeats // 3))
+    result = {"copy_bytes_s": copy_bandwidth(5)}
+    # the read bandwidth interleaved with the full calls: both see the same moments of a shared machine
+    src = torch.ones(READ_BYTES // 4)
+    read_ms, full_ms = [], []
+    full()
+    for _ in range(max(5, repeats // 3)):
+        read_ms.append(time_ms(src.sum, 1, warmup=0)[1])
+        full_ms.append(time_ms(full, 1, warmup=0)[1])
+    result["read_bytes_s"] = READ_BYTES / min(read_ms) * 1e3
+    result["full_ms"], result["full_min_ms"] = statistics.median(full_ms), min(full_ms)
     result["sparse_ms"], result["sparse_min_ms"] = time_ms(sparse, repeats)
     result["full_bytes_s"] = 2 * rows * length * head_dim * element / result["full_min_ms"] * 1e3
     result["sparse_bytes_s"] = 2 * rows * selected * block_size * head_dim * element / result["sparse_min_ms"] * 1e3
@@ -133,16 +138,16 @@ def main() -> None:
     print(f"CPU decode attention: full {length} tokens vs {budget} in blocks of {args.block_size}, batch {args.batch}, "
           f"{args.heads} q heads / {args.kv_heads} KV heads / head_dim {args.head_dim}, {torch.get_num_threads()} "
           f"threads; ms as median / min of {args.repeats} (full: {max(5, args.repeats // 3)}); GB/s and fractions "
-          f"of the read bandwidth measured before each row, from the min")
+          f"of the row's read bandwidth, from the min")
     print(f"{'dtype':>5} {'backend':>18} {'read':>6} {'copy':>6} {'full ms':>13} {'GB/s':>5} {'/read':>6} "
           f"{'sparse ms':>11} {'GB/s':>5} {'/read':>6} {'speed-up med/min':>17} {'ideal':>6}")
     for dtype_name in dtypes:
         for name in names:
             backend = use_backend(name)
-            read, copy = machine_bandwidth(5)
             r = bench(DTYPES[dtype_name], length, budget, args.block_size, args.batch, args.heads, args.kv_heads,
                       args.head_dim, args.repeats)
-            print(f"{dtype_name:>5} {backend:>18} {read / 1e9:6.1f} {copy / 1e9:6.1f} "
+            read = r["read_bytes_s"]
+            print(f"{dtype_name:>5} {backend:>18} {read / 1e9:6.1f} {r['copy_bytes_s'] / 1e9:6.1f} "
                   f"{r['full_ms']:6.2f}/{r['full_min_ms']:<6.2f} {r['full_bytes_s'] / 1e9:5.1f} "
                   f"{r['full_bytes_s'] / read:6.2f} {r['sparse_ms']:5.2f}/{r['sparse_min_ms']:<5.2f} "
                   f"{r['sparse_bytes_s'] / 1e9:5.1f} {r['sparse_bytes_s'] / read:6.2f} "

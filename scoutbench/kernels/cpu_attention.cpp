@@ -85,7 +85,8 @@ template <>
 inline float to_float<uint16_t>(uint16_t x) { return bf16_to_float(x); }
 
 // Walks the tokens of one row in order: the current block's base pointer, advanced without divisions and looked
-// up lazily (a row that ends on a block boundary never reads the id after its last block).
+// up lazily (a row that ends on a block boundary never reads the id after its last block); fill() hands out a tile's
+// pointers a run of consecutive tokens at a time.
 template <typename T>
 struct Cursor {
   const T* base;
@@ -96,6 +97,23 @@ struct Cursor {
   Cursor(const T* row_base, const int64_t* row_ids, int64_t sid, int64_t stok, int64_t bs, int64_t position)
       : base(row_base), ids(row_ids), id_stride(sid), tok_stride(stok), block_size(bs), block(position / bs),
         offset(position % bs) {}
+
+  // the next n token pointers into out: one block lookup per run of consecutive tokens
+  void fill(const T** out, int n) {
+    int i = 0;
+    while (i < n) {
+      if (block_ptr == nullptr) block_ptr = base + (ids ? ids[block] : block) * id_stride;
+      const int64_t run = std::min<int64_t>(n - i, block_size - offset);
+      const T* p = block_ptr + offset * tok_stride;
+      for (int64_t j = 0; j < run; ++j, p += tok_stride) out[i++] = p;
+      offset += run;
+      if (offset == block_size) {
+        offset = 0;
+        ++block;
+        block_ptr = nullptr;
+      }
+    }
+  }
 
   const T* next_token() {
     if (block_ptr == nullptr) block_ptr = base + (ids ? ids[block] : block) * id_stride;
@@ -344,11 +362,10 @@ void pv_dispatch(int gb, float* const* accs, const float* const* probs, const vo
   }
 }
 
-constexpr int kMaxGroup = 32;
-#ifndef SB_PREFETCH_TOKENS
-#define SB_PREFETCH_TOKENS 32
-#endif
-constexpr int64_t kPrefetchTokens = SB_PREFETCH_TOKENS;  // software prefetch distance  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
+constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
+// Software prefetch distance: whole rows of the tokens 32 ahead of the tile (a jump to the next selected block is
+// no stream for the hardware prefetcher; prefetching only block or page starts measured slower on sparse calls).
+constexpr int64_t kPrefetchTokens = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
 
 template <int D, bool BF16>
 void attend_avx512(const Args& a, const Item& item, State st) {
@@ -393,10 +410,8 @@ void attend_avx512(const Args& a, const Item& item, State st) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, item.end - t0));
     const T* kp[kTile];
     const T* vp[kTile];
-    for (int i = 0; i < n; ++i) {
-      kp[i] = kc.next_token();
-      vp[i] = vc.next_token();
-    }
+    kc.fill(kp, n);
+    vc.fill(vp, n);
     prefetch_until(t0 + kTile + kPrefetchTokens);
     const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
     for (int g = 0; g < G; ++g) {
