@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+from scoutbench.errors import UsageError
 from scoutbench.kernels import backends, cpu_attention
 from scoutbench.kernels.attention import (
     block_sparse_attention,
@@ -229,7 +230,7 @@ def test_bad_backend_choice_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(cpu_attention.ENV_BACKEND, "ipex")
     cpu_attention.library.cache_clear()
     try:
-        with pytest.raises(ValueError, match="SCOUTBENCH_CPU_ATTENTION='ipex'"):
+        with pytest.raises(UsageError, match="SCOUTBENCH_CPU_ATTENTION='ipex'"):
             cpu_attention.library()
     finally:
         cpu_attention.library.cache_clear()

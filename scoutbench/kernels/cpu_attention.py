@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from scoutbench.errors import ScoutbenchError, UsageError
+
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 ABI_VERSION = 1
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
@@ -43,14 +45,14 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp-sim
 BUILD_TIMEOUT_S = 120
 
 
-class NativeUnavailable(RuntimeError):
-    """The kernel cannot be built or loaded here (the message says why)."""
+class NativeUnavailable(ScoutbenchError):
+    """The kernel cannot be built or loaded here (the message says why): an error only where it was required."""
 
 
 def requested_backend() -> str:
     choice = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
     if choice not in BACKEND_CHOICES:
-        raise ValueError(f"{ENV_BACKEND}={choice!r}: use one of {', '.join(BACKEND_CHOICES)}")
+        raise UsageError(f"{ENV_BACKEND}={choice!r}: use one of {', '.join(BACKEND_CHOICES)}")
     return choice
 
 
@@ -128,8 +130,8 @@ def library() -> ctypes.CDLL | None:
     except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if choice == "native":
-            raise NativeUnavailable(f"{ENV_BACKEND}=native but the CPU attention kernel is unavailable: {reason}") \
-                from None
+            raise NativeUnavailable(f"{ENV_BACKEND}=native but the CPU attention kernel is unavailable: {reason}; "
+                                    f"install a C++ compiler (g++) or set {ENV_BACKEND}=auto") from None
         warnings.warn(f"scoutbench: CPU attention kernel unavailable ({reason}); using torch's kernels",
                       RuntimeWarning, stacklevel=2)
         return None
