@@ -102,7 +102,7 @@ def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: 
     src = torch.ones(READ_BYTES // 4)
     read_ms, full_ms = [], []
     full()
-    for _ in range(max(5, repeats // 3)):
+    for _ in range(max(5, repeats // 2)):
         read_ms.append(time_ms(src.sum, 1, warmup=0)[1])
         full_ms.append(time_ms(full, 1, warmup=0)[1])
     result["read_bytes_s"] = READ_BYTES / min(read_ms) * 1e3
@@ -137,7 +137,7 @@ def main() -> None:
     names = list(BACKENDS) if args.backend == "both" else [args.backend]
     print(f"CPU decode attention: full {length} tokens vs {budget} in blocks of {args.block_size}, batch {args.batch}, "
           f"{args.heads} q heads / {args.kv_heads} KV heads / head_dim {args.head_dim}, {torch.get_num_threads()} "
-          f"threads; ms as median / min of {args.repeats} (full: {max(5, args.repeats // 3)}); GB/s and fractions "
+          f"threads; ms as median / min of {args.repeats} (full: {max(5, args.repeats // 2)}); GB/s and fractions "
           f"of the row's read bandwidth, from the min")
     print(f"{'dtype':>5} {'backend':>18} {'read':>6} {'copy':>6} {'full ms':>13} {'GB/s':>5} {'/read':>6} "
           f"{'sparse ms':>11} {'GB/s':>5} {'/read':>6} {'speed-up med/min':>17} {'ideal':>6}")
