@@ -32,6 +32,7 @@
 namespace {
 
 constexpr int kTile = 16;  // tokens per tile: one 16-lane vector of scores per query
+constexpr int64_t kMinParallelWork = 4096;  // (token, query) pairs below which a call runs on the caller alone
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -634,6 +635,7 @@ int sb_attention(int dtype, int64_t B, int64_t H, int64_t rows_per_kv, int64_t G
   // items: each row split into chunks of a common size, so that the threads get ~8 items each
   int64_t total = 0;
   for (int64_t r = 0; r < rows; ++r) total += row_len(a, r);
+  if (total * G < kMinParallelWork) threads = 1;  // a few microseconds of work: waking a helper costs as much
   int64_t chunk = std::numeric_limits<int64_t>::max();
   if (threads > 1) {
     chunk = std::max<int64_t>(256, (total + 8 * threads - 1) / (8 * threads));
