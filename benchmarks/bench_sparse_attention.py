@@ -1,96 +1,118 @@
-"""CPU block-sparse decode attention (ScoutAttention's CPU part) vs full attention.
+"""CPU decode attention at the memory limit: full and block-sparse (ScoutAttention's CPU part), bf16 and fp32.
 
-Selects `budget` of `len` tokens in blocks of `block_size` per (sequence, KV head), gathers them with one flat
-`index_select(out=)` into preallocated buffers (the layout ScoutAttention's host tier uses) and runs
-`partial_attention` (packed-GQA SDPA with LSE) over them; compares with `partial_attention` over all `len` tokens.
-The ideal speed-up is len / budget (32x for 2048 of 64k). The selections rotate over 16 random sets so the gathered
-data is not cache-resident. Reports medians.
+For each dtype and CPU backend (`native`: the compiled kernel of scoutbench/kernels/cpu_attention.py; `torch`: the
+fallback, torch's flash kernel after a gather of the selected blocks) it measures, in the same run:
+- the machine's read bandwidth (`sum` over 512 MiB, interleaved with the full calls) and copy bandwidth (`copy_`
+  of 256 MiB, bytes copied), in each row, so each fraction is against the bandwidth of its own moments;
+- full attention over `len` tokens (`partial_attention`, packed GQA) in KV bytes/s and as a fraction of read;
+- sparse attention over `budget` of them in blocks of `block_size` per (sequence, KV head)
+  (`block_sparse_attention` over a block-major host tier, the layout ScoutAttention's host tier uses), the same;
+- the speed-up full / sparse (ideal len / budget: 32x for 2048 of 64k).
+Selections rotate over 16 random sets so the selected data is not cache-resident. Times: median / min of the
+repeats (the min approximates the uncontended time on a shared machine); fractions use the min. OpenMP threads
+wait passively unless OMP_WAIT_POLICY says otherwise, as under the `scoutbench` command.
 
-    python benchmarks/bench_sparse_attention.py                 # 64k context, 2048 budget, bf16 and fp32
-    python benchmarks/bench_sparse_attention.py --dtype bf16 --len 32k --threads 2
+    python benchmarks/bench_sparse_attention.py                        # 64k, 2048, bf16 and fp32, both backends
+    python benchmarks/bench_sparse_attention.py --dtype bf16 --backend native --len 32k
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md): before torch
 
-from scoutbench.kernels.attention import partial_attention
-from scoutbench.units import parse_length
+import torch  # noqa: E402
+
+from scoutbench.kernels import cpu_attention  # noqa: E402
+from scoutbench.kernels.attention import block_sparse_attention, partial_attention  # noqa: E402
+from scoutbench.units import parse_length  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+BACKENDS = ("native", "torch")
+READ_BYTES = 512 * 1024**2
+COPY_BYTES = 256 * 1024**2
 
 
 def time_ms(fn, repeats: int, warmup: int = 2) -> tuple[float, float]:
-    """(median, min) wall ms. On a shared machine the min approximates the uncontended time."""
+    """(median, min) wall milliseconds of `fn`."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        start = time.perf_counter()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times), min(times)
+
+
+def copy_bandwidth(repeats: int) -> float:
+    """Bytes/s copied by the best of `repeats` `copy_` calls of COPY_BYTES."""
+    a, b = torch.ones(COPY_BYTES // 4), torch.zeros(COPY_BYTES // 4)
+    return COPY_BYTES / time_ms(lambda: b.copy_(a), repeats, warmup=1)[1] * 1e3
+
+
+def use_backend(name: str) -> str:
+    """Switch the CPU attention backend (SCOUTBENCH_CPU_ATTENTION) and return the name of the one that runs."""
+    os.environ[cpu_attention.ENV_BACKEND] = name
+    cpu_attention.library.cache_clear()
+    return cpu_attention.backend_name()
 
 
 def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: int, heads: int, kv_heads: int,
           head_dim: int, repeats: int) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
-    blocks = length // block_size
+    num_blocks = length // block_size
     rows = batch * kv_heads
-    # host tier, block-major rows `block * rows + row` as in ScoutAttention
-    cache_k = torch.randn(blocks * rows, block_size, head_dim, generator=g).to(dtype)
-    cache_v = torch.randn(blocks * rows, block_size, head_dim, generator=g).to(dtype)
+    # host tier, block-major rows `block * rows + row` as in ScoutAttention, viewed as [B, Hkv, blocks, bs, D]
+    tier_k = torch.randn(num_blocks * rows, block_size, head_dim, generator=g).to(dtype)
+    tier_v = torch.randn(num_blocks * rows, block_size, head_dim, generator=g).to(dtype)
+    blocks_k = tier_k.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
+    blocks_v = tier_v.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
+    full_k = blocks_k.reshape(batch, kv_heads, length, head_dim).contiguous()
+    full_v = blocks_v.reshape(batch, kv_heads, length, head_dim).contiguous()
     q = torch.randn(batch, heads, head_dim, generator=g).to(dtype)
     scale = head_dim ** -0.5
-    k_sel = budget // block_size
-    selections = []
-    for _ in range(16):
-        ids = torch.stack([torch.randperm(blocks, generator=g)[:k_sel] for _ in range(rows)]).view(batch, kv_heads, k_sel)
-        selections.append((ids * rows + torch.arange(rows).view(batch, kv_heads, 1)).reshape(-1))
-    gather_k = torch.empty(rows * k_sel, block_size, head_dim, dtype=dtype)
-    gather_v = torch.empty_like(gather_k)
-    full_k = cache_k.view(blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4) \
-        .reshape(batch, kv_heads, length, head_dim).contiguous()
-    full_v = cache_v.view(blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4) \
-        .reshape(batch, kv_heads, length, head_dim).contiguous()
+    selected = budget // block_size
+    selections = [torch.stack([torch.randperm(num_blocks, generator=g)[:selected] for _ in range(rows)])
+                  .view(batch, kv_heads, selected) for _ in range(16)]
     counter = [0]
 
-    def gather():
-        flat = selections[counter[0] % len(selections)]
-        counter[0] += 1
-        torch.index_select(cache_k, 0, flat, out=gather_k)
-        torch.index_select(cache_v, 0, flat, out=gather_v)
-
-    def attend():
-        partial_attention(q, gather_k.view(batch, kv_heads, k_sel * block_size, head_dim),
-                          gather_v.view(batch, kv_heads, k_sel * block_size, head_dim), scale)
-
     def sparse():
-        gather()
-        attend()
+        counter[0] += 1
+        return block_sparse_attention(q, blocks_k, blocks_v, selections[counter[0] % len(selections)], scale)
 
     def full():
-        partial_attention(q, full_k, full_v, scale)
+        return partial_attention(q, full_k, full_v, scale)
 
-    # correctness: the sparse path equals full attention restricted to the same tokens
-    gather()
-    ref_ids = selections[(counter[0] - 1) % len(selections)]
-    out = partial_attention(q, gather_k.view(batch, kv_heads, -1, head_dim), gather_v.view(batch, kv_heads, -1, head_dim),
-                            scale)
-    assert torch.isfinite(out.o).all() and ref_ids.numel() == rows * k_sel
-    result = {}
-    for name, fn, n in (("full", full, max(5, repeats // 3)), ("sparse", sparse, repeats), ("gather", gather, repeats),
-                        ("attend", attend, repeats)):
-        result[f"{name}_ms"], result[f"{name}_min_ms"] = time_ms(fn, n)
+    # correctness: the sparse call equals full attention restricted to the same tokens
+    ids = selections[1]
+    tokens = (ids[..., None] * block_size + torch.arange(block_size)).reshape(batch, kv_heads, -1, 1)
+    ref = partial_attention(q, full_k.gather(2, tokens.expand(-1, -1, -1, head_dim)),
+                            full_v.gather(2, tokens.expand(-1, -1, -1, head_dim)), scale)
+    counter[0] = 0
+    got = sparse()
+    assert torch.allclose(got.o, ref.o, atol=1e-2) and torch.allclose(got.lse, ref.lse, atol=1e-3)
+    element = torch.tensor([], dtype=dtype).element_size()
+    result = {"copy_bytes_s": copy_bandwidth(5)}
+    # the read bandwidth interleaved with the full calls: both see the same moments of a shared machine
+    src = torch.ones(READ_BYTES // 4)
+    read_ms, full_ms = [], []
+    full()
+    for _ in range(max(5, repeats // 2)):
+        read_ms.append(time_ms(src.sum, 1, warmup=0)[1])
+        full_ms.append(time_ms(full, 1, warmup=0)[1])
+    result["read_bytes_s"] = READ_BYTES / min(read_ms) * 1e3
+    result["full_ms"], result["full_min_ms"] = statistics.median(full_ms), min(full_ms)
+    result["sparse_ms"], result["sparse_min_ms"] = time_ms(sparse, repeats)
+    result["full_bytes_s"] = 2 * rows * length * head_dim * element / result["full_min_ms"] * 1e3
+    result["sparse_bytes_s"] = 2 * rows * selected * block_size * head_dim * element / result["sparse_min_ms"] * 1e3
     result["speedup"] = result["full_ms"] / result["sparse_ms"]
     result["speedup_min"] = result["full_min_ms"] / result["sparse_min_ms"]
-    result["ideal"] = length / budget
-    selected_bytes = 2 * rows * k_sel * block_size * head_dim * torch.tensor([], dtype=dtype).element_size()
-    result["gather_gbs"] = selected_bytes / result["gather_min_ms"] / 1e6
+    result["ideal"] = length / (selected * block_size)
     return result
 
 
@@ -104,6 +126,7 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", choices=[*DTYPES, "both"], default="both")
+    parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="both")
     parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
@@ -111,17 +134,24 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     length, budget = parse_length(args.len), parse_length(args.budget)
     dtypes = list(DTYPES) if args.dtype == "both" else [args.dtype]
-    print(f"CPU sparse attention: {budget} of {length} tokens in blocks of {args.block_size}, batch {args.batch}, "
-          f"{args.heads} q heads / {args.kv_heads} KV heads / head_dim {args.head_dim}, "
-          f"{torch.get_num_threads()} threads; times in ms as median / min over {args.repeats} runs")
-    print(f"{'dtype':>6} {'full':>15} {'sparse':>15} {'gather':>15} {'attend':>15} {'gather GB/s':>12} "
-          f"{'speed-up med/min':>17} {'ideal':>6} {'of ideal':>9}")
-    for name in dtypes:
-        r = bench(DTYPES[name], length, budget, args.block_size, args.batch, args.heads, args.kv_heads, args.head_dim,
-                  args.repeats)
-        cells = " ".join(f"{r[f'{k}_ms']:7.2f}/{r[f'{k}_min_ms']:<7.2f}" for k in ("full", "sparse", "gather", "attend"))
-        print(f"{name:>6} {cells} {r['gather_gbs']:12.1f} {r['speedup']:8.1f}x/{r['speedup_min']:<6.1f}x "
-              f"{r['ideal']:5.0f}x {r['speedup_min'] / r['ideal']:8.0%}")
+    names = list(BACKENDS) if args.backend == "both" else [args.backend]
+    print(f"CPU decode attention: full {length} tokens vs {budget} in blocks of {args.block_size}, batch {args.batch}, "
+          f"{args.heads} q heads / {args.kv_heads} KV heads / head_dim {args.head_dim}, {torch.get_num_threads()} "
+          f"threads; ms as median / min of {args.repeats} (full: {max(5, args.repeats // 2)}); GB/s and fractions "
+          f"of the row's read bandwidth, from the min")
+    print(f"{'dtype':>5} {'backend':>18} {'read':>6} {'copy':>6} {'full ms':>13} {'GB/s':>5} {'/read':>6} "
+          f"{'sparse ms':>11} {'GB/s':>5} {'/read':>6} {'speed-up med/min':>17} {'ideal':>6}")
+    for dtype_name in dtypes:
+        for name in names:
+            backend = use_backend(name)
+            r = bench(DTYPES[dtype_name], length, budget, args.block_size, args.batch, args.heads, args.kv_heads,
+                      args.head_dim, args.repeats)
+            read = r["read_bytes_s"]
+            print(f"{dtype_name:>5} {backend:>18} {read / 1e9:6.1f} {r['copy_bytes_s'] / 1e9:6.1f} "
+                  f"{r['full_ms']:6.2f}/{r['full_min_ms']:<6.2f} {r['full_bytes_s'] / 1e9:5.1f} "
+                  f"{r['full_bytes_s'] / read:6.2f} {r['sparse_ms']:5.2f}/{r['sparse_min_ms']:<5.2f} "
+                  f"{r['sparse_bytes_s'] / 1e9:5.1f} {r['sparse_bytes_s'] / read:6.2f} "
+                  f"{r['speedup']:8.1f}x/{r['speedup_min']:<6.1f}x {r['ideal']:5.0f}x", flush=True)
 
 
 if __name__ == "__main__":

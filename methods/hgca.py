@@ -10,8 +10,8 @@ leaves the rest open (methods.md §6); our choices, all fields:
   window_tokens + migrate_block); with the new token it reaches the upper end before a block migrates); the CPU
   attends the sinks plus the top `budget - window` host tokens per KV head, ranked by the moving average aggregated
   over the group's query heads by max (Quest's GQA convention: the score stays an upper bound for every head of the
-  group, so a token that one head needs is not lost to the others), and gathers K/V once per KV head for the whole
-  group (packed-GQA attention).
+  group, so a token that one head needs is not lost to the others), and reads the selected tokens of each KV head
+  in place for the whole group (packed-GQA attention by token ids, no gather copy).
 - `budget=None` keeps the original fraction policy below (the paper's behaviour):
 - window: relative, `ceil(window_frac * n)` of a sequence's n tokens; it grows with decode and its oldest
   `migrate_block` tokens move to host memory whenever it exceeds the target by a whole block. Within a step the
@@ -54,12 +54,12 @@ import torch
 
 from scoutbench.kernels.attention import (
     PartialState,
+    block_sparse_attention_probs,
     merge_states,
     partial_attention,
-    partial_attention_probs,
 )
 from scoutbench.kernels.backends import page_aligned
-from scoutbench.kernels.gather import gather_blocks, write_tokens
+from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -131,15 +131,6 @@ class HGCA(AttentionMethod):
             return host_tokens
         return min(host_tokens, min(self.sink_tokens, host_tokens) + math.ceil(self.cpu_topk_frac * host_tokens))
 
-    def gather_rows_tokens(self, max_len: int, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
-        """Size of a CPU gather buffer per sequence: (selection rows, most tokens per row). With a budget one row per
-        KV head, at most the budget less the smallest window; without, one per query head."""
-        if self.budget is not None:
-            return num_kv_heads, min(max_len, max(0, self.budget - self.window_target(max_len)))
-        most = max_len if self.refresh_interval else min(
-            max_len, self.sink_tokens + math.ceil(self.cpu_topk_frac * max_len))
-        return num_heads, most
-
     # ------------------------------------------------------------------ setup
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
@@ -156,16 +147,14 @@ class HGCA(AttentionMethod):
         self.host_capacity = ctx.max_len - self.window_target(ctx.max_len)
         host_shape = (batch, kv_heads, self.host_capacity, head_dim)
         staging_shape = (batch, kv_heads, self.migrate_block, head_dim)
-        numel = batch * math.prod(self.gather_rows_tokens(ctx.max_len, ctx.num_heads, kv_heads)) * head_dim
-        # host tier, moving averages (fp32), migration staging and the CPU gather buffers: one exact-size arena,
-        # pinned on CUDA (memory_footprint counts the same bytes); zeroed: masked slots of a ragged batch are
-        # read, and a masked NaN still poisons attention
+        # host tier, moving averages (fp32) and migration staging: one exact-size arena, pinned on CUDA
+        # (memory_footprint counts the same bytes); zeroed: masked slots of a ragged batch are read, and a masked NaN
+        # still poisons attention
         specs = {}
         for i in self.sparse_layers:
             specs |= {("k", i): (host_shape, ctx.dtype), ("v", i): (host_shape, ctx.dtype),
                       ("ema", i): ((batch, ctx.num_heads, self.host_capacity), torch.float32),
                       ("stage_k", i): (staging_shape, ctx.dtype), ("stage_v", i): (staging_shape, ctx.dtype)}
-        specs |= {("gathered", j): ((numel,), ctx.dtype) for j in range(2)}
         self._host_arena = HostArena(specs, ctx.device)
         arena = self._host_arena
         self.window_k, self.window_v, self.host_k, self.host_v, self.ema, self._staging = {}, {}, {}, {}, {}, {}
@@ -187,7 +176,6 @@ class HGCA(AttentionMethod):
                                           host_empty((batch, ctx.num_heads), torch.float32, ctx.device))
                           for i in self.sparse_layers} if on_cuda else None
         self._results_read: dict[int, Any] = {}
-        self._gathered = (arena["gathered", 0], arena["gathered", 1])
         self.copy = CopyStream(ctx.device)
         # on a CPU-only run one intra-op thread: HGCA's host part runs beside the main thread's window attention
         # and merge; with torch's 2 threads its steps were slower (bench-attn16 16k, docs/platform.md)
@@ -350,24 +338,19 @@ class HGCA(AttentionMethod):
 
     def _cpu_attention(self, layer: int, q: torch.Tensor, q_ready: Any, split: list[int], take: list[int],
                        results_read: Any = None) -> tuple[PartialState, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Worker thread: sparse attention of every query head over its selection's host tokens (one gather per
-        selection row: per KV head with a budget, the group's query heads packed against it). On CUDA the result
-        goes into the layer's pinned buffers, once `results_read` (the previous copy from them) has run. Returns
-        (the state to copy to the device, ids, probs, the LSE for the moving average: its own tensor, which no later
-        step overwrites)."""
+        """Worker thread: sparse attention of every query head over its selection's host tokens, read in place by
+        token id (per KV head with a budget, the group's query heads packed against it; else one row per query
+        head). On CUDA the result goes into the layer's pinned buffers, once `results_read` (the previous copy from
+        them) has run. Returns (the state to copy to the device, ids, probs, the LSE for the moving average: its own
+        tensor, which no later step overwrites)."""
         if q_ready is not None:
             q_ready.synchronize()
         start = time.perf_counter()
-        batch, _, head_dim = q.shape
         ids = self.cpu_select(layer, split, take)
-        rows, most = ids.shape[1], ids.shape[-1]
-        shape = (batch, rows, most, head_dim)
-        numel = math.prod(shape)
-        keys, values = (buffer[:numel].view(shape) for buffer in self._gathered)
-        gather_blocks(self.host_k[layer], ids, 1, keys)
-        gather_blocks(self.host_v[layer], ids, 1, values)
-        valid = None if min(take) == most else torch.tensor(take)
-        state, probs = partial_attention_probs(q, keys, values, self.ctx.scale, valid)
+        valid = None if min(take) == ids.shape[-1] else torch.tensor(take)
+        # the host tier [B, Hkv, N, D] as blocks of one token: [B, Hkv, N, 1, D]
+        state, probs = block_sparse_attention_probs(q, self.host_k[layer].unsqueeze(3), self.host_v[layer].unsqueeze(3),
+                                                    ids, self.ctx.scale, valid)
         transfer = state
         if self._out_host is not None:
             if results_read is not None:
@@ -446,10 +429,9 @@ class HGCA(AttentionMethod):
         # the window's capacity: it may exceed its target by up to a migration block before it migrates
         device = (dense * page_aligned(context_len) * kv
                   + sparse * page_aligned(min(context_len, window + self.migrate_block)) * kv)
-        # the host arena: K/V and fp32 moving averages of the host part, migration staging, two gather buffers
-        gather_rows, gather_tokens = self.gather_rows_tokens(context_len, shape.num_heads, shape.num_kv_heads)
-        host = (sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv
-                + 2 * gather_rows * gather_tokens * shape.head_dim * elem_bytes)
+        # the host arena: K/V and fp32 moving averages of the host part, migration staging (the CPU attention reads
+        # the host tier in place: no gather buffers)
+        host = sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv
         return Footprint(device, host)
 
     def stats(self):

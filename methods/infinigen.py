@@ -15,7 +15,9 @@ forbids folding the skew into W_Q):
   original's count: per query head the tokens above `max - alpha` are counted and n = min(floor(mean count),
   budget - 1) (a host sync, timed as idle). Either way n >= 1 is the same for every head and sequence (in a
   ragged batch a short sequence's fetched slots past its own length are masked), and the top-n tokens of each (sequence, KV head) are fetched from host memory one layer ahead: a worker thread
-  gathers them (and on CUDA copies them to the device on a copy stream) while layer i computes.
+  gathers them and copies them to the device on a copy stream while layer i computes. On a CPU-only run the
+  "device" is host memory: layer i+1 reads its selected tokens in place in the host tier (no fetch copy); the
+  transfer counters still count what the CUDA path moves.
 - layer i+1 waits for its fetch (timed as idle) and attends exactly, with its true query, over the fetched tokens
   and the current token, merged by LSE.
 GQA (the original is MHA-only): A, the channels and the selection are shared by the query heads of a KV group;
@@ -35,7 +37,7 @@ from typing import Any
 import torch
 
 from scoutbench.engine import OBS_WINDOW
-from scoutbench.kernels.attention import merge_states, partial_attention
+from scoutbench.kernels.attention import block_sparse_attention, merge_states, partial_attention
 from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import (
@@ -106,17 +108,18 @@ class InfiniGen(AttentionMethod):
                                             device=ctx.device) for i in self.sparse_layers}
         self.skew: dict[int, torch.Tensor] = {}  # [Hkv, D, D] fp32, orthogonal
         self.partial_proj: dict[int, torch.Tensor] = {}  # [Hkv, D, channels]: the partial columns of the skew
-        # double-buffered fetch targets: layer i+1's fetch lands while layer i still reads the other buffer. On CUDA
-        # each (sequence, KV head) row holds whole flashinfer pages (the fetch is copied into the row's front),
-        # since a row of budget - 1 = 2047 tokens would leave flashinfer only 1-token pages; on CPU the worker
-        # gathers straight into a contiguous buffer of exactly n tokens per row.
-        fetch_shape = (batch, kv_heads, page_aligned(self.capacity), head_dim) if on_cuda else (numel,)
-        self._fetched = [(torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device),
-                          torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device)) for _ in range(2)]
-        # on CUDA the worker gathers into pinned staging first; on CPU it gathers straight into the fetch buffer
-        self._staging = [(arena["stage_k", slot], arena["stage_v", slot]) for slot in range(2)] if on_cuda \
-            else self._fetched
-        self._ids_host = [arena["ids", slot] for slot in range(2)] if on_cuda else None
+        # CUDA: double-buffered fetch targets (layer i+1's fetch lands while layer i still reads the other buffer),
+        # gathered by the worker into pinned staging first; each (sequence, KV head) row holds whole flashinfer pages
+        # (the fetch is copied into the row's front), since a row of budget - 1 = 2047 tokens would leave flashinfer
+        # only 1-token pages. CPU: no fetch, the tokens are read in place.
+        self._fetched = self._staging = self._ids_host = None
+        if on_cuda:
+            fetch_shape = (batch, kv_heads, page_aligned(self.capacity), head_dim)
+            self._fetched = [(torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device),
+                              torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device)) for _ in range(2)]
+            self._staging = [(arena["stage_k", slot], arena["stage_v", slot]) for slot in range(2)]
+            self._ids_host = [arena["ids", slot] for slot in range(2)]
+        self._selected: dict[int, torch.Tensor] = {}  # CPU: layer -> its speculated token ids [B, Hkv, n]
         # host row of token 0 of each (sequence, KV head) in the token-major host cache
         self._row_offset = torch.arange(batch * kv_heads, device=ctx.device).view(batch, kv_heads, 1)
         self.copy = CopyStream(ctx.device)
@@ -215,6 +218,13 @@ class InfiniGen(AttentionMethod):
         slot = layer % 2
         rows = self.ctx.batch * self.ctx.num_kv_heads
         host_rows = (ids * rows + self._row_offset).reshape(-1)
+        self._fetched_tokens[layer] += n
+        self._d2h_bytes += host_rows.numel() * 8  # the token ids, to the worker
+        self._h2d_bytes += 2 * host_rows.numel() * self.ctx.head_dim * self.ctx.dtype.itemsize  # fetched K and V
+        if self._fetched is None:  # CPU: decode reads the tokens in place
+            self._selected[layer] = ids
+            self._pending[layer] = (None, n)
+            return
         slot_free = ids_ready = None
         if self._ids_host is not None:
             # the fetch buffer was last read by layer `layer - 2`'s attention, already queued on this stream
@@ -223,12 +233,9 @@ class InfiniGen(AttentionMethod):
             host_rows = self._ids_host[slot][: host_rows.numel()]
         future = self.pool.submit(self._gather, layer, slot, host_rows, (ids_ready, self._appended[layer]), slot_free)
         self._pending[layer] = (future, n)
-        self._fetched_tokens[layer] += n
-        self._d2h_bytes += host_rows.numel() * 8  # the token ids, to the worker
-        self._h2d_bytes += 2 * host_rows.numel() * self.ctx.head_dim * self.ctx.dtype.itemsize  # fetched K and V
 
     def _gather(self, layer: int, slot: int, host_rows: torch.Tensor, inputs_ready: tuple, slot_free: Any) -> Any:
-        """Worker thread: gather the selected host rows; on CUDA also start their copy to the device."""
+        """Worker thread (CUDA): gather the selected host rows into pinned staging and start their copy to the device."""
         for event in inputs_ready:
             if event is not None:
                 event.synchronize()
@@ -238,10 +245,8 @@ class InfiniGen(AttentionMethod):
         for host, staging, fetched in zip((self.host_k[layer], self.host_v[layer]), self._staging[slot],
                                           self._fetched[slot], strict=True):
             torch.index_select(host.view(-1, head_dim), 0, host_rows, out=staging[:numel].view(-1, head_dim))
-            if staging is not fetched:
-                n = host_rows.numel() // (self.ctx.batch * self.ctx.num_kv_heads)
-                target = self._fetch_view(fetched, n)
-                copied = self.copy.copy(target, staging[:numel].view(target.shape), after=slot_free)
+            target = fetched[:, :, : host_rows.numel() // (self.ctx.batch * self.ctx.num_kv_heads)]
+            copied = self.copy.copy(target, staging[:numel].view(target.shape), after=slot_free)
         return copied
 
     def decode(self, layer, q, k, v):
@@ -254,6 +259,19 @@ class InfiniGen(AttentionMethod):
         future, n = self._pending.pop(layer)
         with ctx.timer.stage("attn_device"):
             self._append(layer, k, v)
+        valid = valid_host = None
+        if not step.uniform:  # a short sequence has fewer tokens
+            valid, valid_host = step.positions.clamp(max=n), [min(p, n) for p in step.positions_host]
+        # the speculated tokens a sequence really has, and the current one
+        self._attended.add_host([min(p, n) + 1 for p in step.positions_host], ctx.num_kv_heads)
+        if future is None:  # CPU: the speculated tokens in place, the host tier [N, B, Hkv, D] as [B, Hkv, N, 1, D]
+            with ctx.timer.stage("attn_device"):
+                blocks_k = self.host_k[layer].permute(1, 2, 0, 3).unsqueeze(3)
+                blocks_v = self.host_v[layer].permute(1, 2, 0, 3).unsqueeze(3)
+                fetched = block_sparse_attention(q, blocks_k, blocks_v, self._selected.pop(layer), ctx.scale, valid)
+                current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
+            with ctx.timer.stage("merge"):
+                return merge_states(fetched, current).o.to(q.dtype)
         with ctx.timer.stage("idle"):
             start = time.perf_counter()
             copied = future.result()
@@ -261,24 +279,11 @@ class InfiniGen(AttentionMethod):
                 copied.wait()  # the compute stream waits for the copy; the host does not
             self._wait_ms[layer] += (time.perf_counter() - start) * 1e3
         with ctx.timer.stage("attn_device"):
-            fetched_k, fetched_v = (self._fetch_view(buffer, n) for buffer in self._fetched[layer % 2])
-            valid = valid_host = None
-            if not step.uniform:  # a short sequence has fewer tokens
-                valid, valid_host = step.positions.clamp(max=n), [min(p, n) for p in step.positions_host]
+            fetched_k, fetched_v = (buffer[:, :, :n] for buffer in self._fetched[layer % 2])
             fetched = partial_attention(q, fetched_k, fetched_v, ctx.scale, valid, valid_host)
             current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
-        # the fetched tokens a sequence really has, and the current one
-        self._attended.add_host([min(p, n) + 1 for p in step.positions_host], ctx.num_kv_heads)
         with ctx.timer.stage("merge"):
             return merge_states(fetched, current).o.to(q.dtype)
-
-    def _fetch_view(self, buffer: torch.Tensor, n: int) -> torch.Tensor:
-        """The `[B, Hkv, n, D]` fetched tokens in a fetch buffer (the front of each row on CUDA)."""
-        if buffer.dim() == 4:
-            return buffer[:, :, :n]
-        ctx = self.ctx
-        return buffer[: ctx.batch * ctx.num_kv_heads * n * ctx.head_dim].view(ctx.batch, ctx.num_kv_heads, n,
-                                                                            ctx.head_dim)
 
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new token: partial key to the device tier, K/V to host memory (asynchronously on CUDA)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scoutbench.kernels.attention import decode_attention
+from scoutbench.kernels.attention import block_sparse_attention, decode_attention
 from scoutbench.kernels.backends import PAGE_TOKENS
 from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
 from scoutbench.kernels.gather import gather_blocks, write_tokens
@@ -53,17 +53,20 @@ class Quest(FullKV):
         return self.budget // self.block_size
 
     def bind(self, ctx: MethodContext) -> None:
-        # Storage rounded up to whole blocks, so that a block gather is one index_select over a blocked view, and to
-        # whole flashinfer pages (FullKV's rows, which the dense layers read)
+        # Storage rounded up to whole blocks, so that the cache is a blocked view (read in place on CPU; on CUDA a
+        # block gather is one index_select over it), and to whole flashinfer pages (FullKV's rows, which the dense
+        # layers read)
         unit = math.lcm(self.block_size, PAGE_TOKENS)
         rounded = math.ceil(ctx.max_len / unit) * unit
         super().bind(dataclasses.replace(ctx, max_len=rounded))
         digest_shape = (ctx.batch, ctx.num_kv_heads, rounded // self.block_size, ctx.head_dim)
         sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
         self.digests = DigestTable(sparse, digest_shape, ctx.dtype, ctx.device)
-        gather_shape = (ctx.batch, ctx.num_kv_heads, self.page_budget * self.block_size, ctx.head_dim)
-        self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
-        self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
+        self._gathered_k = self._gathered_v = None  # CUDA: flashinfer attends a contiguous gather of the selection
+        if ctx.device.type == "cuda":
+            gather_shape = (ctx.batch, ctx.num_kv_heads, self.page_budget * self.block_size, ctx.head_dim)
+            self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
+            self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -119,10 +122,15 @@ class Quest(FullKV):
             write_tokens(values, v, step.positions, step.positions_host)
             self._update_digests(layer)
             block_ids, valid_len = self.select(layer, q)
-            gather_blocks(keys, block_ids, self.block_size, self._gathered_k)
-            gather_blocks(values, block_ids, self.block_size, self._gathered_v)
             self._attended_sum[layer] += valid_len.float().mean()
             self._attended.add(valid_len)
+            if self._gathered_k is None:  # CPU: the selected blocks attended in place
+                batch, kv_heads, num_tokens, head_dim = keys.shape
+                blocked = (batch, kv_heads, num_tokens // self.block_size, self.block_size, head_dim)
+                return block_sparse_attention(q, keys.view(blocked), values.view(blocked), block_ids, self.ctx.scale,
+                                              valid_len).o.to(q.dtype)
+            gather_blocks(keys, block_ids, self.block_size, self._gathered_k)
+            gather_blocks(values, block_ids, self.block_size, self._gathered_v)
             return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, valid_len,
                                     self._selected_len_host)
 

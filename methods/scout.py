@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.errors import UsageError
-from scoutbench.kernels.attention import PartialState, merge_states, partial_attention
+from scoutbench.kernels.attention import PartialState, block_sparse_attention, merge_states
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
 from scoutbench.kernels.digest import CandidateBlocks, DigestTable
 from scoutbench.kernels.offload import (
@@ -57,16 +57,29 @@ class _Plan:
     pool_use: torch.Tensor  # device bool [B, Hkv, k_sel]: pool slots read by the device part
     cpu_blocks: torch.Tensor  # device [B, Hkv]: blocks the CPU part attends
     predicted: bool
+    recall_periodic: bool = False  # this layer's periodic recall is due after this step's attention
     wait_events: tuple = ()  # events the worker waits for before reusing this parity's host buffers
     future: Future | None = None
     result: Any = None
 
 
 @dataclass
+class _Recall:
+    """The blocks a recall copies into the pool, staged by the worker in this plan's parity buffers (rows [0, n)
+    in (row, rank) order): host rows read, pool slots written."""
+
+    bh: torch.Tensor  # [n] (sequence, KV head) row b * Hkv + h
+    slots: torch.Tensor  # [n] pool slot of each recalled block
+    blocks: torch.Tensor  # [n] block index
+
+
+@dataclass
 class _CpuResult:
     state: PartialState | None  # None: nothing attended on the CPU
-    width: int  # gathered blocks per (sequence, KV head) row
+    width: int  # CPU blocks per (sequence, KV head) row (the widest row)
     ms: float
+    recall_due: bool = False  # periodic, or the reactive trigger fired
+    recall: _Recall | None = None  # what the due recall copies (None: nothing to copy)
 
 
 @dataclass
@@ -74,9 +87,8 @@ class ScoutAttention(AttentionMethod):
     """ScoutAttention: Quest block selection split between a device pool and CPU attention over host blocks.
 
     Storage. Layers `< dense_layers` are FullKV on the device. A sparse layer keeps every complete block in host
-    memory (`host_empty`, pinned on CUDA) as block-major rows `[max_blocks * B * Hkv, block_size, D]`, so a flat
-    `index_select(out=)` gathers any set of blocks and a block completed by all sequences at once is one
-    contiguous copy; on the device it keeps Quest digests (kmax/kmin of post-RoPE
+    memory (`host_empty`, pinned on CUDA) as block-major rows `[max_blocks * B * Hkv, block_size, D]`, so the CPU
+    kernel reads any set of blocks in place and a block completed by all sequences at once is one contiguous copy; on the device it keeps Quest digests (kmax/kmin of post-RoPE
     keys) of every complete block and one contiguous region per (sequence, KV head) of `budget // block_size`
     block slots: `k_sel` pool slots, `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the
     local blocks and the tail (the partial block with the current token). `BlockTable` records which block sits in
@@ -111,9 +123,11 @@ class ScoutAttention(AttentionMethod):
     Periodic recall (`pr=True`): after layer l's attention, every `recall_interval` steps (per layer from
     `recall_profile`, a `scoutbench profile-recall` JSON, when given; the paper sets these intervals offline from
     beta and recalls purely periodically), and with `beta_trigger=True` also whenever the layer's CPU compute
-    ratio exceeds `beta` (a reactive variant, not the paper's), the blocks the CPU just computed are copied into the pool (from the worker's gather buffer; on
-    CUDA on a copy stream with an event), evicting free slots first, then resident blocks outside the latest
-    selection, lowest score first. A recalled slot is readable only after its copy event has completed, and
+    ratio exceeds `beta` (a reactive variant, not the paper's), the blocks the CPU just computed are copied into the
+    pool, evicting free slots first, then resident blocks outside the latest selection, lowest score first. The CPU
+    part attends its blocks in place in the host tier (no gather), so on a recall step the worker also stages the
+    recalled blocks (only those) from the host tier into this parity's staging buffer, from which the recall copies
+    them into the pool (on CUDA on a copy stream with an event). A recalled slot is readable only after its copy event has completed, and
     victims are never selected or in-flight blocks, so the layer's next use never reads a half-copied slot.
 
     CPU compute ratio = tokens attended on the CPU / `budget` per layer, averaged over (sequence, KV head).
@@ -186,7 +200,7 @@ class ScoutAttention(AttentionMethod):
             n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + region * kv + block_table)
         if sparse:
             device += self.k_sel * self.block_size * kv + shape.num_kv_heads * region * elem_bytes
-        # the host arena: every block of the sparse layers, and two gather buffers of k_sel blocks (K and V)
+        # the host arena: every block of the sparse layers, and two recall staging buffers of k_sel blocks (K and V)
         host = sparse * n_blocks * self.block_size * kv + (2 * self.k_sel * self.block_size * kv if sparse else 0)
         # prefill: one chunk of blocks made contiguous for its D2H copy, and the initial resident K (then V) blocks
         one_kv = shape.num_kv_heads * shape.head_dim * elem_bytes
@@ -217,7 +231,7 @@ class ScoutAttention(AttentionMethod):
         # sparse layers: host tier, block-major rows `j * B * Hkv + (b * Hkv + h)` so that the blocks of all
         # (sequence, KV head) rows completed at one step are one contiguous (async on CUDA) copy. Zeroed: gathers
         # may read never-written rows, masked out, but they must be finite.
-        # The host tier and the CPU part's gather buffers (two sets: consecutive layers alternate, at most two plans
+        # The host tier and the recall's staging buffers (two sets: consecutive layers alternate, at most two plans
         # in flight) are one exact-size arena, pinned on CUDA (memory_footprint counts the same bytes).
         rows = self._max_blocks * B * Hkv
         k = self.k_sel
@@ -225,12 +239,12 @@ class ScoutAttention(AttentionMethod):
         sparse = range(self._dense, ctx.num_layers)
         parities = range(2) if sparse else range(0)
         self._host_arena = HostArena({**{(kind, layer): ((rows, b, D), dtype) for kind in "kv" for layer in sparse},
-                                      **{(kind, i): ((gather_rows, b, D), dtype) for kind in ("gk", "gv") for i in parities}},
+                                      **{(kind, i): ((gather_rows, b, D), dtype) for kind in ("rk", "rv") for i in parities}},
                                      dev)
         self._host_k = {layer: self._host_arena["k", layer] for layer in sparse}
         self._host_v = {layer: self._host_arena["v", layer] for layer in sparse}
-        self._gather_k = [self._host_arena["gk", i] for i in parities]
-        self._gather_v = [self._host_arena["gv", i] for i in parities]
+        self._recall_k = [self._host_arena["rk", i] for i in parities]
+        self._recall_v = [self._host_arena["rv", i] for i in parities]
         self._dev_k: dict[int, torch.Tensor] = {}
         self._dev_v: dict[int, torch.Tensor] = {}
         self._digests = DigestTable(sparse, (B, Hkv, self._max_blocks, D), dtype, dev)
@@ -505,7 +519,9 @@ class ScoutAttention(AttentionMethod):
         on_dev, pending, slot = table.split(ids, valid)
         on_cpu = valid & ~on_dev
         order = torch.argsort((~on_cpu).to(torch.uint8), dim=-1, stable=True)  # CPU blocks first, by score
-        if self._recall_due(layer):
+        # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU part
+        recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
+        if recall_periodic or (self.pr and self.beta_trigger):  # a recall may follow: it needs the eviction order
             victims, available = table.victims(ids, valid, scores)
         else:  # no recall will read them this step
             victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
@@ -527,7 +543,7 @@ class ScoutAttention(AttentionMethod):
         else:
             q_host, payload_host, event = q, payload, DONE
         plan = _Plan(layer, self.step.index, parity, q_host, payload_host, event, pool_use, counts[..., 0], predicted,
-                     tuple(self._parity_free[parity]))
+                     recall_periodic, tuple(self._parity_free[parity]))
         self._parity_free[parity] = []
         if self.trace is not None:
             self._trace_plan(plan, ids, valid, on_dev, table)
@@ -539,8 +555,8 @@ class ScoutAttention(AttentionMethod):
         self._log_event("submit", plan.layer)
 
     def _run_cpu(self, plan: _Plan) -> _CpuResult:
-        """The CPU part (worker thread): gather the non-resident selected blocks from host memory into this
-        parity's preallocated buffers and attend to them with the plan's query."""
+        """The CPU part (worker thread): attend the non-resident selected blocks in place in the host tier with the
+        plan's query (the kernel reads them by block id), then, on a recall step, stage the recalled blocks."""
         plan.event.synchronize()
         for event in plan.wait_events:
             event.synchronize()
@@ -549,23 +565,45 @@ class ScoutAttention(AttentionMethod):
         B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
         n_cpu = plan.payload[..., 3 * k]
         width = int(n_cpu.max())
+        recall_due = plan.recall_periodic or (self.pr and self.beta_trigger and
+                                              float(n_cpu.sum()) * b / (self.budget * n_cpu.numel()) > self.beta)
         if width == 0:
-            return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3)
-        rows = (plan.payload[..., :width] * (B * Hkv) + self._bh_host[:, :, None]).reshape(-1)
-        used = B * Hkv * width
-        gk, gv = self._gather_k[plan.parity][:used], self._gather_v[plan.parity][:used]
-        torch.index_select(self._host_k[plan.layer], 0, rows, out=gk)
-        torch.index_select(self._host_v[plan.layer], 0, rows, out=gv)
+            return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3, recall_due)
+        # block j of row (b, h) is host row j * B * Hkv + b * Hkv + h: the block-major tier as [B, Hkv, blocks, b, D]
+        blocks_k = self._host_k[plan.layer].view(self._max_blocks, B, Hkv, b, D).permute(1, 2, 0, 3, 4)
+        blocks_v = self._host_v[plan.layer].view(self._max_blocks, B, Hkv, b, D).permute(1, 2, 0, 3, 4)
         valid_len = None if bool((n_cpu == width).all()) else n_cpu * b
-        state = partial_attention(plan.q, gk.view(B, Hkv, width * b, D), gv.view(B, Hkv, width * b, D),
-                                  ctx.scale, valid_len)
+        state = block_sparse_attention(plan.q, blocks_k, blocks_v, plan.payload[..., :width], ctx.scale, valid_len)
         if self._cuda:
             self._out_o[plan.parity].copy_(state.o)
             self._out_lse[plan.parity].copy_(state.lse)
             state = PartialState(self._out_o[plan.parity], self._out_lse[plan.parity])
+        recall = self._stage_recall(plan) if recall_due else None
         ms = (time.perf_counter() - t0) * 1e3
         self._log_event("cpu", plan.layer)
-        return _CpuResult(state, width, ms)
+        return _CpuResult(state, width, ms, recall_due, recall)
+
+    def _stage_recall(self, plan: _Plan) -> _Recall | None:
+        """The blocks a recall copies (worker thread): the ones the CPU just computed, minus in-flight ones, most
+        important first, as many as the row has free slots or victims; gathered from the host tier into this
+        parity's staging buffers (rows [0, n)). None when no block qualifies."""
+        ctx, k = self.ctx, self.k_sel
+        rows = ctx.batch * ctx.num_kv_heads
+        payload = plan.payload.view(rows, -1)
+        ids, pending, victims = payload[:, :k], payload[:, k:2 * k].bool(), payload[:, 2 * k:3 * k]
+        n_cpu, available = payload[:, 3 * k], payload[:, 3 * k + 2]
+        take = (torch.arange(k)[None, :] < n_cpu[:, None]) & ~pending
+        rank = take.long().cumsum(-1) - 1
+        take &= rank < available[:, None]
+        bh, kk = take.nonzero(as_tuple=True)
+        if bh.numel() == 0:
+            return None
+        blocks = ids[bh, kk]
+        host_rows = blocks * rows + bh
+        n = bh.numel()
+        torch.index_select(self._host_k[plan.layer], 0, host_rows, out=self._recall_k[plan.parity][:n])
+        torch.index_select(self._host_v[plan.layer], 0, host_rows, out=self._recall_v[plan.parity][:n])
+        return _Recall(bh, victims[bh, rank[bh, kk]], blocks)
 
     # ------------------------------------------------------------------ device part
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -624,69 +662,45 @@ class ScoutAttention(AttentionMethod):
         return region_attention(q, self._dev_k[layer], self._dev_v[layer], self.ctx.scale, self._bias)
 
     # ------------------------------------------------------------------ periodic recall
-    def _recall_due(self, layer: int) -> bool:
-        """Whether layer `layer` may recall after its attention this step (its plan then needs the eviction order):
-        the periodic recall knows it in advance; the reactive trigger (beta_trigger) decides only after the CPU part."""
-        return self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer])
-
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
         self._since[layer] += 1
-        if self._since[layer] < self._intervals[layer]:
-            if not self.beta_trigger:
-                return
-            n_cpu = plan.payload[..., 3 * self.k_sel]
-            if float(n_cpu.sum()) * self.block_size / (self.budget * n_cpu.numel()) <= self.beta:
-                return
+        if not result.recall_due:  # decided with the plan (periodic) or by the worker (reactive trigger)
+            return
         self._since[layer] = 0
-        if result.width == 0:
+        if result.recall is None:
             return
-        self._recall(layer, plan, result.width)
+        self._recall(layer, plan, result.recall)
 
-    def _recall(self, layer: int, plan: _Plan, width: int) -> None:
-        """Copy the blocks the CPU just computed (minus in-flight ones) into the pool, most important first, into
-        free slots, then over resident blocks outside the latest selection (lowest score first)."""
-        ctx, k, b = self.ctx, self.k_sel, self.block_size
-        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
-        payload = plan.payload.view(B * Hkv, -1)
-        ids, pending, victims = payload[:, :k], payload[:, k:2 * k].bool(), payload[:, 2 * k:3 * k]
-        n_cpu, available = payload[:, 3 * k], payload[:, 3 * k + 2]
-        take = (torch.arange(k)[None, :] < n_cpu[:, None]) & ~pending
-        rank = take.long().cumsum(-1) - 1
-        take &= rank < available[:, None]
-        bh, kk = take.nonzero(as_tuple=True)
-        if bh.numel() == 0:
-            return
-        slots = victims[bh, rank[bh, kk]]
-        blocks = ids[bh, kk]
-        src = bh * width + kk  # row of the block in this plan's gather buffer
+    def _recall(self, layer: int, plan: _Plan, recall: _Recall) -> None:
+        """Copy the blocks the worker staged (`_stage_recall`) into their pool slots and record them in the table."""
+        ctx, b = self.ctx, self.block_size
+        Hkv, D = ctx.num_kv_heads, ctx.head_dim
+        bh, slots, blocks = recall.bh, recall.slots, recall.blocks
+        n = bh.numel()
         dst = bh * self._n_slots + slots
-        used = B * Hkv * width
-        gk, gv = self._gather_k[plan.parity], self._gather_v[plan.parity]
+        staged_k, staged_v = self._recall_k[plan.parity][:n], self._recall_v[plan.parity][:n]
         dk, dv = self._dev_k[layer].view(-1, b, D), self._dev_v[layer].view(-1, b, D)
         device = dk.device
         if self._cuda:
-            # DMA of the whole used gather buffer (no host work), the recalled blocks picked on the device: more
-            # bytes than the recalled blocks, and what `recall.bytes` counts
             def job() -> None:
-                src_d, dst_d = _to_device(src, device), _to_device(dst, device)
-                for stage, gather, pool in ((self._stage_k, gk, dk), (self._stage_v, gv, dv)):
-                    stage[:used].copy_(gather[:used], non_blocking=True)
-                    pool.index_copy_(0, dst_d, stage.index_select(0, src_d))
+                dst_d = _to_device(dst, device)
+                for stage, staged, pool in ((self._stage_k, staged_k, dk), (self._stage_v, staged_v, dv)):
+                    stage[:n].copy_(staged, non_blocking=True)
+                    pool.index_copy_(0, dst_d, stage[:n])
 
             _, event = self._copy.run(job)
-            self._parity_free[plan.parity].append(event)  # the copy reads this parity's gather buffer
-            self._recall_bytes += 2 * used * b * D * gk.element_size()
+            self._parity_free[plan.parity].append(event)  # the copy reads this parity's staging buffers
         else:
-            dk.index_copy_(0, dst, gk.index_select(0, src))
-            dv.index_copy_(0, dst, gv.index_select(0, src))
+            dk.index_copy_(0, dst, staged_k)
+            dv.index_copy_(0, dst, staged_v)
             event = None
-            self._recall_bytes += 2 * int(bh.numel()) * b * D * gk.element_size()
         self._tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
         self._recalls[layer] += 1
-        # the whole used gather buffer goes to the device (then the recalled rows are picked there), plus the
-        # source/destination rows and the table's row/slot/block lists
-        self._h2d_bytes += 2 * used * b * D * gk.element_size() + 5 * bh.numel() * 8
-        self._recall_blocks[layer] += int(bh.numel())
+        # the recalled blocks (K and V) go to the device, plus the destination rows and the table's row/slot/block
+        # lists
+        self._recall_bytes += 2 * n * b * D * staged_k.element_size()
+        self._h2d_bytes += 2 * n * b * D * staged_k.element_size() + 4 * n * 8
+        self._recall_blocks[layer] += int(n)
         if self.trace is not None:
             self.trace.append({"kind": "recall", "layer": layer, "step": plan.step,
                                "blocks": [(int(x) // Hkv, int(x) % Hkv, int(j)) for x, j in zip(bh, blocks, strict=False)]})
@@ -721,7 +735,7 @@ class ScoutAttention(AttentionMethod):
             "blocks_resident_per_head": mean_of(self._res_sum),
             "k_sel": self.k_sel,
             "attended_tokens_per_head": self._attended.stats(self.budget),
-            # bytes: what the recalls copied (on CUDA the whole used gather buffer); recalled_bytes: the blocks
+            # bytes: what the recalls copied (the staged blocks, K and V); recalled_bytes: the recalled blocks'
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
                        "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
                        "per_layer": list(self._recalls),

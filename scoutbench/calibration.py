@@ -1,8 +1,8 @@
 """`scoutbench calibrate`: measure this machine's hardware profile for the projection (scoutbench/projection.py).
 
-Each number is timed with the kernels the methods use (the same `partial_attention`, the same flattened
-`index_select` gathers, the engine's own decode step), repeated, and summarised by its median; its `source`
-says what was measured, where and when. On a CPU-only machine the "device" is the main thread's torch pool and
+Each number is timed with the kernels the methods use (the same `partial_attention` and `block_sparse_attention`,
+the same flattened `index_select` gathers, the engine's own decode step), repeated, and summarised by its median;
+its `source` says what was measured, where and when. On a CPU-only machine the "device" is the main thread's torch pool and
 the "host" is the CPU worker, on the same cores (`host.shares_device`); with CUDA the device numbers come from
 the GPU (HBM copy bandwidth, bf16 GEMM, attention) and the bus from pinned host <-> device copies.
 """
@@ -63,32 +63,27 @@ def peak_flops(device: torch.device, dtype: torch.dtype, repeats: int) -> float:
 
 
 def attention_bytes_s(device: torch.device, dtype: torch.dtype, repeats: int, tokens: int = 16384,
-                      gathered_blocks: int | None = None) -> float:
+                      selected_blocks: int | None = None) -> float:
     """KV bytes per second of decode attention over `tokens` tokens (8 KV heads, 32 query heads, head_dim 128);
-    with `gathered_blocks`, the selected 32-token blocks are first gathered as ScoutAttention's CPU part does."""
-    from scoutbench.kernels.attention import partial_attention
-    from scoutbench.kernels.gather import gather_blocks
+    with `selected_blocks`, over that many random 32-token blocks per KV head, attended in place as ScoutAttention's
+    CPU part does (`block_sparse_attention`)."""
+    from scoutbench.kernels.attention import block_sparse_attention, partial_attention
 
     heads, kv_heads, head_dim, block = 32, 8, 128, 32
     q = torch.randn(1, heads, head_dim, device=device).to(dtype)
     k = torch.randn(1, kv_heads, tokens, head_dim, device=device).to(dtype)
     v = torch.randn_like(k)
     scale = head_dim**-0.5
-    if gathered_blocks is None:
+    if selected_blocks is None:
         seconds = median_seconds(lambda: partial_attention(q, k, v, scale), device, repeats)
         return 2 * k.numel() * dtype.itemsize / seconds
     gen = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.stack([torch.randperm(tokens // block, generator=gen)[:gathered_blocks] for _ in range(kv_heads)])
-    ids = ids.view(1, kv_heads, gathered_blocks).to(device)
-    out_k = torch.empty(1, kv_heads, gathered_blocks * block, head_dim, device=device, dtype=dtype)
-    out_v = torch.empty_like(out_k)
-
-    def run() -> None:
-        gather_blocks(k, ids, block, out_k)
-        gather_blocks(v, ids, block, out_v)
-        partial_attention(q, out_k, out_v, scale)
-
-    return 2 * out_k.numel() * dtype.itemsize / median_seconds(run, device, repeats)
+    ids = torch.stack([torch.randperm(tokens // block, generator=gen)[:selected_blocks] for _ in range(kv_heads)])
+    ids = ids.view(1, kv_heads, selected_blocks).to(device)
+    blocked = (1, kv_heads, tokens // block, block, head_dim)
+    seconds = median_seconds(lambda: block_sparse_attention(q, k.view(blocked), v.view(blocked), ids, scale), device,
+                             repeats)
+    return 2 * selected_blocks * block * kv_heads * head_dim * dtype.itemsize / seconds
 
 
 def gather_bytes_s(device: torch.device, dtype: torch.dtype, repeats: int) -> float:
@@ -207,8 +202,8 @@ def calibrate(device: torch.device, repeats: int = 5, log: Callable[[str], None]
                                       f"{host_dtype} gather of 256 random 32-token blocks per KV head on the "
                                       "worker thread (bytes/s)"),
         "attention_bytes_s": measured(in_worker(lambda: attention_bytes_s(cpu, host_dtype, repeats, 16384, 64)),
-                                      f"{host_dtype} gather of 64 of 512 blocks + decode attention on the worker "
-                                      "thread (KV bytes/s)"),
+                                      f"{host_dtype} decode attention over 64 of 512 blocks read in place on the "
+                                      "worker thread (KV bytes/s)"),
         "task_overhead_s": measured(worker_task_overhead_s(repeats), "empty task round trip through the worker (s)"),
         "shares_device": not cuda,
     }

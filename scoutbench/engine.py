@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
@@ -61,6 +62,7 @@ class DecodeEngine:
             predict_query=lambda *args, **kwargs: predict_query()(*args, **kwargs),
         )
         self.method.bind(ctx)
+        cpu_attention.library()  # built (first use: seconds) or found now, never inside a timed step
         self.step_index = 0
 
     # ------------------------------------------------------------------ projections

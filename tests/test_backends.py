@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from scoutbench.kernels import backends
+from scoutbench.kernels import backends, cpu_attention
 from scoutbench.kernels.attention import partial_attention
 from scoutbench.kernels.backends import page_size_for, page_table, row_lengths_host, row_pages, select_backend
 
@@ -174,9 +174,12 @@ def test_quest_host_lengths_equal_its_device_selection(tiny_qwen3):
         assert torch.equal(valid_len, expected), positions
 
 
-@pytest.mark.parametrize("name,expected", [("fullkv", {"cpu:torch"}), ("quest", {"cpu:torch"}),
-                                           ("scout", {"cpu:torch", "cpu:torch-region"})])
-def test_result_records_the_backends_that_ran(tiny_qwen3, name, expected):
+@pytest.mark.parametrize("name,expected", [("fullkv", {"cpu:{}"}), ("quest", {"cpu:{}"}),
+                                           ("scout", {"cpu:{}", "cpu:torch-region"})])
+def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, expected):
+    """Each call's CPU backend (the compiled kernel or torch's, `cpu_backend`) is counted in the result; scout's
+    device region (an arbitrary mask) runs torch's kernel on every device."""
+    expected = {key.format(cpu_backend) for key in expected}
     from scoutbench.models import LoadedModel
     from scoutbench.throughput import ThroughputConfig, run_throughput
 
@@ -187,4 +190,5 @@ def test_result_records_the_backends_that_ran(tiny_qwen3, name, expected):
     used = result["attention_backends"]
     assert set(used) == expected and all(count > 0 for count in used.values())
     if name == "fullkv":  # one call per layer and timed step (warm-up calls are not counted)
-        assert used == {"cpu:torch": tiny_qwen3.config.num_hidden_layers * 2}
+        assert used == {f"cpu:{cpu_backend}": tiny_qwen3.config.num_hidden_layers * 2}
+    assert result["env"]["partial_attention_backend"] == result["env"]["cpu_attention_backend"] == cpu_attention.backend_name()

@@ -23,7 +23,7 @@ from scoutbench.methods.infinigen import InfiniGen
 # dense_layers=0: layer 0 has no layer ahead of it and speculates with its own query, synchronously
 @pytest.mark.parametrize("dynamic_count", [False, True])
 @pytest.mark.parametrize(("model_name", "dense_layers"), [("tiny_qwen3", 2), ("tiny_llama", 0), ("tiny_mha", 2)])
-def test_fetching_every_token_equals_fullkv(model_name, dense_layers, dynamic_count, request):
+def test_fetching_every_token_equals_fullkv(model_name, dense_layers, dynamic_count, request, cpu_backend):
     model = request.getfixturevalue(model_name)
     # uniform lengths: n is one count for the whole batch (the mean over sequences and heads, as the original)
     prompt, lengths = ragged_prompt(model.config.vocab_size, [40, 40])
@@ -159,11 +159,13 @@ def test_method_args_and_footprint():
         InfiniGen.from_args({"partial_ratio": "0"})
     method, ctx, *_ = _bound_infinigen([40, 40], num_kv_heads=2, budget=17)
     shape = ModelShape(ctx.num_layers, ctx.num_heads, ctx.num_kv_heads, ctx.head_dim, 64, 64, 64)
-    device = [*method.dense.keys, *method.dense.values, *method.partial_keys.values(),
-              *(buffer for pair in method._fetched for buffer in pair)]
+    device = [*method.dense.keys, *method.dense.values, *method.partial_keys.values()]
     host = [*method.host_k.values(), *method.host_v.values()]
     footprint = method.memory_footprint(shape, ctx.max_len, elem_bytes=4)
-    assert footprint.device_bytes_per_seq == sum(t.numel() * t.element_size() for t in device) // ctx.batch
+    # the double-buffered fetch targets (K and V) exist on CUDA only: a CPU run reads the host tier in place
+    cuda_fetch = 2 * method.capacity * 2 * ctx.num_kv_heads * ctx.head_dim * 4
+    assert method._fetched is None
+    assert footprint.device_bytes_per_seq == sum(t.numel() * t.element_size() for t in device) // ctx.batch + cuda_fetch
     cuda_staging = 2 * method.capacity * (2 * ctx.num_kv_heads * ctx.head_dim * 4 + ctx.num_kv_heads * 8)
     assert footprint.host_bytes_per_seq == sum(t.numel() * t.element_size() for t in host) // ctx.batch + cuda_staging
     method.close()

@@ -43,7 +43,7 @@ EXPECTED_64K = {
     "quest": (40 * N * KV + 38 * 2048 * KV, 0, 0),
     # 2 dense layers on the device; 38 sparse layers: digests + 2048 resident tokens + the block table (int64 per
     # block, int64 + bool per slot, per KV head); once: the recall staging (61 blocks of K and V) and the region's
-    # mask. Host: their full KV + two gather buffers of k_sel = 2048 / 32 - 3 = 61 blocks. Prefill: a 4096-token
+    # mask. Host: their full KV + two recall staging buffers of k_sel = 2048 / 32 - 3 = 61 blocks. Prefill: a 4096-token
     # chunk + 61 blocks of K
     "scout": (2 * N * KV + 38 * (2048 * KV + 2048 * KV + 8 * (2049 * 8 + 62 * 9)) + 61 * 32 * KV + 8 * 2048 * 2,
               38 * N * KV + 2 * 61 * 32 * KV, (4096 + 61 * 32) * ONE_KV),
@@ -53,10 +53,9 @@ EXPECTED_64K = {
     "infinigen": (2 * N * KV + 38 * N * 8 * 26 * 2 + 2 * 2048 * KV, 38 * N * KV + 2 * 2047 * (KV + 8 * 8),
                   4 * 128 * (2 * 4096 * 8 + 3 * 256 * 40)),
     # 2 dense layers on the device; 38 sparse layers: a window of 1024 tokens (budget 2048 x window_share 0.5) + one
-    # 32-token migration block on the device; on the host the rest + fp32 moving averages per query head, migration
-    # staging (32 tokens), two gather buffers of 2048 - 1024 tokens per KV head (one selection per KV head)
-    "hgca": (2 * N * KV + 38 * (1024 + 32) * KV,
-             38 * (N - 1024) * KV + 38 * 40 * (N - 1024) * 4 + 38 * 32 * KV + 2 * 8 * 1024 * 128 * 2, 0),
+    # 32-token migration block on the device; on the host the rest + fp32 moving averages per query head and
+    # migration staging (32 tokens); the CPU part reads the host tier in place (no gather buffers)
+    "hgca": (2 * N * KV + 38 * (1024 + 32) * KV, 38 * (N - 1024) * KV + 38 * 40 * (N - 1024) * 4 + 38 * 32 * KV, 0),
 }
 
 

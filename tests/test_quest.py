@@ -58,7 +58,7 @@ def _with_new_token(cache, new, lengths):
 # lengths: [context shorter than a block, long]; [exact multiple of the block after the append, long]
 @pytest.mark.parametrize("lengths", [[5, 70], [63, 40]])
 @pytest.mark.parametrize("num_kv_heads", [4, 2])  # GQA group 1 and 2
-def test_selection_and_sparse_attention(lengths, num_kv_heads):
+def test_selection_and_sparse_attention(lengths, num_kv_heads, cpu_backend):
     method, fullkv, ctx, keys, values, generator = _bound_quest(lengths, num_kv_heads)
     block, pages, group = method.block_size, method.page_budget, ctx.num_heads // num_kv_heads
     for layer in range(ctx.num_layers):

@@ -121,7 +121,7 @@ def test_oracle_with_budget_over_context_equals_fullkv(model_fixture, pc, pr, re
     assert_logits_close(scout_run(model, method, prompt, lengths, tokens), reference, atol=1e-5)
 
 
-def test_oracle_with_full_budget_and_no_dense_layers_equals_fullkv(tiny_qwen3):
+def test_oracle_with_full_budget_and_no_dense_layers_equals_fullkv(tiny_qwen3, cpu_backend):
     prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [97], seed=2)
     reference, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, 6)
     method = ScoutAttention(budget=128, block_size=4, dense_layers=0, oracle=True)
@@ -208,6 +208,33 @@ def test_recall_empties_the_cpu_part_for_the_same_selection(tiny_qwen3, prompt_3
             assert j in after["resident"][s][h]
             if j in after["selected"][s][h]:
                 assert j in after["device"][s][h]
+
+
+def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt_300, cpu_backend):
+    """The CPU part attends in place (no gather buffer), so the worker stages only the recalled blocks from the host
+    tier: after each recall the pool slots hold exactly those host blocks, and the bytes counted to the device are
+    theirs (K and V) plus four int64 index lists, on both CPU attention backends."""
+    prompt, lengths, tokens = prompt_300
+    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2)
+    recalls = []
+    original = method._recall
+
+    def checked(layer, plan, recall):
+        before = method._h2d_bytes
+        original(layer, plan, recall)
+        b, rows = method.block_size, method.ctx.batch * method.ctx.num_kv_heads
+        pool_k = method._dev_k[layer].view(-1, b, method.ctx.head_dim)
+        pool_v = method._dev_v[layer].view(-1, b, method.ctx.head_dim)
+        for bh, slot, block in zip(recall.bh.tolist(), recall.slots.tolist(), recall.blocks.tolist(), strict=True):
+            assert torch.equal(pool_k[bh * method._n_slots + slot], method._host_k[layer][block * rows + bh])
+            assert torch.equal(pool_v[bh * method._n_slots + slot], method._host_v[layer][block * rows + bh])
+        n = recall.bh.numel()
+        assert method._h2d_bytes - before == n * (2 * b * method.ctx.head_dim * 4 + 4 * 8)
+        recalls.append(n)
+
+    method._recall = checked
+    scout_run(tiny_qwen3, method, prompt, lengths, tokens)
+    assert recalls and sum(recalls) == method.stats()["recall"]["blocks"] > 0
 
 
 @pytest.mark.parametrize("device_blocks", [None, "resident"])
@@ -473,7 +500,7 @@ def test_memory_footprint_formula():
     staging_and_mask = k_sel * 32 * kv + 8 * 2048 * 2
     assert fp.device_bytes_per_seq == (2 * 65536 * kv + 38 * (n_blocks * 2 * 8 * 128 * 2 + 2048 * kv + block_table)
                                        + staging_and_mask)
-    assert fp.host_bytes_per_seq == 38 * 65536 * kv + 2 * k_sel * 32 * kv  # + the CPU part's two gather buffers
+    assert fp.host_bytes_per_seq == 38 * 65536 * kv + 2 * k_sel * 32 * kv  # + the recall's two staging buffers
     assert fp.prefill_bytes_per_seq == (4096 + k_sel * 32) * kv // 2
     odd = method.memory_footprint(shape, 100, 2)
     assert odd.device_bytes_per_seq == (2 * 100 * kv + 38 * (4 * 2 * 8 * 128 * 2 + 2048 * kv + 8 * (5 * 8 + 62 * 9))

@@ -4,6 +4,9 @@ Conventions (every method relies on them):
 - decode query `q` is `[B, Hq, D]`; keys/values are `[B, Hkv, N, D]` (post-RoPE); `G = Hq // Hkv`.
 - the query heads of a KV group are packed as G query rows against their KV head (`[B, Hkv, G, D]`):
   on CPU this form of SDPA is 2-10x faster than `enable_gqa=True` (docs/platform.md).
+- CPU: the compiled kernel of `cpu_attention` (bf16 and fp32 read at the memory limit, selected blocks attended in
+  place by `block_sparse_attention`), or torch's kernels where it is unavailable or `SCOUTBENCH_CPU_ATTENTION=torch`;
+  `backends.USAGE` records `cpu:native` or `cpu:torch` per call.
 - a partial result is `(o: fp32 [B, Hq, D], lse: fp32 [B, Hq])` with a *natural-log* LSE; an empty part has
   `lse = -inf` and `o = 0`. FlashInfer's base-2 LSE is converted at its boundary only.
 - `valid_len` (`[B, Hkv]` or `[B]`) counts the leading valid tokens of each row: gathers put valid tokens first.
@@ -20,7 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from scoutbench.kernels import backends
+from scoutbench.kernels import backends, cpu_attention
 
 
 class PartialState(NamedTuple):
@@ -71,6 +74,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         backends.USAGE.add(q.device.type, backend)
         return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
                                            use_tensor_cores=backend == "flashinfer-tc").o.to(q.dtype)
+    if cpu_attention.supports(q, k):
+        backends.USAGE.add("cpu", "native")
+        return _native(q, k, v, scale, valid_len).o.to(q.dtype)
     backends.USAGE.add(q.device.type, "torch")
     mask = None
     if valid_len is not None:
@@ -92,6 +98,9 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         return empty_state(batch, num_heads, head_dim, q.device)
     if num_keys == 1 and valid_len is None:  # one key (a current token): softmax of one is 1, no kernel needed
         return single_key_state(q, k, v, scale)
+    if cpu_attention.supports(q, k):
+        backends.USAGE.add("cpu", "native")
+        return _native(q, k, v, scale, valid_len)
     backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
     backends.USAGE.add(q.device.type, backend)
     if backend.startswith("flashinfer"):
@@ -128,6 +137,11 @@ def partial_attention_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     (HGCA's moving average) without a second pass over the keys. Empty rows give the empty state and zeros."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
+    if cpu_attention.supports(q, k) and num_keys:
+        backends.USAGE.add("cpu", "native")
+        o, lse, probs = cpu_attention.attend(q, k.unsqueeze(2), v.unsqueeze(2), scale, None, valid_len, with_probs=True)
+        return PartialState(o, lse), probs
+    backends.USAGE.add(q.device.type, "torch")
     logits = torch.matmul(_packed(q, num_kv_heads), k.transpose(-1, -2)).float() * scale
     if valid_len is not None:
         logits = logits + length_bias(valid_len, num_keys, num_kv_heads, torch.float32)
@@ -147,6 +161,76 @@ def single_key_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     lse = torch.matmul(q4, k.float().transpose(-1, -2))[..., 0] * scale  # [B, Hkv, G]
     out = v.float().expand(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+
+
+def block_sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, block_ids: torch.Tensor,
+                           scale: float, valid_len: torch.Tensor | None = None) -> PartialState:
+    """Partial attention over selected blocks of a blocked cache, read in place (no gather copy on CPU).
+
+    k/v blocks `[B, Hkv, num_blocks, block_size, D]`: any strided view with a contiguous head_dim (a head-major
+    cache `[B, Hkv, N, D]` viewed as `[B, Hkv, N // bs, bs, D]`, a block-major host tier permuted to it, or token
+    rows with block_size 1). block_ids `[B, H, W]` int64: per selection row the blocks attended, in order; H is
+    Hkv, or a multiple of it for per-query-head selections (row h reads KV head h // (H // Hkv), q then holds one
+    query per row). valid_len `[B]` or `[B, H]` counts the row's leading valid tokens of the selected blocks in that
+    order (None: all `W * block_size`); only the ids of blocks holding valid tokens are read (padding may be
+    anything). CPU tensors use the compiled kernel; otherwise (CUDA, or torch forced) the blocks are gathered and
+    `partial_attention` runs over them.
+    """
+    if cpu_attention.supports(q, k_blocks):
+        backends.USAGE.add("cpu", "native")
+        o, lse, _ = cpu_attention.attend(q, k_blocks, v_blocks, scale, block_ids, valid_len)
+        return PartialState(o, lse)
+    keys, values = _gather_selected(k_blocks, v_blocks, block_ids, valid_len)
+    return partial_attention(q, keys, values, scale, valid_len)
+
+
+def block_sparse_attention_probs(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor,
+                                 block_ids: torch.Tensor, scale: float, valid_len: torch.Tensor | None = None
+                                 ) -> tuple[PartialState, torch.Tensor]:
+    """`block_sparse_attention` that also returns each query head's probabilities over the selected tokens,
+    `[B, Hq, W * block_size]` fp32 (as `partial_attention_probs`: normalised within the part, 0 past valid_len)."""
+    if cpu_attention.supports(q, k_blocks):
+        backends.USAGE.add("cpu", "native")
+        o, lse, probs = cpu_attention.attend(q, k_blocks, v_blocks, scale, block_ids, valid_len, with_probs=True)
+        return PartialState(o, lse), probs
+    keys, values = _gather_selected(k_blocks, v_blocks, block_ids, valid_len)
+    return partial_attention_probs(q, keys, values, scale, valid_len)
+
+
+def _gather_selected(k_blocks: torch.Tensor, v_blocks: torch.Tensor, block_ids: torch.Tensor,
+                     valid_len: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selected blocks as `[B, H, W * block_size, D]` copies (the path without the CPU kernel). Padding ids
+    past a row's valid blocks are set to 0: their tokens are masked by valid_len."""
+    batch, rows, width = block_ids.shape
+    kv_heads, _, block_size, head_dim = k_blocks.shape[1:]
+    device = block_ids.device
+    if valid_len is not None:
+        used = (_expand_valid_len(valid_len, batch, rows) + block_size - 1) // block_size  # [B, H] blocks
+        block_ids = block_ids.masked_fill(torch.arange(width, device=device) >= used[..., None].to(device), 0)
+    b = torch.arange(batch, device=device)[:, None, None]
+    kv = (torch.arange(rows, device=device) // (rows // kv_heads))[None, :, None]
+    shape = (batch, rows, width * block_size, head_dim)
+    return _take_blocks(k_blocks, b, kv, block_ids).view(shape), _take_blocks(v_blocks, b, kv, block_ids).view(shape)
+
+
+def _take_blocks(blocks: torch.Tensor, b: torch.Tensor, kv: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """blocks[b, kv, ids]: one flat `index_select` when every block is a contiguous run of its storage at a multiple
+    of the block's size (all our tiers), the fastest gather on CPU (docs/platform.md); else advanced indexing."""
+    row = blocks.shape[3] * blocks.shape[4]
+    strides = blocks.stride()
+    if strides[3:] != (blocks.shape[4], 1) or any(s % row for s in strides[:3]):
+        return blocks[b, kv, ids]
+    flat = (b * strides[0] + kv * strides[1] + ids * strides[2]) // row
+    rows = 1 + sum((n - 1) * s for n, s in zip(blocks.shape[:3], strides[:3], strict=True)) // row
+    table = blocks.as_strided((rows, row), (row, 1), blocks.storage_offset())
+    return torch.index_select(table, 0, flat.reshape(-1))
+
+
+def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            valid_len: torch.Tensor | None) -> PartialState:
+    """Dense partial attention `[B, Hkv, N, D]` through the CPU kernel (the cache as one block per row)."""
+    o, lse, _ = cpu_attention.attend(q, k.unsqueeze(2), v.unsqueeze(2), scale, None, valid_len)
+    return PartialState(o, lse)
 
 
 def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:

@@ -127,9 +127,13 @@ def backend_for(q: torch.Tensor, num_kv_heads: int, lengths_on_host: bool) -> st
 
 
 def partial_backend(device: torch.device) -> str:
-    """The best backend installed for `device` (for `scoutbench env`); each call's own choice is `select_backend`."""
+    """The best backend installed for `device` (for `scoutbench env` and every result's `env`); each call's own
+    choice is `select_backend` (CUDA) or `cpu_attention.supports` (CPU: the compiled kernel, e.g.
+    `native-avx512-bf16`, or `torch`)."""
     if device.type != "cuda":
-        return "torch"
+        from scoutbench.kernels.cpu_attention import backend_name  # noqa: PLC0415
+
+        return backend_name()
     if flashinfer_available():
         return "flashinfer"
     return "triton" if triton_available() else "torch"

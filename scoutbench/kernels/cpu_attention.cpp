@@ -1,0 +1,705 @@
+// CPU decode attention with log-sum-exp, full or index-driven (selected blocks attended in place), bf16 or fp32.
+//
+// Compiled on first use by scoutbench/kernels/cpu_attention.py (g++ -O3 -march=native, cached by source hash and
+// CPU flags) and called through ctypes with raw pointers; the Python side documents the contract. In short:
+//   rows r = b * H + h (H selection rows per sequence, row h reads KV head h / rows_per_kv), G queries per row,
+//   q [B*H, G, D] in the KV dtype; token p < len[r] of row r lives in block j = p / block_size at
+//   k + b*kb + h_kv*kh + id(r, j)*kid + (p % block_size)*ktok, id = ids ? ids[b*ids_b + h*ids_h + j] : j
+//   out o [B*H, G, D] fp32, lse [B*H, G] fp32 (natural log; an empty row: o = 0, lse = -inf),
+//   optionally probs [B*H, G, probs_width] fp32: softmax within the row, 0 past len[r].
+// Work is split over (row, chunk of tokens) items (flash-decoding split-K), merged exactly by LSE; the threads
+// are this library's own (std::thread), never OpenMP: torch bundles its own OpenMP runtime. A second caller that
+// finds the pool busy (ScoutAttention's worker beside the main thread) runs its call on its own thread.
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define SB_AVX512 1
+#endif
+
+namespace {
+
+constexpr int kTile = 16;  // tokens per tile: one 16-lane vector of scores per query
+constexpr int64_t kMinParallelWork = 4096;  // (token, query) pairs below which a call runs on the caller alone
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+enum DType : int { kF32 = 0, kBF16 = 1 };
+
+struct Args {
+  int dtype;
+  int64_t B, H, rows_per_kv, G, D;
+  const void* q;
+  const void* k;
+  const void* v;
+  int64_t kb, kh, kid, ktok, vb, vh, vid, vtok;  // element strides
+  int64_t block_size;
+  const int64_t* ids;
+  int64_t ids_b, ids_h;
+  const int64_t* lens;  // [B*H] or null: every row holds max_tokens
+  int64_t max_tokens;
+  float scale;
+  float* out;
+  float* lse;
+  float* probs;
+  int64_t probs_width;
+};
+
+struct Item {
+  int64_t row, begin, end;
+  int64_t slot;  // its partial state in the scratch buffer (merged per row afterwards)
+};
+
+// A partial state: running max m (base-2 logits), sum l, unnormalised accumulator acc [G, D] (for bf16 on the
+// AVX-512 path each 32-element chunk is stored as its 16 even then its 16 odd elements; store_row() undoes it).
+struct State {
+  float* m;
+  float* l;
+  float* acc;
+};
+
+inline float bf16_to_float(uint16_t x) {
+  uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename T>
+inline float to_float(T x);
+template <>
+inline float to_float<float>(float x) { return x; }
+template <>
+inline float to_float<uint16_t>(uint16_t x) { return bf16_to_float(x); }
+
+// Walks the tokens of one row in order: the current block's base pointer, advanced without divisions and looked
+// up lazily (a row that ends on a block boundary never reads the id after its last block); fill() hands out a tile's
+// pointers a run of consecutive tokens at a time.
+template <typename T>
+struct Cursor {
+  const T* base;
+  const int64_t* ids;
+  int64_t id_stride, tok_stride, block_size, block, offset;
+  const T* block_ptr = nullptr;
+
+  Cursor(const T* row_base, const int64_t* row_ids, int64_t sid, int64_t stok, int64_t bs, int64_t position)
+      : base(row_base), ids(row_ids), id_stride(sid), tok_stride(stok), block_size(bs), block(position / bs),
+        offset(position % bs) {}
+
+  // the next n token pointers into out: one block lookup per run of consecutive tokens
+  void fill(const T** out, int n) {
+    int i = 0;
+    while (i < n) {
+      if (block_ptr == nullptr) block_ptr = base + (ids ? ids[block] : block) * id_stride;
+      const int64_t run = std::min<int64_t>(n - i, block_size - offset);
+      const T* p = block_ptr + offset * tok_stride;
+      for (int64_t j = 0; j < run; ++j, p += tok_stride) out[i++] = p;
+      offset += run;
+      if (offset == block_size) {
+        offset = 0;
+        ++block;
+        block_ptr = nullptr;
+      }
+    }
+  }
+
+  const T* next_token() {
+    if (block_ptr == nullptr) block_ptr = base + (ids ? ids[block] : block) * id_stride;
+    const T* p = block_ptr + offset * tok_stride;
+    if (++offset == block_size) {
+      offset = 0;
+      ++block;
+      block_ptr = nullptr;
+    }
+    return p;
+  }
+};
+
+template <typename T>
+struct RowView {
+  const T* k;
+  const T* v;
+  const int64_t* ids;
+};
+
+template <typename T>
+RowView<T> row_view(const Args& a, int64_t row) {
+  const int64_t b = row / a.H, h = row % a.H, kv = h / a.rows_per_kv;
+  RowView<T> view;
+  view.k = static_cast<const T*>(a.k) + b * a.kb + kv * a.kh;
+  view.v = static_cast<const T*>(a.v) + b * a.vb + kv * a.vh;
+  view.ids = a.ids ? a.ids + b * a.ids_b + h * a.ids_h : nullptr;
+  return view;
+}
+
+inline int64_t row_len(const Args& a, int64_t row) {
+  if (a.lens == nullptr) return a.max_tokens;
+  return std::min(std::max<int64_t>(a.lens[row], 0), a.max_tokens);
+}
+
+// ------------------------------------------------------------------------------------------ portable kernel
+// Any head_dim, any x86/ARM CPU: plain loops the compiler vectorises (-O3 -march=native, omp simd pragmas).
+template <typename T>
+void attend_portable(const Args& a, const Item& item, State st) {
+  const int64_t G = a.G, D = a.D;
+  RowView<T> rv = row_view<T>(a, item.row);
+  const T* q = static_cast<const T*>(a.q) + item.row * G * D;
+  std::vector<float> qf(G * D), s(G * kTile);
+  for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float<T>(q[i]);
+  const float scale2 = a.scale * kLog2e;
+  for (int64_t g = 0; g < G; ++g) {
+    st.m[g] = kNegInf;
+    st.l[g] = 0.f;
+  }
+  std::fill(st.acc, st.acc + G * D, 0.f);
+  Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
+  Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
+  float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
+  for (int64_t t0 = item.begin; t0 < item.end; t0 += kTile) {
+    const int n = static_cast<int>(std::min<int64_t>(kTile, item.end - t0));
+    const T* kp[kTile];
+    const T* vp[kTile];
+    for (int i = 0; i < n; ++i) {
+      kp[i] = kc.next_token();
+      vp[i] = vc.next_token();
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = qf.data() + g * D;
+      float tile_max = kNegInf;
+      for (int i = 0; i < n; ++i) {
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_float<T>(kp[i][d]);
+        s[g * kTile + i] = dot * scale2;
+        tile_max = std::max(tile_max, s[g * kTile + i]);
+      }
+      if (probs_row) std::memcpy(probs_row + g * a.probs_width + t0, &s[g * kTile], n * sizeof(float));
+      float* acc = st.acc + g * D;
+      if (tile_max > st.m[g]) {
+        const float alpha = std::exp2(st.m[g] - tile_max);
+        st.l[g] *= alpha;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+        st.m[g] = tile_max;
+      }
+      for (int i = 0; i < n; ++i) {
+        const float p = std::exp2(s[g * kTile + i] - st.m[g]);
+        st.l[g] += p;
+        const T* vr = vp[i];
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) acc[d] += p * to_float<T>(vr[d]);
+      }
+    }
+  }
+}
+
+#ifdef SB_AVX512
+// ------------------------------------------------------------------------------------------ AVX-512 kernel
+inline __m512 exp2_ps(__m512 x) {
+  // 2^x = 2^n * 2^f, n = round(x), f in [-0.5, 0.5]: degree-7 Taylor of e^(f ln 2), relative error < 1e-8
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));  // 2^-126: the smallest normal
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Sums of 16 vectors, lane i = sum of acc[slot(i)], where token i's accumulator sits in slot 4 * (i % 4) + i / 4.
+inline __m512 reduce16(const __m512* acc) {
+  __m512 l1[8], l2[4], l3[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    const __m512 a = acc[2 * i], b = acc[2 * i + 1];
+    l1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512 a = l1[2 * i], b = l1[2 * i + 1];
+    l2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    const __m512 a = l2[2 * i], b = l2[2 * i + 1];
+    l3[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+constexpr int slot_of(int token) { return 4 * (token % 4) + token / 4; }
+
+// bf16 -> fp32 of 32 elements as (even elements, odd elements): a shift and a mask, no lane crossing
+inline void bf16_even_odd(const uint16_t* p, __m512& even, __m512& odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+inline void prefetch_row(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
+// QK of one query against a tile of 16 token rows: scores (base-2 logits) of the tile, in token order.
+template <int D>
+inline __m512 tile_scores_f32(const float* qg, const float* const* kp, int n) {
+  constexpr int C = D / 16;
+  __m512 acc[kTile];
+  for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
+  if (n == kTile) {
+    for (int c = 0; c < C; ++c) {
+      const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
+#pragma GCC unroll 16
+      for (int i = 0; i < kTile; ++i)
+        acc[slot_of(i)] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kp[i] + 16 * c), acc[slot_of(i)]);
+    }
+  } else {
+    for (int c = 0; c < C; ++c) {
+      const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
+      for (int i = 0; i < n; ++i)
+        acc[slot_of(i)] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kp[i] + 16 * c), acc[slot_of(i)]);
+    }
+  }
+  return reduce16(acc);
+}
+
+template <int D, bool FULL>
+inline void tile_dots_bf16(const uint16_t* qg_bf16, const float* qg_even_odd, const uint16_t* const* kp, int n,
+                           __m512* acc) {
+  constexpr int C = D / 32;
+  const int count = FULL ? kTile : n;
+#ifdef __AVX512BF16__
+  (void)qg_even_odd;
+  for (int c = 0; c < C; ++c) {
+    const __m512bh qc = (__m512bh)_mm512_loadu_si512(qg_bf16 + 32 * c);
+#pragma GCC unroll 16
+    for (int i = 0; i < count; ++i)
+      acc[slot_of(i)] = _mm512_dpbf16_ps(acc[slot_of(i)], qc, (__m512bh)_mm512_loadu_si512(kp[i] + 32 * c));
+  }
+#else
+  (void)qg_bf16;
+  for (int c = 0; c < C; ++c) {
+    const __m512 qe = _mm512_loadu_ps(qg_even_odd + 32 * c), qo = _mm512_loadu_ps(qg_even_odd + 32 * c + 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < count; ++i) {
+      __m512 ke, ko;
+      bf16_even_odd(kp[i] + 32 * c, ke, ko);
+      acc[slot_of(i)] = _mm512_fmadd_ps(qe, ke, _mm512_fmadd_ps(qo, ko, acc[slot_of(i)]));
+    }
+  }
+#endif
+}
+
+template <int D>
+inline __m512 tile_scores_bf16(const uint16_t* qg_bf16, const float* qg_even_odd, const uint16_t* const* kp,
+                               int n) {
+  __m512 acc[kTile];
+  for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
+  if (n == kTile) {
+    tile_dots_bf16<D, true>(qg_bf16, qg_even_odd, kp, n, acc);
+  } else {
+    tile_dots_bf16<D, false>(qg_bf16, qg_even_odd, kp, n, acc);
+  }
+  return reduce16(acc);
+}
+
+// acc[g][d-chunk] += sum_i p[g][i] * v[i][d-chunk] for up to 4 queries and 64 columns at a time.
+template <int D, int GB, bool BF16>
+inline void tile_pv(float* const* accs, const float* const* probs, const void* const* vp, int n) {
+  constexpr int W = 64;  // columns per pass: 4 vectors
+  for (int d0 = 0; d0 < D; d0 += W) {
+    __m512 acc[GB][4];
+    for (int g = 0; g < GB; ++g)
+      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(accs[g] + d0 + 16 * c);
+    for (int i = 0; i < n; ++i) {
+      __m512 x[4];
+      if constexpr (BF16) {
+        const uint16_t* row = static_cast<const uint16_t*>(vp[i]) + d0;
+        bf16_even_odd(row, x[0], x[1]);
+        bf16_even_odd(row + 32, x[2], x[3]);
+      } else {
+        const float* row = static_cast<const float*>(vp[i]) + d0;
+        for (int c = 0; c < 4; ++c) x[c] = _mm512_loadu_ps(row + 16 * c);
+      }
+      for (int g = 0; g < GB; ++g) {
+        const __m512 p = _mm512_set1_ps(probs[g][i]);
+        for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(accs[g] + d0 + 16 * c, acc[g][c]);
+  }
+}
+
+template <int D, bool BF16>
+void pv_dispatch(int gb, float* const* accs, const float* const* probs, const void* const* vp, int n) {
+  switch (gb) {
+    case 1: tile_pv<D, 1, BF16>(accs, probs, vp, n); break;
+    case 2: tile_pv<D, 2, BF16>(accs, probs, vp, n); break;
+    case 3: tile_pv<D, 3, BF16>(accs, probs, vp, n); break;
+    default: tile_pv<D, 4, BF16>(accs, probs, vp, n); break;
+  }
+}
+
+constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
+// Software prefetch distance: whole rows of the tokens 32 ahead of the tile (a jump to the next selected block is
+// no stream for the hardware prefetcher; prefetching only block or page starts measured slower on sparse calls).
+constexpr int64_t kPrefetchTokens = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
+
+template <int D, bool BF16>
+void attend_avx512(const Args& a, const Item& item, State st) {
+  using T = typename std::conditional<BF16, uint16_t, float>::type;
+  const int G = static_cast<int>(a.G);
+  RowView<T> rv = row_view<T>(a, item.row);
+  const T* q = static_cast<const T*>(a.q) + item.row * G * D;
+  alignas(64) float qf[kMaxGroup * D];  // fp32 q; bf16 without AVX512-BF16: each 32-chunk as even | odd
+  for (int g = 0; g < G; ++g) {
+    for (int d = 0; d < D; ++d) {
+      float x = to_float<T>(q[g * D + d]);
+      int at = d;
+      if constexpr (BF16) at = (d / 32) * 32 + (d % 2) * 16 + (d % 32) / 2;
+      qf[g * D + at] = x;
+    }
+  }
+  const __m512 scale2 = _mm512_set1_ps(a.scale * kLog2e);
+  for (int g = 0; g < G; ++g) {
+    st.m[g] = kNegInf;
+    st.l[g] = 0.f;
+  }
+  std::fill(st.acc, st.acc + G * D, 0.f);
+  alignas(64) float probs_tile[kMaxGroup][kTile];
+  __m512 lsum[kMaxGroup];
+  for (int g = 0; g < G; ++g) lsum[g] = _mm512_setzero_ps();
+  float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
+  Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
+  Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
+  // a second pair of cursors runs kPrefetchTokens ahead and prefetches those tokens' rows: the hardware prefetcher
+  // follows a contiguous run but not the jump to the next selected block
+  Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
+  Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
+  int64_t prefetched = item.begin;
+  auto prefetch_until = [&](int64_t stop) {
+    for (stop = std::min(stop, item.end); prefetched < stop; ++prefetched) {
+      prefetch_row(kpre.next_token(), D * sizeof(T));
+      prefetch_row(vpre.next_token(), D * sizeof(T));
+    }
+  };
+  prefetch_until(item.begin + kPrefetchTokens);
+  for (int64_t t0 = item.begin; t0 < item.end; t0 += kTile) {
+    const int n = static_cast<int>(std::min<int64_t>(kTile, item.end - t0));
+    const T* kp[kTile];
+    const T* vp[kTile];
+    kc.fill(kp, n);
+    vc.fill(vp, n);
+    prefetch_until(t0 + kTile + kPrefetchTokens);
+    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+    for (int g = 0; g < G; ++g) {
+      __m512 s;
+      if constexpr (BF16) {
+        s = tile_scores_bf16<D>(reinterpret_cast<const uint16_t*>(q) + g * D, qf + g * D,
+                                reinterpret_cast<const uint16_t* const*>(kp), n);
+      } else {
+        s = tile_scores_f32<D>(qf + g * D, reinterpret_cast<const float* const*>(kp), n);
+      }
+      s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, _mm512_mul_ps(s, scale2));
+      if (probs_row) _mm512_mask_storeu_ps(probs_row + g * a.probs_width + t0, valid, s);
+      const float tile_max = _mm512_reduce_max_ps(s);
+      if (tile_max > st.m[g]) {
+        const float alpha = std::exp2(st.m[g] - tile_max);
+        const __m512 va = _mm512_set1_ps(alpha);
+        lsum[g] = _mm512_mul_ps(lsum[g], va);
+        float* acc = st.acc + g * D;
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), va));
+        st.m[g] = tile_max;
+      }
+      const __m512 p = _mm512_maskz_mov_ps(valid, exp2_ps(_mm512_sub_ps(s, _mm512_set1_ps(st.m[g]))));
+      lsum[g] = _mm512_add_ps(lsum[g], p);
+      _mm512_store_ps(probs_tile[g], p);
+    }
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      const int gb = std::min(4, G - g0);
+      float* accs[4];
+      const float* ps[4];
+      for (int g = 0; g < gb; ++g) {
+        accs[g] = st.acc + (g0 + g) * D;
+        ps[g] = probs_tile[g0 + g];
+      }
+      pv_dispatch<D, BF16>(gb, accs, ps, reinterpret_cast<const void* const*>(vp), n);
+    }
+  }
+  for (int g = 0; g < G; ++g) st.l[g] = _mm512_reduce_add_ps(lsum[g]);
+}
+
+using AttendFn = void (*)(const Args&, const Item&, State);
+
+template <bool BF16>
+AttendFn avx512_for(int64_t D) {
+  switch (D) {
+    case 64: return attend_avx512<64, BF16>;
+    case 128: return attend_avx512<128, BF16>;
+    case 256: return attend_avx512<256, BF16>;
+    default: return nullptr;
+  }
+}
+#endif  // SB_AVX512
+
+using AttendFn = void (*)(const Args&, const Item&, State);
+
+struct Kernel {
+  AttendFn attend;
+  bool even_odd;  // accumulators hold bf16 chunks as even | odd elements
+};
+
+Kernel kernel_for(const Args& a) {
+#ifdef SB_AVX512
+  if (a.G <= kMaxGroup) {
+    AttendFn fn = a.dtype == kBF16 ? avx512_for<true>(a.D) : avx512_for<false>(a.D);
+    if (fn) return {fn, a.dtype == kBF16};
+  }
+#endif
+  return {a.dtype == kBF16 ? attend_portable<uint16_t> : attend_portable<float>, false};
+}
+
+// ------------------------------------------------------------------------------------------ thread pool
+// One job at a time: the caller takes part, helpers claim items with a CAS on (generation, next index). A caller
+// that finds a job running runs its own items alone.
+class Pool {
+ public:
+  template <typename Fn>
+  void run(int64_t n_tasks, int threads, Fn&& fn) {
+    if (threads <= 1 || n_tasks <= 1 || !busy_.try_lock()) {
+      for (int64_t i = 0; i < n_tasks; ++i) fn(i);
+      return;
+    }
+    std::lock_guard<std::mutex> job_guard(busy_, std::adopt_lock);
+    ensure_workers(threads - 1);
+    auto trampoline = [](void* ctx, int64_t i) { (*static_cast<Fn*>(ctx))(i); };
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = trampoline;
+      ctx_ = &fn;
+      n_tasks_ = n_tasks;
+      helpers_ = threads - 1;
+      done_.store(0, std::memory_order_relaxed);
+      gen = ++generation_;
+      counter_.store(gen << 32, std::memory_order_release);
+    }
+    cv_.notify_all();
+    work(gen);
+    // wait for the items helpers claimed (a helper that wakes late claims nothing)
+    for (int spins = 0; done_.load(std::memory_order_acquire) < n_tasks; ++spins) {
+      if (spins < 4096) {
+        _mm_pause_portable();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  void reset_after_fork() {
+    // the child has none of the parent's threads: forget them (their objects are leaked, not joined)
+    new (&busy_) std::mutex();
+    new (&mu_) std::mutex();
+    new (&cv_) std::condition_variable();
+    workers_started_ = 0;
+    generation_ = 0;
+    counter_.store(0);
+  }
+
+ private:
+  static void _mm_pause_portable() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  void work(uint64_t gen) {
+    for (;;) {
+      uint64_t cur = counter_.load(std::memory_order_acquire);
+      for (;;) {
+        if ((cur >> 32) != gen || static_cast<int64_t>(cur & 0xffffffffu) >= n_tasks_) return;
+        if (counter_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) break;
+      }
+      task_(ctx_, static_cast<int64_t>(cur & 0xffffffffu));
+      done_.fetch_add(1, std::memory_order_acq_rel);
+    }
+  }
+
+  void ensure_workers(int n) {
+    while (workers_started_ < n) {
+      const int index = workers_started_++;
+      std::thread([this, index] { loop(index); }).detach();
+    }
+  }
+
+  void loop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t gen;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return generation_ != seen && index < helpers_; });
+        gen = seen = generation_;
+      }
+      work(gen);
+    }
+  }
+
+  std::mutex busy_, mu_;
+  std::condition_variable cv_;
+  int workers_started_ = 0;
+  uint64_t generation_ = 0;
+  std::atomic<uint64_t> counter_{0};
+  std::atomic<int64_t> done_{0};
+  void (*task_)(void*, int64_t) = nullptr;
+  void* ctx_ = nullptr;
+  int64_t n_tasks_ = 0;
+  int helpers_ = 0;
+};
+
+Pool& pool() {
+  static Pool* instance = [] {
+    Pool* p = new Pool();  // never destroyed: detached helpers may outlive static destruction
+    pthread_atfork(nullptr, nullptr, [] { pool().reset_after_fork(); });
+    return p;
+  }();
+  return *instance;
+}
+
+// ------------------------------------------------------------------------------------------ driver
+// Undo the even | odd order of bf16 accumulators (AVX-512 path) while writing `x * inv` to `dst`.
+void store_row(float* dst, const float* acc, int64_t D, float inv, bool even_odd) {
+  if (!even_odd) {
+    for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * inv;
+    return;
+  }
+  for (int64_t c = 0; c < D; c += 32)
+    for (int j = 0; j < 16; ++j) {
+      dst[c + 2 * j] = acc[c + j] * inv;
+      dst[c + 2 * j + 1] = acc[c + 16 + j] * inv;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int sb_abi_version() { return 1; }
+
+const char* sb_isa() {
+#if defined(SB_AVX512) && defined(__AVX512BF16__)
+  return "avx512-bf16";
+#elif defined(SB_AVX512)
+  return "avx512";
+#else
+  return "portable";
+#endif
+}
+
+// Returns 0 on success, nonzero on a bad argument (the caller checks shapes; this is a last guard).
+int sb_attention(int dtype, int64_t B, int64_t H, int64_t rows_per_kv, int64_t G, int64_t D, const void* q,
+                 const void* k, const void* v, int64_t kb, int64_t kh, int64_t kid, int64_t ktok, int64_t vb,
+                 int64_t vh, int64_t vid, int64_t vtok, int64_t block_size, const int64_t* ids, int64_t ids_b,
+                 int64_t ids_h, const int64_t* lens, int64_t max_tokens, float scale, float* out, float* lse,
+                 float* probs, int64_t probs_width, int threads) {
+  if ((dtype != kF32 && dtype != kBF16) || B < 0 || H <= 0 || rows_per_kv <= 0 || G <= 0 || D <= 0 ||
+      block_size <= 0 || max_tokens < 0)
+    return 1;
+  Args a{dtype, B, H, rows_per_kv, G, D, q, k, v, kb, kh, kid, ktok, vb, vh, vid, vtok, block_size, ids, ids_b,
+         ids_h, lens, max_tokens, scale, out, lse, probs, probs_width};
+  const int64_t rows = B * H;
+  const Kernel kernel = kernel_for(a);
+  // items: each row split into chunks of a common size, so that the threads get ~8 items each
+  int64_t total = 0;
+  for (int64_t r = 0; r < rows; ++r) total += row_len(a, r);
+  if (total * G < kMinParallelWork) threads = 1;  // a few microseconds of work: waking a helper costs as much
+  int64_t chunk = std::numeric_limits<int64_t>::max();
+  if (threads > 1) {
+    chunk = std::max<int64_t>(256, (total + 8 * threads - 1) / (8 * threads));
+    chunk = (chunk + kTile - 1) / kTile * kTile;
+  }
+  thread_local std::vector<Item> items;
+  thread_local std::vector<float> scratch;
+  thread_local std::vector<int64_t> first_item;
+  items.clear();
+  first_item.assign(rows + 1, 0);
+  int64_t slots = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    first_item[r] = static_cast<int64_t>(items.size());
+    const int64_t n = row_len(a, r);
+    for (int64_t begin = 0; begin < n; begin += std::min(chunk, n))
+      items.push_back({r, begin, std::min(n, begin + std::min(chunk, n)), slots++});
+  }
+  first_item[rows] = static_cast<int64_t>(items.size());
+  const int64_t state_floats = G * (D + 2);
+  if (static_cast<int64_t>(scratch.size()) < slots * state_floats) scratch.resize(slots * state_floats);
+  float* scratch_base = scratch.data();
+  const Item* item_base = items.data();
+  auto state_of = [&](int64_t slot) {
+    float* base = scratch_base + slot * state_floats;
+    return State{base, base + G, base + 2 * G};
+  };
+  pool().run(static_cast<int64_t>(items.size()), threads,
+             [&](int64_t i) { kernel.attend(a, item_base[i], state_of(item_base[i].slot)); });
+  // merge each row's items by LSE, normalise, and turn the stored logits into probabilities
+  const int64_t* first = first_item.data();
+  pool().run(rows, threads, [&](int64_t r) {
+    float* o = out + r * G * D;
+    float* l_out = lse + r * G;
+    const int64_t begin = first[r], end = first[r + 1];
+    std::vector<float> acc(D);
+    for (int64_t g = 0; g < G; ++g) {
+      float m = kNegInf;
+      for (int64_t i = begin; i < end; ++i) m = std::max(m, state_of(item_base[i].slot).m[g]);
+      float total_l = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t i = begin; i < end; ++i) {
+        State st = state_of(item_base[i].slot);
+        const float w = std::exp2(st.m[g] - m);
+        total_l += st.l[g] * w;
+        const float* src = st.acc + g * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * src[d];
+      }
+      if (end == begin || total_l == 0.f) {
+        std::fill(o + g * D, o + (g + 1) * D, 0.f);
+        l_out[g] = kNegInf;
+      } else {
+        store_row(o + g * D, acc.data(), D, 1.f / total_l, kernel.even_odd);
+        l_out[g] = (m + std::log2(total_l)) * kLn2;
+      }
+      if (probs) {
+        float* pr = probs + (r * G + g) * probs_width;
+        const int64_t n = std::min(row_len(a, r), probs_width);
+        const float lse2 = l_out[g] / kLn2;
+        for (int64_t t = 0; t < n; ++t) pr[t] = std::exp2(pr[t] - lse2);
+        std::fill(pr + n, pr + probs_width, 0.f);
+      }
+    }
+  });
+  return 0;
+}
+
+}  // extern "C"

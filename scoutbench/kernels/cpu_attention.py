@@ -1,0 +1,193 @@
+"""The compiled CPU decode-attention kernel (`cpu_attention.cpp`): built on first use, called through ctypes.
+
+Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
+fp32's bytes/s, and a sparse call first had to gather the selected blocks into a buffer (the gather cost as much as
+the attention). This kernel reads bf16 directly (AVX512-BF16 dot products where the CPU has them), walks the
+selected blocks of a host tier in place (index-driven: no gather copy), splits long rows into chunks merged by LSE
+(flash-decoding split-K) over its own threads, and returns the natural-log LSE `merge_states` takes.
+
+Build: `g++ -O3 -march=native` into a shared object cached under `$SCOUTBENCH_CACHE/kernels` (default
+`~/.cache/scoutbench/kernels`), keyed by the source's hash, the compiler's version and the CPU's flags: a few
+seconds, once per machine. It needs only a C++ compiler (`$CXX`, else g++/c++): no torch or Python headers, nothing
+at `pip install` time. Concurrent first uses (pytest-xdist, Ray workers) build into temp files and rename.
+
+`SCOUTBENCH_CPU_ATTENTION` picks the CPU backend: `auto` (default: the kernel, or torch's kernels with a one-line
+warning when the build fails), `native` (the kernel or an error), `torch` (force torch's kernels, the tested
+reference path). `backend_name()` says which runs; `kernels/backends.USAGE` counts each call's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from scoutbench.errors import ScoutbenchError, UsageError
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+ABI_VERSION = 1
+ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
+BACKEND_CHOICES = ("auto", "native", "torch")
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+# -march=native: the CPU's own vector ISA (the cache key includes its flags); compilers that refuse it on a
+# platform (some ARM toolchains) get the next set. -fopenmp-simd enables `omp simd` loops only: no OpenMP runtime.
+FLAG_SETS = (("-march=native",), ("-mcpu=native",), ())
+BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno")
+BUILD_TIMEOUT_S = 120
+
+
+class NativeUnavailable(ScoutbenchError):
+    """The kernel cannot be built or loaded here (the message says why): an error only where it was required."""
+
+
+def requested_backend() -> str:
+    choice = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
+    if choice not in BACKEND_CHOICES:
+        raise UsageError(f"{ENV_BACKEND}={choice!r}: use one of {', '.join(BACKEND_CHOICES)}")
+    return choice
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SCOUTBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "scoutbench")
+    return Path(root) / "kernels"
+
+
+def _build(compiler: str) -> Path:
+    """The cached shared object for this source, compiler and CPU; compiled now if missing."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    target = cache_dir() / f"cpu_attention-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for arch in FLAG_SETS:
+        fd, tmp = tempfile.mkstemp(prefix=".cpu_attention-", suffix=".so", dir=target.parent)
+        os.close(fd)
+        cmd = [compiler, *BASE_FLAGS, *arch, str(SOURCE), "-o", tmp]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if result.returncode == 0:
+            os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
+            return target
+        os.unlink(tmp)
+        errors.append((result.stderr.strip().splitlines() or ["?"])[-1])
+    raise NativeUnavailable(f"{compiler} failed: {errors[0]}")
+
+
+def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.sb_abi_version.restype = ctypes.c_int
+    library.sb_isa.restype = ctypes.c_char_p
+    library.sb_attention.restype = ctypes.c_int
+    library.sb_attention.argtypes = [ctypes.c_int, i64, i64, i64, i64, i64, ptr, ptr, ptr, *[i64] * 8, i64, ptr, i64,
+                                     i64, ptr, i64, ctypes.c_float, ptr, ptr, ptr, i64, ctypes.c_int]
+    if library.sb_abi_version() != ABI_VERSION:
+        raise NativeUnavailable(f"stale kernel build (ABI {library.sb_abi_version()}, expected {ABI_VERSION})")
+    return library
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, or None when torch's kernels serve the CPU (forced, or the build failed: warned once).
+    Tests clear this cache after changing `SCOUTBENCH_CPU_ATTENTION`."""
+    choice = requested_backend()
+    if choice == "torch":
+        return None
+    try:
+        compiler = _compiler()
+        if compiler is None:
+            raise NativeUnavailable("no C++ compiler (set CXX, or install g++)")
+        return _bind(ctypes.CDLL(str(_build(compiler))))
+    except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if choice == "native":
+            raise NativeUnavailable(f"{ENV_BACKEND}=native but the CPU attention kernel is unavailable: {reason}; "
+                                    f"install a C++ compiler (g++) or set {ENV_BACKEND}=auto") from None
+        warnings.warn(f"scoutbench: CPU attention kernel unavailable ({reason}); using torch's kernels",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+def backend_name() -> str:
+    """`native-<isa>` (e.g. native-avx512-bf16) when the kernel serves CPU attention, else `torch`."""
+    lib = library()
+    return f"native-{lib.sb_isa().decode()}" if lib is not None else "torch"
+
+
+def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the kernel takes this call: CPU tensors, bf16 or fp32, one dtype, contiguous head_dim."""
+    return (q.device.type == "cpu" and k.device.type == "cpu" and q.dtype in DTYPE_CODES and k.dtype == q.dtype
+            and k.stride(-1) == 1 and library() is not None)
+
+
+def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, scale: float,
+           block_ids: torch.Tensor | None, valid_len: torch.Tensor | None, with_probs: bool = False
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Attention of each selection row's G queries over its tokens, through the kernel (`supports()` is true).
+
+    q `[B, H * G, D]`; k/v blocks `[B, Hkv, num_blocks, block_size, D]` of any strides (unit stride on D);
+    block_ids `[B, H, W]` int64 (H = Hkv, or a multiple of it: row h reads KV head h // (H // Hkv)), or None:
+    the blocks in order (then H = Hkv); valid_len `[B]` or `[B, H]`: the row's first tokens of its blocks in
+    the ids' order (None: all of them). Only the ids of blocks holding valid tokens are read.
+    Returns o `[B, H * G, D]` fp32, lse `[B, H * G]` fp32 (natural log; empty rows o = 0, lse = -inf) and, with
+    `with_probs`, each query's softmax over the row's tokens `[B, H * G, max tokens]` (0 past valid_len).
+    """
+    lib = library()
+    batch, num_q, head_dim = q.shape
+    kv_heads, num_blocks, block_size = k_blocks.shape[1], k_blocks.shape[2], k_blocks.shape[3]
+    rows = block_ids.shape[1] if block_ids is not None else kv_heads
+    max_tokens = (block_ids.shape[2] if block_ids is not None else num_blocks) * block_size
+    group = num_q // rows
+    q = q.contiguous()
+    lens = None
+    if valid_len is not None:
+        lens = (valid_len[:, None] if valid_len.dim() == 1 else valid_len).expand(batch, rows)
+        lens = lens.to(torch.int64).contiguous()
+    ids_b = ids_h = 0
+    if block_ids is not None:
+        if block_ids.dtype != torch.int64 or block_ids.stride(-1) != 1:
+            block_ids = block_ids.to(torch.int64).contiguous()
+        ids_b, ids_h = block_ids.stride(0), block_ids.stride(1)
+    out = torch.empty((batch, num_q, head_dim), dtype=torch.float32)
+    lse = torch.empty((batch, num_q), dtype=torch.float32)
+    probs = torch.empty((batch, num_q, max_tokens), dtype=torch.float32) if with_probs else None
+    ks, vs = k_blocks.stride(), v_blocks.stride()
+    code = lib.sb_attention(
+        DTYPE_CODES[q.dtype], batch, rows, rows // kv_heads, group, head_dim, q.data_ptr(), k_blocks.data_ptr(),
+        v_blocks.data_ptr(), ks[0], ks[1], ks[2], ks[3], vs[0], vs[1], vs[2], vs[3], block_size,
+        block_ids.data_ptr() if block_ids is not None else None, ids_b, ids_h,
+        lens.data_ptr() if lens is not None else None, max_tokens, scale, out.data_ptr(), lse.data_ptr(),
+        probs.data_ptr() if probs is not None else None, max_tokens, torch.get_num_threads())
+    if code != 0:
+        raise ValueError(f"CPU attention kernel rejected the call (code {code}): q {tuple(q.shape)}, "
+                         f"k {tuple(k_blocks.shape)}")
+    return out, lse, probs
