@@ -266,28 +266,29 @@ def test_report_shows_the_median_of_two_runs_not_the_lower_one(tmp_path):
 
 
 def _projection_inputs(tmp_path) -> Path:
-    """The committed CI baseline (bench-attn 64k) and the same runs at 32k: two source points per method."""
+    """The committed CI baseline (bench-attn16 32k) and the same runs at 16k: two source points per method."""
     from scoutbench.results import write_json_atomic
 
     for index, result in enumerate(load_results([BASELINE / "run1"])):
         write_json_atomic(tmp_path / "runs" / f"{index}.json", result)
         shorter = copy.deepcopy(result)
-        shorter["workload"]["len"] = 32768
-        write_json_atomic(tmp_path / "runs" / f"{index}-32k.json", shorter)
+        assert result["workload"]["len"] == 32768
+        shorter["workload"]["len"] = 16384
+        write_json_atomic(tmp_path / "runs" / f"{index}-16k.json", shorter)
     return tmp_path / "runs"
 
 
 def test_project_table_names_each_source_point_and_the_prompt_length(tmp_path, monkeypatch, capsys):
-    """`project` printed identical rows for different source points, and `len 65541` for a 64k run."""
+    """`project` printed identical rows for different source points, and `len 32773` for a 32k run."""
     runs = _projection_inputs(tmp_path)
     code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200")
     assert code == 0, err
-    assert " 64k " in out and " 32k " in out and "65541" not in out and "from" not in out
-    code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "--len", "16k", "--batch", "4")
+    assert " 32k " in out and " 16k " in out and "32773" not in out and "from" not in out
+    code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "--len", "8k", "--batch", "4")
     assert code == 0, err
     rows = [line for line in out.splitlines() if " fullkv " in line]
     assert len(rows) == 2 and len(set(rows)) == 2 and "from" in out
-    assert any("len 64k" in row for row in rows) and any("len 32k" in row for row in rows)
+    assert any("len 32k" in row for row in rows) and any("len 16k" in row for row in rows)
 
 
 # ---- item 5: inputs that used to be accepted ---------------------------------------------------------------------
