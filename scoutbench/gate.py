@@ -45,6 +45,9 @@ def canonical_method(name: str) -> str:
 # Top-level result fields that change what a run measures besides the method config and the workload (which are
 # part of a point's identity already): a run-level dense-layer count, an accuracy run's seed and sample limit.
 RUN_SETTINGS = ("dense_layers", "seed", "limit")
+# Run settings that belong to one method: a ratio pairs FullKV (dense everywhere, dense_layers null) with a sparse
+# method (its own dense layers), so they do not split a ratio's groups; each method's own point still keeps them.
+_PER_METHOD_SETTINGS = ("dense_layers",)
 # Workload fields the key names itself (len, batch) or that only name the workload kind.
 _KEYED_WORKLOAD_FIELDS = ("name", "len", "batch")
 
@@ -570,7 +573,8 @@ def _ratios(gate: RatioGate, results: list[dict[str, Any]]) -> dict[str, tuple[f
     for key, point in group_points(results).items():
         if point.ok and key.method in (gate.numerator, gate.denominator):
             classes = ",".join(sorted(point.device_classes))
-            by_group[(key.model, key.dtype, key.length or 0, key.batch, key.settings, classes)][key] = point
+            shared = {k: v for k, v in json.loads(key.settings).items() if k not in _PER_METHOD_SETTINGS}
+            by_group[(key.model, key.dtype, key.length or 0, key.batch, _canonical(shared), classes)][key] = point
     labels = point_labels(results)
     several_devices = len({group[5] for group in by_group}) > 1
     several_settings = len({group[4] for group in by_group}) > 1

@@ -136,6 +136,18 @@ def test_ratio_gate_values_and_missing_methods():
     assert [r.verdict for r in missing.ratio_rows] == ["MISSING"] and not missing.passed
 
 
+def test_ratio_pairs_fullkv_with_a_sparse_method_that_keeps_dense_layers():
+    """Results record `dense_layers`: null for FullKV, the method's own count for a sparse one. The ratio gate pairs
+    them all the same (the CI gate found no pair once results carried it), while a different seed still splits."""
+    fullkv, scout = make_result("fullkv", 50.0), make_result("scout", 150.0, config=SCOUT_CONFIG)
+    fullkv["dense_layers"], scout["dense_layers"] = None, 2
+    (row,) = run_gate(None, [fullkv, scout], parse_tolerances([]), [parse_ratio("scout/fullkv>=2")]).ratio_rows
+    assert row.verdict == "ok" and row.current == 3.0
+    scout["seed"] = 1
+    (row,) = run_gate(None, [fullkv, scout], parse_tolerances([]), [parse_ratio("scout/fullkv>=2")]).ratio_rows
+    assert row.verdict == "MISSING"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--current", "{cur}"], "nothing to check"),
     (["--current", "{cur}", "--ratio", "scout>fullkv"], "bad --ratio"),
