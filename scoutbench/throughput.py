@@ -16,13 +16,12 @@ from typing import Any
 
 import torch
 
-from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import METHODS
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_if_budget_covers, dense_layers_of
 from scoutbench.models import LoadedModel, load_model, parse_dtype
-from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
+from scoutbench.results import cpu_model, envelope
 from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
@@ -333,13 +332,12 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
             nvml.__exit__(None, None, None)
         method.close()
     return {
-        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": __version__,
-        "created_at": utc_now(), "command": cfg.command, "status": "ok", "error": None,
+        **envelope("throughput", cfg.command), "status": "ok", "error": None,
         "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
         **budget_plan.result_fields(), "dense_layers": dense_layers_of(requested),
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
-        "attention_backends": backends_used, "env": env_info(),
+        "attention_backends": backends_used,
     }

@@ -315,10 +315,9 @@ def fidelity_command(method, model, budget, dense_layers, method_args, device, d
     from rich.console import Console
     from rich.table import Table
 
-    from scoutbench import __version__
     from scoutbench.fidelity import fidelity_prompts, measure_fidelity
     from scoutbench.generation import method_spec
-    from scoutbench.results import SCHEMA_VERSION, env_info, utc_now, write_json_atomic
+    from scoutbench.results import envelope, write_json_atomic
     from scoutbench.throughput import device_description
 
     if steps < 1 or num_prompts < 1:
@@ -337,10 +336,9 @@ def fidelity_command(method, model, budget, dense_layers, method_args, device, d
     check_context(model, loaded_context_window(loaded), context_tokens + steps, what, fix)
     prompts = fidelity_prompts(loaded, context_tokens, num_prompts, seed)
     metrics = measure_fidelity(loaded, spec, prompts, steps)
-    result = {"schema_version": SCHEMA_VERSION, "kind": "fidelity", "scoutbench_version": __version__,
-              "created_at": utc_now(), "command": ["scoutbench", *sys.argv[1:]], **spec.describe(),
+    result = {**envelope("fidelity"), **spec.describe(),
               "model": loaded.describe(torch_dtype), "device": device_description(next(loaded.model.parameters()).device),
-              "len": context_tokens, "steps": steps, "seed": seed, **metrics, "env": env_info()}
+              "len": context_tokens, "steps": steps, "seed": seed, **metrics}
     if out_file:
         write_json_atomic(out_file, result, overwrite=overwrite)
     if as_json:
