@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 from scoutbench.results import ENVELOPE_FIELDS, SCHEMA_VERSION, env_info
-from cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("--model", "tiny-qwen3", "--device", "cpu")
