@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
@@ -139,25 +140,26 @@ class SweepPoint:
         return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
 
 
-def expand(grid: Grid, given: tuple[str, ...] = ("--budget", "--block-size", "--dense-layers")) -> list[SweepPoint]:
+def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[SweepPoint]:
     """Cartesian product of the axes, lengths outermost (an interrupted sweep has whole lengths done).
 
-    --budget, --block-size and --method-arg apply only to methods with such a field (FullKV has no budget), so
-    the product collapses where an axis does not apply; an arg no method knows is a usage error, and so is a
-    --budget, --block-size or --dense-layers in `given` (the flags the user passed, not a preset's sizes) that no method has.
+    Each point's method fields come from scoutbench.method_args (the rules every command shares): --budget,
+    --block-size, --dense-layers and --method-arg apply only to methods with such a field (FullKV has no budget),
+    so the product collapses where an axis does not apply. `defaults` are the flags whose values are a preset's
+    sizes, not the user's: they are never an error.
     """
-    from scoutbench.cli.options import check_all_used, method_args_for
-
     keys = sorted(grid.method_args)
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid.method_args[k] for k in keys))]
-    used: set[str] = set()
     points: dict[SweepPoint, None] = {}
-    for length, batch, method, budget, block_size, common in itertools.product(
-            grid.lengths, grid.batches, grid.methods, grid.budgets, grid.block_sizes, combos):
-        args = method_args_for(method, common, budget, block_size, used, grid.dense_layers)
-        points[SweepPoint(method, length, batch, tuple(sorted(args.items())))] = None
-    check_all_used({k: None for k in keys}, used, list(grid.methods), given)
-    return list(points)
+    for length, batch, budget, block_size, common in itertools.product(
+            grid.lengths, grid.batches, grid.budgets, grid.block_sizes, combos):
+        settings = MethodSettings.of(common, budget=budget, block_size=block_size, dense_layers=grid.dense_layers,
+                                     defaults=defaults)
+        per_method = resolve_method_args(list(grid.methods), settings)
+        for method in grid.methods:
+            points[SweepPoint(method, length, batch, tuple(sorted(per_method[method].items())))] = None
+    return sorted(points, key=lambda p: (grid.lengths.index(p.length), grid.batches.index(p.batch),
+                                         grid.methods.index(p.method)))
 
 
 # ---- running --------------------------------------------------------------------------------------------------

@@ -29,9 +29,6 @@ from scoutbench.timing import STAGES
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
-# The field `--budget` sets (every sparse method has one; FullKV has none).
-BUDGET_FIELDS = ("budget",)
-
 
 @dataclass
 class ThroughputConfig:

@@ -15,11 +15,10 @@ from scoutbench.cli.options import (
     SEED,
     STEPS,
     WARMUP,
-    check_all_used,
     expand_methods,
-    method_args_for,
     parse_method_args,
 )
+from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -66,10 +65,9 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
                    "auto: synthetic for random-weight presets, real for real models.")
 @click.option("--kv-skew", default=DEFAULT_KV_SKEW, show_default=True, type=float,
               help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
-@click.option("--budget", default=None, type=LENGTH, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
-@click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
-@click.option("--dense-layers", default=None, type=click.IntRange(min=0),
-              help="First layers every selected sparse method keeps dense (default: the methods' shared default, 2).")
+@click.option("--budget", default=None, type=LENGTH, help=BUDGET.help)
+@click.option("--block-size", default=None, type=LENGTH, help=BLOCK_SIZE.help)
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0), help=DENSE_LAYERS.help)
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="Set a method field (repeatable); applies to the selected methods that have it.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
@@ -90,6 +88,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from rich.console import Console
 
     from scoutbench.errors import UsageError
+    from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.results import check_writable, output_lock
     from scoutbench.throughput import (
         ThroughputConfig,
@@ -112,11 +111,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     resolve_dtype(dtype, resolved)
     length_tokens, budget_tokens = length, budget  # tokens (LENGTH)
     names = expand_methods(methods or DEFAULT_METHODS)
-    common = parse_method_args(method_args)
-    used: set[str] = set()
-    per_method = {name: method_args_for(name, common, budget_tokens, block_size, used, dense_layers)
-                  for name in names}
-    check_all_used(common, used, names)
+    per_method = resolve_method_args(names, MethodSettings.of(parse_method_args(method_args), budget=budget_tokens,
+                                                              block_size=block_size, dense_layers=dense_layers))
     out_path = Path(output)
     single_file = out_path.suffix == ".json"
     if single_file and len(names) > 1:
