@@ -158,42 +158,27 @@ def _parse_batch(text: str) -> int | str:
 
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
     """Run each method and write its result as soon as it finishes: an interruption or a later method's failure
-    keeps every finished result. The memory check of every method runs before the first one starts."""
-    from scoutbench.methods.base import dense_if_budget_covers
+    keeps every finished result. Every run is resolved (and its memory checked, once) before the first one
+    starts."""
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
-    from scoutbench.throughput import (
-        build_method,
-        check_context_fits,
-        check_memory,
-        plan_auto_batch,
-        resolve_device,
-        resolve_dtype,
-        run_throughput,
-    )
+    from scoutbench.throughput import resolve_device, resolve_dtype, resolve_run, run_throughput
 
     first = configs[0]
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
     with console.status(f"loading {first.model} ..."):
         loaded = load_model(first.model, device, dtype, first.seed)
-    for cfg in configs:  # a batch --batch auto chooses is checked like one the user gives
-        check_context_fits(cfg, loaded)
-        method = build_method(cfg.method, cfg.method_args)
-        if cfg.batch == "auto":
-            method, _ = dense_if_budget_covers(method, cfg.length + cfg.warmup + cfg.steps)
-            check_memory(cfg, method, loaded, plan_auto_batch(cfg, method, loaded)[0], planned=True)
-        else:
-            check_memory(cfg, method, loaded, cfg.batch)
+    runs = [resolve_run(cfg, loaded) for cfg in configs]
     results, paths = [], []
     try:
         with PhaseProgress(console) as progress:
-            for index, cfg in enumerate(configs, 1):
-                where = f"[{index}/{len(configs)}] {cfg.method}"
-                result = run_throughput(cfg, loaded,
-                                        lambda phase, done, total, where=where: progress.update(f"{where} {phase}",
-                                                                                                done, total))
+            for index, run in enumerate(runs, 1):
+                cfg = run.cfg
+                where = f"[{index}/{len(runs)}] {cfg.method}"
+                result = run_throughput(run, on_progress=lambda phase, done, total, where=where: progress.update(
+                    f"{where} {phase}", done, total))
                 if single_file is not None:
                     path = write_json_atomic(single_file, result, overwrite=overwrite)
                 else:
