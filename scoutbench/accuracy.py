@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,13 +39,12 @@ from typing import Any, Protocol
 
 import torch
 
-from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.fidelity import compare_steps, fullkv_reference
 from scoutbench.generation import Generation, MethodSpec, SharedPrefill, generate_text, model_eos_ids
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.models import LoadedModel
-from scoutbench.results import SCHEMA_VERSION, env_info, output_lock, utc_now, write_json_atomic
+from scoutbench.results import envelope, output_lock, write_json_atomic
 from scoutbench.score import prediction_row_problem
 from scoutbench.throughput import device_description
 
@@ -402,11 +400,10 @@ def _result(config: Config, reference: Config, tasks: list[Task], rows: dict[str
                 entry["fidelity"] = fidelity_summary(fidelity, fidelity_steps)
         results[task.name] = entry
     result = {
-        "schema_version": SCHEMA_VERSION, "kind": "accuracy", "scoutbench_version": __version__,
-        "created_at": utc_now(), "command": command if command is not None else list(sys.argv),
+        **envelope("accuracy", command, scoring=scoring_versions()),
         **config.method, "label": config.label, "model": loaded.describe(parameter.dtype),
         "device": device_description(parameter.device), "max_length": max_length, "seed": seed, "limit": limit,
-        "results": results, "env": {**env_info(), "scoring": scoring_versions()},
+        "results": results,
     }
     if write:
         write_json_atomic(result_path, result, overwrite=True)

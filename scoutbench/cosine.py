@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from scoutbench.engine import DecodeEngine
 from scoutbench.methods.base import MethodContext
 from scoutbench.methods.fullkv import FullKV
+from scoutbench.results import envelope
 
 VARIANTS = ("next", "self")
 
@@ -92,7 +93,7 @@ def query_cosine(model_name: str = "tiny-qwen3", length: int = 1024, steps: int 
     probe.close()
     by_variant = probe.result()
     chosen = by_variant[pred_norm]
-    return {"kind": "scout_query_cosine", "model": model_name, "len": length, "steps": steps, "batch": batch,
+    return {**envelope("scout_query_cosine"), "model": model_name, "len": length, "steps": steps, "batch": batch,
             "dtype": str(torch_dtype).removeprefix("torch."), "device": torch_device.type,
             "random_weights": bool(getattr(loaded, "random_weights", False)), "pred_norm": pred_norm,
             "mean": chosen["mean"], "per_layer": chosen["per_layer"], "by_pred_norm": by_variant,

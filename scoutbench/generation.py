@@ -12,14 +12,10 @@ import torch
 
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
+from scoutbench.method_args import BUDGET, MethodSettings, has_field, resolve_method_args
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import (
-    DENSE_LAYERS_FIELD,
-    AttentionMethod,
-    dense_if_budget_covers,
-    dense_layers_of,
-)
-from scoutbench.throughput import BUDGET_FIELDS, build_method, method_field_names
+from scoutbench.methods.base import AttentionMethod, dense_if_budget_covers, dense_layers_of
+from scoutbench.throughput import build_method
 from scoutbench.timing import StageTimer
 
 
@@ -50,58 +46,28 @@ class MethodSpec:
 
 
 def method_spec(name: str, method_args: dict[str, Any] | None = None, budget: int | None = None,
-                dense_layers: int | None = None) -> MethodSpec:
-    """Resolve `--budget` and `--dense-layers` into the method's `budget` and dense-layers fields; a method without
-    one (FullKV) rejects it rather than silently ignore it."""
-    args = dict(method_args or {})
-    if dense_layers is not None:
-        fields = method_field_names(name)
-        if DENSE_LAYERS_FIELD not in fields:
-            raise UsageError(f"--dense-layers: method {name!r} keeps no dense layers (it is dense everywhere or has "
-                             "no such field); drop --dense-layers")
-        if DENSE_LAYERS_FIELD in args:
-            raise UsageError(f"--dense-layers and --method-arg {DENSE_LAYERS_FIELD}= both set {name}'s dense layers; "
-                             "use one")
-        args[DENSE_LAYERS_FIELD] = dense_layers
-    if budget is not None:
-        fields = method_field_names(name)
-        target = next((f for f in BUDGET_FIELDS if f in fields), None)
-        if target is None:
-            raise UsageError(f"--budget: method {name!r} has no token budget field; drop --budget or set its "
-                             f"fields with --method-arg (fields: {', '.join(sorted(fields)) or 'none'})")
-        if target in args:
-            raise UsageError(f"--budget and --method-arg {target}= both set {name}'s {target}; use one")
-        args[target] = budget
-    spec = MethodSpec(name, args)
-    spec.build().close()  # validate the fields now, before any model load or output
-    return spec
+                dense_layers: int | None = None, block_size: int | None = None) -> MethodSpec:
+    """One method's spec: `--budget`, `--dense-layers` and `--method-arg` resolved into its fields by the rules every
+    command shares (scoutbench.method_args: a flag the method has no field for, or one that a `--method-arg` also
+    sets, is a usage error)."""
+    return method_specs([name], method_args, None if budget is None else [budget], dense_layers, block_size)[0]
 
 
 def method_specs(names: list[str], method_args: dict[str, Any] | None = None,
-                 budgets: list[int] | None = None, dense_layers: int | None = None) -> list[MethodSpec]:
+                 budgets: list[int] | None = None, dense_layers: int | None = None,
+                 block_size: int | None = None) -> list[MethodSpec]:
     """Every configuration of a comparison, in order: each method once per budget when it has a budget field,
-    once otherwise (FullKV). A `--method-arg` and `--dense-layers` go to every method with that field; with several
-    methods, one that no method has, or budgets that no method takes, is a usage error (one method: `method_spec`'s
-    own)."""
-    args = dict(method_args or {})
-    if len(names) == 1:
-        return [method_spec(names[0], args, budget, dense_layers) for budget in (budgets or [None])]
-    fields = {name: method_field_names(name) for name in names}
-    unknown = sorted(key for key in args if not any(key in f for f in fields.values()))
-    if unknown:
-        raise UsageError(f"--method-arg {unknown[0]}: none of {', '.join(names)} has this field")
-    keeps_dense = [name for name in names if DENSE_LAYERS_FIELD in fields[name]]
-    if dense_layers is not None and not keeps_dense:
-        return [method_spec(names[0], args, None, dense_layers)]  # raises: no dense layers
-    takes_budget = [name for name in names if any(f in fields[name] for f in BUDGET_FIELDS)]
-    if budgets and not takes_budget:
-        return [method_spec(names[0], args, budgets[0])]  # raises: no token budget
+    once otherwise (FullKV). The fields are resolved by scoutbench.method_args for every budget; each spec is built
+    once now, so that a bad value fails before any model load or output."""
+    resolved = [resolve_method_args(names, MethodSettings.of(method_args, budget=budget, block_size=block_size,
+                                                             dense_layers=dense_layers))
+                for budget in (budgets or [None])]
     specs = []
     for name in names:
-        own = {key: value for key, value in args.items() if key in fields[name]}
-        dense = dense_layers if name in keeps_dense else None
-        for budget in (budgets or [None]) if name in takes_budget else [None]:
-            specs.append(method_spec(name, own, budget, dense))
+        for per_method in resolved if has_field(name, BUDGET) else resolved[:1]:
+            spec = MethodSpec(name, per_method[name])
+            spec.build().close()
+            specs.append(spec)
     return specs
 
 

@@ -290,9 +290,8 @@ def _auto_batch(method: str, config: dict[str, Any], target: Target, shape: Shap
 
     overrides = dict(config)
     if target.budget is not None:
-        for key in ("budget", "max_num_kv"):
-            if key in overrides:
-                overrides[key] = target.budget
+        if "budget" in overrides:
+            overrides["budget"] = target.budget
     if target.block_size is not None and "block_size" in overrides:
         overrides["block_size"] = target.block_size
     built = build_method(method, overrides)
@@ -371,12 +370,12 @@ ASSUMPTIONS = (
 )
 
 
-def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Target) -> dict[str, Any]:
+def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Target,
+                        command: list[str] | None = None) -> dict[str, Any]:
     """The JSON `scoutbench project` prints and writes (kind "projection"; `report` tabulates it)."""
     from dataclasses import asdict
 
-    from scoutbench import __version__
-    from scoutbench.results import SCHEMA_VERSION, utc_now
+    from scoutbench.results import envelope
 
     usable, skipped = [], []
     for r in results:
@@ -385,15 +384,14 @@ def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Tar
             usable.append(r)
         else:
             skipped.append({"file": r.get("_path"), "reason": reason})
-    for flag, value, fields in (("--budget", target.budget, ("budget", "max_num_kv")),
+    for flag, value, fields in (("--budget", target.budget, ("budget",)),
                                 ("--block-size", target.block_size, ("block_size",))):
         if value is not None and usable and not any(name in (r.get("method_config") or {})
                                                     for r in usable for name in fields):
             raise UsageError(f"{flag}: no projected result's method has {fields[0].replace('_', ' ')} "
                              f"({', '.join(sorted({str(r.get('method')) for r in usable}))}); drop {flag}")
     projections = project_results(usable, hw, target)
-    return {"schema_version": SCHEMA_VERSION, "kind": "projection", "scoutbench_version": __version__,
-            "created_at": utc_now(), "hardware": hw.describe(), "target": asdict(target),
+    return {**envelope("projection", command), "hardware": hw.describe(), "target": asdict(target),
             "assumptions": list(ASSUMPTIONS), "projections": [p.to_dict() for p in projections],
             "skipped": skipped}
 

@@ -22,6 +22,7 @@ import torch
 from scoutbench.engine import DecodeEngine
 from scoutbench.methods.base import dense_if_budget_covers
 from scoutbench.methods.scout import ScoutAttention
+from scoutbench.results import envelope
 
 
 def selection_masks(trace: list[dict[str, Any]], num_layers: int) -> dict[int, list[torch.Tensor]]:
@@ -140,7 +141,7 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
     sparse_intervals = [i for i in intervals if i is not None]
     sparse_expected = [e for e in expected if e is not None]
     return {
-        "kind": "scout_recall_profile",
+        **envelope("scout_recall_profile"),
         "model": model_name,
         "len": length,
         "steps": steps,

@@ -22,11 +22,32 @@ from typing import Any
 from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
 
-SCHEMA_VERSION = 1
+# 2: every result kind carries the same envelope (`envelope`); projections and sweep manifests gained `command`
+# and `env`. A file of another version is refused (`result_problem`), never read by guessing from missing fields.
+SCHEMA_VERSION = 2
+# files with the envelope that are inputs or diagnostics, not results a gate, report or projection reads (a sweep
+# folder holds the recall profiles it made); `load_results` passes over them
+TOOL_OUTPUT_KINDS = ("scout_recall_profile", "scout_query_cosine")
+ENVELOPE_FIELDS = ("schema_version", "kind", "scoutbench_version", "created_at", "command", "env")
 
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def cli_command() -> list[str]:
+    """argv as the user typed it, with the program named `scoutbench` whatever the entry point's path."""
+    return ["scoutbench", *sys.argv[1:]]
+
+
+def envelope(kind: str, command: list[str] | None = None, **env_extra: Any) -> dict[str, Any]:
+    """The header every result file starts with, whatever its kind (docs/results.md, "Envelope"): what it is
+    (`kind`, `schema_version`), what wrote it and when (`scoutbench_version`, `created_at`, `command`) and where
+    (`env`, plus `env_extra` such as the scoring packages' versions). Built here only, so that every writer's
+    provenance has the same fields."""
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, "scoutbench_version": __version__,
+            "created_at": utc_now(), "command": list(command) if command is not None else cli_command(),
+            "env": {**env_info(), **env_extra}}
 
 
 def _git(*args: str) -> str | None:
@@ -352,15 +373,24 @@ def _projection_problem(data: dict[str, Any]) -> str | None:
     return None
 
 
+def schema_problem(data: dict[str, Any]) -> str | None:
+    """'schema_version 1, this scoutbench reads 2; ...' when `data` was written under another schema, else None."""
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        return (f"schema_version {json.dumps(version)}, but this scoutbench reads schema_version {SCHEMA_VERSION}; "
+                "rerun it, or read it with the scoutbench version that wrote it "
+                f"({data.get('scoutbench_version', 'unknown')})")
+    return None
+
+
 def result_problem(data: Any) -> str | None:
     """Why `data` is not a usable scoutbench result (another schema version, wrong JSON types, missing fields), or
     None if it is. Values are not judged here (a NaN throughput is a result whose metric the gate refuses)."""
     if not isinstance(data, dict) or "schema_version" not in data:
         return "not a scoutbench result (no schema_version)"
-    version = data["schema_version"]
-    if version != SCHEMA_VERSION or isinstance(version, bool):
-        return (f"schema_version {json.dumps(version)} is not the one this scoutbench reads ({SCHEMA_VERSION}); "
-                "use the scoutbench that wrote it, or rerun")
+    problem = schema_problem(data)
+    if problem is not None:
+        return problem
     if data.get("kind") == "projection":  # `scoutbench project -o`: per-method entries, no top-level method/model
         return _projection_problem(data)
     missing = [name for name in _REQUIRED_FIELDS if name not in data]
@@ -408,6 +438,10 @@ def load_results(paths: Iterable[str | Path],
                 if on_skip is None:
                     raise UsageError(f"cannot read result {file}: {reason}") from None
                 on_skip(file, f"unreadable ({reason})")
+                continue
+            if isinstance(data, dict) and data.get("kind") in TOOL_OUTPUT_KINDS:
+                if on_skip is not None:
+                    on_skip(file, f"kind {data['kind']!r} is a tool's output, not a measured result")
                 continue
             problem = result_problem(data)
             if problem is None:

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
@@ -140,25 +140,26 @@ class SweepPoint:
         return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
 
 
-def expand(grid: Grid, given: tuple[str, ...] = ("--budget", "--block-size", "--dense-layers")) -> list[SweepPoint]:
+def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[SweepPoint]:
     """Cartesian product of the axes, lengths outermost (an interrupted sweep has whole lengths done).
 
-    --budget, --block-size and --method-arg apply only to methods with such a field (FullKV has no budget), so
-    the product collapses where an axis does not apply; an arg no method knows is a usage error, and so is a
-    --budget, --block-size or --dense-layers in `given` (the flags the user passed, not a preset's sizes) that no method has.
+    Each point's method fields come from scoutbench.method_args (the rules every command shares): --budget,
+    --block-size, --dense-layers and --method-arg apply only to methods with such a field (FullKV has no budget),
+    so the product collapses where an axis does not apply. `defaults` are the flags whose values are a preset's
+    sizes, not the user's: they are never an error.
     """
-    from scoutbench.cli.options import check_all_used, method_args_for
-
     keys = sorted(grid.method_args)
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid.method_args[k] for k in keys))]
-    used: set[str] = set()
     points: dict[SweepPoint, None] = {}
-    for length, batch, method, budget, block_size, common in itertools.product(
-            grid.lengths, grid.batches, grid.methods, grid.budgets, grid.block_sizes, combos):
-        args = method_args_for(method, common, budget, block_size, used, grid.dense_layers)
-        points[SweepPoint(method, length, batch, tuple(sorted(args.items())))] = None
-    check_all_used({k: None for k in keys}, used, list(grid.methods), given)
-    return list(points)
+    for length, batch, budget, block_size, common in itertools.product(
+            grid.lengths, grid.batches, grid.budgets, grid.block_sizes, combos):
+        settings = MethodSettings.of(common, budget=budget, block_size=block_size, dense_layers=grid.dense_layers,
+                                     defaults=defaults)
+        per_method = resolve_method_args(list(grid.methods), settings)
+        for method in grid.methods:
+            points[SweepPoint(method, length, batch, tuple(sorted(per_method[method].items())))] = None
+    return sorted(points, key=lambda p: (grid.lengths.index(p.length), grid.batches.index(p.batch),
+                                         grid.methods.index(p.method)))
 
 
 # ---- running --------------------------------------------------------------------------------------------------
@@ -229,7 +230,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
                       preset: str | None, command: list[str] | None, retry_failed: bool,
                       log: Callable[[str], None], executor: Any, config: dict[str, Any] | None = None) -> SweepOutcome:
     from scoutbench.executors import Job, LocalExecutor
-    from scoutbench.results import SCHEMA_VERSION, utc_now, write_json_atomic
+    from scoutbench.results import envelope, utc_now, write_json_atomic
     from scoutbench.throughput import ThroughputConfig, device_description, resolve_device, resolve_dtype
 
     for stale in out.glob(".*.tmp"):  # left by a kill during a write; never a result
@@ -245,9 +246,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
     dtype = str(resolve_dtype(settings.dtype, resolved)).removeprefix("torch.")
     runner = runner or ThroughputRunner()
     entries: dict[str, dict[str, Any]] = {e["id"]: e for e in (previous or {}).get("points", [])}
-    manifest = {"schema_version": SCHEMA_VERSION, "kind": "sweep", "scoutbench_version": __version__,
-                "created_at": (previous or {}).get("created_at", utc_now()), "updated_at": utc_now(),
-                "command": command, "preset": preset, "settings": asdict(settings), "points": []}
+    manifest = {**envelope("sweep", command), "updated_at": utc_now(), "preset": preset, "settings": asdict(settings), "points": []}
     order = [p.point_id(settings.model) for p in points]
     by_id = {p.point_id(settings.model): p for p in points}
 
@@ -256,6 +255,8 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
         manifest["points"] = [entries[i] for i in [*order, *(i for i in entries if i not in by_id)]]
         write_json_atomic(out / MANIFEST, manifest, overwrite=True)
 
+    if previous is not None:  # a resumed sweep keeps the time it started
+        manifest["created_at"] = previous["created_at"]
     for point_id, point in by_id.items():
         entries[point_id] = _entry(point_id, point, _read_point(out / f"{point_id}.json"))
     save()
@@ -401,15 +402,14 @@ def point_error(exc: BaseException) -> str:
 def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
     """A failed point's file: the identifying fields of a result (the method's full config when it can be built,
     so that gates match it with the baseline's point), `status: failed` and the error."""
-    from scoutbench.results import SCHEMA_VERSION, utc_now
+    from scoutbench.results import envelope
     from scoutbench.throughput import build_method
 
     try:
         method_config = build_method(cfg.method, cfg.method_args).config()
     except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
         method_config = dict(cfg.method_args)
-    return {"schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": __version__,
-            "created_at": utc_now(), "command": cfg.command, "status": "failed", "error": error,
+    return {**envelope("throughput", cfg.command), "status": "failed", "error": error,
             "method": cfg.method, "method_config": method_config, "method_repr": None,
             "model": {"name": cfg.model, "dtype": dtype},
             "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
@@ -455,6 +455,11 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
         raise UsageError(f"{path} is not a readable sweep manifest ({reason}); remove it or use another -o") from None
     if not isinstance(data, dict) or data.get("kind") != "sweep":
         raise UsageError(f"{path} is not a sweep manifest; use another -o folder")
+    from scoutbench.results import schema_problem
+
+    problem = schema_problem(data)
+    if problem is not None:
+        raise UsageError(f"{path}: {problem}; or use another -o folder")
     points = data.get("points")
     if not isinstance(data.get("settings"), dict) or not isinstance(points, list) or not all(
             isinstance(p, dict) and isinstance(p.get("id"), str) for p in points):

@@ -16,22 +16,24 @@ from typing import Any
 
 import torch
 
-from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import AttentionMethod, ModelShape, dense_if_budget_covers, dense_layers_of
+from scoutbench.methods.base import (
+    AttentionMethod,
+    BudgetPlan,
+    ModelShape,
+    dense_if_budget_covers,
+    dense_layers_of,
+)
 from scoutbench.models import LoadedModel, load_model, parse_dtype
-from scoutbench.results import SCHEMA_VERSION, cpu_model, env_info, utc_now
+from scoutbench.results import cpu_model, envelope
 from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
 from scoutbench.timing import STAGES
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
-
-# The field `--budget` sets (every sparse method has one; FullKV has none).
-BUDGET_FIELDS = ("budget",)
 
 
 @dataclass
@@ -200,31 +202,76 @@ def summarise_steps(records: list[dict[str, float]], batch: int, device_type: st
 ProgressCallback = Callable[[str, int, int], None]  # (phase "prefill" | "decode", done, total)
 
 
-def run_throughput(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
+@dataclass(frozen=True)
+class ResolvedRun:
+    """One throughput run with every choice made, once, at the edge (the CLI, a sweep's runner): the loaded model
+    with its device and dtype, the method's configuration and its budget plan (FullKV runs when the budget covers
+    the context: methods.base.dense_if_budget_covers), the batch (`--batch auto`: planned, with the plan) and a
+    passed free-memory check. `run_throughput` executes it and decides nothing again."""
+
+    cfg: ThroughputConfig
+    loaded: LoadedModel
+    device: torch.device
+    dtype: torch.dtype
+    budget_plan: BudgetPlan
+    batch: int
+    auto_plan: Any = None  # planning.MethodPlan of --batch auto, else None
+
+    @property
+    def method(self) -> str:
+        return self.cfg.method
+
+    @property
+    def context_tokens(self) -> int:
+        return self.cfg.length + self.cfg.warmup + self.cfg.steps
+
+    def build(self) -> tuple[AttentionMethod, AttentionMethod]:
+        """Fresh instances for one attempt (each attempt of --batch auto binds its own): the method as configured
+        (its config is the result's) and the one that decodes (FullKV when the budget plan says dense)."""
+        requested = build_method(self.cfg.method, self.cfg.method_args)
+        return requested, dense_if_budget_covers(requested, self.context_tokens)[0]
+
+
+def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> ResolvedRun:
+    """Resolve `cfg` into a ResolvedRun: load the model (unless given), check the context window, build the method
+    and its budget plan, choose the batch (`auto`: the plan's) and check it against free memory (check_memory),
+    the one memory check of the run."""
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    if loaded is None:
+        loaded = load_model(cfg.model, device, dtype, cfg.seed)
+    check_context_fits(cfg, loaded)
+    requested = build_method(cfg.method, cfg.method_args)
+    method, budget_plan = dense_if_budget_covers(requested, cfg.length + cfg.warmup + cfg.steps)
+    try:
+        batch, auto_plan = plan_auto_batch(cfg, method, loaded) if cfg.batch == "auto" else (int(cfg.batch), None)
+        check_memory(cfg, method, loaded, batch, planned=auto_plan is not None)
+    finally:
+        method.close()
+        if requested is not method:
+            requested.close()
+    return ResolvedRun(cfg, loaded, device, dtype, budget_plan, batch, auto_plan)
+
+
+def run_throughput(run: ResolvedRun | ThroughputConfig, loaded: LoadedModel | None = None,
                    on_progress: ProgressCallback | None = None) -> dict[str, Any]:
-    """Run one method on one workload and return its result dict (see docs/results.md).
+    """Execute one resolved run (a ThroughputConfig is resolved here first, on `loaded` when given) and return its
+    result dict (see docs/results.md).
 
     With `batch="auto"` the batch is the method's planned maximum; an out-of-memory error halves it and retries,
     and the result's `batch_plan` records the plan and every attempt. `on_progress(phase, done, total)` reports
     prefill layers and decode steps.
     """
-    if cfg.batch != "auto":
-        return _run_at_batch(cfg, loaded, on_progress)
+    if isinstance(run, ThroughputConfig):
+        run = resolve_run(run, loaded)
+    if run.auto_plan is None:
+        return _run_at_batch(run, run.batch, on_progress)
     from scoutbench.planning import run_with_oom_backoff
 
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    method, _ = dense_if_budget_covers(build_method(cfg.method, cfg.method_args),
-                                       cfg.length + cfg.warmup + cfg.steps)
-    if loaded is None:
-        loaded = load_model(cfg.model, device, dtype, cfg.seed)
-    check_context_fits(cfg, loaded)
-    planned, plan = plan_auto_batch(cfg, method, loaded)
-    check_memory(cfg, method, loaded, planned, planned=True)
+    plan = run.auto_plan
     result, attempts = run_with_oom_backoff(
-        lambda batch: _run_at_batch(dataclasses.replace(cfg, batch=batch), loaded, on_progress, oom_backoff=True),
-        planned)
-    result["batch_plan"] = {"mode": "auto", "planned": planned, "limited_by": plan.limited_by,
+        lambda batch: _run_at_batch(run, batch, on_progress, oom_backoff=True), run.batch)
+    result["batch_plan"] = {"mode": "auto", "planned": run.batch, "limited_by": plan.limited_by,
                             "gpu_mem_bytes": plan.gpu_mem_bytes, "host_mem_bytes": plan.host_mem_bytes,
                             "device_bytes_per_seq": plan.device_bytes_per_seq,
                             "host_bytes_per_seq": plan.host_bytes_per_seq,
@@ -247,21 +294,13 @@ def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: Load
     return auto_batch(*planning_args), plan_method(*planning_args)
 
 
-def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress: ProgressCallback | None,
+def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | None,
                   oom_backoff: bool = False) -> dict[str, Any]:
-    """One measured run at `cfg.batch`; out-of-memory errors propagate when the caller backs off (the batch was
-    planned then, so the free-memory check is skipped)."""
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    requested = build_method(cfg.method, cfg.method_args)
-    method, budget_plan = dense_if_budget_covers(requested, cfg.length + cfg.warmup + cfg.steps)
-    if loaded is None:
-        loaded = load_model(cfg.model, device, dtype, cfg.seed)
-    workload = SyntheticWorkload(cfg.length, cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
+    """One measured run of `run` at `batch`; out-of-memory errors propagate when the caller backs off."""
+    cfg, loaded, device, dtype, budget_plan = run.cfg, run.loaded, run.device, run.dtype, run.budget_plan
+    requested, method = run.build()
+    workload = SyntheticWorkload(cfg.length, batch, cfg.steps, cfg.warmup, cfg.seed,
                                  resolve_prefill(cfg.prefill, loaded), cfg.kv_skew)
-    check_context_fits(cfg, loaded)
-    if not oom_backoff:
-        check_memory(cfg, method, loaded, workload.batch)
     from scoutbench.engine import DecodeEngine
 
     def report(phase: str) -> Callable[[int, int], None] | None:
@@ -319,13 +358,13 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
     except torch.OutOfMemoryError:
         if oom_backoff:
             raise
-        raise ScoutbenchError(f"{cfg.method}: out of GPU memory at batch {cfg.batch}, len {cfg.length}; lower "
+        raise ScoutbenchError(f"{cfg.method}: out of GPU memory at batch {batch}, len {cfg.length}; lower "
                               "--batch or --len (or use --batch auto)") from None
     except RuntimeError as exc:
         if oom_backoff:
             raise
         if any(text in str(exc) for text in ("can't allocate memory", "not enough memory", "pinned host memory")):
-            raise ScoutbenchError(f"{cfg.method}: out of host memory at batch {cfg.batch}, len {cfg.length}; "
+            raise ScoutbenchError(f"{cfg.method}: out of host memory at batch {batch}, len {cfg.length}; "
                                   "lower --batch or --len") from None
         raise
     finally:
@@ -333,13 +372,12 @@ def _run_at_batch(cfg: ThroughputConfig, loaded: LoadedModel | None, on_progress
             nvml.__exit__(None, None, None)
         method.close()
     return {
-        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": __version__,
-        "created_at": utc_now(), "command": cfg.command, "status": "ok", "error": None,
+        **envelope("throughput", cfg.command), "status": "ok", "error": None,
         "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
         **budget_plan.result_fields(), "dense_layers": dense_layers_of(requested),
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
-        "attention_backends": backends_used, "env": env_info(),
+        "attention_backends": backends_used,
     }

@@ -277,8 +277,6 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
     cfg = dict(work.config)
     if budget is not None and cfg.get("budget") is not None:  # HGCA's budget=None (fraction policy) stays
         cfg["budget"] = budget
-    if budget is not None and "max_num_kv" in cfg:
-        cfg["max_num_kv"] = budget
     if block_size is not None and "block_size" in cfg:
         cfg["block_size"] = block_size
     weights = linear_weight_bytes(shape)
@@ -314,11 +312,8 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
             d2h=Transfer(q_bytes, 1) + indices + new_kv, h2d=result_back,
             host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
     elif work.family == "infinigen":
-        if "budget" in cfg:  # issue 11: n = budget - 1 fetched, the alpha count only with dynamic_count
-            cap = cfg["budget"] - 1
-            fetched = min(work.fetch_context_frac * N, cap, N) if cfg.get("dynamic_count") else min(cap, N)
-        else:  # results written before InfiniGen had a budget
-            fetched = min(work.fetch_context_frac * N, cfg["max_num_kv"], N)
+        cap = cfg["budget"] - 1  # n = budget - 1 fetched, the alpha count only with dynamic_count
+        fetched = min(work.fetch_context_frac * N, cap, N) if cfg.get("dynamic_count") else min(cap, N)
         partial_dim = max(1, round(cfg.get("partial_ratio", 0.2) * m.head_dim))
         speculation = B * N * m.num_kv_heads * partial_dim * e
         fetch_bytes = B * fetched * kv
@@ -334,7 +329,7 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
             host = N - window
             cpu_per_head = min(cfg["budget"] - window, host)
             selection_heads = m.num_kv_heads
-        else:  # fraction policy (and results written before HGCA had a budget): each query head selects its own
+        else:  # fraction policy (budget=None): each query head selects its own
             window = min(math.ceil(cfg.get("window_frac", 0.25) * N), N)
             host = N - window
             cpu_per_head = min(work.cpu_host_frac * host, host)

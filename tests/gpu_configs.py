@@ -16,9 +16,10 @@ ALL_NAMES = METHODS.names()
 
 
 def method_args(name: str) -> dict[str, Any]:
-    from scoutbench.cli.options import method_args_for
+    from scoutbench.method_args import MethodSettings, resolve_method_args
 
-    return method_args_for(name, COMMON_ARGS, BUDGET, BLOCK_SIZE, set())
+    settings = MethodSettings.of(COMMON_ARGS, budget=BUDGET, block_size=BLOCK_SIZE)
+    return resolve_method_args(ALL_NAMES, settings)[name]  # as `throughput --method all` would give it
 
 
 def build(name: str):

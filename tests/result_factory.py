@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from scoutbench.results import SCHEMA_VERSION
+
 TEST_DEVICE = "cpu:Test CPU:2t"
 SCOUT_CONFIG = {"budget": 1024, "block_size": 32, "pc": True, "pr": True}
 
@@ -20,7 +22,7 @@ def make_result(method: str = "fullkv", tok_s: float = 100.0, *, length: int = 4
     breakdown = {"qkv_proj": 0.1 * rest, "predict": 0.05 * rest, "attn_device": 0.4 * rest, "idle": step * idle_frac,
                  "merge": 0.05 * rest, "o_proj": 0.1 * rest, "mlp": 0.2 * rest, "other": 0.1 * rest}
     result = {
-        "schema_version": 1, "kind": "throughput", "scoutbench_version": "0.1.0",
+        "schema_version": SCHEMA_VERSION, "kind": "throughput", "scoutbench_version": "0.1.0",
         "created_at": "2026-11-29T08:30:00+00:00", "command": ["scoutbench", "throughput"], "status": status,
         "error": error, "method": method, "method_config": dict(config or {}), "method_repr": f"{method}()",
         "model": {"name": model, "random_weights": True, "dtype": "float32", "num_layers": 4},
@@ -40,7 +42,9 @@ def make_result(method: str = "fullkv", tok_s: float = 100.0, *, length: int = 4
 
 
 def make_accuracy(method: str, scores: dict[str, float], model: str = "smollm2-135m") -> dict[str, Any]:
-    return {"schema_version": 1, "kind": "accuracy", "status": "ok", "method": method, "method_config": {},
+    return {"schema_version": SCHEMA_VERSION, "kind": "accuracy", "scoutbench_version": "0.1.0",
+            "created_at": "2026-11-29T08:30:00+00:00", "command": ["scoutbench", "accuracy"],
+            "env": {"python": "3.11.7", "torch": "2.13.0+cpu", "transformers": "5.24.0"}, "status": "ok", "method": method, "method_config": {},
             "model": {"name": model, "dtype": "float32"}, "device": {"type": "cpu", "class": TEST_DEVICE},
             "max_length": 4096, "results": {task: {"score": value, "n": 20, "metric": "qa_f1", "max_new_tokens": 128}
                                             for task, value in scores.items()}}

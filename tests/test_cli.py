@@ -264,7 +264,7 @@ def test_dense_layers_is_one_run_level_setting(monkeypatch, capsys, tmp_path):
     assert code == 2 and "no selected method keeps dense layers" in _one_error_line(err)
     code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "hgca", *TINY, "--dense-layers", "1",
                            "--method-arg", "dense_layers=0")
-    assert code == 2 and "use --dense-layers alone" in _one_error_line(err)
+    assert code == 2 and "--dense-layers and --method-arg dense_layers= both set" in _one_error_line(err)
 
 
 def test_each_method_is_freed_before_the_next_one_runs(monkeypatch, capsys, tmp_path):
@@ -306,7 +306,7 @@ def test_sweep_and_accuracy_take_dense_layers():
     assert {p.method: p.args.get("dense_layers") for p in points} == {"fullkv": None, "hgca": 3, "scout": 3}
     spec = method_spec("hgca", {}, None, 0)
     assert spec.args == {"dense_layers": 0} and spec.describe()["dense_layers"] == 0
-    with pytest.raises(UsageError, match="keeps no dense layers"):
+    with pytest.raises(UsageError, match="no selected method keeps dense layers"):
         method_spec("fullkv", {}, None, 1)
 
 

@@ -167,7 +167,7 @@ def test_usage_errors_and_unreadable_input_exit_2(tmp_path, monkeypatch, capsys,
     (tmp_path / "empty").mkdir()
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
-    (corrupt / "truncated.json").write_text('{"schema_version": 1, "kind": "thr', encoding="utf-8")
+    (corrupt / "truncated.json").write_text('{"schema_version": 2, "kind": "thr', encoding="utf-8")
     paths = {"cur": cur, "tmp": tmp_path, "empty": tmp_path / "empty", "corrupt": corrupt}
     code, out = run_cli(monkeypatch, capsys, "gate", *[a.format(**paths) for a in args])
     assert code == 2, out
@@ -177,7 +177,7 @@ def test_usage_errors_and_unreadable_input_exit_2(tmp_path, monkeypatch, capsys,
 def test_malformed_files_are_listed_as_skipped(tmp_path, monkeypatch, capsys):
     """Non-UTF-8 bytes, wrong JSON types and missing fields: each file is named with its reason, the rest gates."""
     cur = write_results(tmp_path / "cur", [make_result("fullkv", 50.0), make_result("scout", 150.0)])
-    (cur / "latin1.json").write_bytes(b'{"schema_version": 1, "method": "caf\xe9"}')
+    (cur / "latin1.json").write_bytes(b'{"schema_version": 2, "method": "caf\xe9"}')
     (cur / "model_string.json").write_text(json.dumps({**make_result("scout", 1.0), "model": "tiny-qwen3"}))
     no_method = make_result("scout", 1.0)
     del no_method["method"]

@@ -110,7 +110,7 @@ def test_overlap_patterns_idle_by_hand():
 
 
 def test_prefetch_and_bus_saturation():
-    config = {"max_num_kv": 4096, "partial_ratio": 0.25, "dense_layers": 0}
+    config = {"budget": 4097, "dynamic_count": True, "partial_ratio": 0.25, "dense_layers": 0}  # fetch <= 4096
     work = MeasuredWork("infinigen", "infinigen", config, fetch_context_frac=0.5)
     gathered = step_work(work, SHAPE)
     token = step_work(work, SHAPE, fetch_granularity="token")

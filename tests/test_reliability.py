@@ -379,7 +379,7 @@ def test_report_and_gate_skip_a_foreign_schema_and_a_result_without_its_step_tim
     report = build_report([folder], tmp_path / "out")
     skipped = {Path(what).name: why for what, why in report.skipped}
     assert [p.method for p in report.points] == ["fullkv"]
-    assert "schema_version 99 is not the one this scoutbench reads (1)" in skipped["future.json"]
+    assert "schema_version 99, but this scoutbench reads schema_version 2" in skipped["future.json"]
     assert "missing decode_step_ms" in skipped["no_step.json"]
     code, out, err = run_cli(monkeypatch, capsys, "gate", "--current", folder, "--ratio", "quest/fullkv>=1")
     assert code == 1 and "skipped" in out and "schema_version 99" in out and "MISSING" in out, out + err

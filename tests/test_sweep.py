@@ -153,7 +153,7 @@ def test_sigkill_mid_point_then_resume(tmp_path):
         proc.wait(timeout=30)
     assert files(out) == ["fullkv_tiny-qwen3_len1k_b1.json", MANIFEST]
     # what a kill during a rename-less write would leave: a temp file, ignored by readers and cleaned on resume
-    (out / ".fullkv_tiny-qwen3_len2k_b1.json.k1ll3d.tmp").write_text('{"schema_version": 1, "kind"')
+    (out / ".fullkv_tiny-qwen3_len2k_b1.json.k1ll3d.tmp").write_text('{"schema_version": 2, "kind"')
     assert len(load_results([out])) == 1
     runner = FakeRunner()
     run_sweep(POINTS, SETTINGS, out, runner=runner)
@@ -206,11 +206,12 @@ def test_sweep_cli_exits_1_when_a_point_failed(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("manifest", [
-    {"kind": "sweep"},  # no settings, no points
-    {"kind": "sweep", "settings": {}, "points": [{"status": "ok"}]},  # a point without its id
-    {"kind": "sweep", "settings": [], "points": []},
+    {"schema_version": 2, "kind": "sweep"},  # no settings, no points
+    {"schema_version": 2, "kind": "sweep", "settings": {}, "points": [{"status": "ok"}]},  # a point without its id
+    {"schema_version": 2, "kind": "sweep", "settings": [], "points": []},
 ])
 def test_malformed_manifest_is_one_line(tmp_path, manifest):
+    """(A manifest of another schema is refused before its fields are judged: test_old_schema_manifest_is_refused.)"""
     (tmp_path / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(UsageError, match="malformed sweep manifest"):
         run_sweep(POINTS, SETTINGS, tmp_path, runner=FakeRunner())
@@ -233,7 +234,7 @@ def test_report_lists_malformed_files_as_skipped(tmp_path, monkeypatch, capsys):
     results.mkdir()
     (results / "good.json").write_text(json.dumps(make_result("fullkv", 50.0)), encoding="utf-8")
     (results / "bad.json").write_text(json.dumps({**make_result("scout", 1.0), "model": "tiny-qwen3"}))
-    (results / "latin1.json").write_bytes(b'{"schema_version": 1, "method": "caf\xe9"}')
+    (results / "latin1.json").write_bytes(b'{"schema_version": 2, "method": "caf\xe9"}')
     code, out, err = run_cli(monkeypatch, capsys, "report", str(results), "-o", str(tmp_path / "report"))
     assert code == 0, err
     assert f"skipped {results / 'bad.json'}: malformed result: model is str" in out
@@ -287,3 +288,11 @@ def test_preset_sweep_profiles_recall_with_the_real_profiler(monkeypatch, capsys
     assert profile["kind"] == "scout_recall_profile" and len(profile["intervals"]) == 4
     scout = json.loads(next(out.glob("scout_tiny-qwen3_*recall_profile-*.json")).read_text())
     assert scout["method_config"]["recall_profile"] == str(profiles[0])
+
+
+def test_old_schema_manifest_is_refused(tmp_path):
+    """Resuming into a folder a schema-1 sweep wrote names both schemas in one line (no guessing from fields)."""
+    old = {"schema_version": 1, "kind": "sweep", "scoutbench_version": "0.1.0", "settings": {}, "points": []}
+    (tmp_path / MANIFEST).write_text(json.dumps(old), encoding="utf-8")
+    with pytest.raises(UsageError, match="schema_version 1, but this scoutbench reads schema_version 2"):
+        run_sweep(POINTS, SETTINGS, tmp_path, runner=FakeRunner())

@@ -8,14 +8,11 @@ from typing import Any
 
 import click
 
-from scoutbench.cli.options import DTYPE, SEED, parse_method_args
+from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args
 from scoutbench.errors import UsageError
+from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 
 LENGTH_HELP = "tokens; k = 1024 (4k = 4096)"
-BUDGET_HELP = ("Token budget: sets the `budget` field of the sparse methods; "
-               "methods without one (fullkv) reject it")
-
-
 def _parse_len(text: str | None, flag: str = "--len") -> int | None:
     from scoutbench.units import parse_length
 
@@ -33,7 +30,7 @@ def _load(model: str, device: str, dtype: str | None, seed: int):
 
 def _method_options(func):
     """One method, one budget (fidelity)."""
-    func = click.option("--budget", default=None, help=BUDGET_HELP)(func)
+    func = click.option("--budget", default=None, type=LENGTH, help=BUDGET.help)(func)
     return click.option("--method", default="fullkv", show_default=True,
                         help="Attention method (scoutbench methods).")(func)
 
@@ -42,8 +39,8 @@ def _common_options(func):
     options = [
         click.option("--model", default="smollm2-135m", show_default=True,
                      help="smollm2-135m, qwen2.5-0.5b or qwen2.5-1.5b (real, offline), a local folder or a Hugging Face id."),
-        click.option("--dense-layers", default=None, type=click.IntRange(min=0),
-                     help="First layers every sparse method keeps dense (default: the methods' shared 2)."),
+        click.option("--block-size", default=None, type=LENGTH, help=BLOCK_SIZE.help),
+        click.option("--dense-layers", default=None, type=click.IntRange(min=0), help=DENSE_LAYERS.help),
         click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
                      help="Set a method field (repeatable; with several methods, of every method that has it)."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
@@ -101,8 +98,8 @@ def _list_datasets(as_json: bool) -> None:
               help="Attention method (scoutbench methods). Repeatable: the methods are compared side by side, "
                    "sharing one dense prefill per record.")
 @click.option("--budget", "budgets", default=None,
-              help="Token budget(s) of the sparse methods, comma-separated (1k,2k): one configuration per method "
-                   "and budget; methods without one (fullkv) run once.")
+              help=f"{BUDGET.help} Comma-separated (1k,2k): one configuration per method and budget; methods "
+                   "without one (fullkv) run once.")
 @_common_options
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder of official LongBench <name>.jsonl files, or a parquet mirror (<name>.parquet, "
@@ -128,7 +125,7 @@ def _list_datasets(as_json: bool) -> None:
                    "is left alone; n per task says how far it got) and print or write the tables.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table (one method; "
               "several: a JSON list).")
-def command(datasets, methods, budgets, model, dense_layers, method_args, device, dtype, seed, data_dir, data_revision, limit,
+def command(datasets, methods, budgets, model, block_size, dense_layers, method_args, device, dtype, seed, data_dir, data_revision, limit,
             max_length, context_len, depth, fidelity_steps, out_dir, markdown_file, summarize, as_json) -> None:
     """Accuracy of one or several methods on LongBench (official prompts, truncation and metrics) or passkey
     retrieval, each compared with FullKV.
@@ -156,7 +153,7 @@ def command(datasets, methods, budgets, model, dense_layers, method_args, device
     names = _expand_datasets(datasets)
     budget_list = None if budgets is None else [_parse_len(b.strip(), "--budget") for b in budgets.split(",")]
     specs = method_specs(list(dict.fromkeys(methods)), parse_method_args(method_args), budget_list,
-                         dense_layers)
+                         dense_layers, block_size)
     passkey_len = _parse_len(context_len, "--len")
     length_limit = _parse_len(max_length, "--max-length")
     if depth is not None and not 0.0 <= depth <= 1.0:
@@ -308,24 +305,23 @@ def _print_comparison(console, tables) -> None:
               help="Also write the result JSON to this file.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of a table.")
-def fidelity_command(method, model, budget, dense_layers, method_args, device, dtype, seed, context_len, steps,
+def fidelity_command(method, model, budget, block_size, dense_layers, method_args, device, dtype, seed, context_len, steps,
                      num_prompts, out_file, overwrite, as_json) -> None:
     """A method against FullKV on the same prompts, teacher-forced on FullKV's greedy tokens: top-1 agreement,
     KL(FullKV || method) and final-hidden-state cosine, per step and overall."""
     from rich.console import Console
     from rich.table import Table
 
-    from scoutbench import __version__
     from scoutbench.fidelity import fidelity_prompts, measure_fidelity
     from scoutbench.generation import method_spec
-    from scoutbench.results import SCHEMA_VERSION, env_info, utc_now, write_json_atomic
+    from scoutbench.results import envelope, write_json_atomic
     from scoutbench.throughput import device_description
 
     if steps < 1 or num_prompts < 1:
         raise UsageError("--steps and --prompts must be at least 1")
     from scoutbench.results import check_writable
 
-    spec = method_spec(method, parse_method_args(method_args), _parse_len(budget, "--budget"), dense_layers)
+    spec = method_spec(method, parse_method_args(method_args), budget, dense_layers, block_size)
     context_tokens = _parse_len(context_len)
     from scoutbench.models import check_context, context_window, loaded_context_window
 
@@ -337,10 +333,9 @@ def fidelity_command(method, model, budget, dense_layers, method_args, device, d
     check_context(model, loaded_context_window(loaded), context_tokens + steps, what, fix)
     prompts = fidelity_prompts(loaded, context_tokens, num_prompts, seed)
     metrics = measure_fidelity(loaded, spec, prompts, steps)
-    result = {"schema_version": SCHEMA_VERSION, "kind": "fidelity", "scoutbench_version": __version__,
-              "created_at": utc_now(), "command": ["scoutbench", *sys.argv[1:]], **spec.describe(),
+    result = {**envelope("fidelity"), **spec.describe(),
               "model": loaded.describe(torch_dtype), "device": device_description(next(loaded.model.parameters()).device),
-              "len": context_tokens, "steps": steps, "seed": seed, **metrics, "env": env_info()}
+              "len": context_tokens, "steps": steps, "seed": seed, **metrics}
     if out_file:
         write_json_atomic(out_file, result, overwrite=overwrite)
     if as_json:

@@ -1,8 +1,7 @@
-"""Option parsing shared by the commands: method lists, `--method-arg key=value`, the `--seed` range."""
+"""Option parsing shared by the commands: method lists, `--method-arg key=value`, the `--seed` range. What the
+method options mean for each selected method is scoutbench/method_args.py's, the same in every command."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import click
 
@@ -97,57 +96,3 @@ def expand_methods(names: tuple[str, ...] | list[str]) -> list[str]:
                              "give it once")
         seen[canonical] = name
     return list(dict.fromkeys(names))
-
-
-def method_args_for(method: str, common: dict[str, Any], budget: int | None, block_size: int | None,
-                    used: set[str], dense_layers: int | None = None) -> dict[str, Any]:
-    """The args that apply to `method`: shared `--method-arg`s it has a field for, plus --budget/--block-size
-    and --dense-layers (every method that keeps its first layers dense has the one field they set).
-
-    `used` collects the keys some method accepted, so a key no method knows can be reported as an error; a
-    --budget, --block-size or --dense-layers that no selected method has a field for is reported too (check_all_used).
-    """
-    from scoutbench.methods.base import DENSE_LAYERS_FIELD
-    from scoutbench.throughput import BUDGET_FIELDS, method_field_names
-
-    fields = method_field_names(method)
-    args = {k: v for k, v in common.items() if k in fields}
-    used.update(args)
-    if budget is not None:
-        used.add("--budget given")
-        for name in BUDGET_FIELDS:
-            if name in fields:
-                args[name] = budget
-                used.add("--budget")
-                break
-    if block_size is not None:
-        used.add("--block-size given")
-        if "block_size" in fields:
-            args["block_size"] = block_size
-            used.add("--block-size")
-    if dense_layers is not None:
-        used.add("--dense-layers given")
-        if DENSE_LAYERS_FIELD in fields:
-            if DENSE_LAYERS_FIELD in common:
-                raise UsageError(f"--dense-layers and --method-arg {DENSE_LAYERS_FIELD}= both set {method}'s dense "
-                                 "layers; use --dense-layers alone (it applies to every selected method)")
-            args[DENSE_LAYERS_FIELD] = dense_layers
-            used.add("--dense-layers")
-    return args
-
-
-def check_all_used(common: dict[str, Any], used: set[str], methods: list[str],
-                   given: tuple[str, ...] = ("--budget", "--block-size", "--dense-layers")) -> None:
-    """Refuse a --budget / --block-size / --dense-layers (those in `given`: the flags the user passed) or a
-    --method-arg key that no selected method has a field for: silently ignoring it would report a run the user did
-    not ask for."""
-    wanted = {"--budget": "has a token budget", "--block-size": "has a block size",
-              "--dense-layers": "keeps dense layers"}
-    for flag, what in wanted.items():
-        if flag in given and f"{flag} given" in used and flag not in used:
-            raise UsageError(f"{flag}: no selected method {what} ({', '.join(methods)}); drop {flag} "
-                             "or select a method that does (see `scoutbench methods`)")
-    unknown = [k for k in common if k not in used]
-    if unknown:
-        raise UsageError(f"--method-arg {unknown[0]!r} is not a field of any selected method ({', '.join(methods)}); "
-                         "see `scoutbench methods`")

@@ -10,12 +10,11 @@ import click
 from scoutbench.cli.options import (
     DTYPE,
     LENGTH,
-    check_all_used,
     expand_methods,
-    method_args_for,
     parse_method_args,
 )
-from scoutbench.units import format_length, parse_bytes, parse_length
+from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
+from scoutbench.units import format_length, parse_bytes
 
 
 @click.command(name="plan")
@@ -25,31 +24,31 @@ from scoutbench.units import format_length, parse_bytes, parse_length
               "the CUDA device; required without CUDA).")
 @click.option("--host-mem", default=None, help="Host memory for offloaded KV, e.g. 512GiB (default: not limited).")
 @click.option("--method", "methods", multiple=True, metavar="NAME", help="Method (repeatable) or 'all' (default).")
-@click.option("--budget", default=None, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
-@click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
+@click.option("--budget", default=None, type=LENGTH, help=BUDGET.help)
+@click.option("--block-size", default=None, type=LENGTH, help=BLOCK_SIZE.help)
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0), help=DENSE_LAYERS.help)
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE", help="Set a method field (repeatable).")
 @click.option("--dtype", default="bf16", show_default=True, type=DTYPE, help="KV and weight dtype: bf16, fp16 or fp32.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per method.")
-def command(model, length, gpu_mem, host_mem, methods, budget, block_size, method_args, dtype, as_json):
+def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense_layers, method_args, dtype, as_json):
     """Memory per sequence and maximum batch of each method, without building the model (see scoutbench/planning.py
     for what is counted and the safety margin)."""
     import torch
 
+    from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import parse_dtype
     from scoutbench.planning import device_free_bytes, plan_method
     from scoutbench.throughput import build_method
 
-    context_len = parse_length(length)
+    context_len = length  # tokens (LENGTH)
     elem_bytes = parse_dtype(dtype).itemsize
     gpu_mem_bytes = _positive_bytes(gpu_mem, "--gpu-mem") if gpu_mem is not None else None
     host_mem_bytes = _positive_bytes(host_mem, "--host-mem") if host_mem is not None else None
     names = expand_methods(methods)
-    common = parse_method_args(method_args)
-    used: set[str] = set()
-    budget_tokens = parse_length(budget) if budget is not None else None
-    built = {name: build_method(name, method_args_for(name, common, budget_tokens, block_size, used)) for name in names}
-    check_all_used(common, used, names)
+    per_method = resolve_method_args(names, MethodSettings.of(parse_method_args(method_args), budget=budget,
+                                                              block_size=block_size, dense_layers=dense_layers))
+    built = {name: build_method(name, args) for name, args in per_method.items()}
     config = _model_config(model)
     if gpu_mem_bytes is None:
         gpu_mem_bytes = device_free_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))

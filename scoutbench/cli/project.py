@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from scoutbench.cli.options import DTYPE
+from scoutbench.cli.options import DTYPE, LENGTH
 from scoutbench.units import format_length
 
 
@@ -21,8 +21,8 @@ from scoutbench.units import format_length
 @click.option("--len", "length", default=None, help="Target context length, e.g. 64k (default: each result's).")
 @click.option("--batch", default=None, help="Target batch, or 'auto': each method's largest batch that fits the "
               "profile's device and host memory (default: each result's).")
-@click.option("--budget", default=None, help="Target sparse budget (default: each result's).")
-@click.option("--block-size", default=None, type=int, help="Target block size (default: each result's).")
+@click.option("--budget", default=None, type=LENGTH, help="Target sparse budget, e.g. 2k (default: each result's).")
+@click.option("--block-size", default=None, type=LENGTH, help="Target block size (default: each result's).")
 @click.option("--dtype", default=None, type=DTYPE, help="Target weight/KV dtype: bf16, fp16, fp32 (default: each result's).")
 @click.option("--fetch-granularity", type=click.Choice(["gathered", "token"]), default="gathered", show_default=True,
               help="InfiniGen's copies: gathered (this tool's implementation) or token (one copy per token, as the "
@@ -44,16 +44,14 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
         raise UsageError(f"bad --batch {batch!r}: use a positive integer or auto")
     if dtype is not None:
         parse_dtype(dtype)
-    if block_size is not None and block_size < 1:
-        raise UsageError(f"bad --block-size {block_size}: must be at least 1")
     target = Target(model=model, length=parse_length(length) if length else None,
                     batch=None if batch is None else (batch if batch == "auto" else int(batch)),
-                    budget=parse_length(budget, "--budget") if budget else None, block_size=block_size, dtype=dtype,
+                    budget=budget, block_size=block_size, dtype=dtype,
                     fetch_granularity=fetch_granularity)
     hw = load_hardware(hardware)
     if output:
         check_writable(output, overwrite, single_file=True)
-    document = projection_document(load_results(results), hw, target)
+    document = projection_document(load_results(results), hw, target, ["scoutbench", *sys.argv[1:]])
     for skipped in document["skipped"]:
         click.echo(f"skipped {skipped['file']}: {skipped['reason']}", err=True)
     if output:

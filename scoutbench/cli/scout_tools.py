@@ -47,8 +47,8 @@ def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
 @click.option("--beta", default=0.12, show_default=True, type=float, help="CPU compute ratio threshold.")
 @click.option("--prefill", type=click.Choice(["real", "synthetic"]), default="real", show_default=True,
               help="real: the model runs on a random prompt; synthetic: random K/V (decode-only).")
-@click.option("--budget", default=None, help="ScoutAttention token budget (default 2048).")
-@click.option("--block-size", default=None, type=int, help="ScoutAttention block size (default 32).")
+@click.option("--budget", default=None, type=LENGTH, help="ScoutAttention's token budget (default 2048; e.g. 2k).")
+@click.option("--block-size", default=None, type=LENGTH, help="ScoutAttention's block size (default 32).")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="Any other ScoutAttention field (repeatable), e.g. dense_layers=2, pred_norm=self.")
 @click.option("-o", "--output", required=True, help="JSON file to write (ScoutAttention's recall_profile).")
@@ -58,6 +58,7 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
     """Profile per-layer recall intervals: the largest interval that keeps each layer's CPU compute ratio
     under BETA after a recall (paper section 3.4). Writes a JSON that `--method-arg recall_profile=FILE` reads."""
     from scoutbench.errors import UsageError
+    from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods.scout import ScoutAttention
     from scoutbench.recall import profile_recall
     from scoutbench.results import check_writable, write_json_atomic
@@ -67,11 +68,8 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
     _check_positive("--batch", batch)
     if not 0.0 <= beta <= 1.0:
         raise UsageError(f"--beta must be in [0, 1] (got {beta})")
-    args = parse_method_args(method_args)
-    if budget is not None:
-        args["budget"] = str(parse_length(budget, "--budget"))
-    if block_size is not None:
-        args["block_size"] = str(block_size)
+    args = resolve_method_args(["scout"], MethodSettings.of(parse_method_args(method_args), budget=budget,
+                                                            block_size=block_size))["scout"]
     for key in ("pr", "recall_profile"):
         if key in args:
             raise UsageError(f"--method-arg {key} makes no sense here: profiling runs with recall off")

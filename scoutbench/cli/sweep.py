@@ -10,6 +10,7 @@ import sys
 import click
 
 from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP
+from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.sweep import PRESETS  # light: no torch at import time
 
 
@@ -73,12 +74,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
               help="Batch size (repeatable or 1,2), or 'auto': each method's largest batch that fits --gpu-mem.")
 @click.option("--gpu-mem", default=None, help="Device memory for --batch auto, e.g. 80GiB (required on CPU).")
 @click.option("--host-mem", default=None, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB.")
-@click.option("--budget", "budgets", multiple=True, metavar="N",
-              help="Sparse token budget (repeatable), for the methods that have one.")
-@click.option("--block-size", "block_sizes", multiple=True, metavar="N",
-              help="Block size (repeatable), for block-sparse methods.")
-@click.option("--dense-layers", default=None, type=click.IntRange(min=0),
-              help="First layers every sparse method keeps dense, the same for all (default: their shared 2).")
+@click.option("--budget", "budgets", multiple=True, metavar="N", help=f"{BUDGET.help} Repeatable or 1k,2k.")
+@click.option("--block-size", "block_sizes", multiple=True, metavar="N", help=f"{BLOCK_SIZE.help} Repeatable or 16,32.")
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0), help=DENSE_LAYERS.help)
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="A method field (repeatable; repeating a key sweeps its values).")
 @click.option("--model", default=None, help="Model (default: the preset's, else tiny-qwen3).")
@@ -136,7 +134,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         lengths=tuple(parse_length(v) for v in _split(lengths)) or grid.lengths,
         batches=tuple(_ints(batches, "--batch", auto=True)) or grid.batches,
         budgets=tuple(parse_length(v, "--budget") for v in _split(budgets)) or grid.budgets,
-        block_sizes=tuple(_ints(block_sizes, "--block-size")) or grid.block_sizes,
+        block_sizes=tuple(parse_length(v, "--block-size") for v in _split(block_sizes)) or grid.block_sizes,
         method_args=common, dense_layers=dense_layers)
     settings = replace(settings, device=device, dtype=dtype, seed=seed,
                        gpu_mem=parse_bytes(gpu_mem) if gpu_mem else None,
@@ -145,9 +143,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
                           if v is not None})
     if "auto" in grid.batches and settings.gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
-    points = expand(grid, given=tuple(flag for flag, values in (("--budget", budgets), ("--block-size", block_sizes),
-                                                                ("--dense-layers", dense_layers is not None))
-                                      if values))
+    points = expand(grid, defaults=frozenset(flag for flag, given in ((BUDGET, budgets), (BLOCK_SIZE, block_sizes))
+                                             if not given))  # a preset's sizes
     for point in points:  # every usage error before the first point runs
         SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,
                           settings.warmup, settings.seed, settings.prefill)

@@ -15,11 +15,10 @@ from scoutbench.cli.options import (
     SEED,
     STEPS,
     WARMUP,
-    check_all_used,
     expand_methods,
-    method_args_for,
     parse_method_args,
 )
+from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -66,10 +65,9 @@ DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compa
                    "auto: synthetic for random-weight presets, real for real models.")
 @click.option("--kv-skew", default=DEFAULT_KV_SKEW, show_default=True, type=float,
               help="Synthetic prefill: heavy-hitter spread of key magnitudes (temporal locality); 0 = i.i.d. keys.")
-@click.option("--budget", default=None, type=LENGTH, help="Sparse token budget for methods that have one (e.g. 2048, 2k).")
-@click.option("--block-size", default=None, type=int, help="Block size for block-sparse methods.")
-@click.option("--dense-layers", default=None, type=click.IntRange(min=0),
-              help="First layers every selected sparse method keeps dense (default: the methods' shared default, 2).")
+@click.option("--budget", default=None, type=LENGTH, help=BUDGET.help)
+@click.option("--block-size", default=None, type=LENGTH, help=BLOCK_SIZE.help)
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0), help=DENSE_LAYERS.help)
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="Set a method field (repeatable); applies to the selected methods that have it.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
@@ -90,6 +88,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from rich.console import Console
 
     from scoutbench.errors import UsageError
+    from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.results import check_writable, output_lock
     from scoutbench.throughput import (
         ThroughputConfig,
@@ -112,11 +111,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     resolve_dtype(dtype, resolved)
     length_tokens, budget_tokens = length, budget  # tokens (LENGTH)
     names = expand_methods(methods or DEFAULT_METHODS)
-    common = parse_method_args(method_args)
-    used: set[str] = set()
-    per_method = {name: method_args_for(name, common, budget_tokens, block_size, used, dense_layers)
-                  for name in names}
-    check_all_used(common, used, names)
+    per_method = resolve_method_args(names, MethodSettings.of(parse_method_args(method_args), budget=budget_tokens,
+                                                              block_size=block_size, dense_layers=dense_layers))
     out_path = Path(output)
     single_file = out_path.suffix == ".json"
     if single_file and len(names) > 1:
@@ -162,42 +158,27 @@ def _parse_batch(text: str) -> int | str:
 
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
     """Run each method and write its result as soon as it finishes: an interruption or a later method's failure
-    keeps every finished result. The memory check of every method runs before the first one starts."""
-    from scoutbench.methods.base import dense_if_budget_covers
+    keeps every finished result. Every run is resolved (and its memory checked, once) before the first one
+    starts."""
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
-    from scoutbench.throughput import (
-        build_method,
-        check_context_fits,
-        check_memory,
-        plan_auto_batch,
-        resolve_device,
-        resolve_dtype,
-        run_throughput,
-    )
+    from scoutbench.throughput import resolve_device, resolve_dtype, resolve_run, run_throughput
 
     first = configs[0]
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
     with console.status(f"loading {first.model} ..."):
         loaded = load_model(first.model, device, dtype, first.seed)
-    for cfg in configs:  # a batch --batch auto chooses is checked like one the user gives
-        check_context_fits(cfg, loaded)
-        method = build_method(cfg.method, cfg.method_args)
-        if cfg.batch == "auto":
-            method, _ = dense_if_budget_covers(method, cfg.length + cfg.warmup + cfg.steps)
-            check_memory(cfg, method, loaded, plan_auto_batch(cfg, method, loaded)[0], planned=True)
-        else:
-            check_memory(cfg, method, loaded, cfg.batch)
+    runs = [resolve_run(cfg, loaded) for cfg in configs]
     results, paths = [], []
     try:
         with PhaseProgress(console) as progress:
-            for index, cfg in enumerate(configs, 1):
-                where = f"[{index}/{len(configs)}] {cfg.method}"
-                result = run_throughput(cfg, loaded,
-                                        lambda phase, done, total, where=where: progress.update(f"{where} {phase}",
-                                                                                                done, total))
+            for index, run in enumerate(runs, 1):
+                cfg = run.cfg
+                where = f"[{index}/{len(runs)}] {cfg.method}"
+                result = run_throughput(run, on_progress=lambda phase, done, total, where=where: progress.update(
+                    f"{where} {phase}", done, total))
                 if single_file is not None:
                     path = write_json_atomic(single_file, result, overwrite=overwrite)
                 else:
