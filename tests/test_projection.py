@@ -207,8 +207,11 @@ def test_repeats_merge_and_measured_step_is_shown_only_on_matching_hardware(tiny
     twin = copy.deepcopy(run)
     twin["method_stats"]["cpu_compute_ratio"]["mean"] = 3 * (run["method_stats"]["cpu_compute_ratio"]["mean"] or 0.1)
     third = copy.deepcopy(twin)
+    for repeat in (twin, third):  # fewer tokens than the budget in the busiest row, as a real run can attend
+        repeat["method_stats"]["attended_tokens_per_head"]["max"] = 100
     merged = project_results([run, twin, third], load_hardware("h200"), Target())
     assert len(merged) == 1 and merged[0].measured.cpu_budget_frac == twin["method_stats"]["cpu_compute_ratio"]["mean"]
+    assert merged[0].work["attended_tokens_per_head_max"] == pytest.approx(100)  # the median repeat's, not the budget
     assert merged[0].measured_step_ms is None  # a CPU run is not compared with a GPU profile
     mine = project_results([run], profile(shares_device=True, cores=2), Target())[0]
     assert mine.measured_step_ms == pytest.approx(run["decode_step_ms"]["median"])
