@@ -16,6 +16,8 @@ nice -n 5 scoutbench sweep --method fullkv,quest,infinigen,hgca,scout,scout-base
     --len 32k --batch 1 --budget 2048 --dense-layers 2 --steps 24 --warmup 2 --prefill synthetic --device cpu \
     -o "$OUT/bench-attn16-32k-b2048"
 nice -n 5 python benchmarks/real_model_work.py --model qwen2.5-0.5b --dtype bf16 --data-dir "$DATA" \
-    --record passage_retrieval_en:0 --record gov_report:0 --record narrativeqa:0 \
+    --record passage_retrieval_en:0 --record gov_report:1 --record narrativeqa:0 \
     --len 8k --budget 512 --dense-layers 2 --warmup 2 --steps 32 -o "$OUT/qwen2.5-0.5b-longbench-8k-b512"
 echo "load after: $(uptime)"
+python benchmarks/projection_validation.py paper --runs "synthetic=$OUT/bench-attn16-32k-b2048" \
+    "real=$OUT/qwen2.5-0.5b-longbench-8k-b512"
