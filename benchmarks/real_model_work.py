@@ -54,9 +54,10 @@ def exact_length(prompt_ids: list[int], length: int) -> list[int]:
 
 @torch.no_grad()
 def decode_counters(shared: SharedPrefill, name: str, budget: int | None, dense_layers: int, warmup: int,
-                    steps: int) -> tuple[dict[str, Any], dict[str, Any], list[float]]:
+                    steps: int, method_args: dict[str, Any] | None = None
+                    ) -> tuple[dict[str, Any], dict[str, Any], list[float]]:
     """(method description, method_stats of the timed steps, step times in ms) of greedy decode from `shared`."""
-    spec = method_spec(name, budget=None if name == "fullkv" else budget,
+    spec = method_spec(name, method_args, budget=None if name == "fullkv" else budget,
                        dense_layers=None if name == "fullkv" else dense_layers)
     described = spec.describe()
     method = spec.build_for(len(shared.prompt_ids) + warmup + steps)
@@ -109,10 +110,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--method", action="append", help=f"method (repeatable; default {', '.join(METHODS)})")
+    parser.add_argument("--method-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a field of every selected method (repeatable), e.g. recall_interval=1")
     parser.add_argument("-o", "--output", required=True, help="folder of result files")
     args = parser.parse_args()
     length, budget = parse_length(args.length), parse_length(args.budget, "--budget")
     methods = args.method or list(METHODS)
+    method_args = dict(item.split("=", 1) for item in args.method_arg)
     records = []
     for item in args.record:
         dataset, _, index = item.partition(":")
@@ -142,7 +146,7 @@ def main() -> None:
                 continue
             cpu_start = time.process_time()
             described, stats, step_ms = decode_counters(shared, name, budget, args.dense_layers, args.warmup,
-                                                        args.steps)
+                                                        args.steps, method_args)
             write_json_atomic(files[name], result_document(described, stats, step_ms, loaded, dtype, length,
                                                            args.warmup, args.steps, label, source, sys.argv))
             ratio = (stats.get("cpu_compute_ratio") or {}).get("mean")
