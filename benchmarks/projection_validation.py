@@ -9,7 +9,10 @@
 (b) the paper's setup: the runs' measured work projected on the `paper` profile at Qwen3-14B, budget 2048,
     block 32, bf16, next to the ratios the ScoutAttention paper reports:
 
-    python benchmarks/projection_validation.py paper --runs /tmp/val/run1/*len32k* [--fetch-granularity token]
+    python benchmarks/projection_validation.py paper --runs synthetic=results/projection/bench-attn16-32k-b2048 \
+        real=results/projection/qwen2.5-0.5b-longbench-8k-b512 [--fetch-granularity token]
+
+    Each LABEL=PATH[,PATH] is one column (bare paths: one column), with its distance to the paper's figure.
 """
 
 from __future__ import annotations
@@ -45,7 +48,24 @@ def _context(result: dict) -> int:
     return w["len"] + w["warmup"] + w["steps"] // 2
 
 
-def paper_table(runs: list[str], fetch_granularity: str) -> list[str]:
+PAPER_ROWS = (  # (quantity, the paper's figure as printed, as a number, kind: x = a ratio, % = a fraction)
+    ("scout / fullkv, 64k, each at its max batch", "5.1x", 5.1, "x"),
+    ("scout / best of infinigen, hgca, 64k, max batch", "up to 2.1x", 2.1, "x"),
+    ("scout / infinigen, 64k, max batch", "up to 2.1x", 2.1, "x"),
+    ("scout / hgca, 64k, max batch", "up to 2.1x", 2.1, "x"),
+    ("idle: scout, 32k, batch 40", "6%", 0.06, "%"),
+    ("idle: hgca, 32k, batch 40", "57%", 0.57, "%"),
+    ("idle: infinigen, 32k, batch 40", "61%", 0.61, "%"),
+    ("PC: scout-pc / scout-base, 32k, max batch", "1.39x", 1.39, "x"),
+    ("PR: scout / scout-pc, 32k, max batch", "1.20x", 1.20, "x"),
+    ("scout batch 16 -> 32, 32k", "1.78x", 1.78, "x"),
+    ("hgca batch 16 -> 32, 32k", "1.31x", 1.31, "x"),
+    ("infinigen batch 16 -> 32, 32k", "1.21x", 1.21, "x"),
+)
+
+
+def paper_values(runs: list[str], fetch_granularity: str) -> tuple[list[float], str]:
+    """The projected value of every PAPER_ROWS quantity from the runs' measured work, and the 64k max batches."""
     results = load_results(runs)
     hw = load_hardware("paper")
 
@@ -59,32 +79,62 @@ def paper_table(runs: list[str], fetch_granularity: str) -> list[str]:
     k = 1024
     at64, at32, at40 = project(64 * k, "auto"), project(32 * k, "auto"), project(32 * k, 40)
     b16, b32 = project(32 * k, 16), project(32 * k, 32)
-    rows = [
-        ("scout / fullkv, 64k, each at its max batch", "5.1x", tok_s(at64["scout"]) / tok_s(at64["fullkv"])),
-        ("scout / infinigen, 64k, max batch", "up to 2.1x", tok_s(at64["scout"]) / tok_s(at64["infinigen"])),
-        ("scout / hgca, 64k, max batch", "up to 2.1x", tok_s(at64["scout"]) / tok_s(at64["hgca"])),
-        ("idle: scout, 32k, batch 40", "6%", at40["scout"].step.idle_frac),
-        ("idle: hgca, 32k, batch 40", "57%", at40["hgca"].step.idle_frac),
-        ("idle: infinigen, 32k, batch 40", "61%", at40["infinigen"].step.idle_frac),
-        ("PC: scout-pc / scout-base, 32k, max batch", "1.39x", tok_s(at32["scout-pc"]) / tok_s(at32["scout-base"])),
-        ("PR: scout / scout-pc, 32k, max batch", "1.20x", tok_s(at32["scout"]) / tok_s(at32["scout-pc"])),
-        ("scout batch 16 -> 32, 32k", "1.78x", tok_s(b32["scout"]) / tok_s(b16["scout"])),
-        ("hgca batch 16 -> 32, 32k", "1.31x", tok_s(b32["hgca"]) / tok_s(b16["hgca"])),
-        ("infinigen batch 16 -> 32, 32k", "1.21x", tok_s(b32["infinigen"]) / tok_s(b16["infinigen"])),
+    values = [
+        tok_s(at64["scout"]) / tok_s(at64["fullkv"]),
+        tok_s(at64["scout"]) / max(tok_s(at64["infinigen"]), tok_s(at64["hgca"])),
+        tok_s(at64["scout"]) / tok_s(at64["infinigen"]),
+        tok_s(at64["scout"]) / tok_s(at64["hgca"]),
+        at40["scout"].step.idle_frac, at40["hgca"].step.idle_frac, at40["infinigen"].step.idle_frac,
+        tok_s(at32["scout-pc"]) / tok_s(at32["scout-base"]),
+        tok_s(at32["scout"]) / tok_s(at32["scout-pc"]),
+        tok_s(b32["scout"]) / tok_s(b16["scout"]),
+        tok_s(b32["hgca"]) / tok_s(b16["hgca"]),
+        tok_s(b32["infinigen"]) / tok_s(b16["infinigen"]),
     ]
-    lines = ["| quantity | paper | projected |", "|---|---|---|"]
-    for name, paper, value in rows:
-        shown = f"{100 * value:.0f}%" if name.startswith("idle") else f"{value:.2f}x"
-        lines.append(f"| {name} | {paper} | {shown} |")
     batches = ", ".join(f"{m} {p.batch} ({p.batch_limited_by})" for m, p in sorted(at64.items()))
-    lines += ["", f"Max batches at 64k: {batches}."]
+    return values, batches
+
+
+def distance(value: float, paper: float, kind: str) -> str:
+    """How far a projected figure is from the paper's: a factor for ratios, percentage points for idle."""
+    if kind == "%":
+        return f"{100 * (value - paper):+.0f} pp"
+    return f"{value / paper:.2f}x paper"
+
+
+def paper_table(sources: dict[str, list[str]], fetch_granularity: str) -> list[str]:
+    """One projected column (and its distance to the paper) per labelled set of runs."""
+    columns = {label: paper_values(runs, fetch_granularity) for label, runs in sources.items()}
+    header = "| quantity | paper |" + "".join(f" {label} | {label} vs paper |" for label in columns)
+    lines = [header, "|---|---|" + "---|---|" * len(columns)]
+    for row, (name, shown, paper, kind) in enumerate(PAPER_ROWS):
+        cells = ""
+        for values, _ in columns.values():
+            value = values[row]
+            cells += f" {100 * value:.0f}% |" if kind == "%" else f" {value:.2f}x |"
+            cells += f" {distance(value, paper, kind)} |"
+        lines.append(f"| {name} | {shown} |{cells}")
+    lines.append("")
+    lines += [f"Max batches at 64k ({label}): {batches}." for label, (_, batches) in columns.items()]
     return lines
+
+
+def parse_sources(items: list[str]) -> dict[str, list[str]]:
+    """`LABEL=PATH[,PATH...]` items (one projected column each); bare paths form one column, `projected`."""
+    sources: dict[str, list[str]] = {}
+    for item in items:
+        label, sep, paths = item.partition("=")
+        if not sep:
+            label, paths = "projected", item
+        sources.setdefault(label, []).extend(p for p in paths.split(",") if p)
+    return sources
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=["local", "paper"])
-    parser.add_argument("--runs", nargs="+", required=True, help="result files or folders")
+    parser.add_argument("--runs", nargs="+", required=True,
+                        help="result files or folders; paper: LABEL=PATH[,PATH] items give one column each")
     parser.add_argument("--profiles", nargs="*", default=[], help="calibrated profiles (local)")
     parser.add_argument("--fetch-granularity", choices=["gathered", "token"], default="gathered")
     args = parser.parse_args()
@@ -93,7 +143,7 @@ def main() -> None:
             parser.error("local needs --profiles from `scoutbench calibrate -o`")
         lines = local_table(args.runs, args.profiles)
     else:
-        lines = paper_table(args.runs, args.fetch_granularity)
+        lines = paper_table(parse_sources(args.runs), args.fetch_granularity)
     print("\n".join(lines))
 
 

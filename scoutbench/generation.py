@@ -189,7 +189,8 @@ class SharedPrefill:
         self._layer_inputs = recorder.layer_inputs
         self._lengths = torch.tensor([len(prompt_ids)], dtype=torch.long)
 
-    def _engine(self, method: AttentionMethod, new_tokens: int) -> DecodeEngine:
+    def engine(self, method: AttentionMethod, new_tokens: int) -> DecodeEngine:
+        """A decode engine for `method` that starts from this prefill, with room for `new_tokens` more tokens."""
         engine = DecodeEngine(self.model, method, silent_timer(self.device))
         engine.start(batch=1, max_len=len(self.prompt_ids) + new_tokens)
         engine.adopt_prefill(self._layer_inputs, self._lengths)
@@ -202,7 +203,7 @@ class SharedPrefill:
         _check_max_new_tokens(max_new_tokens)
         method = spec.build_for(len(self.prompt_ids) + max_new_tokens)
         try:
-            engine = self._engine(method, max_new_tokens)
+            engine = self.engine(method, max_new_tokens)
             return _greedy_decode(engine, self.logits, max_new_tokens, stop_ids, min_new_tokens, keep_steps)
         finally:
             method.close()
@@ -215,7 +216,7 @@ class SharedPrefill:
         method = spec.build_for(len(self.prompt_ids) + len(token_ids))
         trace = _StepTrace()
         try:
-            engine = self._engine(method, len(token_ids))
+            engine = self.engine(method, len(token_ids))
             for token in token_ids:
                 trace.record(engine.decode_step(torch.tensor([token], device=self.device)), engine)
         finally:

@@ -354,7 +354,10 @@ def _median_work(works: list[MeasuredWork]) -> MeasuredWork:
     fields = ("cpu_budget_frac", "recall_budget_frac", "fetch_context_frac", "cpu_host_frac", "attended_budget_frac")
     first = works[0]
     medians = {f: statistics.median(getattr(w, f) for w in works) for f in fields}
-    return MeasuredWork(first.method, first.family, first.config, **medians, source=first.source)
+    # the most tokens one row attended (what --budget bounds): kept, not reset to "the budget", when repeats merge
+    maxima = [w.attended_max_budget_frac for w in works if w.attended_max_budget_frac is not None]
+    return MeasuredWork(first.method, first.family, first.config, **medians,
+                        attended_max_budget_frac=statistics.median(maxima) if maxima else None, source=first.source)
 
 
 ASSUMPTIONS = (

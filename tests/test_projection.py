@@ -207,8 +207,11 @@ def test_repeats_merge_and_measured_step_is_shown_only_on_matching_hardware(tiny
     twin = copy.deepcopy(run)
     twin["method_stats"]["cpu_compute_ratio"]["mean"] = 3 * (run["method_stats"]["cpu_compute_ratio"]["mean"] or 0.1)
     third = copy.deepcopy(twin)
+    for repeat in (twin, third):  # fewer tokens than the budget in the busiest row, as a real run can attend
+        repeat["method_stats"]["attended_tokens_per_head"]["max"] = 100
     merged = project_results([run, twin, third], load_hardware("h200"), Target())
     assert len(merged) == 1 and merged[0].measured.cpu_budget_frac == twin["method_stats"]["cpu_compute_ratio"]["mean"]
+    assert merged[0].work["attended_tokens_per_head_max"] == pytest.approx(100)  # the median repeat's, not the budget
     assert merged[0].measured_step_ms is None  # a CPU run is not compared with a GPU profile
     mine = project_results([run], profile(shares_device=True, cores=2), Target())[0]
     assert mine.measured_step_ms == pytest.approx(run["decode_step_ms"]["median"])
@@ -265,3 +268,25 @@ def test_calibrate_profile_is_valid_for_project(monkeypatch):
     assert hw.shares_device and hw.values["device.layer_overhead_s"] == 1e-4
     assert all("measured by scoutbench calibrate" in s for s in hw.sources.values())
     assert 1e8 < hw.values["device.attention_bytes_s"] < 1e12
+
+
+def test_committed_projection_inputs_stay_projectable():
+    """The paper-ratio table's inputs (results/projection, docs/projection.md) are results an older version wrote:
+    every file must still project, budget-matched (every sparse method at budget 2048 / 512 with 2 dense layers),
+    and the real-drift set must merge its three records into one point per method."""
+    from pathlib import Path
+
+    from scoutbench.projection import unprojectable
+    from scoutbench.results import load_results
+
+    root = Path(__file__).resolve().parent.parent / "results" / "projection"
+    target = Target(model="qwen3-14b", length=65536, batch=40, budget=2048, block_size=32, dtype="bf16")
+    for folder, budget, files in (("bench-attn16-32k-b2048", 2048, 7), ("qwen2.5-0.5b-longbench-8k-b512", 512, 21)):
+        results = [r for r in load_results([str(root / folder)]) if r.get("kind") == "throughput"]
+        assert len(results) == files and not [unprojectable(r) for r in results if unprojectable(r)]
+        for r in results:
+            if r["method"] != "fullkv":
+                assert (r["method_config"]["budget"], r["method_config"]["dense_layers"]) == (budget, 2), r["_path"]
+        projections = project_results(results, load_hardware("paper"), target)
+        assert sorted(p.method for p in projections) == sorted({r["method"] for r in results})
+        assert all(p.step.step_ms > 0 for p in projections)
