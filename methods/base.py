@@ -125,7 +125,7 @@ class AttentionMethod:
     metadata below."""
 
     name: ClassVar[str] = ""  # the family: every registered name of this class (scout-pc, ...) is one algorithm
-    display_name: ClassVar[str] = ""  # how tables and figures name the algorithm ("" : `name`)
+    display_name: ClassVar[str] = ""  # how figures name the algorithm (empty: `name`)
     # True when the method needs before_layer (the engine skips the call otherwise).
     layer_ahead: ClassVar[bool] = False
     # True for the dense reference that tables compare every method with (`vs fullkv`): FullKV.

@@ -392,10 +392,12 @@ def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
 def _ablation_figure(report: Report, out: Path) -> None:
     import matplotlib.pyplot as plt
 
-    stem, title = "ablation", "Ablation: ScoutAttention optimisations"
+    from scoutbench.methods import ABLATION_METHODS, method_class
+
+    stem = "ablation"
     groups = ablation_groups(report.points)
     if not groups:
-        report.skipped.append((f"{stem}.png", "no point has two or more of scout-base / scout-pc / scout"))
+        report.skipped.append((f"{stem}.png", f"no point has two or more of {' / '.join(ABLATION_METHODS)}"))
         return
     keys = [group[:5] for group in groups]
     if len(set(keys)) < len(keys):  # same point, different other fields (e.g. budgets): number them
@@ -403,6 +405,8 @@ def _ablation_figure(report: Report, out: Path) -> None:
     names = _file_names(stem, keys)
     for (group, members), key in zip(groups.items(), keys, strict=True):
         name = names[key]
+        cls = method_class(members[0].method)
+        title = f"Ablation: {cls.display_name or cls.name} optimisations"
         base = members[0].tok_s
         fig, ax = plt.subplots(figsize=(5.2, 4.2))
         bars = ax.bar([p.variant for p in members], [p.tok_s for p in members], 0.6, color="#4c72b0")
