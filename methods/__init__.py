@@ -1,5 +1,14 @@
 """Attention methods (installed as `scoutbench.methods`). One file per method; this registry is lazy, so listing
-names never imports a method's code. Add a method: docs/adding_a_method.md."""
+names never imports a method's code. Add a method: docs/adding_a_method.md.
+
+Every other module asks the registry (and the method classes it loads) what it needs to know about a method, its
+family, display name, whether it is the dense reference, its ablation variant, its work model, instead of
+listing method names: a method registered here (or, in a test, inside `METHODS.scoped()`) runs through
+throughput, sweep, report, `gate --counters` and `project` without a change anywhere else."""
+
+from __future__ import annotations
+
+from typing import Any
 
 from scoutbench.registry import Registry
 
@@ -9,10 +18,64 @@ METHODS.register("quest", "scoutbench.methods.quest:Quest")
 METHODS.register("infinigen", "scoutbench.methods.infinigen:InfiniGen")
 METHODS.register("hgca", "scoutbench.methods.hgca:HGCA")
 METHODS.register("scout", "scoutbench.methods.scout:ScoutAttention", "scoutattention")
-# ScoutAttention ablation variants (paper Figure 12): parallel co-attention, +PC, +PC+PR (= scout).
+# ScoutAttention ablation variants (paper Figure 12): parallel co-attention, +PC, +PR (+PC+PR = scout).
 METHODS.register("scout-base", "scoutbench.methods.scout:ScoutAttention", preset={"pc": False, "pr": False})
 METHODS.register("scout-pc", "scoutbench.methods.scout:ScoutAttention", preset={"pc": True, "pr": False})
 METHODS.register("scout-pr", "scoutbench.methods.scout:ScoutAttention", preset={"pc": False, "pr": True})
 
-# The distinct algorithms (tests and benchmarks iterate over these; `--method all` adds the ablation variants).
+# The distinct algorithms (tests, benchmarks and `scoutbench throughput` without --method run these; `--method all`
+# adds the ablation variants).
 ALL_METHODS = ["fullkv", "quest", "infinigen", "hgca", "scout"]
+# What the paper's figures compare (Figures 8, 9 and 11: Quest keeps every token on the device, it is not one of the
+# offloading systems compared), the method they are about (Figure 10) and its ablation (Figure 12).
+COMPARED_METHODS = ["fullkv", "infinigen", "hgca", "scout"]
+PROPOSED_METHOD = "scout"
+ABLATION_METHODS = ["scout-base", "scout-pc", "scout"]
+
+
+def method_class(name: str) -> Any | None:
+    """The class behind a registered name or alias (None for a name the registry does not know, e.g. a
+    third-party method's results)."""
+    return METHODS.load(name) if name in METHODS else None
+
+
+def method_family(name: str) -> str | None:
+    """The algorithm behind a registered name (scout-pc -> scout: the class's own name); None when unknown."""
+    cls = method_class(name)
+    return None if cls is None else cls.name
+
+
+def is_reference(name: str) -> bool:
+    """Whether `name` is the dense reference that tables compare every method with (`vs fullkv`)."""
+    cls = method_class(name)
+    return cls is not None and cls.reference
+
+
+def display_rank(name: str) -> int:
+    """Where a method goes in tables and figures: registration order by family, a family's variants before the
+    full method (FullKV, Quest, InfiniGen, HGCA, scout-base, scout-pc, scout-pr, scout); unknown names last."""
+    names = METHODS.names()
+    if name not in METHODS:
+        return len(names)
+
+    def key(registered: str) -> tuple[int, bool, int]:
+        family = method_family(registered)
+        home = names.index(family) if family in names else names.index(registered)
+        return home, registered == family, names.index(registered)
+
+    return sorted(names, key=key).index(METHODS.canonical(name))
+
+
+def ablation_variant(name: str, config: dict[str, Any]) -> str | None:
+    """The ablation variant a run of `name` with `config` is (e.g. "+PC"), from its fields, the registry preset and
+    the class defaults, in that order; None for a method without ablation variants or an unknown name."""
+    cls = method_class(name)
+    if cls is None or not cls.ablation_variants:
+        return None
+    return cls.ablation_variant({**cls.defaults(), **METHODS.preset(name), **config})
+
+
+def ablation_order(name: str) -> list[str]:
+    """The variants of `name`'s method in the order its ablation figure shows them (empty when it has none)."""
+    cls = method_class(name)
+    return [] if cls is None else list(cls.ablation_variants.values())

@@ -28,6 +28,9 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.timing import StageTimer
 
+if typing.TYPE_CHECKING:
+    from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
+
 # Every sparse method keeps its first layers dense (FullKV storage, `FullKV.for_layers`) through this one field,
 # with one default: a comparison then compares the same sparse layers (`--dense-layers` sets it for every method
 # at once). 2, after Quest §3.4: the first two layers are under 10% sparse in the models it measured.
@@ -116,9 +119,24 @@ class Footprint:
 
 @dataclass
 class AttentionMethod:
-    name: ClassVar[str] = ""
+    """The contract (module docstring). What the rest of scoutbench knows about a method comes from here: its
+    fields (the dataclass), its statistics (`stats`), its memory (`memory_footprint`), its work model
+    (`work_fractions`, `measure_work`, `sparse_layer_work`: what `project` and `gate --counters` count) and the
+    metadata below."""
+
+    name: ClassVar[str] = ""  # the family: every registered name of this class (scout-pc, ...) is one algorithm
+    display_name: ClassVar[str] = ""  # how figures name the algorithm (empty: `name`)
     # True when the method needs before_layer (the engine skips the call otherwise).
     layer_ahead: ClassVar[bool] = False
+    # True for the dense reference that tables compare every method with (`vs fullkv`): FullKV.
+    reference: ClassVar[bool] = False
+    # Ablation variants (report's ablation figure): values of `ablation_fields` -> the variant's label, in the order
+    # the figure shows them; empty for a method without variants.
+    ablation_fields: ClassVar[tuple[str, ...]] = ()
+    ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {}
+    # The shape-free fractions the work model measures (`measure_work`), with the value each takes when a result
+    # does not say (MeasuredWork accepts exactly these).
+    work_fractions: ClassVar[dict[str, float]] = {}
 
     def bind(self, ctx: MethodContext) -> None:
         self.ctx = ctx
@@ -161,6 +179,54 @@ class AttentionMethod:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """The fields' default values (a field without a default is left out)."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+
+    @classmethod
+    def ablation_variant(cls, config: dict[str, Any]) -> str | None:
+        """The label of the ablation variant that `config` (every field given) is, or None."""
+        if not cls.ablation_variants:
+            return None
+        return cls.ablation_variants.get(tuple(bool(config.get(name)) for name in cls.ablation_fields))
+
+    # ---- work model (`project`, `gate --counters`; methods/work_model.py has the vocabulary) ------------------
+    @classmethod
+    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+        """The shape-free fractions (`work_fractions`) of one measured run, from its method stats: what carries to
+        another model, length, batch and budget (e.g. "the CPU attends 9% of the budget")."""
+        return {}
+
+    @classmethod
+    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
+        """A run's config with `budget` / `block_size` replaced where given and where the method has them (the
+        measured fractions are relative to the budget, so they carry)."""
+        cfg = dict(config)
+        if budget is not None and cfg.get("budget") is not None:  # HGCA's budget=None (fraction policy) stays
+            cfg["budget"] = budget
+        if block_size is not None and "block_size" in cfg:
+            cfg["block_size"] = block_size
+        return cfg
+
+    @classmethod
+    def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
+        """Layers of a step that run dense on the device."""
+        return min(int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers)
+
+    @classmethod
+    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+        """One sparse layer of a decode step for the batch at `terms.shape`, given the measured `fractions` and the
+        (possibly re-budgeted) `config`."""
+        raise UsageError(f"method {cls.name!r} declares no work model (AttentionMethod.sparse_layer_work): "
+                         "`project` and `gate --counters` cannot count its work")
+
+    @classmethod
     def from_args(cls, overrides: dict[str, str], preset: dict[str, Any] | None = None) -> AttentionMethod:
         """Build from `--method-arg key=value` strings, converting each to its field's type."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -174,6 +240,60 @@ class AttentionMethod:
             return cls(**kwargs)
         except (ValueError, TypeError) as exc:
             raise UsageError(f"{cls.name}: {exc}") from None
+
+
+class SparseLayerMethod(AttentionMethod):
+    """Base of the methods with sparse layers (InfiniGen, HGCA, ScoutAttention): the first `dense_layers` layers
+    keep FullKV storage on the device (`self.dense`, bound to those layers) and run dense; only
+    `self.sparse_layers` reach the method's own `ingest_sparse_prefill` and `decode_sparse`.
+
+    Each subclass declares the `dense_layers` field itself (default DEFAULT_DENSE_LAYERS), where it belongs among
+    its hyper-parameters: a field declared here would come first in every `repr(method)` and config. Quest is a
+    FullKV with every layer on the device: it shares the field, not this storage."""
+
+    # dense_layers: int, the dataclass field of each subclass (see above)
+
+    def check_dense_layers(self) -> None:
+        """Field validation (for __post_init__)."""
+        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+
+    def bind(self, ctx: MethodContext) -> None:
+        from scoutbench.methods.fullkv import FullKV
+
+        super().bind(ctx)
+        dense = min(self.dense_layers, ctx.num_layers)
+        self.dense = FullKV.for_layers(ctx, dense)
+        self.sparse_layers = range(dense, ctx.num_layers)
+
+    def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       lengths: torch.Tensor) -> None:
+        if layer in self.sparse_layers:
+            self.ingest_sparse_prefill(layer, q_obs, k, v, lengths)
+        else:
+            self.dense.ingest_prefill(layer, q_obs, k, v, lengths)
+
+    def ingest_sparse_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              lengths: torch.Tensor) -> None:
+        """`ingest_prefill` of a sparse layer."""
+        raise NotImplementedError
+
+    def begin_step(self, step: StepInfo) -> None:
+        super().begin_step(step)
+        self.dense.begin_step(step)
+
+    def decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if layer in self.sparse_layers:
+            return self.decode_sparse(layer, q, k, v)
+        return self.dense.decode(layer, q, k, v)
+
+    def decode_sparse(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """`decode` of a sparse layer."""
+        raise NotImplementedError
+
+    def layer_split(self, shape: ModelShape) -> tuple[int, int]:
+        """(dense, sparse) layers of `shape` (memory planning)."""
+        dense = min(self.dense_layers, shape.num_layers)
+        return dense, shape.num_layers - dense
 
 
 def transfer_stats(h2d_bytes: int, d2h_bytes: int, steps: int) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -18,6 +19,7 @@ from scoutbench.methods.base import (
     StepInfo,
     transfer_stats,
 )
+from scoutbench.methods.work_model import LayerTerms, LayerWork
 
 
 @dataclass
@@ -25,6 +27,8 @@ class FullKV(AttentionMethod):
     """Vanilla decode attention. The cache is preallocated for the whole run (no per-step growth)."""
 
     name = "fullkv"
+    display_name = "FullKV"
+    reference = True
 
     @classmethod
     def for_layers(cls, ctx: MethodContext, num_layers: int) -> FullKV:
@@ -86,3 +90,12 @@ class FullKV(AttentionMethod):
         return {"device_kv_bytes": ctx.num_layers * ctx.batch * page_aligned(ctx.max_len) * ctx.kv_bytes_per_token(),
                 "attended_tokens_per_head": self._attended.stats(None),
                 **transfer_stats(0, 0, 1)}  # everything stays on the device
+
+    # ------------------------------------------------------------------ work model (project, gate --counters)
+    @classmethod
+    def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
+        return num_layers  # dense everywhere
+
+    @classmethod
+    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+        return terms.dense

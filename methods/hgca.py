@@ -64,24 +64,26 @@ from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, hos
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
-    AttentionMethod,
     Footprint,
     MethodContext,
     ModelShape,
+    SparseLayerMethod,
     StepInfo,
     require,
     transfer_stats,
 )
-from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.work_model import FP32_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 
 OBSERVED_LOGIT_BYTES = 64 * 1024**2  # fp32 logits per piece of the prefill's observed attention weights
 
 
 @dataclass
-class HGCA(AttentionMethod):
+class HGCA(SparseLayerMethod):
     """Recent window on the device, older tokens on the host attended sparsely by the CPU in the same layer."""
 
     name = "hgca"
+    display_name = "HGCA"
+    work_fractions = {"cpu_host_frac": 0.0}  # fraction policy: tokens the CPU attends per (sequence, query head) / host tokens
     budget: int | None = 2048  # tokens attended per (sequence, KV head): window + sinks + CPU-selected; None: fractions
     window_share: float = 0.5  # with a budget: share of it held by the device window
     window_frac: float = 0.25  # without a budget: share of each sequence's tokens kept on the device
@@ -108,7 +110,7 @@ class HGCA(AttentionMethod):
         require(self.sink_tokens >= 0, f"sink_tokens must be >= 0, got {self.sink_tokens}")
         require(self.migrate_block >= 1, f"migrate_block must be >= 1, got {self.migrate_block}")
         require(self.refresh_interval >= 0, f"refresh_interval must be >= 0 (0 = never), got {self.refresh_interval}")
-        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+        self.check_dense_layers()
         require(self.observed_queries >= 1, f"observed_queries must be >= 1, got {self.observed_queries}")
 
     @property
@@ -135,9 +137,6 @@ class HGCA(AttentionMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         batch, kv_heads, head_dim = ctx.batch, ctx.num_kv_heads, ctx.head_dim
-        dense = min(self.dense_layers, ctx.num_layers)
-        self.dense = FullKV.for_layers(ctx, dense)
-        self.sparse_layers = range(dense, ctx.num_layers)
         # the window never exceeds its target by a whole block (it migrates then)
         # in whole flashinfer pages (16 tokens): its pages tile a row of the window
         self.window_capacity = page_aligned(min(ctx.max_len, self.window_target(ctx.max_len) + self.migrate_block))
@@ -212,10 +211,7 @@ class HGCA(AttentionMethod):
                 kept.append((owner, fn, args))
         self._deferred = kept
 
-    def ingest_prefill(self, layer, q_obs, k, v, lengths):
-        if layer not in self.sparse_layers:
-            self.dense.ingest_prefill(layer, q_obs, k, v, lengths)
-            return
+    def ingest_sparse_prefill(self, layer, q_obs, k, v, lengths):
         lengths_host = [int(n) for n in lengths.tolist()]
         self.split = [n - self.window_target(n) for n in lengths_host]
         self._split_device = torch.tensor(self.split, device=self.ctx.device)
@@ -258,7 +254,6 @@ class HGCA(AttentionMethod):
     # ------------------------------------------------------------------ decode
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
-        self.dense.begin_step(step)
         lengths = [p + 1 for p in step.positions_host]
         self.window_len = [n - s for n, s in zip(lengths, self.split, strict=True)]
         slots = [p - s for p, s in zip(step.positions_host, self.split, strict=True)]
@@ -272,9 +267,7 @@ class HGCA(AttentionMethod):
                            if w - self.window_target(n) >= self.migrate_block]
         self._steps += 1
 
-    def decode(self, layer, q, k, v):
-        if layer not in self.sparse_layers:
-            return self.dense.decode(layer, q, k, v)
+    def decode_sparse(self, layer, q, k, v):
         ctx = self.ctx
         window_k, window_v = self.window_k[layer], self.window_v[layer]
         with ctx.timer.stage("attn_device"):
@@ -423,8 +416,7 @@ class HGCA(AttentionMethod):
     # ------------------------------------------------------------------ accounting
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        dense = min(self.dense_layers, shape.num_layers)
-        sparse = shape.num_layers - dense
+        dense, sparse = self.layer_split(shape)
         window = self.window_target(context_len)
         # the window's capacity: it may exceed its target by up to a migration block before it migrates
         device = (dense * page_aligned(context_len) * kv
@@ -448,3 +440,37 @@ class HGCA(AttentionMethod):
             "attended_tokens_per_head": self._attended.stats(self.budget),
             **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
         }
+
+    # ------------------------------------------------------------------ work model (project, gate --counters)
+    @classmethod
+    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+        pairs = run.sparse_layer_mean("cpu_tokens_per_layer")  # (query head, token) pairs of the whole batch
+        host_tokens = run.stats.get("host_tokens_mean") or 0.0
+        per_head = pairs / (run.shape.batch * run.shape.model.num_heads) if pairs is not None else 0.0
+        return {"cpu_host_frac": per_head / host_tokens if host_tokens else 0.0}
+
+    @classmethod
+    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+        """The device window, and the CPU's selected host tokens (plus every query head's fp32 score average) in
+        the same layer, merged on the device."""
+        shape = terms.shape
+        m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
+        if config.get("budget") is not None:  # window + CPU tokens = budget, one selection per KV head
+            # the window grows a migration block past its target and drops back: half a block over it on average
+            window = min(round(config["budget"] * config.get("window_share", 0.5))
+                         + config.get("migrate_block", 32) / 2, N)
+            host = N - window
+            cpu_per_head = min(config["budget"] - window, host)
+            selection_heads = m.num_kv_heads
+        else:  # fraction policy (budget=None): each query head selects its own
+            window = min(math.ceil(config.get("window_frac", 0.25) * N), N)
+            host = N - window
+            cpu_per_head = min(fractions["cpu_host_frac"] * host, host)
+            selection_heads = m.num_heads
+        # K and V of the selected tokens per selection row, and the fp32 score average of every query head
+        host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * host * FP32_BYTES
+        return terms.layer("same_layer", device_kv_bytes=B * window * shape.kv_bytes_per_token,
+                           device_tokens=B * m.num_kv_heads * window, host_kv_bytes=host_bytes,
+                           cpu_tokens=B * m.num_heads * cpu_per_head / (m.num_heads // m.num_kv_heads),
+                           merge_bytes=terms.merge_bytes, d2h=Transfer(terms.query_bytes, 1) + terms.new_kv,
+                           h2d=terms.result_back)

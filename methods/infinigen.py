@@ -50,23 +50,25 @@ from scoutbench.kernels.offload import (
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
-    AttentionMethod,
     Footprint,
     MethodContext,
     ModelShape,
+    SparseLayerMethod,
     StepInfo,
     require,
     transfer_stats,
 )
-from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord, Transfer
 
 
 @dataclass
-class InfiniGen(AttentionMethod):
+class InfiniGen(SparseLayerMethod):
     """Partial keys on the device, full KV on the host, the next layer's important tokens prefetched."""
 
     name = "infinigen"
+    display_name = "InfiniGen"
     layer_ahead = True
+    work_fractions = {"fetch_context_frac": 0.0}  # tokens fetched per (sequence, KV head, sparse layer) / context
     partial_ratio: float = 0.2  # fraction of head_dim kept as speculation channels
     alpha: float = 5.0  # a token counts if its speculated logit is within alpha of the head's max (inf: all)
     budget: int = 2048  # tokens attended per (sequence, KV head) and layer: budget - 1 fetched + the current one
@@ -77,7 +79,7 @@ class InfiniGen(AttentionMethod):
         require(0.0 < self.partial_ratio <= 1.0, f"partial_ratio must be in (0, 1], got {self.partial_ratio}")
         require(self.alpha > 0.0, f"alpha must be > 0 (logit units; inf fetches every token), got {self.alpha}")
         require(self.budget >= 2, f"budget must be >= 2 (one fetched token plus the current one), got {self.budget}")
-        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
+        self.check_dense_layers()
 
     def partial_dim(self, head_dim: int) -> int:
         return math.ceil(self.partial_ratio * head_dim)
@@ -86,9 +88,6 @@ class InfiniGen(AttentionMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         batch, kv_heads, head_dim = ctx.batch, ctx.num_kv_heads, ctx.head_dim
-        dense = min(self.dense_layers, ctx.num_layers)
-        self.dense = FullKV.for_layers(ctx, dense)
-        self.sparse_layers = range(dense, ctx.num_layers)
         channels = self.partial_dim(head_dim)
         # zeroed: a short sequence of a ragged batch fetches (masked) rows it never wrote, and 0 * NaN is NaN
         host_shape = (ctx.max_len, batch, kv_heads, head_dim)
@@ -135,10 +134,7 @@ class InfiniGen(AttentionMethod):
         self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
 
-    def ingest_prefill(self, layer, q_obs, k, v, lengths):
-        if layer not in self.sparse_layers:
-            self.dense.ingest_prefill(layer, q_obs, k, v, lengths)
-            return
+    def ingest_sparse_prefill(self, layer, q_obs, k, v, lengths):
         skew, channels = self.skewing(q_obs, k, lengths)
         self.skew[layer] = skew
         proj = skew.gather(2, channels[:, None, :].expand(-1, skew.shape[1], -1))
@@ -178,7 +174,6 @@ class InfiniGen(AttentionMethod):
     # ------------------------------------------------------------------ decode
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
-        self.dense.begin_step(step)
         # [B, 1, 1, max_len]: slots not cached yet. Speculation scores the whole preallocated partial-key buffer and
         # masks them: a matmul over a prefix slice of it is 5x slower on CPU (a strided batch forces a copy).
         slots = torch.arange(self.ctx.max_len, device=self.ctx.device)
@@ -249,9 +244,7 @@ class InfiniGen(AttentionMethod):
             copied = self.copy.copy(target, staging[:numel].view(target.shape), after=slot_free)
         return copied
 
-    def decode(self, layer, q, k, v):
-        if layer not in self.sparse_layers:
-            return self.dense.decode(layer, q, k, v)
+    def decode_sparse(self, layer, q, k, v):
         ctx, step = self.ctx, self.step
         if layer not in self._pending:  # no layer ahead of it: speculate with the true query, fetch now
             with ctx.timer.stage("predict"):
@@ -311,8 +304,7 @@ class InfiniGen(AttentionMethod):
     # ------------------------------------------------------------------ accounting
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        dense = min(self.dense_layers, shape.num_layers)
-        sparse = shape.num_layers - dense
+        dense, sparse = self.layer_split(shape)
         partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
         fetch = min(self.budget - 1, context_len)
         # the dense layers' FullKV rows and (on CUDA) the double-buffered fetch rows are whole 16-token pages
@@ -342,3 +334,30 @@ class InfiniGen(AttentionMethod):
             "device_kv_bytes": self.dense.stats()["device_kv_bytes"],
             "attended_tokens_per_head": self._attended.stats(self.budget),
         }
+
+    # ------------------------------------------------------------------ work model (project, gate --counters)
+    @classmethod
+    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+        fetched = run.sparse_layer_mean("tokens_fetched_per_layer") or 0.0
+        return {"fetch_context_frac": fetched / run.shape.context_len}
+
+    @classmethod
+    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+        """Speculation over every cached token's partial key, `budget - 1` tokens fetched one layer ahead (the
+        alpha count only with dynamic_count). `terms.fetch_granularity`: `gathered` (this implementation, like
+        its recall): the host gathers the selected tokens into a staging buffer, then K and V go in one copy each;
+        `token`: one copy per token (all KV heads), as the ScoutAttention paper describes its InfiniGen baseline
+        (section 2.3: "4 KB per token per layer ... 800 MB/s")."""
+        shape = terms.shape
+        m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
+        cap = config["budget"] - 1
+        fetched = min(fractions["fetch_context_frac"] * N, cap, N) if config.get("dynamic_count") else min(cap, N)
+        # the method's own channel count (ceil); the work model once rounded instead (issue 21)
+        partial_dim = math.ceil(config.get("partial_ratio", 0.2) * m.head_dim)
+        speculation = B * N * m.num_kv_heads * partial_dim * e
+        fetch_bytes = B * fetched * shape.kv_bytes_per_token
+        gathered = terms.fetch_granularity == "gathered"
+        return terms.layer("prefetch", predict_weight_bytes=terms.predict_weight_bytes, select_bytes=speculation,
+                           device_kv_bytes=fetch_bytes, device_tokens=B * m.num_kv_heads * (fetched + 1),  # + current
+                           host_gather_bytes=fetch_bytes if gathered else 0.0, d2h=terms.new_kv,
+                           h2d=Transfer(fetch_bytes, (2 if fetched else 0) if gathered else B * fetched))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ from scoutbench.methods.base import (
     require,
 )
 from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
 
 
 @dataclass
@@ -37,6 +39,9 @@ class Quest(FullKV):
     """FullKV's device cache plus block digests; sparse layers attend only the selected blocks and the tail."""
 
     name = "quest"
+    display_name = "Quest"
+    reference = False
+    work_fractions = {"attended_budget_frac": 1.0}  # tokens attended per (sequence, KV head, sparse layer) / budget
     budget: int = 2048  # tokens attended per (sequence, KV head) in a sparse layer, tail block included
     block_size: int = 32
     dense_layers: int = DEFAULT_DENSE_LAYERS  # the first layers stay dense (under 10% sparsity there, Quest §3.4)
@@ -172,3 +177,23 @@ class Quest(FullKV):
         attended = (self._attended_sum / max(self._steps, 1)).tolist()
         return {**super().stats(), "digest_bytes": digest_bytes, "attended_tokens_per_layer": attended,
                 "attended_tokens_per_head": self._attended.stats(self.budget)}
+
+    # ------------------------------------------------------------------ work model (project, gate --counters)
+    @classmethod
+    def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
+        return min(int(config.get("dense_layers", 0)), num_layers)
+
+    @classmethod
+    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+        attended = run.sparse_layer_mean("attended_tokens_per_layer")
+        return {"attended_budget_frac": 1.0 if attended is None else attended / run.config["budget"]}
+
+    @classmethod
+    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+        """Every block digest read to select, then the selected blocks' KV attended on the device."""
+        shape = terms.shape
+        m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
+        tokens = min(fractions["attended_budget_frac"] * config["budget"], N)
+        digests = B * m.num_kv_heads * math.ceil(N / config["block_size"]) * 2 * m.head_dim * e
+        return terms.layer("none", select_bytes=digests, device_kv_bytes=B * tokens * shape.kv_bytes_per_token,
+                           device_tokens=B * m.num_kv_heads * tokens)

@@ -16,29 +16,22 @@ import torch
 
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import PartialState, block_sparse_attention, merge_states
+from scoutbench.kernels.block_store import SplitPlan, TieredBlockStore
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
-from scoutbench.kernels.digest import CandidateBlocks, DigestTable
-from scoutbench.kernels.offload import (
-    DONE,
-    PREFILL_CHUNK_TOKENS,
-    CopyStream,
-    CpuWorkerPool,
-    HostArena,
-    host_empty,
-    token_chunks,
-)
+from scoutbench.kernels.digest import CandidateBlocks
+from scoutbench.kernels.offload import DONE, PREFILL_CHUNK_TOKENS, CopyStream, CpuWorkerPool, host_empty
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
-    AttentionMethod,
     Footprint,
     MethodContext,
     ModelShape,
+    SparseLayerMethod,
     StepInfo,
     require,
     transfer_stats,
 )
-from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.work_model import INDEX_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 
 PRED_NORMS = ("next", "self")
 DEVICE_BLOCKS = ("resident", "selected")
@@ -52,8 +45,8 @@ class _Plan:
     step: int
     parity: int  # which set of host buffers (consecutive layers alternate)
     q: torch.Tensor  # host query of the CPU part [B, Hq, D] (predicted, or the true one)
-    payload: torch.Tensor  # host int64 [B, Hkv, 3k + 4]: cpu ids | pending | victims | n_cpu n_sel n_avail n_res
-    event: Any  # completes when `q` and `payload` are on the host
+    split: SplitPlan  # on the host: the selected blocks (CPU ones first), in-flight flags, victims, counts
+    event: Any  # completes when `q` and `split` are on the host
     pool_use: torch.Tensor  # device bool [B, Hkv, k_sel]: pool slots read by the device part
     cpu_blocks: torch.Tensor  # device [B, Hkv]: blocks the CPU part attends
     predicted: bool
@@ -83,16 +76,15 @@ class _CpuResult:
 
 
 @dataclass
-class ScoutAttention(AttentionMethod):
+class ScoutAttention(SparseLayerMethod):
     """ScoutAttention: Quest block selection split between a device pool and CPU attention over host blocks.
 
-    Storage. Layers `< dense_layers` are FullKV on the device. A sparse layer keeps every complete block in host
-    memory (`host_empty`, pinned on CUDA) as block-major rows `[max_blocks * B * Hkv, block_size, D]`, so the CPU
-    kernel reads any set of blocks in place and a block completed by all sequences at once is one contiguous copy; on the device it keeps Quest digests (kmax/kmin of post-RoPE
-    keys) of every complete block and one contiguous region per (sequence, KV head) of `budget // block_size`
-    block slots: `k_sel` pool slots, `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the
-    local blocks and the tail (the partial block with the current token). `BlockTable` records which block sits in
-    which pool slot.
+    Storage (`TieredBlockStore`, scoutbench/kernels/block_store.py). Layers `< dense_layers` are FullKV on the
+    device. A sparse layer keeps every complete block in host memory (pinned on CUDA), which the CPU kernel reads
+    in place; on the device it keeps Quest digests (kmax/kmin of post-RoPE keys) of every complete block and one
+    contiguous region per (sequence, KV head) of `budget // block_size` block slots: `k_sel` pool slots,
+    `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the local blocks and the tail (the
+    partial block with the current token). `BlockTable` records which block sits in which pool slot.
 
     Budget. `budget` counts every attended token, the always-on ones included (Quest convention): per
     (sequence, KV head) the method attends `k_sel = budget // block_size - sink_blocks - local_blocks - 1`
@@ -139,7 +131,17 @@ class ScoutAttention(AttentionMethod):
     """
 
     name: ClassVar[str] = "scout"
+    display_name: ClassVar[str] = "ScoutAttention"
     layer_ahead: ClassVar[bool] = True
+    # paper Figure 12, in its order: parallel co-attention, + pre-computation, + periodic recall
+    ablation_fields: ClassVar[tuple[str, ...]] = ("pc", "pr")
+    ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {
+        (False, False): "co-attention", (True, False): "+PC", (False, True): "+PR", (True, True): "+PC+PR"}
+    work_fractions: ClassVar[dict[str, float]] = {
+        "cpu_budget_frac": 0.0,  # share of the budget attended on the CPU
+        "recall_budget_frac": 0.0,  # tokens recalled per (sequence, KV head, sparse layer, step) / budget
+        "attended_budget_frac": 1.0,  # tokens attended per (sequence, KV head, sparse layer), both tiers / budget
+    }
 
     budget: int = 2048
     block_size: int = 32
@@ -159,7 +161,7 @@ class ScoutAttention(AttentionMethod):
 
     def __post_init__(self) -> None:
         require(self.block_size >= 1, f"block_size must be >= 1 (got {self.block_size})")
-        require(self.dense_layers >= 0, f"dense_layers must be >= 0 (got {self.dense_layers})")
+        self.check_dense_layers()
         require(self.sink_blocks >= 0, f"sink_blocks must be >= 0 (got {self.sink_blocks})")
         require(self.local_blocks >= 0, f"local_blocks must be >= 0 (got {self.local_blocks})")
         require(self.k_sel >= 1, f"budget {self.budget} leaves no selectable block: need budget >= block_size * "
@@ -189,8 +191,7 @@ class ScoutAttention(AttentionMethod):
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        dense = min(self.dense_layers, shape.num_layers)
-        sparse = shape.num_layers - dense
+        dense, sparse = self.layer_split(shape)
         n_blocks = math.ceil(context_len / self.block_size)
         region = self.budget // self.block_size * self.block_size  # device block slots per (sequence, KV head)
         # per sparse layer: digests, the slotted region and its BlockTable (int64 block -> slot, int64 + bool per
@@ -211,14 +212,9 @@ class ScoutAttention(AttentionMethod):
     def bind(self, ctx: MethodContext) -> None:
         self.close()
         super().bind(ctx)
-        b, B, Hkv, H, D = self.block_size, ctx.batch, ctx.num_kv_heads, ctx.num_heads, ctx.head_dim
+        B, Hkv, H, D = ctx.batch, ctx.num_kv_heads, ctx.num_heads, ctx.head_dim
         dev, dtype = ctx.device, ctx.dtype
         self._L = ctx.num_layers
-        self._dense = min(self.dense_layers, ctx.num_layers)
-        self._max_blocks = math.ceil(ctx.max_len / b)
-        self._n_ring = self.local_blocks + 1
-        self._n_slots = self.k_sel + self.sink_blocks + self._n_ring  # device block slots per (b, h)
-        self._region = self._n_slots * b
         self._cuda = torch.device(dev).type == "cuda"
         if self._profile_intervals is not None and len(self._profile_intervals) != ctx.num_layers:
             raise UsageError(f"recall_profile {self.recall_profile!r} has {len(self._profile_intervals)} layers, "
@@ -227,51 +223,49 @@ class ScoutAttention(AttentionMethod):
             max(1, int(self._profile_intervals[i])) if self._profile_intervals is not None
             and self._profile_intervals[i] is not None else self.recall_interval
             for i in range(ctx.num_layers)]
-        self._dense_kv = FullKV.for_layers(ctx, self._dense)
-        # sparse layers: host tier, block-major rows `j * B * Hkv + (b * Hkv + h)` so that the blocks of all
-        # (sequence, KV head) rows completed at one step are one contiguous (async on CUDA) copy. Zeroed: gathers
-        # may read never-written rows, masked out, but they must be finite.
-        # The host tier and the recall's staging buffers (two sets: consecutive layers alternate, at most two plans
-        # in flight) are one exact-size arena, pinned on CUDA (memory_footprint counts the same bytes).
-        rows = self._max_blocks * B * Hkv
-        k = self.k_sel
-        gather_rows = B * Hkv * k
-        sparse = range(self._dense, ctx.num_layers)
-        parities = range(2) if sparse else range(0)
-        self._host_arena = HostArena({**{(kind, layer): ((rows, b, D), dtype) for kind in "kv" for layer in sparse},
-                                      **{(kind, i): ((gather_rows, b, D), dtype) for kind in ("rk", "rv") for i in parities}},
-                                     dev)
-        self._host_k = {layer: self._host_arena["k", layer] for layer in sparse}
-        self._host_v = {layer: self._host_arena["v", layer] for layer in sparse}
-        self._recall_k = [self._host_arena["rk", i] for i in parities]
-        self._recall_v = [self._host_arena["rv", i] for i in parities]
-        self._dev_k: dict[int, torch.Tensor] = {}
-        self._dev_v: dict[int, torch.Tensor] = {}
-        self._digests = DigestTable(sparse, (B, Hkv, self._max_blocks, D), dtype, dev)
-        self._tables: dict[int, BlockTable] = {}
-        for layer in sparse:
-            self._dev_k[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
-            self._dev_v[layer] = torch.zeros((B, Hkv, self._region, D), dtype=dtype, device=dev)
-            self._tables[layer] = BlockTable(B, Hkv, self.k_sel, self._max_blocks, dev)
+        self.store = TieredBlockStore(self.sparse_layers, B, Hkv, D, self.block_size, ctx.max_len, self.k_sel,
+                                      self.sink_blocks, self.local_blocks, dtype, dev)
         self._parity_free: list[list[Any]] = [[], []]
-        if self._cuda:
+        if self._cuda:  # pinned transport of the plans (query, split) and of the CPU part's result
             self._q_host = [host_empty((B, H, D), dtype, dev) for _ in range(2)]
-            self._payload_host = [host_empty((B, Hkv, 3 * k + 4), torch.long, dev) for _ in range(2)]
+            self._split_host = [host_empty((B, Hkv, SplitPlan.width(self.k_sel)), torch.long, dev) for _ in range(2)]
             self._out_o = [host_empty((B, H, D), torch.float32, dev) for _ in range(2)]
             self._out_lse = [host_empty((B, H), torch.float32, dev) for _ in range(2)]
-            self._stage_k = torch.empty((gather_rows, b, D), dtype=dtype, device=dev)
-            self._stage_v = torch.empty((gather_rows, b, D), dtype=dtype, device=dev)
         self._copy = CopyStream(dev)
-        self._bh_host = torch.arange(B * Hkv).view(B, Hkv)  # host row index b * Hkv + h, for the worker
-        self._bias = torch.zeros((B, Hkv, 1, self._region), dtype=dtype, device=dev)
-        self._pool_bias = self._bias[:, :, 0, : k * b].view(B, Hkv, k, b)
-        self._batch_index = torch.arange(B, device=dev)
-        self._bh_rows = torch.arange(B * Hkv, device=dev)  # row b * Hkv + h of every (sequence, KV head)
-        self._arange_k = torch.arange(k, device=dev)
+        self._arange_k = torch.arange(self.k_sel, device=dev)
         self._plans: dict[int, _Plan] = {}
         self._pool = CpuWorkerPool(self.cpu_workers)
         self._since = [0] * ctx.num_layers
         self.reset_stats()
+
+    # the store's tensors under the names the tests (and the planner's checks) read
+    @property
+    def _host_k(self) -> dict[int, torch.Tensor]:
+        return self.store.host_k
+
+    @property
+    def _host_v(self) -> dict[int, torch.Tensor]:
+        return self.store.host_v
+
+    @property
+    def _dev_k(self) -> dict[int, torch.Tensor]:
+        return self.store.dev_k
+
+    @property
+    def _dev_v(self) -> dict[int, torch.Tensor]:
+        return self.store.dev_v
+
+    @property
+    def _digests(self):
+        return self.store.digests
+
+    @property
+    def _n_slots(self) -> int:
+        return self.store.n_slots
+
+    @property
+    def _host_arena(self):
+        return self.store.arena
 
     def reset_stats(self) -> None:
         """Zero the statistics (e.g. after warm-up steps); the method state is untouched."""
@@ -297,136 +291,40 @@ class ScoutAttention(AttentionMethod):
                     plan.future.cancel()
             self._pool.close()
             self._pool = None
-        if hasattr(self, "_host_arena"):
-            self._host_arena.release()
+        if hasattr(self, "store"):
+            self.store.release()
 
     # ------------------------------------------------------------------ prefill
-    def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       lengths: torch.Tensor) -> None:
-        num_tokens = k.shape[2]
-        if layer < self._dense:
-            self._dense_kv.ingest_prefill(layer, q_obs, k, v, lengths)
-            return
-        ctx, b = self.ctx, self.block_size
-        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
-        complete = num_tokens // b
-        for host, src in ((self._host_k[layer], k), (self._host_v[layer], v)):  # complete blocks, block-major
-            blocks = src[:, :, : complete * b].reshape(B, Hkv, complete, b, D).permute(2, 0, 1, 3, 4)
-            # a permuted device tensor is made contiguous before its D2H copy: in chunks, that transient is small
-            for chunk in token_chunks(complete, max(1, PREFILL_CHUNK_TOKENS // b)):
-                host.view(self._max_blocks, B, Hkv, b, D)[chunk].copy_(blocks[chunk])
-        self._digests.write_blocks(layer, k, b)
+    def ingest_sparse_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              lengths: torch.Tensor) -> None:
         lengths_host = [int(n) for n in lengths.tolist()]
         self._prompt_len = lengths_host
         self._prompt_len_device = lengths.to(self.ctx.device)
-        dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]
-        dev_k.zero_()
-        dev_v.zero_()
-        table = self._tables[layer]
-        table.reset()
-        # always-on blocks: sink slots and the local/tail ring (the tail's prompt tokens), from the prompt's K/V
-        for seq, n in enumerate(lengths_host):
-            tail = n // b  # block of the first decode token
-            blocks = [(j, self.k_sel + j) for j in range(min(self.sink_blocks, tail + 1))]
-            blocks += [(j, self._ring_slot(j)) for j in range(max(0, tail - self.local_blocks), tail + 1)]
-            for j, slot in blocks:
-                count = min(n, (j + 1) * b) - j * b
-                if count > 0:
-                    dev_k[seq, :, slot * b: slot * b + count].copy_(k[seq, :, j * b: j * b + count])
-                    dev_v[seq, :, slot * b: slot * b + count].copy_(v[seq, :, j * b: j * b + count])
+        self.store.ingest_prompt(layer, k, v, lengths_host)
         # initial resident set: top-k_sel selectable blocks for the last prompt query
         positions = lengths.to(self.ctx.device)
         ids, valid, _ = self._select(layer, q_obs[:, :, -1], self._selectable(positions, max(lengths_host)))
-        valid = self._initial_selection(layer, ids, valid)
-        ids_host, valid_host = ids.cpu(), valid.cpu()
-        bh, kk = valid_host.view(B * Hkv, -1).nonzero(as_tuple=True)
-        if bh.numel():
-            blocks = ids_host.view(B * Hkv, -1)[bh, kk]
-            src = blocks * (B * Hkv) + bh
-            dst = bh * self._n_slots + kk
-            for host, dev in ((self._host_k[layer], dev_k), (self._host_v[layer], dev_v)):
-                dev.view(-1, b, D).index_copy_(0, dst.to(dev.device), host.index_select(0, src).to(dev.device))
-            device = dev_k.device
-            table.assign(bh.to(device), kk.to(device), blocks.to(device))
+        self.store.load_resident(layer, ids, self._initial_selection(layer, ids, valid))
 
     def _initial_selection(self, layer: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Which of the selected blocks `ids` (`valid` entries) go into the pool at prefill: all of them (a hook:
         the tests vary the residency split through it). Returns a bool mask like `valid`."""
         return valid
 
-    def _ring_slot(self, block: int) -> int:
-        return self.k_sel + self.sink_blocks + block % self._n_ring
-
     # ------------------------------------------------------------------ decode
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
-        self._dense_kv.begin_step(step)
-        b = self.block_size
-        pos = step.positions
-        if self._L > self._dense:
-            self._keep_leaving_blocks(step)
-            self._step_bias(pos)
+        if self.sparse_layers:
+            pos = step.positions
+            self.store.keep_leaving_blocks(step.positions_host, pos, self._prompt_len, self._prompt_len_device)
+            self.store.step_bias(pos)
             self._step_selectable = self._selectable(pos, max(step.positions_host))
-            if not step.uniform:
-                self._ring_row = (self.k_sel + self.sink_blocks + (pos // b) % self._n_ring) * b + pos % b
+            self._ring_rows = None if step.uniform else self.store.ring_rows(pos)
         self._steps += 1
-
-    def _keep_leaving_blocks(self, step: StepInfo) -> None:
-        """Keep the block that leaves the local window this step on the device: move it from its ring slot (which
-        the new tail block is about to overwrite) into a free pool slot, a device-to-device copy.
-
-        The block was on the device all along; without this hand-off it became host-only the moment it turned
-        selectable, so its attention moved to the CPU and used the *predicted* query. With a budget covering the
-        whole context, scout then drifted from FullKV at every block boundary until a recall brought the block
-        back (issue 11 item 1). Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
-        a fixed set of blocks; the periodic recall brings it back when it matters. No host-device copy or sync:
-        which rows move is computed on the device from the positions (a list built on the host cost a blocking
-        `torch.tensor(..., device=cuda)` copy per block boundary), every (sequence, KV head) row takes part, and
-        rows that do not move, or have no free slot, write to the table's trash column (BlockTable keeps one for
-        masked scatters) and copy their ring slot onto itself.
-        """
-        b, n_ring = self.block_size, self._n_ring
-        # the ring held blocks tail - n_ring .. tail - 1 in the previous step only if that step was a decode step
-        # (prefill fills the ring for the first decode token's tail block); the host check only skips idle steps
-        if not any(p % b == 0 and p > prompt and p // b - n_ring >= self.sink_blocks
-                   for p, prompt in zip(step.positions_host, self._prompt_len, strict=True)):
-            return
-        Hkv, D = self.ctx.num_kv_heads, self.ctx.head_dim
-        pos = step.positions
-        block = pos // b - n_ring  # the block leaving the ring, per sequence
-        moving = ((pos % b == 0) & (pos > self._prompt_len_device) & (block >= self.sink_blocks)).repeat_interleave(Hkv)
-        block = block.repeat_interleave(Hkv)
-        ring = self.k_sel + self.sink_blocks + block % n_ring
-        src = self._bh_rows * self._n_slots + ring
-        for layer in range(self._dense, self._L):
-            table = self._tables[layer]
-            free = table.slot_block.view(-1, self.k_sel + 1)[:, : self.k_sel] < 0
-            take = moving & free.any(-1)
-            slot = free.to(torch.uint8).argmax(-1)
-            dst = self._bh_rows * self._n_slots + torch.where(take, slot, ring)
-            for region in (self._dev_k[layer], self._dev_v[layer]):
-                rows = region.view(-1, b, D)
-                rows.index_copy_(0, dst, rows.index_select(0, src))
-            table.assign(self._bh_rows, torch.where(take, slot, self.k_sel), torch.where(take, block, self._max_blocks))
-
-    def _step_bias(self, pos: torch.Tensor) -> None:
-        """The always-on part of this step's device mask (same for every sparse layer): sink and ring slots."""
-        b, dev = self.block_size, pos.device
-        tail, off = pos // b, pos % b
-        t = torch.arange(b, device=dev)
-        sink_ok = torch.arange(self.sink_blocks, device=dev)[None, :] < tail[:, None]  # complete sink blocks
-        sink_tok = sink_ok[:, :, None].expand(-1, -1, b)
-        r = torch.arange(self._n_ring, device=dev)
-        j = tail[:, None] - ((tail[:, None] - r[None, :]) % self._n_ring)  # block held by ring slot r
-        ring_ok = (j >= 0) & ((j >= self.sink_blocks) | (j == tail[:, None]))
-        ring_tok = ring_ok[:, :, None] & ((j < tail[:, None])[:, :, None] | (t[None, None, :] <= off[:, None, None]))
-        ok = torch.cat([sink_tok.reshape(pos.shape[0], -1), ring_tok.reshape(pos.shape[0], -1)], dim=1)
-        always = torch.zeros(ok.shape, dtype=self._bias.dtype, device=dev).masked_fill_(~ok, float("-inf"))
-        self._bias[:, :, 0, self.k_sel * b:] = always[:, None, :]
 
     def before_layer(self, layer: int, hidden: torch.Tensor, normed: torch.Tensor) -> None:
         target = layer + 1
-        if not self.layer_ahead_active or target >= self._L or target < self._dense:
+        if not self.layer_ahead_active or target not in self.sparse_layers:
             return
         if self.pred_norm == "next":
             q_pred = self.ctx.predict_query(target, hidden)
@@ -435,9 +333,7 @@ class ScoutAttention(AttentionMethod):
         plan = self._make_plan(target, q_pred, predicted=True)
         self._submit(plan)
 
-    def decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if layer < self._dense:
-            return self._dense_kv.decode(layer, q, k, v)
+    def decode_sparse(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         timer = self.ctx.timer
         plan = self._plans.pop(layer, None)
         inline = False
@@ -513,7 +409,7 @@ class ScoutAttention(AttentionMethod):
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
-        table = self._tables[layer]
+        table = self.store.tables[layer]
         table.poll()
         ids, valid, scores = self._select(layer, q, self._step_selectable)
         on_dev, pending, slot = table.split(ids, valid)
@@ -525,9 +421,9 @@ class ScoutAttention(AttentionMethod):
             victims, available = table.victims(ids, valid, scores)
         else:  # no recall will read them this step
             victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
-        counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, table.resident_count()], dim=-1)
-        payload = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
-        self._d2h_bytes += q.numel() * q.element_size() + payload.numel() * payload.element_size()
+        split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
+                               valid.sum(-1), available, table.resident_count())
+        self._d2h_bytes += q.numel() * q.element_size() + split.data.numel() * split.data.element_size()
         if self.device_blocks == "resident":  # the variant: every resident block whose copy has landed
             pool_use = (table.slot_block[..., : self.k_sel] >= 0) & table.slot_ready[..., : self.k_sel]
         else:
@@ -536,13 +432,13 @@ class ScoutAttention(AttentionMethod):
         if self._cuda:
             q_host = self._q_host[parity]
             q_host.copy_(q, non_blocking=True)
-            payload_host = self._payload_host[parity]
-            payload_host.copy_(payload, non_blocking=True)
+            split_host = SplitPlan(self._split_host[parity], self.k_sel)
+            split_host.data.copy_(split.data, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
         else:
-            q_host, payload_host, event = q, payload, DONE
-        plan = _Plan(layer, self.step.index, parity, q_host, payload_host, event, pool_use, counts[..., 0], predicted,
+            q_host, split_host, event = q, split, DONE
+        plan = _Plan(layer, self.step.index, parity, q_host, split_host, event, pool_use, split.n_cpu, predicted,
                      recall_periodic, tuple(self._parity_free[parity]))
         self._parity_free[parity] = []
         if self.trace is not None:
@@ -561,19 +457,16 @@ class ScoutAttention(AttentionMethod):
         for event in plan.wait_events:
             event.synchronize()
         t0 = time.perf_counter()
-        ctx, b, k = self.ctx, self.block_size, self.k_sel
-        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
-        n_cpu = plan.payload[..., 3 * k]
+        ctx, b = self.ctx, self.block_size
+        n_cpu = plan.split.n_cpu
         width = int(n_cpu.max())
         recall_due = plan.recall_periodic or (self.pr and self.beta_trigger and
                                               float(n_cpu.sum()) * b / (self.budget * n_cpu.numel()) > self.beta)
         if width == 0:
             return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3, recall_due)
-        # block j of row (b, h) is host row j * B * Hkv + b * Hkv + h: the block-major tier as [B, Hkv, blocks, b, D]
-        blocks_k = self._host_k[plan.layer].view(self._max_blocks, B, Hkv, b, D).permute(1, 2, 0, 3, 4)
-        blocks_v = self._host_v[plan.layer].view(self._max_blocks, B, Hkv, b, D).permute(1, 2, 0, 3, 4)
+        blocks_k, blocks_v = self.store.blocked_host(plan.layer)
         valid_len = None if bool((n_cpu == width).all()) else n_cpu * b
-        state = block_sparse_attention(plan.q, blocks_k, blocks_v, plan.payload[..., :width], ctx.scale, valid_len)
+        state = block_sparse_attention(plan.q, blocks_k, blocks_v, plan.split.ids[..., :width], ctx.scale, valid_len)
         if self._cuda:
             self._out_o[plan.parity].copy_(state.o)
             self._out_lse[plan.parity].copy_(state.lse)
@@ -589,77 +482,33 @@ class ScoutAttention(AttentionMethod):
         parity's staging buffers (rows [0, n)). None when no block qualifies."""
         ctx, k = self.ctx, self.k_sel
         rows = ctx.batch * ctx.num_kv_heads
-        payload = plan.payload.view(rows, -1)
-        ids, pending, victims = payload[:, :k], payload[:, k:2 * k].bool(), payload[:, 2 * k:3 * k]
-        n_cpu, available = payload[:, 3 * k], payload[:, 3 * k + 2]
-        take = (torch.arange(k)[None, :] < n_cpu[:, None]) & ~pending
+        split = plan.split.rows()
+        ids, victims, n_cpu, available = split.ids, split.victims, split.n_cpu, split.n_available
+        take = (torch.arange(k)[None, :] < n_cpu[:, None]) & ~split.pending
         rank = take.long().cumsum(-1) - 1
         take &= rank < available[:, None]
         bh, kk = take.nonzero(as_tuple=True)
         if bh.numel() == 0:
             return None
         blocks = ids[bh, kk]
-        host_rows = blocks * rows + bh
-        n = bh.numel()
-        torch.index_select(self._host_k[plan.layer], 0, host_rows, out=self._recall_k[plan.parity][:n])
-        torch.index_select(self._host_v[plan.layer], 0, host_rows, out=self._recall_v[plan.parity][:n])
+        self.store.stage(plan.layer, plan.parity, blocks * rows + bh)
         return _Recall(bh, victims[bh, rank[bh, kk]], blocks)
 
     # ------------------------------------------------------------------ device part
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the new token into the device ring (and a sink slot while the context is that short); when it
-        completes a block, finalise the block's digest and copy the block to the host tier (one contiguous copy,
-        asynchronous on CUDA). The host tier only ever needs complete blocks: the tail is attended on the device."""
-        step, b = self.step, self.block_size
-        ctx = self.ctx
-        B, Hkv, D = ctx.batch, ctx.num_kv_heads, ctx.head_dim
-        dev_k, dev_v = self._dev_k[layer], self._dev_v[layer]
-        positions = step.positions_host
-        if step.uniform:
-            p = positions[0]
-            row = self._ring_slot(p // b) * b + p % b
-            dev_k[:, :, row].copy_(k)
-            dev_v[:, :, row].copy_(v)
-        else:
-            dev_k[self._batch_index, :, self._ring_row] = k
-            dev_v[self._batch_index, :, self._ring_row] = v
-        for seq, p in enumerate(positions):
-            j = p // b
-            if j < self.sink_blocks:  # context shorter than the sink region: the sink slot fills as we go
-                row = (self.k_sel + j) * b + p % b
-                dev_k[seq, :, row].copy_(k[seq])
-                dev_v[seq, :, row].copy_(v[seq])
-        done = [seq for seq, p in enumerate(positions) if (p + 1) % b == 0]
-        self._d2h_bytes += len(done) * Hkv * b * D * dev_k.element_size() * 2  # completed blocks to the host tier
-        if not done:
-            return
-        host_k = self._host_k[layer].view(self._max_blocks, B, Hkv, b, D)
-        host_v = self._host_v[layer].view(self._max_blocks, B, Hkv, b, D)
-        if len(done) == B and step.uniform:
-            j = positions[0] // b
-            slot = self._ring_slot(j)
-            block_k = dev_k[:, :, slot * b:(slot + 1) * b]
-            self._digests.write(layer, (slice(None), slice(None), j), block_k.amax(dim=2), block_k.amin(dim=2))
-            host_k[j].copy_(block_k.contiguous(), non_blocking=True)
-            host_v[j].copy_(dev_v[:, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
-            return
-        for seq in done:
-            j = positions[seq] // b
-            slot = self._ring_slot(j)
-            block_k = dev_k[seq, :, slot * b:(slot + 1) * b]
-            self._digests.write(layer, (seq, slice(None), j), block_k.amax(dim=1), block_k.amin(dim=1))
-            host_k[j, seq].copy_(block_k.contiguous(), non_blocking=True)
-            host_v[j, seq].copy_(dev_v[seq, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
+        """The new token into the device ring; a block it completes to the host tier (`TieredBlockStore.append`)."""
+        step = self.step
+        self._d2h_bytes += self.store.append(layer, k, v, step.positions_host, step.uniform, self._ring_rows)
 
     def _device_partial(self, layer: int, q: torch.Tensor, plan: _Plan) -> PartialState:
         """Exact attention of the true query over the resident selected blocks and the always-on blocks."""
-        b = self.block_size
-        pool_bias = self._pool_bias  # the pool slots' part of the mask, per token
-        pool_bias.fill_(float("-inf")).masked_fill_(plan.pool_use.unsqueeze(-1), 0.0)
+        store = self.store
+        # the pool slots' part of the mask, per token
+        store.pool_bias.fill_(float("-inf")).masked_fill_(plan.pool_use.unsqueeze(-1), 0.0)
         self._log_event("device", layer)
         # what this layer attends per (sequence, KV head): the device mask's open slots and the CPU part's blocks
-        self._attended.add((self._bias[:, :, 0] == 0).sum(-1) + plan.cpu_blocks * b)
-        return region_attention(q, self._dev_k[layer], self._dev_v[layer], self.ctx.scale, self._bias)
+        self._attended.add((store.bias[:, :, 0] == 0).sum(-1) + plan.cpu_blocks * self.block_size)
+        return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.bias)
 
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
@@ -673,33 +522,18 @@ class ScoutAttention(AttentionMethod):
 
     def _recall(self, layer: int, plan: _Plan, recall: _Recall) -> None:
         """Copy the blocks the worker staged (`_stage_recall`) into their pool slots and record them in the table."""
-        ctx, b = self.ctx, self.block_size
-        Hkv, D = ctx.num_kv_heads, ctx.head_dim
-        bh, slots, blocks = recall.bh, recall.slots, recall.blocks
+        b, Hkv, D = self.block_size, self.ctx.num_kv_heads, self.ctx.head_dim
+        bh, blocks = recall.bh, recall.blocks
         n = bh.numel()
-        dst = bh * self._n_slots + slots
-        staged_k, staged_v = self._recall_k[plan.parity][:n], self._recall_v[plan.parity][:n]
-        dk, dv = self._dev_k[layer].view(-1, b, D), self._dev_v[layer].view(-1, b, D)
-        device = dk.device
-        if self._cuda:
-            def job() -> None:
-                dst_d = _to_device(dst, device)
-                for stage, staged, pool in ((self._stage_k, staged_k, dk), (self._stage_v, staged_v, dv)):
-                    stage[:n].copy_(staged, non_blocking=True)
-                    pool.index_copy_(0, dst_d, stage[:n])
-
-            _, event = self._copy.run(job)
+        event = self.store.load_staged(layer, plan.parity, bh, recall.slots, blocks, self._copy)
+        if event is not None:
             self._parity_free[plan.parity].append(event)  # the copy reads this parity's staging buffers
-        else:
-            dk.index_copy_(0, dst, staged_k)
-            dv.index_copy_(0, dst, staged_v)
-            event = None
-        self._tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
+        element_size = self.store.recall_k[plan.parity].element_size()
         self._recalls[layer] += 1
         # the recalled blocks (K and V) go to the device, plus the destination rows and the table's row/slot/block
         # lists
-        self._recall_bytes += 2 * n * b * D * staged_k.element_size()
-        self._h2d_bytes += 2 * n * b * D * staged_k.element_size() + 4 * n * 8
+        self._recall_bytes += 2 * n * b * D * element_size
+        self._h2d_bytes += 2 * n * b * D * element_size + 4 * n * 8
         self._recall_blocks[layer] += int(n)
         if self.trace is not None:
             self.trace.append({"kind": "recall", "layer": layer, "step": plan.step,
@@ -707,7 +541,7 @@ class ScoutAttention(AttentionMethod):
 
     # ------------------------------------------------------------------ statistics
     def _account(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
-        counts = plan.payload[..., 3 * self.k_sel:].float().mean(dim=(0, 1))  # n_cpu, n_sel, n_avail, n_res
+        counts = plan.split.counts.float().mean(dim=(0, 1))  # n_cpu, n_selected, n_available, n_resident
         self._ratio_sum[layer] += float(counts[0]) * self.block_size / self.budget
         self._sel_sum[layer] += float(counts[1])
         self._res_sum[layer] += float(counts[3])
@@ -718,7 +552,7 @@ class ScoutAttention(AttentionMethod):
     def stats(self) -> dict[str, Any]:
         if not hasattr(self, "_ratio_n"):
             return {}
-        sparse = range(self._dense, self._L)
+        sparse = self.sparse_layers
         per_layer = [self._ratio_sum[i] / self._ratio_n[i] if i in sparse and self._ratio_n[i] else None
                      for i in range(self._L)]
         measured = [r for r in per_layer if r is not None]
@@ -746,13 +580,12 @@ class ScoutAttention(AttentionMethod):
             **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
             "steps": self._steps,
             "device_kv_bytes": self._device_bytes(),
-            "host_kv_bytes": sum(t.numel() * t.element_size() for t in (*self._host_k.values(),
-                                                                         *self._host_v.values())),
+            "host_kv_bytes": self.store.host_bytes(),
         }
 
     def _device_bytes(self) -> int:
-        tensors = [*self._dense_kv.keys, *self._dense_kv.values, *self._dev_k.values(), *self._dev_v.values()]
-        return sum(t.numel() * t.element_size() for t in tensors) + self._digests.device_bytes()
+        dense = sum(t.numel() * t.element_size() for t in (*self.dense.keys, *self.dense.values))
+        return dense + self.store.device_bytes()
 
     # ------------------------------------------------------------------ tracing (tests, profiling)
     def _log_event(self, kind: str, layer: int) -> None:
@@ -775,11 +608,43 @@ class ScoutAttention(AttentionMethod):
                            "positions": list(self.step.positions_host)})
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on `device` without a blocking copy (pinned staging on CUDA)."""
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+    # ------------------------------------------------------------------ work model (project, gate --counters)
+    @classmethod
+    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+        stats, config, m = run.stats, run.config, run.shape.model
+        ratio = (stats.get("cpu_compute_ratio") or {}).get("mean") or 0.0
+        recall = stats.get("recall") or {}
+        steps = stats.get("steps") or run.steps or 1
+        sparse = max(m.num_layers - run.dense_layers(), 1)
+        rows = steps * run.shape.batch * m.num_kv_heads * sparse
+        recalled_tokens = (recall.get("blocks") or 0) * config.get("block_size", 1) / rows
+        attended = run.attended_budget_frac("mean")
+        return {"cpu_budget_frac": float(ratio), "recall_budget_frac": recalled_tokens / config["budget"],
+                "attended_budget_frac": 1.0 if attended is None else attended}
+
+    @classmethod
+    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+        """Digests read to select; the device attends its share of the budget, the CPU the rest (its query and
+        block ids go down, its partial state comes back, merged on the device), one layer ahead with PC; the
+        periodic recall gathers blocks on the host and copies them off the critical path."""
+        shape = terms.shape
+        m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
+        kv = shape.kv_bytes_per_token
+        budget, block_size = config["budget"], config["block_size"]
+        cpu_tokens = fractions["cpu_budget_frac"] * min(budget, N)
+        attended = min(fractions["attended_budget_frac"] * budget, N)  # both tiers
+        digests = B * m.num_kv_heads * math.ceil(N / block_size) * 2 * m.head_dim * e
+        indices = Transfer(B * m.num_kv_heads * math.ceil(cpu_tokens / block_size) * INDEX_BYTES, 0)  # rides with q
+        recalled = fractions["recall_budget_frac"] * budget if config.get("pr", True) else 0.0
+        recall_bytes = B * recalled * kv
+        ahead = config.get("pc", True)
+        return terms.layer(
+            "layer_ahead" if ahead else "same_layer", predict_weight_bytes=terms.predict_weight_bytes if ahead else 0.0,
+            select_bytes=digests, device_kv_bytes=B * (attended - cpu_tokens) * kv,
+            device_tokens=B * m.num_kv_heads * (attended - cpu_tokens), host_kv_bytes=B * cpu_tokens * kv,
+            cpu_tokens=B * m.num_kv_heads * cpu_tokens, merge_bytes=terms.merge_bytes,
+            d2h=Transfer(terms.query_bytes, 1) + indices + terms.new_kv, h2d=terms.result_back,
+            host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
 
 
 def load_recall_profile(path: str) -> list[int | None]:

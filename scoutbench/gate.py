@@ -105,6 +105,12 @@ def point_settings(result: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def shared_settings(key: PointKey) -> str:
+    """The settings a comparison between methods holds equal (a ratio, a report's "vs fullkv"): the point's settings
+    less the per-method ones (`_PER_METHOD_SETTINGS`)."""
+    return _canonical({k: v for k, v in json.loads(key.settings).items() if k not in _PER_METHOD_SETTINGS})
+
+
 def point_key(result: dict[str, Any]) -> PointKey:
     model = result.get("model") or {}
     workload = result.get("workload") or {}
@@ -573,8 +579,7 @@ def _ratios(gate: RatioGate, results: list[dict[str, Any]]) -> dict[str, tuple[f
     for key, point in group_points(results).items():
         if point.ok and key.method in (gate.numerator, gate.denominator):
             classes = ",".join(sorted(point.device_classes))
-            shared = {k: v for k, v in json.loads(key.settings).items() if k not in _PER_METHOD_SETTINGS}
-            by_group[(key.model, key.dtype, key.length or 0, key.batch, _canonical(shared), classes)][key] = point
+            by_group[(key.model, key.dtype, key.length or 0, key.batch, shared_settings(key), classes)][key] = point
     labels = point_labels(results)
     several_devices = len({group[5] for group in by_group}) > 1
     several_settings = len({group[4] for group in by_group}) > 1

@@ -351,13 +351,12 @@ def _measured_step_ms(runs: list[dict[str, Any]], hw: Hardware) -> float | None:
 def _median_work(works: list[MeasuredWork]) -> MeasuredWork:
     if len(works) == 1:
         return works[0]
-    fields = ("cpu_budget_frac", "recall_budget_frac", "fetch_context_frac", "cpu_host_frac", "attended_budget_frac")
     first = works[0]
-    medians = {f: statistics.median(getattr(w, f) for w in works) for f in fields}
+    medians = {name: statistics.median(w.fractions[name] for w in works) for name in first.fractions}
     # the most tokens one row attended (what --budget bounds): kept, not reset to "the budget", when repeats merge
     maxima = [w.attended_max_budget_frac for w in works if w.attended_max_budget_frac is not None]
-    return MeasuredWork(first.method, first.family, first.config, **medians,
-                        attended_max_budget_frac=statistics.median(maxima) if maxima else None, source=first.source)
+    return MeasuredWork(first.method, first.family, first.config, source=first.source,
+                        attended_max_budget_frac=statistics.median(maxima) if maxima else None, **medians)
 
 
 ASSUMPTIONS = (
@@ -426,7 +425,9 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
              f"{labels.get('host', '')}); see docs/projection.md for the model and its assumptions.", "",
              "| method | model | len | batch | tok/s | step ms | idle % | bound by | vs fullkv |"
              + (" from |" if with_source else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" * with_source)]
-    fullkv = {(p["model"], p["len"]): p["decode_throughput_tok_s"] for p in projections if p["method"] == "fullkv"}
+    from scoutbench.methods import is_reference
+
+    fullkv = {(p["model"], p["len"]): p["decode_throughput_tok_s"] for p in projections if is_reference(p["method"])}
     for p in projections:
         base = fullkv.get((p["model"], p["len"]))
         batch = f"{p['batch']} ({p['batch_limited_by']})" if p.get("batch_limited_by") else str(p["batch"])

@@ -32,15 +32,13 @@ from scoutbench.gate import (
     metric_values,
     point_key,
     point_labels,
+    shared_settings,
     varying_fields,
 )
+from scoutbench.methods import is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
-SCOUT_FAMILY = {"scout", "scout-base", "scout-pc", "scout-pr"}
-# Figure 12's variants, in the paper's order: parallel co-attention, + pre-computation, + periodic recall.
-VARIANTS = {(False, False): "co-attention", (True, False): "+PC", (False, True): "+PR", (True, True): "+PC+PR"}
-VARIANT_ORDER = list(VARIANTS.values())
 STAGE_COLORS = {"qkv_proj": "#4c72b0", "predict": "#8172b3", "attn_device": "#55a868", "idle": "#c44e52",
                 "merge": "#937860", "o_proj": "#64b5cd", "mlp": "#dd8452", "other": "#b0b0b0"}
 
@@ -103,12 +101,11 @@ class Point:
 
     @property
     def variant(self) -> str | None:
-        """The Figure 12 variant of a ScoutAttention run, from its pc/pr fields (or its registry name)."""
-        if self.method not in SCOUT_FAMILY:
-            return None
-        defaults = {"scout": (True, True), "scout-base": (False, False), "scout-pc": (True, False),
-                    "scout-pr": (False, True)}[self.method]
-        return VARIANTS[(bool(self.config.get("pc", defaults[0])), bool(self.config.get("pr", defaults[1])))]
+        """The ablation variant of the run (ScoutAttention's Figure 12: from its pc/pr fields, its registry
+        preset and its defaults), as its method class declares them; None for a method without variants."""
+        from scoutbench.methods import ablation_variant
+
+        return ablation_variant(self.method, self.config)
 
 
 def _float(value: Any) -> float:
@@ -367,33 +364,41 @@ def _breakdown_figure(report: Report, out: Path) -> None:
 
 
 def _method_rank(method: str) -> int:
-    order = ["fullkv", "quest", "infinigen", "hgca", "scout-base", "scout-pc", "scout-pr", "scout"]
-    return order.index(method) if method in order else len(order)
+    from scoutbench.methods import display_rank
+
+    return display_rank(method)
 
 
 def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
-    """Groups of ScoutAttention runs that differ only in pc/pr, with at least two variants, in paper order."""
+    """Groups of runs of one method family that differ only in its ablation fields (ScoutAttention: pc/pr), with
+    at least two variants, in the order the method declares (the paper's)."""
+    from scoutbench.methods import ablation_order, method_class
+
     groups: dict[tuple, list[Point]] = defaultdict(list)
     for p in points:
         if p.variant is None:
             continue
-        rest = json.dumps({k: v for k, v in p.config.items() if k not in ("pc", "pr")}, sort_keys=True, default=str)
-        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest)].append(p)
+        cls = method_class(p.method)
+        rest = json.dumps({k: v for k, v in p.config.items() if k not in cls.ablation_fields}, sort_keys=True,
+                          default=str)
+        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest, cls.name)].append(p)
     out = {}
     for group, members in sorted(groups.items(), key=lambda item: str(item[0])):
         by_variant = {p.variant: p for p in members}
         if len(by_variant) > 1:
-            out[group] = [by_variant[v] for v in VARIANT_ORDER if v in by_variant]
+            out[group] = [by_variant[v] for v in ablation_order(members[0].method) if v in by_variant]
     return out
 
 
 def _ablation_figure(report: Report, out: Path) -> None:
     import matplotlib.pyplot as plt
 
-    stem, title = "ablation", "Ablation: ScoutAttention optimisations"
+    from scoutbench.methods import ABLATION_METHODS, method_class
+
+    stem = "ablation"
     groups = ablation_groups(report.points)
     if not groups:
-        report.skipped.append((f"{stem}.png", "no point has two or more of scout-base / scout-pc / scout"))
+        report.skipped.append((f"{stem}.png", f"no point has two or more of {' / '.join(ABLATION_METHODS)}"))
         return
     keys = [group[:5] for group in groups]
     if len(set(keys)) < len(keys):  # same point, different other fields (e.g. budgets): number them
@@ -401,6 +406,8 @@ def _ablation_figure(report: Report, out: Path) -> None:
     names = _file_names(stem, keys)
     for (group, members), key in zip(groups.items(), keys, strict=True):
         name = names[key]
+        cls = method_class(members[0].method)
+        title = f"Ablation: {cls.display_name or cls.name} optimisations"
         base = members[0].tok_s
         fig, ax = plt.subplots(figsize=(5.2, 4.2))
         bars = ax.bar([p.variant for p in members], [p.tok_s for p in members], 0.6, color="#4c72b0")
@@ -427,7 +434,7 @@ def summary_markdown(report: Report, out: Path) -> str:
                   "merged: every number is the median over the `runs`.", "",
                   "| method | model | dtype | len | batch | tok/s (mean step) | step ms (median) | idle/wait % "
                   "| vs fullkv | runs | device |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        fullkv = {_comparison_group(p): p for p in report.points if p.method == "fullkv"}
+        fullkv = {_comparison_group(p): p for p in report.points if is_reference(p.method)}
         for p in sorted(report.points, key=lambda p: (p.key.model, p.key.dtype, p.key.length or 0,
                                                       batch_order(p.key.batch), _method_rank(p.method), p.label)):
             base = fullkv.get(_comparison_group(p))
@@ -482,8 +489,8 @@ def summary_markdown(report: Report, out: Path) -> str:
 
 
 def _comparison_group(p: Point) -> tuple:
-    """What a point is compared with FullKV within: everything but the method and its config."""
-    return (p.key.model, p.key.dtype, p.key.length, p.key.batch, p.key.settings, p.device)
+    """What a point is compared with FullKV within: everything but the method, its config and its dense layers."""
+    return (p.key.model, p.key.dtype, p.key.length, p.key.batch, shared_settings(p.key), p.device)
 
 
 def speedup_text(tok_s: float, batch: int, base_tok_s: float, base_batch: int) -> str:

@@ -26,13 +26,15 @@ from typing import Any
 
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
+from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
 MANIFEST = "sweep.json"
 CONFIG = "sweep_config.yaml"  # the resolved grid and settings, written beside the points (a valid --config)
-COMPARED = ("fullkv", "infinigen", "hgca", "scout")
-ABLATION = ("scout-base", "scout-pc", "scout")
+# the registry says which methods the paper's figures compare, which one they are about and its ablation
+COMPARED = tuple(COMPARED_METHODS)
+ABLATION = tuple(ABLATION_METHODS)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ PRESETS: dict[str, Preset] = {
     "batch": Preset("Figure 9: decode throughput vs batch size", COMPARED,
                     Scale("qwen3-14b", (32 * K,), (16, 32, 64), 2048),
                     Scale("bench-attn16", (8 * K,), (1, 2, 4), 512, **_CPU_STEPS)),
-    "block-size": Preset("Figure 10: ScoutAttention throughput vs block size", ("scout",),
+    "block-size": Preset("Figure 10: ScoutAttention throughput vs block size", (PROPOSED_METHOD,),
                          Scale("qwen3-14b", (32 * K,), ("auto",), 2048, (16, 32, 64)),
                          Scale("bench-attn16", (16 * K,), (2,), 1024, (16, 32, 64), **_CPU_STEPS)),
     "breakdown": Preset("Figure 11: latency breakdown with GPU idle time", COMPARED,

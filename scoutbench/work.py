@@ -7,6 +7,10 @@ to another model, length, batch and budget; `step_work` multiplies them out for 
 bytes each way, CPU-attended tokens, recall bytes, linear-layer FLOPs and the tokens attended per (sequence, KV
 head) in a sparse layer, mean and max (what `--budget` bounds) (`StepWork`).
 
+Each method declares its own work model on its class (methods/*.py: `work_fractions`, `measure_work`,
+`sparse_layer_work`; the vocabulary is methods/work_model.py); this module holds only the generic part (a result's
+shape, the dense layers and the lm_head, the per-step totals) and knows no method by name.
+
 Two users, one arithmetic: the projection (scoutbench/projection.py) times a `StepWork` on a hardware profile,
 and the counter gate (scoutbench/counter_gate.py) compares the `StepWork` of a run at its own shape with a
 baseline's: those numbers do not depend on the machine's speed, only on what the method chose to read.
@@ -14,86 +18,55 @@ baseline's: those numbers do not depend on the machine's speed, only on what the
 
 from __future__ import annotations
 
-import math
-import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from scoutbench.errors import UsageError
 from scoutbench.methods.base import ModelShape
+from scoutbench.methods.work_model import (  # noqa: F401 (the vocabulary, re-exported for projection and tests)
+    FP32_BYTES,
+    INDEX_BYTES,
+    LayerTerms,
+    LayerWork,
+    RunRecord,
+    Shape,
+    Transfer,
+)
 
-FP32_BYTES = 4
-INDEX_BYTES = 8  # int64 block / token ids
-FAMILIES = ("fullkv", "quest", "infinigen", "hgca", "scout")
 
-
-@dataclass(frozen=True)
 class MeasuredWork:
-    """One run's selection behaviour as fractions that do not depend on the shape it ran at."""
+    """One run's selection behaviour as fractions that do not depend on the shape it ran at: the ones its
+    method declares (`work_fractions`, each defaulting to the method's value), plus the most tokens one (sequence,
+    KV head, layer, step) attended as a fraction of the budget (every method's stats have it)."""
 
-    method: str  # the name run (scout-pc, not the class's scout)
-    family: str  # one of FAMILIES
-    config: dict[str, Any]
-    cpu_budget_frac: float = 0.0  # scout: share of the budget attended on the CPU
-    recall_budget_frac: float = 0.0  # scout: tokens recalled per (sequence, KV head, sparse layer, step) / budget
-    fetch_context_frac: float = 0.0  # infinigen: tokens fetched per (sequence, KV head, sparse layer) / context
-    cpu_host_frac: float = 0.0  # hgca: tokens the CPU attends per (sequence, query head) / host tokens
-    attended_budget_frac: float = 1.0  # quest, scout: tokens attended per (sequence, KV head, sparse layer) / budget
-    attended_max_budget_frac: float | None = None  # the most tokens one (sequence, KV head, layer, step) attended / budget
-    source: str = ""  # the result file
+    def __init__(self, method: str, family: str, config: dict[str, Any], *,
+                 attended_max_budget_frac: float | None = None, source: str = "", **fractions: float) -> None:
+        self.method = method  # the name run (scout-pc, not the class's scout)
+        self.family = family  # the class's name
+        self.config = config
+        self.method_class = method_class(method)
+        declared = self.method_class.work_fractions
+        unknown = sorted(set(fractions) - set(declared))
+        if unknown:
+            raise TypeError(f"{family}'s work model has no fraction {unknown[0]!r} (it has: "
+                            f"{', '.join(declared) or 'none'})")
+        self.fractions: dict[str, float] = {**declared, **fractions}
+        self.attended_max_budget_frac = attended_max_budget_frac
+        self.source = source  # the result file
+
+    def __getattr__(self, name: str) -> float:
+        fractions = self.__dict__.get("fractions", {})
+        if name in fractions:
+            return fractions[name]
+        raise AttributeError(name)
 
     def describe(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"method": self.method, "family": self.family, "config": self.config, **self.fractions,
+                "attended_max_budget_frac": self.attended_max_budget_frac, "source": self.source}
 
-
-@dataclass(frozen=True)
-class Shape:
-    """Where a step runs: model shape, tokens in context, sequences, element bytes of weights and KV."""
-
-    model: ModelShape
-    context_len: int
-    batch: int
-    elem_bytes: int
-    tied_embeddings: bool = False
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of one token in one layer (all KV heads)."""
-        return self.model.kv_bytes_per_token_layer(self.elem_bytes)
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """Copies over the host-device bus in one layer: total bytes in `copies` separate copies."""
-
-    bytes: float = 0.0
-    copies: float = 0.0
-
-    def __add__(self, other: Transfer) -> Transfer:
-        return Transfer(self.bytes + other.bytes, self.copies + other.copies)
-
-
-@dataclass(frozen=True)
-class LayerWork:
-    """One layer of one decode step for the whole batch. `overlap` says what the device waits for:
-    none (device only), same_layer (CPU part of this layer, in parallel with device attention), layer_ahead (CPU
-    part launched one layer earlier), prefetch (H2D fetch launched one layer earlier)."""
-
-    overlap: str
-    weight_bytes: float  # q/k/v/o projections and MLP
-    linear_flops: float
-    linear_split: tuple[float, float, float]  # shares of q/k/v, o_proj and MLP in the linear weights
-    predict_weight_bytes: float = 0.0  # layer-ahead query prediction (next layer's q_proj)
-    select_bytes: float = 0.0  # block digests or speculation keys read on the device to choose tokens
-    device_kv_bytes: float = 0.0  # KV read by device attention
-    device_tokens: float = 0.0  # (sequence, KV head, token) triples attended on the device
-    host_kv_bytes: float = 0.0  # KV (and score state) read by CPU attention
-    cpu_tokens: float = 0.0  # (sequence, KV head, token) triples attended on the CPU
-    host_gather_bytes: float = 0.0  # gathered on the host into a staging buffer before a bulk copy
-    merge_bytes: float = 0.0  # partial states merged on the device
-    d2h: Transfer = field(default_factory=Transfer)  # on the critical path
-    h2d: Transfer = field(default_factory=Transfer)  # on the critical path (results, prefetches)
-    h2d_async: Transfer = field(default_factory=Transfer)  # off the critical path (periodic recall)
+    def replace(self, **fractions: float) -> MeasuredWork:
+        return MeasuredWork(self.method, self.family, self.config, attended_max_budget_frac=self.attended_max_budget_frac,
+                            source=self.source, **{**self.fractions, **fractions})
 
 
 @dataclass(frozen=True)
@@ -142,14 +115,16 @@ def _get(layer: LayerWork, dotted: str) -> float:
 
 # ---- from a result --------------------------------------------------------------------------------------------
 
-def method_family(method: str) -> str:
-    """The algorithm behind a registered name (scout-pc -> scout: the class's own name)."""
+def method_class(method: str) -> Any:
+    """The class that declares `method`'s work model (any registered name: the registry is the only list)."""
     from scoutbench.methods import METHODS
 
-    family = METHODS.load(method).name
-    if family not in FAMILIES:
-        raise UsageError(f"no work model for method {method!r}: the projection knows {', '.join(FAMILIES)}")
-    return family
+    return METHODS.load(method)  # an unknown name: a usage error with a did-you-mean
+
+
+def method_family(method: str) -> str:
+    """The algorithm behind a registered name (scout-pc -> scout: the class's own name)."""
+    return method_class(method).name
 
 
 def result_shape(result: dict[str, Any]) -> Shape:
@@ -192,52 +167,17 @@ def _tied_presets() -> set[str]:
 
 
 def measured_work(result: dict[str, Any]) -> MeasuredWork:
-    """The shape-free fractions of one ok throughput result (see MeasuredWork)."""
+    """The shape-free fractions of one ok throughput result (see MeasuredWork), measured by its method's
+    `measure_work`."""
     method = str(result.get("method"))
-    family = method_family(method)
+    cls = method_class(method)
     config = dict(result.get("method_config") or {})
-    stats = result.get("method_stats") or {}
-    shape = result_shape(result)
-    source = str(result.get("_path", ""))
-    m = shape.model
+    run = RunRecord(result.get("method_stats") or {}, config, result_shape(result),
+                    (result.get("workload") or {}).get("steps"))
     # the tokens attended per (sequence, KV head) in a sparse layer, as fractions of the budget (results written
     # before issue 18 lack them: the work model then assumes the budget)
-    attended = stats.get("attended_tokens_per_head") or {}
-    budget = config.get("budget")
-    mean_frac = attended["mean"] / budget if budget and attended.get("mean") is not None else None
-    max_frac = attended["max"] / budget if budget and attended.get("max") is not None else None
-    if family == "scout":
-        ratio = (stats.get("cpu_compute_ratio") or {}).get("mean") or 0.0
-        recall = stats.get("recall") or {}
-        steps = stats.get("steps") or (result.get("workload") or {}).get("steps") or 1
-        sparse = max(m.num_layers - min(config.get("dense_layers", 0), m.num_layers), 1)
-        rows = steps * shape.batch * m.num_kv_heads * sparse
-        recalled_tokens = (recall.get("blocks") or 0) * config.get("block_size", 1) / rows
-        return MeasuredWork(method, family, config, cpu_budget_frac=float(ratio),
-                            recall_budget_frac=recalled_tokens / config["budget"],
-                            attended_budget_frac=1.0 if mean_frac is None else mean_frac,
-                            attended_max_budget_frac=max_frac, source=source)
-    if family == "infinigen":
-        dense = min(config.get("dense_layers", 0), m.num_layers)
-        fetched = [n for n in (stats.get("tokens_fetched_per_layer") or [])[dense:]]
-        mean_fetched = statistics.fmean(fetched) if fetched else 0.0
-        return MeasuredWork(method, family, config, fetch_context_frac=mean_fetched / shape.context_len,
-                            attended_max_budget_frac=max_frac, source=source)
-    if family == "hgca":
-        dense = min(config.get("dense_layers", 0), m.num_layers)
-        pairs = (stats.get("cpu_tokens_per_layer") or [])[dense:]
-        host_tokens = stats.get("host_tokens_mean") or 0.0
-        per_head = statistics.fmean(pairs) / (shape.batch * m.num_heads) if pairs else 0.0
-        return MeasuredWork(method, family, config, cpu_host_frac=per_head / host_tokens if host_tokens else 0.0,
-                            attended_max_budget_frac=max_frac, source=source)
-    if family == "quest":
-        dense = min(config.get("dense_layers", 0), m.num_layers)
-        attended = (stats.get("attended_tokens_per_layer") or [])[dense:]
-        per_layer = (stats.get("attended_tokens_per_layer") or [])[dense:]
-        frac = statistics.fmean(per_layer) / config["budget"] if per_layer else 1.0
-        return MeasuredWork(method, family, config, attended_budget_frac=frac, attended_max_budget_frac=max_frac,
-                            source=source)
-    return MeasuredWork(method, family, config, source=source)
+    return MeasuredWork(method, cls.name, config, attended_max_budget_frac=run.attended_budget_frac("max"),
+                        source=str(result.get("_path", "")), **cls.measure_work(run))
 
 
 # ---- to bytes for a shape ---------------------------------------------------------------------------------------
@@ -265,83 +205,31 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
     """Bytes, copies, tokens and FLOPs of one decode step of `work`'s method at `shape`.
 
     `budget`/`block_size` replace the run's (the measured fractions are relative to the budget, so they carry).
-    `fetch_granularity`: how InfiniGen's fetch crosses the bus. `gathered` (scoutbench's implementation, like its
-    recall): the host gathers the selected tokens into a staging buffer, then K and V go in one copy each;
-    `token`: one copy per token (all KV heads), as the ScoutAttention paper describes its InfiniGen baseline
-    (section 2.3: "4 KB per token per layer ... 800 MB/s").
+    `fetch_granularity`: how a fetch of selected tokens crosses the bus (`gathered`: staged on the host, one copy
+    of K and one of V; `token`: one copy per token; InfiniGen.sparse_layer_work). The method's class says what its
+    sparse layers do (`sparse_layer_work`) and how many layers run dense; this function adds the shape's dense
+    layers and lm_head.
     """
     if fetch_granularity not in FETCH_GRANULARITIES:
         raise UsageError(f"bad fetch granularity {fetch_granularity!r}: use {' or '.join(FETCH_GRANULARITIES)}")
     m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
     kv = shape.kv_bytes_per_token
-    cfg = dict(work.config)
-    if budget is not None and cfg.get("budget") is not None:  # HGCA's budget=None (fraction policy) stays
-        cfg["budget"] = budget
-    if block_size is not None and "block_size" in cfg:
-        cfg["block_size"] = block_size
+    cls = work.method_class
+    cfg = cls.work_config(work.config, budget, block_size)
     weights = linear_weight_bytes(shape)
     flops = 2.0 * B * weights / e
     split = linear_split(shape.model)
     dense_layer = LayerWork("none", weights, flops, split, device_kv_bytes=B * N * kv, device_tokens=B * m.num_kv_heads * N)
-    num_dense = min(int(cfg.get("dense_layers", 0)), m.num_layers) if work.family != "fullkv" else m.num_layers
-    q_bytes = B * m.num_heads * m.head_dim * e
-    new_kv = Transfer(B * kv, 1)
-    result_back = Transfer(B * m.num_heads * (m.head_dim + 1) * FP32_BYTES, 1)  # fp32 partial output + LSE
-    merge = 3 * B * m.num_heads * (m.head_dim + 1) * FP32_BYTES  # two partial states in, one out
-    predict = m.hidden_size * m.num_heads * m.head_dim * e  # next layer's q_proj, read once per layer
-    if work.family == "fullkv":
-        sparse = dense_layer
-    elif work.family == "quest":
-        tokens = min(work.attended_budget_frac * cfg["budget"], N)
-        digests = B * m.num_kv_heads * math.ceil(N / cfg["block_size"]) * 2 * m.head_dim * e
-        sparse = LayerWork("none", weights, flops, split, select_bytes=digests, device_kv_bytes=B * tokens * kv,
-                           device_tokens=B * m.num_kv_heads * tokens)
-    elif work.family == "scout":
-        T, bs = min(cfg["budget"], N), cfg["block_size"]
-        cpu_tokens = work.cpu_budget_frac * T
-        attended = min(work.attended_budget_frac * cfg["budget"], N)  # both tiers
-        digests = B * m.num_kv_heads * math.ceil(N / bs) * 2 * m.head_dim * e
-        indices = Transfer(B * m.num_kv_heads * math.ceil(cpu_tokens / bs) * INDEX_BYTES, 0)  # rides with q
-        recalled = work.recall_budget_frac * cfg["budget"] if cfg.get("pr", True) else 0.0
-        recall_bytes = B * recalled * kv
-        sparse = LayerWork(
-            "layer_ahead" if cfg.get("pc", True) else "same_layer", weights, flops, split,
-            predict_weight_bytes=predict if cfg.get("pc", True) else 0.0, select_bytes=digests,
-            device_kv_bytes=B * (attended - cpu_tokens) * kv, device_tokens=B * m.num_kv_heads * (attended - cpu_tokens),
-            host_kv_bytes=B * cpu_tokens * kv, cpu_tokens=B * m.num_kv_heads * cpu_tokens, merge_bytes=merge,
-            d2h=Transfer(q_bytes, 1) + indices + new_kv, h2d=result_back,
-            host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
-    elif work.family == "infinigen":
-        cap = cfg["budget"] - 1  # n = budget - 1 fetched, the alpha count only with dynamic_count
-        fetched = min(work.fetch_context_frac * N, cap, N) if cfg.get("dynamic_count") else min(cap, N)
-        partial_dim = max(1, round(cfg.get("partial_ratio", 0.2) * m.head_dim))
-        speculation = B * N * m.num_kv_heads * partial_dim * e
-        fetch_bytes = B * fetched * kv
-        gathered = fetch_granularity == "gathered"
-        sparse = LayerWork("prefetch", weights, flops, split, predict_weight_bytes=predict, select_bytes=speculation,
-                           device_kv_bytes=fetch_bytes, device_tokens=B * m.num_kv_heads * (fetched + 1),  # + current
-                           host_gather_bytes=fetch_bytes if gathered else 0.0, d2h=new_kv,
-                           h2d=Transfer(fetch_bytes, (2 if fetched else 0) if gathered else B * fetched))
-    elif work.family == "hgca":
-        if cfg.get("budget") is not None:  # issue 11: window + CPU tokens = budget, one selection per KV head
-            # the window grows a migration block past its target and drops back: half a block over it on average
-            window = min(round(cfg["budget"] * cfg.get("window_share", 0.5)) + cfg.get("migrate_block", 32) / 2, N)
-            host = N - window
-            cpu_per_head = min(cfg["budget"] - window, host)
-            selection_heads = m.num_kv_heads
-        else:  # fraction policy (budget=None): each query head selects its own
-            window = min(math.ceil(cfg.get("window_frac", 0.25) * N), N)
-            host = N - window
-            cpu_per_head = min(work.cpu_host_frac * host, host)
-            selection_heads = m.num_heads
-        # K and V of the selected tokens per selection row, and the fp32 score average of every query head
-        host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * host * FP32_BYTES
-        sparse = LayerWork("same_layer", weights, flops, split, device_kv_bytes=B * window * kv,
-                           device_tokens=B * m.num_kv_heads * window, host_kv_bytes=host_bytes,
-                           cpu_tokens=B * m.num_heads * cpu_per_head / (m.num_heads // m.num_kv_heads),
-                           merge_bytes=merge, d2h=Transfer(q_bytes, 1) + new_kv, h2d=result_back)
-    else:  # pragma: no cover - method_family only returns FAMILIES
-        raise UsageError(f"no work model for {work.family}")
+    terms = LayerTerms(
+        shape, weights, flops, split, dense_layer,
+        query_bytes=B * m.num_heads * m.head_dim * e,
+        new_kv=Transfer(B * kv, 1),
+        result_back=Transfer(B * m.num_heads * (m.head_dim + 1) * FP32_BYTES, 1),  # fp32 partial output + LSE
+        merge_bytes=3 * B * m.num_heads * (m.head_dim + 1) * FP32_BYTES,  # two partial states in, one out
+        predict_weight_bytes=m.hidden_size * m.num_heads * m.head_dim * e,  # next layer's q_proj, once per layer
+        fetch_granularity=fetch_granularity)
+    num_dense = cls.work_dense_layers(cfg, m.num_layers)
+    sparse = cls.sparse_layer_work(work.fractions, cfg, terms)
     rows = B * m.num_kv_heads
     if num_dense == m.num_layers:
         attended_max = float(N)

@@ -97,3 +97,13 @@ def test_auto_batch_methods_share_one_figure(tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| scout | tiny-qwen3 | float32 | 8k | auto (16) | 150.00 |" in summary
     assert "| 7.50x (0.94x/seq) |" in summary  # 150 / 20 at 8k, each at its own batch; per sequence 9.4 vs 10
+
+
+def test_vs_fullkv_pairs_a_method_that_keeps_dense_layers_with_fullkv(tmp_path):
+    """Results record `dense_layers`: null for FullKV (dense everywhere), 2 for a sparse method. The summary's
+    speed-up over FullKV was "-" for every sparse method once they did."""
+    fullkv, scout = make_result("fullkv", 20.0, length=8192), make_result("scout", 70.0, length=8192,
+                                                                           config=SCOUT_CONFIG)
+    fullkv["dense_layers"], scout["dense_layers"] = None, 2
+    build_report([write_results(tmp_path / "runs", [fullkv, scout])], tmp_path / "out")
+    assert "| 3.50x |" in (tmp_path / "out" / "summary.md").read_text()

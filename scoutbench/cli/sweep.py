@@ -186,6 +186,7 @@ def _sweep_table(manifest: dict):
     GPU idle on CUDA and the main thread's wait off it (tiers.wait_frac); `vs fullkv` as in the report."""
     from rich.table import Table
 
+    from scoutbench.methods import is_reference
     from scoutbench.report import speedup_text
     from scoutbench.tiers import wait_frac
     from scoutbench.units import format_length
@@ -197,7 +198,7 @@ def _sweep_table(manifest: dict):
     for name in ("method", "args", "len", "batch", "status", "tok/s", "step ms", "idle/wait %", "vs fullkv"):
         table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
     fullkv = {(p["len"], p["batch"]): p for p in manifest["points"]
-              if p["method"] in ("fullkv", "full") and p["status"] == "ok"}
+              if is_reference(p["method"]) and p["status"] == "ok"}
     for p in manifest["points"]:
         tok_s = p.get("decode_throughput_tok_s")
         base = fullkv.get((p["len"], p["batch"]))

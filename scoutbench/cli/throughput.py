@@ -19,6 +19,7 @@ from scoutbench.cli.options import (
     parse_method_args,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
+from scoutbench.methods import ALL_METHODS, is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -33,7 +34,7 @@ DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
 # (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
-DEFAULT_METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout")  # the compared methods; `--method all` adds ablations
+DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` adds the ablation variants
 
 
 @click.command(name="throughput")
@@ -248,7 +249,7 @@ def _table(results):
     headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "±95%", "vs full", wait_header)
     for header in (*headers, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
-    base = next((r for r in results if r["method"] in ("fullkv", "full")), None)
+    base = next((r for r in results if is_reference(r["method"])), None)
     for r in results:
         speedup = "-" if base is None else speedup_text(r["decode_throughput_tok_s"], r["workload"]["batch"],
                                                         base["decode_throughput_tok_s"], base["workload"]["batch"])

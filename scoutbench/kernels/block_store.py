@@ -1,0 +1,327 @@
+"""Two-tier block storage of a GPU-CPU co-attention method (ScoutAttention's sparse layers), and its per-step plan.
+
+`TieredBlockStore` holds, per sparse layer:
+
+- the host tier: every complete block, as block-major rows `[max_blocks * B * Hkv, block_size, D]` (row
+  `j * B * Hkv + b * Hkv + h` is block `j` of sequence `b`, KV head `h`), so the CPU kernel reads any set of blocks
+  in place and a block completed by every sequence at once is one contiguous (asynchronous on CUDA) copy. It and
+  the recall's two staging buffers are one exact-size `HostArena`, pinned on CUDA;
+- the device region: one contiguous row of block slots per (sequence, KV head): `pool_slots` pool slots (which
+  block sits where: `BlockTable`), `sink_blocks` sink slots and a ring of `local_blocks + 1` slots that holds the
+  local blocks and the tail (the partial block with the current token);
+- `bias`, the region's additive attention mask (0 or -inf per token), whose always-on part `step_bias` sets once
+  per step and whose pool part the method opens for the slots it reads.
+
+`SplitPlan` is one layer's split for one step packed into one int64 tensor (one device-to-host copy), read through
+named views instead of offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from scoutbench.kernels.block_table import BlockTable
+from scoutbench.kernels.digest import DigestTable
+from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, HostArena, token_chunks
+
+NUM_COUNTS = 4  # n_cpu, n_selected, n_available, n_resident
+
+
+@dataclass
+class SplitPlan:
+    """`data` `[..., 3k + 4]` int64 for `k` pool slots per row: the selected block ids with the CPU ones first (by
+    score), whether each is in flight to the pool (`pending`), the recall's eviction order (`victims`), and four
+    counts per row. Every view works for any leading shape (`[B, Hkv]`, or flattened rows: `rows()`)."""
+
+    data: torch.Tensor
+    k: int
+
+    @classmethod
+    def pack(cls, ids: torch.Tensor, pending: torch.Tensor, victims: torch.Tensor, n_cpu: torch.Tensor,
+             n_selected: torch.Tensor, n_available: torch.Tensor, n_resident: torch.Tensor) -> SplitPlan:
+        counts = torch.stack([n_cpu, n_selected, n_available, n_resident], dim=-1)
+        return cls(torch.cat([ids, pending.long(), victims, counts], dim=-1), ids.shape[-1])
+
+    @staticmethod
+    def width(k: int) -> int:
+        """int64 entries per row for `k` pool slots."""
+        return 3 * k + NUM_COUNTS
+
+    def rows(self) -> SplitPlan:
+        """The same plan over flattened (sequence, KV head) rows `[B * Hkv, 3k + 4]`."""
+        return SplitPlan(self.data.view(-1, self.data.shape[-1]), self.k)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """Selected block ids, the CPU part's first (then the pool's, then padding)."""
+        return self.data[..., : self.k]
+
+    @property
+    def pending(self) -> torch.Tensor:
+        """Whether each of `ids` is being copied into the pool (a recall in flight): a recall skips it."""
+        return self.data[..., self.k: 2 * self.k].bool()
+
+    @property
+    def victims(self) -> torch.Tensor:
+        """Pool slots a recall may overwrite, in eviction order (free first, then the least important)."""
+        return self.data[..., 2 * self.k: 3 * self.k]
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """n_cpu, n_selected, n_available, n_resident per row."""
+        return self.data[..., 3 * self.k:]
+
+    @property
+    def n_cpu(self) -> torch.Tensor:
+        """Blocks the CPU part attends (the first n_cpu of `ids`)."""
+        return self.data[..., 3 * self.k]
+
+    @property
+    def n_available(self) -> torch.Tensor:
+        """Pool slots a recall may fill (the first n_available of `victims`)."""
+        return self.data[..., 3 * self.k + 2]
+
+
+class TieredBlockStore:
+    """Host tier, device region and block tables of the sparse `layers` (see the module docstring)."""
+
+    def __init__(self, layers: range, batch: int, kv_heads: int, head_dim: int, block_size: int, max_len: int,
+                 pool_slots: int, sink_blocks: int, local_blocks: int, dtype: torch.dtype, device: torch.device):
+        b, B, Hkv, D = block_size, batch, kv_heads, head_dim
+        self.layers, self.block_size, self.pool_slots, self.sink_blocks = layers, b, pool_slots, sink_blocks
+        self.batch, self.kv_heads, self.head_dim = B, Hkv, D
+        self.max_blocks = -(-max_len // b)
+        self.n_ring = local_blocks + 1
+        self.n_slots = pool_slots + sink_blocks + self.n_ring  # device block slots per (sequence, KV head)
+        self.region = self.n_slots * b
+        self.cuda = torch.device(device).type == "cuda"
+        # Zeroed: gathers may read never-written rows, masked out, but they must be finite. The recall's staging
+        # buffers come in two sets: consecutive layers alternate, at most two plans are in flight.
+        rows, staged = self.max_blocks * B * Hkv, B * Hkv * pool_slots
+        parities = range(2) if layers else range(0)
+        self.arena = HostArena({**{(kind, layer): ((rows, b, D), dtype) for kind in "kv" for layer in layers},
+                                **{(kind, i): ((staged, b, D), dtype) for kind in ("rk", "rv") for i in parities}},
+                               device)
+        self.host_k = {layer: self.arena["k", layer] for layer in layers}
+        self.host_v = {layer: self.arena["v", layer] for layer in layers}
+        self.recall_k = [self.arena["rk", i] for i in parities]
+        self.recall_v = [self.arena["rv", i] for i in parities]
+        self.digests = DigestTable(layers, (B, Hkv, self.max_blocks, D), dtype, device)
+        self.dev_k = {layer: torch.zeros((B, Hkv, self.region, D), dtype=dtype, device=device) for layer in layers}
+        self.dev_v = {layer: torch.zeros((B, Hkv, self.region, D), dtype=dtype, device=device) for layer in layers}
+        self.tables = {layer: BlockTable(B, Hkv, pool_slots, self.max_blocks, device) for layer in layers}
+        if self.cuda:  # the recall's device staging (host staging -> here -> pool slots)
+            self.stage_k = torch.empty((staged, b, D), dtype=dtype, device=device)
+            self.stage_v = torch.empty((staged, b, D), dtype=dtype, device=device)
+        self.bias = torch.zeros((B, Hkv, 1, self.region), dtype=dtype, device=device)
+        self.pool_bias = self.bias[:, :, 0, : pool_slots * b].view(B, Hkv, pool_slots, b)
+        self._batch_index = torch.arange(B, device=device)
+        self._bh_rows = torch.arange(B * Hkv, device=device)  # row b * Hkv + h of every (sequence, KV head)
+
+    def ring_slot(self, block: int) -> int:
+        return self.pool_slots + self.sink_blocks + block % self.n_ring
+
+    def blocked_host(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The host tier as `[B, Hkv, blocks, block_size, D]` views (block j of row (b, h) is host row
+        j * B * Hkv + b * Hkv + h): what the CPU kernel reads by block id."""
+        shape = (self.max_blocks, self.batch, self.kv_heads, self.block_size, self.head_dim)
+        return tuple(t.view(shape).permute(1, 2, 0, 3, 4) for t in (self.host_k[layer], self.host_v[layer]))
+
+    # ------------------------------------------------------------------ prefill
+    def ingest_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> None:
+        """Complete prompt blocks to the host tier with their digests; sink and local/tail blocks to the region."""
+        b, B, Hkv, D = self.block_size, self.batch, self.kv_heads, self.head_dim
+        complete = k.shape[2] // b
+        for host, src in ((self.host_k[layer], k), (self.host_v[layer], v)):  # complete blocks, block-major
+            blocks = src[:, :, : complete * b].reshape(B, Hkv, complete, b, D).permute(2, 0, 1, 3, 4)
+            # a permuted device tensor is made contiguous before its D2H copy: in chunks, that transient is small
+            for chunk in token_chunks(complete, max(1, PREFILL_CHUNK_TOKENS // b)):
+                host.view(self.max_blocks, B, Hkv, b, D)[chunk].copy_(blocks[chunk])
+        self.digests.write_blocks(layer, k, b)
+        dev_k, dev_v = self.dev_k[layer], self.dev_v[layer]
+        dev_k.zero_()
+        dev_v.zero_()
+        self.tables[layer].reset()
+        # always-on blocks: sink slots and the local/tail ring (the tail's prompt tokens), from the prompt's K/V
+        for seq, n in enumerate(lengths):
+            tail = n // b  # block of the first decode token
+            blocks = [(j, self.pool_slots + j) for j in range(min(self.sink_blocks, tail + 1))]
+            blocks += [(j, self.ring_slot(j)) for j in range(max(0, tail - self.n_ring + 1), tail + 1)]
+            for j, slot in blocks:
+                count = min(n, (j + 1) * b) - j * b
+                if count > 0:
+                    dev_k[seq, :, slot * b: slot * b + count].copy_(k[seq, :, j * b: j * b + count])
+                    dev_v[seq, :, slot * b: slot * b + count].copy_(v[seq, :, j * b: j * b + count])
+
+    def load_resident(self, layer: int, ids: torch.Tensor, chosen: torch.Tensor) -> None:
+        """Copy the `chosen` blocks of `ids` `[B, Hkv, pool_slots]` from the host tier into pool slots (slot i of
+        a row holds its i-th block) and record them in the table."""
+        b, D, rows = self.block_size, self.head_dim, self.batch * self.kv_heads
+        ids_host, chosen_host = ids.cpu(), chosen.cpu()
+        bh, kk = chosen_host.view(rows, -1).nonzero(as_tuple=True)
+        if not bh.numel():
+            return
+        blocks = ids_host.view(rows, -1)[bh, kk]
+        src = blocks * rows + bh
+        dst = bh * self.n_slots + kk
+        for host, dev in ((self.host_k[layer], self.dev_k[layer]), (self.host_v[layer], self.dev_v[layer])):
+            dev.view(-1, b, D).index_copy_(0, dst.to(dev.device), host.index_select(0, src).to(dev.device))
+        device = self.dev_k[layer].device
+        self.tables[layer].assign(bh.to(device), kk.to(device), blocks.to(device))
+
+    # ------------------------------------------------------------------ decode
+    def keep_leaving_blocks(self, positions_host: list[int], positions: torch.Tensor, prompt_len: list[int],
+                            prompt_len_device: torch.Tensor) -> None:
+        """Keep the block that leaves the local window this step on the device: move it from its ring slot (which
+        the new tail block is about to overwrite) into a free pool slot, a device-to-device copy.
+
+        The block was on the device all along; without this hand-off it became host-only the moment it turned
+        selectable, so its attention moved to the CPU and used the *predicted* query. With a budget covering the
+        whole context, scout then drifted from FullKV at every block boundary until a recall brought the block
+        back (issue 11 item 1). Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
+        a fixed set of blocks; the periodic recall brings it back when it matters. No host-device copy or sync:
+        which rows move is computed on the device from the positions (a list built on the host cost a blocking
+        `torch.tensor(..., device=cuda)` copy per block boundary), every (sequence, KV head) row takes part, and
+        rows that do not move, or have no free slot, write to the table's trash column (BlockTable keeps one for
+        masked scatters) and copy their ring slot onto itself.
+        """
+        b, n_ring, k = self.block_size, self.n_ring, self.pool_slots
+        # the ring held blocks tail - n_ring .. tail - 1 in the previous step only if that step was a decode step
+        # (prefill fills the ring for the first decode token's tail block); the host check only skips idle steps
+        if not any(p % b == 0 and p > prompt and p // b - n_ring >= self.sink_blocks
+                   for p, prompt in zip(positions_host, prompt_len, strict=True)):
+            return
+        Hkv, D = self.kv_heads, self.head_dim
+        block = positions // b - n_ring  # the block leaving the ring, per sequence
+        moving = ((positions % b == 0) & (positions > prompt_len_device)
+                  & (block >= self.sink_blocks)).repeat_interleave(Hkv)
+        block = block.repeat_interleave(Hkv)
+        ring = k + self.sink_blocks + block % n_ring
+        src = self._bh_rows * self.n_slots + ring
+        for layer in self.layers:
+            table = self.tables[layer]
+            free = table.slot_block.view(-1, k + 1)[:, :k] < 0
+            take = moving & free.any(-1)
+            slot = free.to(torch.uint8).argmax(-1)
+            dst = self._bh_rows * self.n_slots + torch.where(take, slot, ring)
+            for region in (self.dev_k[layer], self.dev_v[layer]):
+                rows = region.view(-1, b, D)
+                rows.index_copy_(0, dst, rows.index_select(0, src))
+            table.assign(self._bh_rows, torch.where(take, slot, k), torch.where(take, block, self.max_blocks))
+
+    def step_bias(self, positions: torch.Tensor) -> None:
+        """The always-on part of this step's device mask (the same for every layer): sink and ring slots."""
+        b, dev = self.block_size, positions.device
+        tail, off = positions // b, positions % b
+        t = torch.arange(b, device=dev)
+        sink_ok = torch.arange(self.sink_blocks, device=dev)[None, :] < tail[:, None]  # complete sink blocks
+        sink_tok = sink_ok[:, :, None].expand(-1, -1, b)
+        r = torch.arange(self.n_ring, device=dev)
+        j = tail[:, None] - ((tail[:, None] - r[None, :]) % self.n_ring)  # block held by ring slot r
+        ring_ok = (j >= 0) & ((j >= self.sink_blocks) | (j == tail[:, None]))
+        ring_tok = ring_ok[:, :, None] & ((j < tail[:, None])[:, :, None] | (t[None, None, :] <= off[:, None, None]))
+        ok = torch.cat([sink_tok.reshape(positions.shape[0], -1), ring_tok.reshape(positions.shape[0], -1)], dim=1)
+        always = torch.zeros(ok.shape, dtype=self.bias.dtype, device=dev).masked_fill_(~ok, float("-inf"))
+        self.bias[:, :, 0, self.pool_slots * b:] = always[:, None, :]
+
+    def ring_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """The region row of each sequence's new token (a ragged batch's per-sequence write)."""
+        b = self.block_size
+        return (self.pool_slots + self.sink_blocks + (positions // b) % self.n_ring) * b + positions % b
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions_host: list[int], uniform: bool,
+               ring_rows: torch.Tensor | None) -> int:
+        """Write the new token into the device ring (and a sink slot while the context is that short); when it
+        completes a block, finalise the block's digest and copy the block to the host tier (one contiguous copy,
+        asynchronous on CUDA). The host tier only ever needs complete blocks: the tail is attended on the device.
+        Returns the bytes copied to the host tier."""
+        b, B, Hkv, D = self.block_size, self.batch, self.kv_heads, self.head_dim
+        dev_k, dev_v = self.dev_k[layer], self.dev_v[layer]
+        if uniform:
+            p = positions_host[0]
+            row = self.ring_slot(p // b) * b + p % b
+            dev_k[:, :, row].copy_(k)
+            dev_v[:, :, row].copy_(v)
+        else:
+            dev_k[self._batch_index, :, ring_rows] = k
+            dev_v[self._batch_index, :, ring_rows] = v
+        for seq, p in enumerate(positions_host):
+            j = p // b
+            if j < self.sink_blocks:  # context shorter than the sink region: the sink slot fills as we go
+                row = (self.pool_slots + j) * b + p % b
+                dev_k[seq, :, row].copy_(k[seq])
+                dev_v[seq, :, row].copy_(v[seq])
+        done = [seq for seq, p in enumerate(positions_host) if (p + 1) % b == 0]
+        copied = len(done) * Hkv * b * D * dev_k.element_size() * 2  # completed blocks to the host tier
+        if not done:
+            return copied
+        host_k = self.host_k[layer].view(self.max_blocks, B, Hkv, b, D)
+        host_v = self.host_v[layer].view(self.max_blocks, B, Hkv, b, D)
+        if len(done) == B and uniform:
+            j = positions_host[0] // b
+            slot = self.ring_slot(j)
+            block_k = dev_k[:, :, slot * b:(slot + 1) * b]
+            self.digests.write(layer, (slice(None), slice(None), j), block_k.amax(dim=2), block_k.amin(dim=2))
+            host_k[j].copy_(block_k.contiguous(), non_blocking=True)
+            host_v[j].copy_(dev_v[:, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
+            return copied
+        for seq in done:
+            j = positions_host[seq] // b
+            slot = self.ring_slot(j)
+            block_k = dev_k[seq, :, slot * b:(slot + 1) * b]
+            self.digests.write(layer, (seq, slice(None), j), block_k.amax(dim=1), block_k.amin(dim=1))
+            host_k[j, seq].copy_(block_k.contiguous(), non_blocking=True)
+            host_v[j, seq].copy_(dev_v[seq, :, slot * b:(slot + 1) * b].contiguous(), non_blocking=True)
+        return copied
+
+    # ------------------------------------------------------------------ recall
+    def stage(self, layer: int, parity: int, host_rows: torch.Tensor) -> None:
+        """Gather host rows into this parity's staging buffers (rows [0, n)): the worker's half of a recall."""
+        n = host_rows.numel()
+        torch.index_select(self.host_k[layer], 0, host_rows, out=self.recall_k[parity][:n])
+        torch.index_select(self.host_v[layer], 0, host_rows, out=self.recall_v[parity][:n])
+
+    def load_staged(self, layer: int, parity: int, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
+                    copy_stream: Any) -> Any:
+        """Copy the `n = bh.numel()` staged blocks into pool `slots` of rows `bh` and record them in the table
+        (readable once the returned copy event, None on CPU, has completed)."""
+        b, D, n = self.block_size, self.head_dim, bh.numel()
+        dst = bh * self.n_slots + slots
+        staged_k, staged_v = self.recall_k[parity][:n], self.recall_v[parity][:n]
+        dk, dv = self.dev_k[layer].view(-1, b, D), self.dev_v[layer].view(-1, b, D)
+        device = dk.device
+        if self.cuda:
+            def job() -> None:
+                dst_d = _to_device(dst, device)
+                for stage, staged, pool in ((self.stage_k, staged_k, dk), (self.stage_v, staged_v, dv)):
+                    stage[:n].copy_(staged, non_blocking=True)
+                    pool.index_copy_(0, dst_d, stage[:n])
+
+            _, event = copy_stream.run(job)
+        else:
+            dk.index_copy_(0, dst, staged_k)
+            dv.index_copy_(0, dst, staged_v)
+            event = None
+        self.tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
+        return event
+
+    # ------------------------------------------------------------------ accounting
+    def device_bytes(self) -> int:
+        tensors = [*self.dev_k.values(), *self.dev_v.values()]
+        return sum(t.numel() * t.element_size() for t in tensors) + self.digests.device_bytes()
+
+    def host_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.host_k.values(), *self.host_v.values()))
+
+    def release(self) -> None:
+        self.arena.release()
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device` without a blocking copy (pinned staging on CUDA)."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,179 @@
+"""The method contract is closed (issue 21 item 1): a method that no module outside `methods/` has heard of, registered
+in a test-only registry scope, runs through throughput, sweep, report, `gate --counters` and `project` with nothing
+else patched, because every one of them asks the registry and the method class what it needs to know."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from cli_runner import run_cli
+
+from scoutbench.kernels.attention import decode_attention
+from scoutbench.methods import METHODS, display_rank, is_reference, method_family
+from scoutbench.methods.base import (
+    AttendedTokens,
+    Footprint,
+    MethodContext,
+    ModelShape,
+    SparseLayerMethod,
+    transfer_stats,
+)
+from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
+from scoutbench.results import load_results, write_json_atomic
+
+TOY = "toy-window"
+
+
+@dataclass
+class RecentWindow(SparseLayerMethod):
+    """Toy sliding window: a sparse layer attends the newest `budget` tokens of each sequence, on the device."""
+
+    name = TOY
+    display_name = "Recent window (toy)"
+    work_fractions = {"window_budget_frac": 1.0}  # tokens attended per (sequence, KV head, sparse layer) / budget
+    budget: int = 48
+    dense_layers: int = 1
+
+    def __post_init__(self) -> None:
+        self.check_dense_layers()
+
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        self.cache = FullKV()
+        self.cache.bind(ctx)  # every layer's KV (the dense layers' copy stays unused: a toy)
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self._attended = AttendedTokens()
+
+    def ingest_sparse_prefill(self, layer, q_obs, k, v, lengths):
+        self.cache.ingest_prefill(layer, q_obs, k, v, lengths)
+
+    def decode_sparse(self, layer, q, k, v):
+        position = self.step.positions_host[0]  # the test runs batch 1
+        keys, values = self.cache.keys[layer], self.cache.values[layer]
+        keys[:, :, position].copy_(k)
+        values[:, :, position].copy_(v)
+        start = max(0, position + 1 - self.budget)
+        self._attended.add_host([position + 1 - start] * self.ctx.batch, self.ctx.num_kv_heads)
+        return decode_attention(q, keys[:, :, start: position + 1], values[:, :, start: position + 1], self.ctx.scale)
+
+    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
+        return Footprint(2 * shape.num_layers * context_len * shape.kv_bytes_per_token_layer(elem_bytes), 0)
+
+    def stats(self) -> dict[str, Any]:
+        return {"attended_tokens_per_head": self._attended.stats(self.budget), **transfer_stats(0, 0, 1)}
+
+    @classmethod
+    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+        mean = run.attended_budget_frac("mean")
+        return {"window_budget_frac": 1.0 if mean is None else mean}
+
+    @classmethod
+    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+        shape = terms.shape
+        tokens = min(fractions["window_budget_frac"] * config["budget"], shape.context_len)
+        return terms.layer("none", device_kv_bytes=shape.batch * tokens * shape.kv_bytes_per_token,
+                           device_tokens=shape.batch * shape.model.num_kv_heads * tokens)
+
+
+@pytest.fixture
+def toy_registry():
+    """The toy method registered for one test; the registry is restored afterwards, whatever happens."""
+    with METHODS.scoped() as registry:
+        registry.register(TOY, RecentWindow)
+        yield registry
+    assert TOY not in METHODS
+
+
+RUN = ("--model", "tiny-qwen3", "--len", "96", "--steps", "3", "--warmup", "1", "--device", "cpu")
+
+
+def test_toy_method_through_every_command(toy_registry, tmp_path, monkeypatch, capsys):
+    assert method_family(TOY) == TOY and not is_reference(TOY) and display_rank(TOY) == len(METHODS.names()) - 1
+
+    # throughput (the reference beside it: its table compares with FullKV)
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", TOY, "--method", "fullkv", *RUN,
+                             "-o", tmp_path / "runs")
+    assert code == 0, err
+    toy = next(r for r in load_results([tmp_path / "runs"]) if r["method"] == TOY)
+    attended = toy["method_stats"]["attended_tokens_per_head"]
+    assert attended["max"] == 48 and attended["within_budget"] is True
+
+    # sweep
+    code, out, err = run_cli(monkeypatch, capsys, "sweep", "--method", TOY, "--method", "fullkv", *RUN,
+                             "-o", tmp_path / "sweep", "--json")
+    assert code == 0, err
+    manifest = json.loads(out)
+    assert sorted((p["method"], p["status"]) for p in manifest["points"]) == [("fullkv", "ok"), (TOY, "ok")]
+
+    # gate --counters: the sweep's toy point against itself passes, against a copy that reads more it fails
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--counters", "--baseline", tmp_path / "sweep",
+                             "--current", tmp_path / "sweep")
+    assert code == 0 and "counter gate passed" in out, err
+    assert TOY in out
+    point = next(r for r in load_results([tmp_path / "sweep"]) if r["method"] == TOY)
+    worse = copy.deepcopy(point)
+    worse["method_config"]["budget"] = 64  # a wider window: more KV read per step
+    worse["method_stats"]["attended_tokens_per_head"]["mean"] = 64.0
+    write_json_atomic(tmp_path / "worse" / "toy.json", {k: v for k, v in worse.items() if not k.startswith("_")})
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--counters", "--baseline", tmp_path / "sweep",
+                             "--current", tmp_path / "worse", "--allow-missing")
+    assert code != 0, out
+
+    # project: the toy's own work model, at its own shape and at a bigger one
+    code, out, err = run_cli(monkeypatch, capsys, "project", tmp_path / "sweep", "--hardware", "h200", "--len", "4k",
+                             "-o", tmp_path / "projection.json")
+    assert code == 0, err
+    document = json.loads((tmp_path / "projection.json").read_text())
+    assert not document["skipped"]
+    projected = next(p for p in document["projections"] if p["method"] == TOY)
+    full = next(p for p in document["projections"] if p["method"] == "fullkv")
+    assert projected["work_per_step"]["device_kv_bytes_per_step"] < full["work_per_step"]["device_kv_bytes_per_step"]
+    assert projected["measured_work"]["window_budget_frac"] == pytest.approx(1.0)
+
+    # report: figures and summary over the sweep and the projection
+    code, out, err = run_cli(monkeypatch, capsys, "report", tmp_path / "sweep", tmp_path / "projection.json",
+                             "-o", tmp_path / "report")
+    assert code == 0, err
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    toy_rows = [line for line in summary.splitlines() if line.startswith(f"| {TOY}")]
+    assert len(toy_rows) == 2, summary  # its throughput row and its projection row
+    # the projection row is compared with FullKV (the throughput table compares only points of equal run settings,
+    # and FullKV has no dense layers: its `vs fullkv` is "-" for every sparse method, the built-in ones included)
+    assert re.search(r"\| \d+\.\d\dx \|$", toy_rows[1]), summary
+
+
+def test_a_method_without_a_work_model_is_skipped_with_its_reason(toy_registry, tmp_path, monkeypatch, capsys):
+    """A registered method that declares no work model is not refused by name: project skips its results and says
+    why (the method declares none)."""
+
+    @dataclass
+    class NoModel(RecentWindow):
+        name = "toy-nomodel"
+        sparse_layer_work = classmethod(SparseLayerMethod.sparse_layer_work.__func__)  # the base's: none
+
+    toy_registry.register("toy-nomodel", NoModel)
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "toy-nomodel", "--method", "fullkv", *RUN,
+                           "-o", tmp_path / "runs")
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", "--hardware", "h200", "--json")
+    document = json.loads(out) if code == 0 else None
+    assert code == 0, err
+    assert [s["reason"] for s in document["skipped"]] == [
+        "method 'toy-nomodel' declares no work model (AttentionMethod.sparse_layer_work): `project` and "
+        "`gate --counters` cannot count its work"]
+
+
+def test_scoped_registry_restores_on_error():
+    with pytest.raises(RuntimeError), METHODS.scoped() as registry:
+        registry.register("toy-temporary", RecentWindow)
+        assert "toy-temporary" in METHODS and METHODS.load("toy-temporary") is RecentWindow
+        raise RuntimeError
+    assert "toy-temporary" not in METHODS
