@@ -469,7 +469,7 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
 
     def fidelity(result: dict[str, Any], names: list[str]) -> str:
         fids = [entry(result, name).get("fidelity") for name in names]
-        if not all(f and f["compared_steps"] for f in fids):
+        if not fids or not all(f and f["compared_steps"] for f in fids):
             return "-"
         steps = sum(f["compared_steps"] for f in fids)  # the mean over every compared (record, step)
         top1 = sum(f["top1_agreement"] * f["compared_steps"] for f in fids) / steps

@@ -400,3 +400,20 @@ def test_agreement_scores_each_prediction_against_fullkvs_own(smollm2):
                                   rows(["The pass key is 40612.", "40612"], ["40612", "40612"]))
     assert vs["exact_match"] == 0.0 and vs["metric_vs_fullkv_pred"] == 50.0
     assert agreement_with_reference(qa, method, []) is None
+
+
+def test_comparison_tables_while_no_task_is_finished_by_every_configuration():
+    """`accuracy --summarize` on a run in progress where no task is finished by every configuration: the mean row
+    has nothing to average ("-"), not a ZeroDivisionError (it raised once the fidelity table was in)."""
+    from scoutbench.accuracy import comparison_tables
+    from scoutbench.methods.fullkv import FullKV
+
+    fidelity = {"steps": 32, "compared_steps": 10, "top1_agreement": 90.0, "kl_mean": 0.1}
+    reference = {"method_repr": repr(FullKV()), "label": "fullkv",
+                 "results": {"a": {"n": 2, "score": 50.0, "metric": "qa_f1"}}}
+    scout = {"method_repr": "ScoutAttention()", "label": "scout@1024",
+             "results": {"b": {"n": 1, "score": 40.0, "metric": "qa_f1", "fidelity": fidelity,
+                               "vs_fullkv": {"exact_match": 100.0, "metric_vs_fullkv_pred": 100.0}}}}
+    tables = {title: rows for title, _, rows in comparison_tables([reference, scout], ["a", "b"])}
+    fidelity_rows = next(rows for title, rows in tables.items() if title.startswith("teacher-forced"))
+    assert fidelity_rows[1] == ["b", "1", "90.0 / 0.1"] and fidelity_rows[-1][-1] == "-"
