@@ -17,8 +17,9 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def sigkill_once_started(proc, marker, timeout_s: float, what: str) -> None:
-    """SIGKILL `proc` as soon as it creates `marker` (a file it writes mid-run): the kill tests' shared wait."""
+def signal_once_started(proc, marker, timeout_s: float, what: str, signum: int | None = None) -> None:
+    """Send `signum` (default SIGKILL) to `proc` as soon as it creates `marker` (a file it writes mid-run): the
+    signal tests' shared wait."""
     import os
     import signal
     import time
@@ -28,4 +29,36 @@ def sigkill_once_started(proc, marker, timeout_s: float, what: str) -> None:
         assert proc.poll() is None, proc.communicate()[1].decode()
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL if signum is None else signum)
+
+
+def throughput_hanging_on_second_method(tmp_path, out, run_args):
+    """A real `scoutbench throughput --method fullkv --method quest RUN_ARGS -o OUT` process whose second method
+    touches a marker file and then hangs: FullKV's result is finished on disk when the marker appears. Returns
+    (process with stderr piped, marker)."""
+    import subprocess
+    import textwrap
+
+    started = tmp_path / "started"
+    script = tmp_path / "hang_on_second.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        import scoutbench.throughput as throughput
+        from scoutbench.cli import main
+
+        real = throughput.run_throughput
+
+        def hang_on_second(cfg, *args, **kwargs):
+            if cfg.method == "quest":
+                Path({str(started)!r}).touch()
+                time.sleep(120)
+            return real(cfg, *args, **kwargs)
+
+        throughput.run_throughput = hang_on_second
+        sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", *{list(run_args)!r},
+                    "-o", {str(out)!r}]
+        main()
+    """), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return proc, started

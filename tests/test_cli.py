@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 import pytest
-from cli_runner import run_cli, sigkill_once_started
+from cli_runner import run_cli, signal_once_started, throughput_hanging_on_second_method
 
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.units import format_length, parse_bytes, parse_fraction, parse_length
@@ -430,31 +430,11 @@ def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
     import signal
     import subprocess
     import sys
-    import textwrap
 
-    out, started = tmp_path / "runs", tmp_path / "started"
-    script = tmp_path / "killme.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        from pathlib import Path
-        import scoutbench.throughput as throughput
-        from scoutbench.cli import main
-
-        real = throughput.run_throughput
-
-        def hang_on_second(cfg, *args, **kwargs):
-            if cfg.method == "quest":
-                Path({str(started)!r}).touch()
-                time.sleep(120)
-            return real(cfg, *args, **kwargs)
-
-        throughput.run_throughput = hang_on_second
-        sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", *{TINY!r}, "-o", {str(out)!r}]
-        main()
-    """), encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    out = tmp_path / "runs"
+    proc, started = throughput_hanging_on_second_method(tmp_path, out, TINY)
     try:
-        sigkill_once_started(proc, started, 120, "the second method never started")
+        signal_once_started(proc, started, 120, "the second method never started")
     finally:
         proc.kill()
         proc.wait(timeout=30)

@@ -15,7 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, signal_once_started, throughput_hanging_on_second_method
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
@@ -515,38 +515,11 @@ def test_the_exit_code_table_in_the_docs_is_the_one_the_code_applies():
 def test_sigterm_keeps_and_lists_the_finished_results_like_sigint(tmp_path):
     """SIGTERM exited 143 without the "kept N finished results" line that Ctrl-C gives."""
     import signal
-    import subprocess
-    import textwrap
-    import time
 
-    out, started = tmp_path / "runs", tmp_path / "started"
-    script = tmp_path / "termme.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        from pathlib import Path
-        import scoutbench.throughput as throughput
-        from scoutbench.cli import main
-
-        real = throughput.run_throughput
-
-        def hang_on_second(cfg, *args, **kwargs):
-            if cfg.method == "quest":
-                Path({str(started)!r}).touch()
-                time.sleep(120)
-            return real(cfg, *args, **kwargs)
-
-        throughput.run_throughput = hang_on_second
-        sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", *{TINY!r}, "-o", {str(out)!r}]
-        main()
-    """), encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    out = tmp_path / "runs"
+    proc, started = throughput_hanging_on_second_method(tmp_path, out, TINY)
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists():
-            assert proc.poll() is None, proc.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the second method never started"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        signal_once_started(proc, started, 120, "the second method never started", signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli, sigkill_once_started
+from cli_runner import run_cli, signal_once_started
 from result_factory import make_result
 
 from scoutbench.errors import ScoutbenchError, UsageError
@@ -148,7 +148,7 @@ def test_sigkill_mid_point_then_resume(tmp_path):
     """), encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        sigkill_once_started(proc, started, 60, "the sweep never reached point 2")
+        signal_once_started(proc, started, 60, "the sweep never reached point 2")
     finally:
         proc.wait(timeout=30)
     assert files(out) == ["fullkv_tiny-qwen3_len1k_b1.json", MANIFEST]
