@@ -31,6 +31,9 @@ from scoutbench.timing import StageTimer
 if typing.TYPE_CHECKING:
     from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
 
+# The prompt queries the engine hands every method at prefill (initial selection, InfiniGen's SVD, HGCA's scores).
+OBS_WINDOW = 256
+
 # Every sparse method keeps its first layers dense (FullKV storage, `FullKV.for_layers`) through this one field,
 # with one default: a comparison then compares the same sparse layers (`--dense-layers` sets it for every method
 # at once). 2, after Quest §3.4: the first two layers are under 10% sparse in the models it measured.
@@ -242,60 +245,6 @@ class AttentionMethod:
             raise UsageError(f"{cls.name}: {exc}") from None
 
 
-class SparseLayerMethod(AttentionMethod):
-    """Base of the methods with sparse layers (InfiniGen, HGCA, ScoutAttention): the first `dense_layers` layers
-    keep FullKV storage on the device (`self.dense`, bound to those layers) and run dense; only
-    `self.sparse_layers` reach the method's own `ingest_sparse_prefill` and `decode_sparse`.
-
-    Each subclass declares the `dense_layers` field itself (default DEFAULT_DENSE_LAYERS), where it belongs among
-    its hyper-parameters: a field declared here would come first in every `repr(method)` and config. Quest is a
-    FullKV with every layer on the device: it shares the field, not this storage."""
-
-    # dense_layers: int, the dataclass field of each subclass (see above)
-
-    def check_dense_layers(self) -> None:
-        """Field validation (for __post_init__)."""
-        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
-
-    def bind(self, ctx: MethodContext) -> None:
-        from scoutbench.methods.fullkv import FullKV
-
-        super().bind(ctx)
-        dense = min(self.dense_layers, ctx.num_layers)
-        self.dense = FullKV.for_layers(ctx, dense)
-        self.sparse_layers = range(dense, ctx.num_layers)
-
-    def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       lengths: torch.Tensor) -> None:
-        if layer in self.sparse_layers:
-            self.ingest_sparse_prefill(layer, q_obs, k, v, lengths)
-        else:
-            self.dense.ingest_prefill(layer, q_obs, k, v, lengths)
-
-    def ingest_sparse_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                              lengths: torch.Tensor) -> None:
-        """`ingest_prefill` of a sparse layer."""
-        raise NotImplementedError
-
-    def begin_step(self, step: StepInfo) -> None:
-        super().begin_step(step)
-        self.dense.begin_step(step)
-
-    def decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if layer in self.sparse_layers:
-            return self.decode_sparse(layer, q, k, v)
-        return self.dense.decode(layer, q, k, v)
-
-    def decode_sparse(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """`decode` of a sparse layer."""
-        raise NotImplementedError
-
-    def layer_split(self, shape: ModelShape) -> tuple[int, int]:
-        """(dense, sparse) layers of `shape` (memory planning)."""
-        dense = min(self.dense_layers, shape.num_layers)
-        return dense, shape.num_layers - dense
-
-
 def transfer_stats(h2d_bytes: int, d2h_bytes: int, steps: int) -> dict[str, float]:
     """Bytes copied host-to-device and device-to-host per decode step, every layer: the same two keys in every
     method's stats (issue 10 item 5), counting what the CUDA path really copies (index tensors included)."""
@@ -380,48 +329,3 @@ def require(condition: bool, message: str) -> None:
     """Field validation helper for __post_init__."""
     if not condition:
         raise ValueError(message)
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    """How a run uses a method's token budget (issue 11 item 4). A budget that covers every token the run will
-    hold attends everything: the run proceeds dense (FullKV) instead of reporting a sparse method's numbers for
-    what is really dense attention, and the result says so."""
-
-    budget: int | None  # the method's `budget` field (None: the method has none, e.g. FullKV)
-    context_tokens: int  # the most tokens one sequence holds during the run (prompt + decoded)
-    effective_budget: int | None  # tokens attended at most per (sequence, KV head): min(budget, context)
-    sparse: bool
-
-    def result_fields(self) -> dict[str, Any]:
-        return {"budget": self.budget, "effective_budget": self.effective_budget, "sparse": self.sparse}
-
-
-_WARNED: set[tuple[str, int, int]] = set()
-
-
-def plan_budget(method: AttentionMethod, context_tokens: int) -> BudgetPlan:
-    budget = getattr(method, "budget", None)
-    if budget is None:
-        return BudgetPlan(None, context_tokens, None, False)
-    return BudgetPlan(budget, context_tokens, min(budget, context_tokens), budget < context_tokens)
-
-
-def dense_if_budget_covers(method: AttentionMethod, context_tokens: int) -> tuple[AttentionMethod, BudgetPlan]:
-    """The method a run should decode with: `method` itself, or FullKV when its budget covers all
-    `context_tokens` (with a one-line warning on stderr, once per method, budget and context). Every runner
-    (throughput, sweep, accuracy, fidelity, profile-recall) goes through here, so they agree."""
-    plan = plan_budget(method, context_tokens)
-    if plan.budget is None or plan.sparse:
-        return method, plan
-    key = (method.name, plan.budget, context_tokens)
-    if key not in _WARNED:
-        _WARNED.add(key)
-        import sys
-
-        print(f"scoutbench: warning: {method.name} budget {plan.budget} covers the whole context "
-              f"({context_tokens} tokens): running dense (FullKV); the result says sparse: false",
-              file=sys.stderr)
-    from scoutbench.methods.fullkv import FullKV
-
-    return FullKV(), plan

@@ -52,26 +52,22 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels.attention import (
-    PartialState,
-    block_sparse_attention_probs,
-    merge_states,
-    partial_attention,
-)
+from scoutbench.kernels.attention import block_sparse_attention_probs, partial_attention
 from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
+from scoutbench.kernels.partial_state import PartialState, merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
     Footprint,
     MethodContext,
     ModelShape,
-    SparseLayerMethod,
     StepInfo,
     require,
     transfer_stats,
 )
+from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import FP32_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 
 OBSERVED_LOGIT_BYTES = 64 * 1024**2  # fp32 logits per piece of the prefill's observed attention weights

@@ -36,8 +36,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.engine import OBS_WINDOW
-from scoutbench.kernels.attention import block_sparse_attention, merge_states, partial_attention
+from scoutbench.kernels.attention import block_sparse_attention, partial_attention
 from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import (
@@ -47,17 +46,19 @@ from scoutbench.kernels.offload import (
     HostArena,
     token_chunks,
 )
+from scoutbench.kernels.partial_state import merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
+    OBS_WINDOW,
     AttendedTokens,
     Footprint,
     MethodContext,
     ModelShape,
-    SparseLayerMethod,
     StepInfo,
     require,
     transfer_stats,
 )
+from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord, Transfer
 
 

@@ -15,22 +15,23 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.errors import UsageError
-from scoutbench.kernels.attention import PartialState, block_sparse_attention, merge_states
+from scoutbench.kernels.attention import block_sparse_attention
 from scoutbench.kernels.block_store import SplitPlan, TieredBlockStore
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
 from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.kernels.offload import DONE, PREFILL_CHUNK_TOKENS, CopyStream, CpuWorkerPool, host_empty
+from scoutbench.kernels.partial_state import PartialState, merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
     Footprint,
     MethodContext,
     ModelShape,
-    SparseLayerMethod,
     StepInfo,
     require,
     transfer_stats,
 )
+from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import INDEX_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 
 PRED_NORMS = ("next", "self")

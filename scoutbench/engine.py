@@ -18,11 +18,9 @@ import torch
 
 from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.attention import decode_attention, prefill_attention
-from scoutbench.methods.base import AttentionMethod, MethodContext, StepInfo
+from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
-
-OBS_WINDOW = 256  # prompt queries handed to methods at prefill (initial selection, InfiniGen's SVD, HGCA scores)
 
 
 class DecodeEngine:

@@ -8,6 +8,7 @@ either executor: a point whose task never returned has no file and runs again on
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,43 @@ class LocalExecutor:
             yield job, outcome
 
 
+Runner = Callable[[Any], dict[str, Any]]  # ThroughputConfig -> result dict (the sweep's points)
+
+
+class ThroughputRunner:
+    """Runs points with `run_throughput`, loading the model once for the whole sweep."""
+
+    def __init__(self) -> None:
+        self._loaded: Any = None
+
+    def __call__(self, cfg: Any) -> dict[str, Any]:
+        from scoutbench.models import load_model
+        from scoutbench.throughput import resolve_device, resolve_dtype, run_throughput
+
+        if self._loaded is None:
+            device = resolve_device(cfg.device)
+            self._loaded = load_model(cfg.model, device, resolve_dtype(cfg.dtype, device), cfg.seed)
+        try:
+            return run_throughput(cfg, self._loaded)
+        finally:
+            _release_memory()
+
+
+def _release_memory() -> None:
+    """Free the previous point's KV storage before the next one allocates (matters after an out-of-memory)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def point_error(exc: BaseException) -> str:
+    """A failed point's error line: a scoutbench error's own message, otherwise the exception's type and text."""
+    return str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
+
+
+
 _worker_runner: Any = None  # one per Ray worker process: the model loads once per worker, not once per point
 
 
@@ -50,8 +88,6 @@ def _run_point(cfg: Any) -> tuple[bool, Any]:
     """Body of a Ray task: (True, result) or (False, error message). Errors are formatted in the worker so that
     the driver records exactly what the local executor would."""
     global _worker_runner
-    from scoutbench.sweep import ThroughputRunner, point_error
-
     if _worker_runner is None:
         _worker_runner = ThroughputRunner()
     try:

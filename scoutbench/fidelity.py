@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from scoutbench.generation import Generation, MethodSpec, SharedPrefill
-from scoutbench.methods.base import dense_if_budget_covers
 from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.sparse import dense_if_budget_covers
 from scoutbench.models import LoadedModel
 
 

@@ -14,7 +14,8 @@ from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
 from scoutbench.method_args import BUDGET, MethodSettings, has_field, resolve_method_args
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import AttentionMethod, dense_if_budget_covers, dense_layers_of
+from scoutbench.methods.base import AttentionMethod, dense_layers_of
+from scoutbench.methods.sparse import dense_if_budget_covers
 from scoutbench.throughput import build_method
 from scoutbench.timing import StageTimer
 
@@ -32,7 +33,7 @@ class MethodSpec:
 
     def build_for(self, context_tokens: int) -> AttentionMethod:
         """A fresh method for a run that holds `context_tokens` tokens: FullKV when the budget covers them all
-        (methods.base.dense_if_budget_covers)."""
+        (methods.sparse.dense_if_budget_covers)."""
         return dense_if_budget_covers(self.build(), context_tokens)[0]
 
     def describe(self) -> dict[str, Any]:

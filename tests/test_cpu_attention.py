@@ -14,10 +14,10 @@ from scoutbench.kernels.attention import (
     block_sparse_attention,
     block_sparse_attention_probs,
     decode_attention,
-    merge_states,
     partial_attention,
     partial_attention_probs,
 )
+from scoutbench.kernels.partial_state import merge_states
 
 # fp32 rounding: the kernel accumulates in fp32 in another order than the fp64 reference. torch's own bf16 path
 # rounds its output to bf16, hence the fallback's wider bf16 tolerance.

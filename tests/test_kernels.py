@@ -6,17 +6,16 @@ import math
 import pytest
 import torch
 
-from scoutbench.kernels.attention import (
+from scoutbench.kernels.attention import decode_attention, partial_attention
+from scoutbench.kernels.block_table import BlockTable, region_attention
+from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
+from scoutbench.kernels.partial_state import (
     PartialState,
-    decode_attention,
     empty_state,
     lse_base2_to_natural,
     lse_natural_to_base2,
     merge_states,
-    partial_attention,
 )
-from scoutbench.kernels.block_table import BlockTable, region_attention
-from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
 
 ATOL = 1e-5
 

@@ -15,15 +15,9 @@ from cli_runner import run_cli
 
 from scoutbench.kernels.attention import decode_attention
 from scoutbench.methods import METHODS, display_rank, is_reference, method_family
-from scoutbench.methods.base import (
-    AttendedTokens,
-    Footprint,
-    MethodContext,
-    ModelShape,
-    SparseLayerMethod,
-    transfer_stats,
-)
+from scoutbench.methods.base import AttendedTokens, Footprint, MethodContext, ModelShape, transfer_stats
 from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
 from scoutbench.results import load_results, write_json_atomic
 

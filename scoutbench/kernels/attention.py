@@ -16,21 +16,13 @@ Conventions (every method relies on them):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from scoutbench.kernels import backends, cpu_attention
-
-
-class PartialState(NamedTuple):
-    """Attention over a subset of keys: normalised output and natural-log LSE, both fp32."""
-
-    o: torch.Tensor  # [B, Hq, D] fp32
-    lse: torch.Tensor  # [B, Hq] fp32
+from scoutbench.kernels.partial_state import PartialState, empty_state, expand_valid_len
 
 
 def _packed(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -38,25 +30,9 @@ def _packed(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
 
 
-def _expand_valid_len(valid_len: torch.Tensor, batch: int, num_kv_heads: int) -> torch.Tensor:
-    if valid_len.dim() == 1:
-        valid_len = valid_len[:, None].expand(batch, num_kv_heads)
-    return valid_len
-
-
-def row_lengths(valid_len: torch.Tensor | None, batch: int, num_kv_heads: int, num_keys: int,
-                device: torch.device) -> torch.Tensor:
-    """Valid keys of each (sequence, KV head) row, flattened to `[B * Hkv]` int32: what row-wise kernels
-    (flashinfer pages, the Triton kernel) take."""
-    if valid_len is None:
-        return torch.full((batch * num_kv_heads,), num_keys, dtype=torch.int32, device=device)
-    lengths = _expand_valid_len(valid_len, batch, num_kv_heads).clamp(0, num_keys)
-    return lengths.to(torch.int32).reshape(batch * num_kv_heads)
-
-
 def length_bias(valid_len: torch.Tensor, num_keys: int, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask `[B, Hkv, 1, N]`: 0 for the first `valid_len` keys of a row, -inf after."""
-    valid_len = _expand_valid_len(valid_len, valid_len.shape[0], num_kv_heads)
+    valid_len = expand_valid_len(valid_len, valid_len.shape[0], num_kv_heads)
     positions = torch.arange(num_keys, device=valid_len.device)
     keep = positions[None, None, :] < valid_len[:, :, None]
     bias = torch.zeros(keep.shape, dtype=dtype, device=valid_len.device)
@@ -124,7 +100,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         probs = torch.exp(logits - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(-1))
         out = torch.matmul(probs.to(v.dtype), v).float()
     if valid_len is not None:
-        empty = (_expand_valid_len(valid_len, batch, num_kv_heads) <= 0)[:, :, None].expand_as(lse)
+        empty = (expand_valid_len(valid_len, batch, num_kv_heads) <= 0)[:, :, None].expand_as(lse)
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
@@ -205,7 +181,7 @@ def _gather_selected(k_blocks: torch.Tensor, v_blocks: torch.Tensor, block_ids: 
     kv_heads, _, block_size, head_dim = k_blocks.shape[1:]
     device = block_ids.device
     if valid_len is not None:
-        used = (_expand_valid_len(valid_len, batch, rows) + block_size - 1) // block_size  # [B, H] blocks
+        used = (expand_valid_len(valid_len, batch, rows) + block_size - 1) // block_size  # [B, H] blocks
         block_ids = block_ids.masked_fill(torch.arange(width, device=device) >= used[..., None].to(device), 0)
     b = torch.arange(batch, device=device)[:, None, None]
     kv = (torch.arange(rows, device=device) // (rows // kv_heads))[None, :, None]
@@ -231,36 +207,6 @@ def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     """Dense partial attention `[B, Hkv, N, D]` through the CPU kernel (the cache as one block per row)."""
     o, lse, _ = cpu_attention.attend(q, k.unsqueeze(2), v.unsqueeze(2), scale, None, valid_len)
     return PartialState(o, lse)
-
-
-def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:
-    return PartialState(torch.zeros(batch, num_heads, head_dim, device=device),
-                        torch.full((batch, num_heads), float("-inf"), device=device))
-
-
-def merge_states(*states: PartialState) -> PartialState:
-    """Exact merge of partial results over disjoint key sets: `lse = logsumexp(lse_i)`, `o = sum exp(lse_i - lse) o_i`.
-
-    Empty parts (lse = -inf) get weight 0; if every part is empty the result is the empty state, never NaN.
-    """
-    lses = torch.stack([s.lse for s in states])  # [P, B, Hq]
-    total = torch.logsumexp(lses, dim=0)
-    safe_total = torch.where(torch.isinf(total), torch.zeros_like(total), total)
-    weights = torch.exp(lses - safe_total)  # exp(-inf) = 0 for empty parts
-    out = sum(w.unsqueeze(-1) * s.o for w, s in zip(weights, states, strict=True))
-    return PartialState(out, total)
-
-
-LN2 = math.log(2.0)
-
-
-def lse_base2_to_natural(lse_base2: torch.Tensor) -> torch.Tensor:
-    """FlashInfer reports log2-sum-exp2; everything else here is natural log."""
-    return lse_base2 * LN2
-
-
-def lse_natural_to_base2(lse: torch.Tensor) -> torch.Tensor:
-    return lse / LN2
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from scoutbench.kernels.partial_state import PartialState, lse_base2_to_natural, row_lengths
+
 FLASHINFER_DECODE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE up to 0.6.17: CUDA-core decode kernels
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
@@ -287,8 +289,6 @@ def flashinfer_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     Each (sequence, KV head) row is one request (one KV head, G query heads) whose pages tile its row of the
     cache (`row_pages`), so ragged lengths per row map onto the page table. The base-2 LSE becomes natural log.
     """
-    from scoutbench.kernels.attention import PartialState, lse_base2_to_natural, row_lengths  # noqa: PLC0415
-
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads

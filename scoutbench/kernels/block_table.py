@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from scoutbench.kernels import backends
-from scoutbench.kernels.attention import PartialState
+from scoutbench.kernels.partial_state import PartialState
 
 
 class BlockTable:

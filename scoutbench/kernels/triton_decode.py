@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scoutbench.kernels.attention import PartialState, merge_states, row_lengths
+from scoutbench.kernels.partial_state import PartialState, merge_states, row_lengths
 
 BLOCK_N = 64  # keys per inner iteration
 MIN_KEYS_PER_SPLIT = 256  # below this, splitting a row costs more in merging than it gains in parallelism

@@ -1,0 +1,67 @@
+"""The partial-attention result every kernel and method exchanges, and its exact merge.
+
+A part of attention over a subset of keys is `(o: fp32 [B, Hq, D], lse: fp32 [B, Hq])` with a natural-log LSE; an
+empty part has `lse = -inf` and `o = 0`. This module depends on torch only, so that every kernel (the torch
+path in `attention`, the flashinfer adapter in `backends`, the Triton kernel) can build and merge parts without
+importing another kernel module (docs/architecture.md, the import layers).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+
+class PartialState(NamedTuple):
+    """Attention over a subset of keys: normalised output and natural-log LSE, both fp32."""
+
+    o: torch.Tensor  # [B, Hq, D] fp32
+    lse: torch.Tensor  # [B, Hq] fp32
+
+
+def expand_valid_len(valid_len: torch.Tensor, batch: int, num_kv_heads: int) -> torch.Tensor:
+    if valid_len.dim() == 1:
+        valid_len = valid_len[:, None].expand(batch, num_kv_heads)
+    return valid_len
+
+
+def row_lengths(valid_len: torch.Tensor | None, batch: int, num_kv_heads: int, num_keys: int,
+                device: torch.device) -> torch.Tensor:
+    """Valid keys of each (sequence, KV head) row, flattened to `[B * Hkv]` int32: what row-wise kernels
+    (flashinfer pages, the Triton kernel) take."""
+    if valid_len is None:
+        return torch.full((batch * num_kv_heads,), num_keys, dtype=torch.int32, device=device)
+    lengths = expand_valid_len(valid_len, batch, num_kv_heads).clamp(0, num_keys)
+    return lengths.to(torch.int32).reshape(batch * num_kv_heads)
+
+
+def empty_state(batch: int, num_heads: int, head_dim: int, device: torch.device | str) -> PartialState:
+    return PartialState(torch.zeros(batch, num_heads, head_dim, device=device),
+                        torch.full((batch, num_heads), float("-inf"), device=device))
+
+
+def merge_states(*states: PartialState) -> PartialState:
+    """Exact merge of partial results over disjoint key sets: `lse = logsumexp(lse_i)`, `o = sum exp(lse_i - lse) o_i`.
+
+    Empty parts (lse = -inf) get weight 0; if every part is empty the result is the empty state, never NaN.
+    """
+    lses = torch.stack([s.lse for s in states])  # [P, B, Hq]
+    total = torch.logsumexp(lses, dim=0)
+    safe_total = torch.where(torch.isinf(total), torch.zeros_like(total), total)
+    weights = torch.exp(lses - safe_total)  # exp(-inf) = 0 for empty parts
+    out = sum(w.unsqueeze(-1) * s.o for w, s in zip(weights, states, strict=True))
+    return PartialState(out, total)
+
+
+LN2 = math.log(2.0)
+
+
+def lse_base2_to_natural(lse_base2: torch.Tensor) -> torch.Tensor:
+    """FlashInfer reports log2-sum-exp2; everything else here is natural log."""
+    return lse_base2 * LN2
+
+
+def lse_natural_to_base2(lse: torch.Tensor) -> torch.Tensor:
+    return lse / LN2

@@ -1,0 +1,114 @@
+"""The import layers of the package (docs/architecture.md): kernels at the bottom, methods on kernels, the CLI on
+top, and no import circle anywhere, lazy (function-level) imports included. Read from the source with `ast`, so a
+lazy import that would close a circle is caught without running it; imports only for type checkers do not count."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# the installed package: scoutbench/, and methods/ and workloads/ as scoutbench.methods / scoutbench.workloads
+PACKAGE_DIRS = {"scoutbench": "scoutbench", "methods": "scoutbench.methods", "workloads": "scoutbench.workloads"}
+FOUNDATION = {"scoutbench.errors", "scoutbench.units", "scoutbench.registry"}
+
+
+def _module_name(path: Path) -> str:
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    parts = [*PACKAGE_DIRS[folder].split("."), *rest]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.Module) -> set[str]:
+    """Every scoutbench module a file imports at run time (module level or inside a function), with the
+    `from X import name` names as X.name too (a submodule import)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("scoutbench"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("scoutbench"))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [p for folder in PACKAGE_DIRS for p in (ROOT / folder).rglob("*.py")]
+    imports = {_module_name(p): _runtime_imports(ast.parse(p.read_text(encoding="utf-8"))) for p in files}
+    return {name: {m for m in found if m in imports and m != name} for name, found in imports.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def _outside(graph: dict[str, set[str]], layer: str, allowed: set[str]) -> list[str]:
+    """`module -> import` pairs of a layer's modules that reach outside what the layer may use."""
+    return sorted(f"{name} -> {dep}" for name, deps in graph.items() if name.startswith(layer)
+                  for dep in deps if not any(dep == a or dep.startswith(a + ".") for a in allowed))
+
+
+def test_no_import_circle():
+    assert _circles(_graph()) == []
+
+
+def test_kernels_import_only_kernels_and_the_foundation():
+    assert _outside(_graph(), "scoutbench.kernels", {"scoutbench.kernels", *FOUNDATION}) == []
+
+
+def test_methods_import_only_kernels_timing_and_the_foundation():
+    """A method is built on the kernels and the stage timer; it never reaches up into the engine, the benchmarks,
+    the analysis or the CLI (those read the method's own declarations instead)."""
+    allowed = {"scoutbench.methods", "scoutbench.kernels", "scoutbench.timing", *FOUNDATION}
+    assert _outside(_graph(), "scoutbench.methods", allowed) == []
+
+
+def test_only_the_cli_imports_the_cli():
+    graph = _graph()
+    assert sorted(f"{name} -> {dep}" for name, deps in graph.items()
+                  if not name.startswith(("scoutbench.cli", "scoutbench.__main__"))
+                  for dep in deps if dep.startswith("scoutbench.cli")) == []
+
+
+def test_the_scan_sees_lazy_imports_and_skips_type_checking_ones():
+    tree = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    from scoutbench.x import A\n"
+                     "def f():\n    from scoutbench.y import B\n")
+    assert _runtime_imports(tree) == {"scoutbench.y", "scoutbench.y.B"}
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
