@@ -4,7 +4,7 @@
 # 1. FullKV and ScoutAttention on the default `scoutbench throughput` configuration of a CPU (bench-attn16: 16
 #    layers of which 2 dense, GQA group 4; 32k context, fp32, budget 2048, block 32, synthetic prefill), as a sweep
 #    repeated REPEATS times in separate processes; the gate takes the median of the repeats.
-# 2. The gate that can fail CI is relative: ScoutAttention's decode speed-up over FullKV measured in this run must
+# 2. The gate that can fail CI is relative: ScoutAttention's speed-up over FullKV (median decode step) in this run must
 #    stay >= MIN_SPEEDUP. A shared 2-core machine moves absolute numbers by 2-4x (results/baselines/README.md), a
 #    ratio of two methods measured side by side far less.
 # 3. The work-counter gate (scoutbench gate --counters) compares what each method read and moved per step (KV bytes
@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MIN_SPEEDUP="${MIN_SPEEDUP:-2.0}"
+MIN_SPEEDUP="${MIN_SPEEDUP:-1.6}"
 REPEATS="${REPEATS:-3}"
 BASELINE=results/baselines/cpu-ci
 # every method's defaults (budget 2048, block 32, 2 dense layers), as the no-argument `scoutbench throughput` run
@@ -43,14 +43,17 @@ for ((i = 1; i <= REPEATS; i++)); do
   runs+=(--current "$out/run$i")
 done
 
-echo "== relative gate: scout/fullkv >= $MIN_SPEEDUP (median of $REPEATS runs)"
-python -m scoutbench gate "${runs[@]}" --ratio "scout/fullkv>=$MIN_SPEEDUP"
+# the ratio of the median decode steps (FullKV's over ScoutAttention's): one slow step (a recall, a page fault, a
+# preempted worker) moves the mean step, and so tok/s, by up to 40% in 6 steps; the median not
+RATIO="decode_step_ms:fullkv/scout>=$MIN_SPEEDUP"
+echo "== relative gate: $RATIO (median of $REPEATS runs)"
+python -m scoutbench gate "${runs[@]}" --ratio "$RATIO"
 
 if [[ -d "$BASELINE" ]]; then
   echo "== work counters against $BASELINE (deterministic: fails CI)"
   python -m scoutbench gate --counters --baseline "$BASELINE" "${runs[@]}"
 
   echo "== absolute comparison with $BASELINE (informational: shared CPUs are too noisy to gate on)"
-  python -m scoutbench gate --baseline "$BASELINE" "${runs[@]}" --tolerance 50% --ratio "scout/fullkv>=$MIN_SPEEDUP" \
+  python -m scoutbench gate --baseline "$BASELINE" "${runs[@]}" --tolerance 50% --ratio "$RATIO" \
     || echo "(informational only: not failing CI)"
 fi
