@@ -239,31 +239,7 @@ class ScoutAttention(SparseLayerMethod):
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 
-    # the store's tensors under the names the tests (and the planner's checks) read
-    @property
-    def _host_k(self) -> dict[int, torch.Tensor]:
-        return self.store.host_k
-
-    @property
-    def _host_v(self) -> dict[int, torch.Tensor]:
-        return self.store.host_v
-
-    @property
-    def _dev_k(self) -> dict[int, torch.Tensor]:
-        return self.store.dev_k
-
-    @property
-    def _dev_v(self) -> dict[int, torch.Tensor]:
-        return self.store.dev_v
-
-    @property
-    def _digests(self):
-        return self.store.digests
-
-    @property
-    def _n_slots(self) -> int:
-        return self.store.n_slots
-
+    # the host arena under the name every offloading method has (the planner's checks read it)
     @property
     def _host_arena(self):
         return self.store.arena
@@ -405,7 +381,7 @@ class ScoutAttention(SparseLayerMethod):
         """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
         padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
         candidates, valid = selectable
-        scores = self._digests.scores(layer, q, candidates.allowed.shape[-1])
+        scores = self.store.digests.scores(layer, q, candidates.allowed.shape[-1])
         return pad_last(candidates.top(scores), self.k_sel), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:

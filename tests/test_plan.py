@@ -315,8 +315,8 @@ def test_prefill_transients_are_chunked(tiny_qwen3, monkeypatch):
                 state += [method.partial_proj[i] for i in method.sparse_layers]
                 state += [method.host_k[i].clone() for i in method.sparse_layers]
             else:
-                state += [method._host_k[i].clone() for i in method._host_k]
-                state += [method._digests.center2[i].clone() for i in method._host_k]
+                state += [method.store.host_k[i].clone() for i in method.store.host_k]
+                state += [method.store.digests.center2[i].clone() for i in method.store.host_k]
             method.close()
         return state
 

@@ -223,11 +223,11 @@ def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt
         before = method._h2d_bytes
         original(layer, plan, recall)
         b, rows = method.block_size, method.ctx.batch * method.ctx.num_kv_heads
-        pool_k = method._dev_k[layer].view(-1, b, method.ctx.head_dim)
-        pool_v = method._dev_v[layer].view(-1, b, method.ctx.head_dim)
+        pool_k = method.store.dev_k[layer].view(-1, b, method.ctx.head_dim)
+        pool_v = method.store.dev_v[layer].view(-1, b, method.ctx.head_dim)
         for bh, slot, block in zip(recall.bh.tolist(), recall.slots.tolist(), recall.blocks.tolist(), strict=True):
-            assert torch.equal(pool_k[bh * method._n_slots + slot], method._host_k[layer][block * rows + bh])
-            assert torch.equal(pool_v[bh * method._n_slots + slot], method._host_v[layer][block * rows + bh])
+            assert torch.equal(pool_k[bh * method.store.n_slots + slot], method.store.host_k[layer][block * rows + bh])
+            assert torch.equal(pool_v[bh * method.store.n_slots + slot], method.store.host_v[layer][block * rows + bh])
         n = recall.bh.numel()
         assert method._h2d_bytes - before == n * (2 * b * method.ctx.head_dim * 4 + 4 * 8)
         recalls.append(n)
