@@ -90,14 +90,18 @@ def iter_jsonl(lines: Iterable[str], source: str,
 
 def parse_records(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
     """Official records, one JSON object per line. Unknown keys are kept; blank lines are skipped."""
-    records = []
-    for line_number, record in iter_jsonl(lines, source):
-        problem = _record_problem(record)
-        if problem:
-            raise ScoutbenchError(f"{source} line {line_number}: {problem}")
-        record.setdefault("all_classes", None)
-        records.append(record)
-    return records
+    return [_official_record(record, f"{source} line {line_number}")
+            for line_number, record in iter_jsonl(lines, source)]
+
+
+def _official_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """`record` checked as an official LongBench record (a problem is an error naming `where`), with the optional
+    `all_classes` present."""
+    problem = _record_problem(record)
+    if problem:
+        raise ScoutbenchError(f"{where}: {problem}")
+    record.setdefault("all_classes", None)
+    return record
 
 
 def _record_problem(record: Any) -> str | None:
@@ -218,14 +222,7 @@ def arrow_dataset(name: str, data_dir: str | Path, cache_dir: str | Path | None 
 
 def _records_from_arrow(dataset: Any, name: str) -> list[dict[str, Any]]:
     """Rows of an Arrow dataset as official records, checked like lines of a .jsonl file."""
-    records = []
-    for index, record in enumerate(dataset.to_list()):
-        problem = _record_problem(record)
-        if problem:
-            raise ScoutbenchError(f"{name} (Arrow) row {index}: {problem}")
-        record.setdefault("all_classes", None)
-        records.append(record)
-    return records
+    return [_official_record(record, f"{name} (Arrow) row {index}") for index, record in enumerate(dataset.to_list())]
 
 
 def _datasets_version() -> str:
