@@ -26,3 +26,16 @@ def build(name: str):
     from scoutbench.throughput import build_method
 
     return build_method(name, method_args(name))
+
+
+def attention_inputs(dtype: Any, group: int, head_dim: int, num_keys: int = 300, seed: int = 0):
+    """q `[3, 2 * group, head_dim]`, k/v `[3, 2, num_keys, head_dim]` and ragged valid lengths `[3, 2]` (a full row,
+    an empty one, one key, ...) in `dtype`: the decode-attention inputs of the GPU tests and their emulation."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, 2 * group, head_dim, generator=generator).to(dtype)
+    k = torch.randn(3, 2, num_keys, head_dim, generator=generator).to(dtype)
+    v = torch.randn(3, 2, num_keys, head_dim, generator=generator).to(dtype)
+    valid_len = torch.tensor([[num_keys, 0], [1, 77], [150, num_keys - 3]])
+    return q, k, v, valid_len

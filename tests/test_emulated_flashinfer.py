@@ -101,12 +101,7 @@ def test_standin_refuses_what_flashinfer_refuses(case, message):
 
 # ---------------------------------------------------------------------------------------------- the adapter
 def _attention_inputs(group: int, num_keys: int = 300, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(3, 2 * group, 64, generator=generator).to(BF16)
-    k = torch.randn(3, 2, num_keys, 64, generator=generator).to(BF16)
-    v = torch.randn(3, 2, num_keys, 64, generator=generator).to(BF16)
-    valid = torch.tensor([[num_keys, 0], [1, 77], [150, num_keys - 3]])
-    return q, k, v, valid
+    return gpu_configs.attention_inputs(BF16, group, 64, num_keys, seed)
 
 
 @pytest.mark.parametrize("version,group,expected", [

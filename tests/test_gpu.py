@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from gpu_configs import ALL_NAMES, DECODE_STEPS, PROMPT_LENGTHS
+from gpu_configs import ALL_NAMES, DECODE_STEPS, PROMPT_LENGTHS, attention_inputs
 from gpu_configs import build as _method
 from gpu_configs import method_args as _method_args
 
@@ -39,12 +39,7 @@ def _prompt(vocab_size: int):
 # ---------------------------------------------------------------------------------------------- kernels
 def _attention_inputs(dtype, num_keys=300, seed=0, group=5):
     """Qwen3-14B's GQA group (5) by default: flashinfer's CUDA-core decode has no kernel for it."""
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(3, 2 * group, 128, generator=generator).to(dtype)
-    k = torch.randn(3, 2, num_keys, 128, generator=generator).to(dtype)
-    v = torch.randn(3, 2, num_keys, 128, generator=generator).to(dtype)
-    valid_len = torch.tensor([[num_keys, 0], [1, 77], [150, num_keys - 3]])
-    return q, k, v, valid_len
+    return attention_inputs(dtype, group, 128, num_keys, seed)
 
 
 def _expected_backend(dtype, group, lengths_on_host):
