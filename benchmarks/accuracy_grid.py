@@ -1,6 +1,6 @@
 """Passkey and multi-key accuracy of every method at two budgets on a real model, one dense prefill per prompt.
 
-For each length, `scoutbench.accuracy.run_comparison` runs FullKV and every sparse method at every budget on the
+For each length, `scoutbench.eval.accuracy.run_comparison` runs FullKV and every sparse method at every budget on the
 same prompts, sharing one dense prefill per prompt between them (the same predictions as one `scoutbench accuracy`
 run per method, which would repeat the prefill, minutes per prompt at 16k on CPU). Predictions and results go to
 the layout of `scoutbench accuracy -o DIR` (one folder per method configuration, resumable: a rerun skips finished
@@ -25,8 +25,8 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
-from scoutbench.accuracy import run_comparison  # noqa: E402
-from scoutbench.generation import method_specs  # noqa: E402
+from scoutbench.eval.accuracy import run_comparison  # noqa: E402
+from scoutbench.eval.generation import method_specs  # noqa: E402
 from scoutbench.models import load_model, parse_dtype  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 from scoutbench.workloads.passkey import TASKS, PasskeyTask  # noqa: E402

@@ -15,8 +15,8 @@ import time
 
 import torch
 
+from scoutbench.bench.throughput import ThroughputConfig, run_throughput
 from scoutbench.models import load_model
-from scoutbench.throughput import ThroughputConfig, run_throughput
 from scoutbench.units import parse_length
 
 

@@ -4,7 +4,7 @@ Methods: FullKV, Quest, InfiniGen, HGCA and ScoutAttention (skipped if its modul
 defaults (budget 2048, block 32, 2 dense layers, ...). Model: the `bench-attn16` preset of the default
 `scoutbench throughput` run (16 layers, 32 query heads, 8 KV heads, head_dim 128, hidden 256, attention-dominated),
 fp32, batch 1, synthetic prefill (random post-RoPE K/V) at each length.
-Each method runs through `scoutbench.throughput.run_throughput`, so the numbers are those `scoutbench throughput`
+Each method runs through `scoutbench.bench.throughput.run_throughput`, so the numbers are those `scoutbench throughput`
 reports: median step, mean ms per stage (StageTimer records), and the method's own statistics.
 
     python benchmarks/bench_methods_cpu.py --lens 8k,32k --steps 5 --warmup 2 [--threads 1] [--json out.json]
@@ -23,9 +23,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 
 import torch  # noqa: E402
 
+from scoutbench.bench.throughput import ThroughputConfig, run_throughput
 from scoutbench.methods import ALL_METHODS, METHODS
 from scoutbench.models import load_model
-from scoutbench.throughput import ThroughputConfig, run_throughput
 from scoutbench.timing import STAGES
 from scoutbench.units import format_length, parse_length
 

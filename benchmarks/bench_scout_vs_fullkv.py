@@ -1,6 +1,6 @@
 """End-to-end decode step of ScoutAttention vs FullKV on an attention-dominated model (CPU by default).
 
-Runs `scoutbench.throughput.run_throughput` for each method, `--repeats` times interleaved (so that background load
+Runs `scoutbench.bench.throughput.run_throughput` for each method, `--repeats` times interleaved (so that background load
 hits every method alike), keeps each method's run with the lowest median step, and prints the step time, the ratio
 to FullKV, the per-stage breakdown and ScoutAttention's CPU compute ratio, recall and idle statistics.
 
@@ -16,8 +16,9 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
+from scoutbench.bench.throughput import ThroughputConfig, run_throughput  # noqa: E402
+from scoutbench.devices import resolve_device, resolve_dtype  # noqa: E402
 from scoutbench.models import load_model  # noqa: E402
-from scoutbench.throughput import ThroughputConfig, resolve_device, resolve_dtype, run_throughput  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from scoutbench.projection import Target, load_hardware, project_results
+from scoutbench.analysis.projection import Target, load_hardware, project_results
 from scoutbench.results import load_results
 from scoutbench.units import format_length
 

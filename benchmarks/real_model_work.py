@@ -33,10 +33,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from scoutbench.generation import SharedPrefill, method_spec  # noqa: E402
+from scoutbench.devices import device_description  # noqa: E402
+from scoutbench.eval.generation import SharedPrefill, method_spec  # noqa: E402
 from scoutbench.models import load_model  # noqa: E402
 from scoutbench.results import envelope, write_json_atomic  # noqa: E402
-from scoutbench.throughput import device_description  # noqa: E402
 from scoutbench.units import format_length, parse_length  # noqa: E402
 from scoutbench.workloads import longbench  # noqa: E402
 

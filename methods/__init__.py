@@ -8,9 +8,13 @@ throughput, sweep, report, `gate --counters` and `project` without a change anyw
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from scoutbench.registry import Registry
+
+if TYPE_CHECKING:
+    from scoutbench.methods.base import AttentionMethod
 
 METHODS = Registry("method")
 METHODS.register("fullkv", "scoutbench.methods.fullkv:FullKV", "full")
@@ -31,6 +35,16 @@ ALL_METHODS = ["fullkv", "quest", "infinigen", "hgca", "scout"]
 COMPARED_METHODS = ["fullkv", "infinigen", "hgca", "scout"]
 PROPOSED_METHOD = "scout"
 ABLATION_METHODS = ["scout-base", "scout-pc", "scout"]
+
+
+def build_method(name: str, args: dict[str, Any]) -> AttentionMethod:
+    """Instantiate a registered method; fields come from its preset, then `args` (strings are converted)."""
+    return METHODS.load(name).from_args(args, METHODS.preset(name))
+
+
+def method_field_names(name: str) -> set[str]:
+    """The fields a registered method is configured by (what `--method-arg` and the shared flags may set)."""
+    return {f.name for f in dataclasses.fields(METHODS.load(name))}
 
 
 def method_class(name: str) -> Any | None:

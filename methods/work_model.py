@@ -1,7 +1,7 @@
 """The vocabulary of a method's work model: what one decode step reads, moves and computes at a shape.
 
 Each method declares its own model on its class (`AttentionMethod.work_fractions`, `measure_work`,
-`sparse_layer_work`; methods/base.py); `scoutbench/work.py` holds only the generic machinery around these types
+`sparse_layer_work`; methods/base.py); `scoutbench/analysis/work.py` holds only the generic machinery around these types
 (a result's shape, the dense layers, the lm_head, the per-step totals) that `project` and `gate --counters` use.
 """
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoutbench.errors import UsageError
+from scoutbench.methods import method_field_names
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,8 @@ class MethodSettings:
                    defaults)
 
 
-def method_fields(name: str) -> set[str]:
-    from scoutbench.throughput import method_field_names
-
-    return method_field_names(name)
-
-
 def has_field(name: str, flag: SharedFlag) -> bool:
-    return flag.field in method_fields(name)
+    return flag.field in method_field_names(name)
 
 
 def resolve_method_args(methods: Sequence[str], settings: MethodSettings) -> dict[str, dict[str, Any]]:
@@ -72,7 +67,7 @@ def resolve_method_args(methods: Sequence[str], settings: MethodSettings) -> dic
     if conflicts:
         flag = conflicts[0]
         raise UsageError(f"{flag.option} and --method-arg {flag.field}= both set {flag.field}; give one of them")
-    fields = {name: method_fields(name) for name in methods}
+    fields = {name: method_field_names(name) for name in methods}
     resolved: dict[str, dict[str, Any]] = {}
     for name in methods:
         args = {key: value for key, value in settings.method_args.items() if key in fields[name]}

@@ -226,3 +226,15 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return True
     except Exception:  # noqa: BLE001 - connection refused, DNS, timeout, proxy or TLS failure: all "unreachable"
         return False
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool, assistant_prefix: str = "") -> list[int]:
+    """Token ids of `text`, as a single user message in the tokenizer's chat template when `chat` (and the tokenizer
+    has one), else raw with the default special tokens (BOS). Template output is tokenized without extra special
+    tokens: templates that already contain BOS would otherwise get it twice. `assistant_prefix` starts the answer
+    (on a new line of a raw prompt)."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                  add_generation_prompt=True)
+        return tokenizer(templated + assistant_prefix, add_special_tokens=False).input_ids
+    return tokenizer(f"{text}\n{assistant_prefix}" if assistant_prefix else text, truncation=False).input_ids

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scoutbench import __version__
+from scoutbench.devices import cpu_model
 from scoutbench.errors import ScoutbenchError, UsageError
 
 # 2: every result kind carries the same envelope (`envelope`); projections and sweep manifests gained `command`
@@ -73,17 +74,6 @@ def git_dirty() -> bool | None:
         return None
     out = _git("status", "--porcelain", "--untracked-files=no")
     return None if out is None else bool(out.strip())
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @functools.cache

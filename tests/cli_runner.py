@@ -44,7 +44,7 @@ def throughput_hanging_on_second_method(tmp_path, out, run_args):
     script.write_text(textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        import scoutbench.throughput as throughput
+        import scoutbench.bench.throughput as throughput
         from scoutbench.cli import main
 
         real = throughput.run_throughput

@@ -23,7 +23,7 @@ def method_args(name: str) -> dict[str, Any]:
 
 
 def build(name: str):
-    from scoutbench.throughput import build_method
+    from scoutbench.methods import build_method
 
     return build_method(name, method_args(name))
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 from cli_runner import run_cli
 
-from scoutbench import longbench_metrics as m
-from scoutbench.accuracy import run_accuracy
 from scoutbench.engine import register_hf_attention
 from scoutbench.errors import ScoutbenchError
-from scoutbench.generation import MethodSpec, generate_text, greedy_generate, method_spec, model_eos_ids
+from scoutbench.eval.accuracy import run_accuracy
+from scoutbench.eval.generation import MethodSpec, generate_text, greedy_generate, method_spec, model_eos_ids
 from scoutbench.methods import ALL_METHODS, METHODS
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.workloads import longbench as lb
+from scoutbench.workloads import longbench_metrics as m
 from scoutbench.workloads.passkey import PasskeyTask
 
 DATA = Path(__file__).parent / "data" / "longbench"
@@ -77,7 +77,7 @@ def test_resume_after_interruption_never_duplicates(smollm2, tmp_path, monkeypat
         if done == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("scoutbench.accuracy.generate_text", fake_generate)
+    monkeypatch.setattr("scoutbench.eval.accuracy.generate_text", fake_generate)
     spec = MethodSpec("fullkv")
     with pytest.raises(KeyboardInterrupt):
         run_accuracy([task], smollm2, spec, tmp_path, 1500, seed=0, limit=None, on_progress=interrupt_after_two)
@@ -111,7 +111,7 @@ def test_resume_after_interruption_never_duplicates(smollm2, tmp_path, monkeypat
 
 
 def test_predictions_of_other_data_are_not_mixed_in(smollm2, tmp_path, monkeypatch):
-    monkeypatch.setattr("scoutbench.accuracy.generate_text", lambda *args, **kwargs: " Paris")
+    monkeypatch.setattr("scoutbench.eval.accuracy.generate_text", lambda *args, **kwargs: " Paris")
     records = lb.load_records("2wikimqa", DATA)
     task = lb.LongBenchTask("2wikimqa", records, smollm2.tokenizer, max_length=1500)
     run_accuracy([task], smollm2, MethodSpec("fullkv"), tmp_path, 1500, seed=0, limit=None)
@@ -161,7 +161,7 @@ def test_accuracy_command_on_passkey(smollm2, tmp_path, monkeypatch, capsys):
         generated.append(1)
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr("scoutbench.accuracy.generate_text", counting_generate)
+    monkeypatch.setattr("scoutbench.eval.accuracy.generate_text", counting_generate)
     code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--len", "256", "--limit", "3",
                              "--device", "cpu", "-o", str(tmp_path), "--json")
     assert code == 0, err
@@ -203,7 +203,7 @@ def test_accuracy_checks_every_option_before_loading_the_model(tmp_path, monkeyp
     (b'{"pred": "caf\xe9"}\n', "not UTF-8 text"),
 ])
 def test_malformed_prediction_file_is_one_error_naming_it(tmp_path, content, message):
-    from scoutbench.accuracy import read_predictions
+    from scoutbench.eval.accuracy import read_predictions
 
     path = tmp_path / "qasper.jsonl"
     path.write_bytes(content)
@@ -213,7 +213,7 @@ def test_malformed_prediction_file_is_one_error_naming_it(tmp_path, content, mes
 
 # ------------------------------------------------------------------------------------------ fidelity
 def test_fidelity_of_fullkv_against_itself_is_perfect(smollm2):
-    from scoutbench.fidelity import fidelity_prompts, measure_fidelity
+    from scoutbench.eval.fidelity import fidelity_prompts, measure_fidelity
 
     prompts = fidelity_prompts(smollm2, 200, num_prompts=1, seed=0)
     metrics = measure_fidelity(smollm2, MethodSpec("fullkv"), prompts, steps=2)
@@ -290,7 +290,7 @@ COMPARE_ARGS = ["--dataset", "2wikimqa", "--data-dir", str(DATA), "--limit", "1"
 
 
 def test_method_specs_expand_methods_and_budgets():
-    from scoutbench.generation import method_specs
+    from scoutbench.eval.generation import method_specs
 
     specs = method_specs(["fullkv", "quest", "scout"], {"block_size": "16"}, [1024, 2048])
     assert [(s.name, s.args) for s in specs] == [
@@ -342,8 +342,8 @@ def test_several_methods_in_one_run_predict_what_separate_runs_predict(smollm2, 
     assert markdown.count("| task |") == 4 and "scout@64" in markdown and "(change vs FullKV)" in markdown
     assert "CPU seconds per record" in markdown
     # a rerun of the same command finds every configuration complete: nothing is generated again
-    monkeypatch.setattr("scoutbench.accuracy.SharedPrefill", _never)
-    monkeypatch.setattr("scoutbench.accuracy.generate_text", _never)
+    monkeypatch.setattr("scoutbench.eval.accuracy.SharedPrefill", _never)
+    monkeypatch.setattr("scoutbench.eval.accuracy.generate_text", _never)
     code, out, err = run_cli(monkeypatch, capsys, "accuracy", *COMPARE_ARGS, "--fidelity-steps", "4",
                              "-o", str(tmp_path / "together"), "--json")
     assert code == 0, err
@@ -354,7 +354,7 @@ def test_summarize_scores_a_run_in_progress_without_touching_it(smollm2, tmp_pat
     """`--summarize` generates nothing and writes no result: it scores what a (possibly running) run has on disk,
     with n per task saying how far it got; a half-written last line is skipped, not cut off."""
     monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)
-    monkeypatch.setattr("scoutbench.accuracy.generate_text", lambda *args, **kwargs: " Paris")
+    monkeypatch.setattr("scoutbench.eval.accuracy.generate_text", lambda *args, **kwargs: " Paris")
     args = ["accuracy", "--dataset", "2wikimqa", "--data-dir", str(DATA), "--method", "fullkv", "--max-length",
             "1500", "--device", "cpu", "-o", str(tmp_path)]
     code, _, err = run_cli(monkeypatch, capsys, *args, "--limit", "2")
@@ -363,7 +363,7 @@ def test_summarize_scores_a_run_in_progress_without_touching_it(smollm2, tmp_pat
     with open(path, "a") as handle:
         handle.write('{"pred": "half')  # a line being written by the run
     before = {p: p.read_bytes() for p in path.parent.iterdir()}
-    monkeypatch.setattr("scoutbench.accuracy.generate_text", _never)
+    monkeypatch.setattr("scoutbench.eval.accuracy.generate_text", _never)
     code, out, err = run_cli(monkeypatch, capsys, *args, "--summarize", "--json")
     assert code == 0, err
     assert json.loads(out)["results"]["2wikimqa"]["n"] == 2  # of 3 records
@@ -373,7 +373,7 @@ def test_summarize_scores_a_run_in_progress_without_touching_it(smollm2, tmp_pat
 def test_agreement_scores_each_prediction_against_fullkvs_own(smollm2):
     """Exact match with FullKV's prediction, the task's metric with FullKV's prediction as the only reference
     (undefined records counted, not scored), and the official score's change relative to FullKV's."""
-    from scoutbench.accuracy import agreement_with_reference
+    from scoutbench.eval.accuracy import agreement_with_reference
 
     def rows(preds, answers):
         return [{"pred": p, "answers": [a], "all_classes": None, "length": 10, "_id": str(i), "index": i}
@@ -405,7 +405,7 @@ def test_agreement_scores_each_prediction_against_fullkvs_own(smollm2):
 def test_comparison_tables_while_no_task_is_finished_by_every_configuration():
     """`accuracy --summarize` on a run in progress where no task is finished by every configuration: the mean row
     has nothing to average ("-"), not a ZeroDivisionError (it raised once the fidelity table was in)."""
-    from scoutbench.accuracy import comparison_tables
+    from scoutbench.eval.accuracy import comparison_tables
     from scoutbench.methods.fullkv import FullKV
 
     fidelity = {"steps": 32, "compared_steps": 10, "top1_agreement": 90.0, "kl_mean": 0.1}

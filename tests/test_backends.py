@@ -180,8 +180,8 @@ def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, exp
     """Each call's CPU backend (the compiled kernel or torch's, `cpu_backend`) is counted in the result; scout's
     device region (an arbitrary mask) runs torch's kernel on every device."""
     expected = {key.format(cpu_backend) for key in expected}
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.models import LoadedModel
-    from scoutbench.throughput import ThroughputConfig, run_throughput
 
     args = {"budget": 64, "block_size": 16, "dense_layers": 1} if name != "fullkv" else {}
     config = ThroughputConfig(method=name, method_args=args, model="tiny-qwen3", length=256, batch=2, steps=2,

@@ -192,10 +192,11 @@ def test_memory_check_refuses_what_cannot_fit(monkeypatch, capsys, tmp_path):
 
 def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
     """What the check compares is exactly the planner's method footprint plus workspace, times the batch."""
+    from scoutbench.bench.throughput import ThroughputConfig, check_memory, memory_need
+    from scoutbench.methods import build_method
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import LoadedModel
     from scoutbench.planning import workspace_bytes_per_seq
-    from scoutbench.throughput import ThroughputConfig, build_method, check_memory, memory_need
 
     cfg = ThroughputConfig(method="scout", length=4096, steps=4, warmup=1)
     loaded = LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)
@@ -215,8 +216,8 @@ def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
 
 
 def test_prefill_auto_is_synthetic_for_random_weights_and_real_otherwise(tiny_qwen3):
+    from scoutbench.bench.throughput import resolve_prefill
     from scoutbench.models import LoadedModel
-    from scoutbench.throughput import resolve_prefill
 
     assert resolve_prefill("auto", LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)) == "synthetic"
     assert resolve_prefill("auto", LoadedModel(tiny_qwen3, "some/model", "hub", False)) == "real"
@@ -228,9 +229,9 @@ def test_default_run_is_the_regime_where_methods_differ():
     CPU: the dense share (2 of 16 layers) and GQA group (4) of the paper's models, one dense-layer setting for every
     sparse method (the default run's time is in the closing note)."""
     from scoutbench.cli.throughput import DEFAULT_METHODS, DEFAULT_MODELS, command
+    from scoutbench.methods import build_method
     from scoutbench.methods.base import DEFAULT_DENSE_LAYERS, dense_layers_of
     from scoutbench.models import preset_config
-    from scoutbench.throughput import build_method
 
     defaults = {p.name: p.default for p in command.params}
     assert (defaults["model"], defaults["length"], defaults["prefill"]) == (None, "32k", "auto")
@@ -274,7 +275,7 @@ def test_each_method_is_freed_before_the_next_one_runs(monkeypatch, capsys, tmp_
     memory check counted as used."""
     import gc
 
-    from scoutbench import throughput
+    from scoutbench.bench import throughput
     from scoutbench.methods.base import AttentionMethod
 
     real, bound = throughput.run_throughput, []
@@ -299,8 +300,8 @@ def test_each_method_is_freed_before_the_next_one_runs(monkeypatch, capsys, tmp_
 
 def test_sweep_and_accuracy_take_dense_layers():
     """The same option in a sweep (every point's sparse method) and in accuracy/fidelity (the method's field)."""
-    from scoutbench.generation import method_spec
-    from scoutbench.sweep import Grid, expand
+    from scoutbench.bench.sweep import Grid, expand
+    from scoutbench.eval.generation import method_spec
 
     points = expand(Grid(("fullkv", "hgca", "scout"), (4096,), (1,), dense_layers=3))
     assert {p.method: p.args.get("dense_layers") for p in points} == {"fullkv": None, "hgca": 3, "scout": 3}
@@ -326,7 +327,7 @@ def test_progress_lines_when_not_a_terminal():
 
 def test_each_result_is_written_as_soon_as_its_method_finishes(monkeypatch, capsys, tmp_path):
     """Ctrl-C (or a failure) during the second method keeps the first one's result."""
-    import scoutbench.throughput as throughput
+    import scoutbench.bench.throughput as throughput
 
     real = throughput.run_throughput
     for stop, exit_code in ((KeyboardInterrupt(), 130), (ScoutbenchError("scout: out of host memory"), 1)):

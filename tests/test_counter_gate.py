@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
-from scoutbench.counter_gate import counter_gate, work_counters
+from scoutbench.analysis.counter_gate import counter_gate, work_counters
 from scoutbench.results import load_results, write_json_atomic
 
 BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "cpu-ci"

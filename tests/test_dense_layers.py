@@ -6,9 +6,8 @@ import pytest
 import torch
 from method_harness import fullkv_reference, ragged_prompt, run_engine
 
-from scoutbench.methods import ALL_METHODS
+from scoutbench.methods import ALL_METHODS, build_method
 from scoutbench.methods.base import DEFAULT_DENSE_LAYERS, DENSE_LAYERS_FIELD, dense_layers_of
-from scoutbench.throughput import build_method
 
 SPARSE = [name for name in ALL_METHODS if name != "fullkv"]
 # budgets that cover the 60 + 16 tokens: every method then attends every token, on whichever tier

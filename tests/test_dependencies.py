@@ -194,3 +194,16 @@ def test_installed_flashinfer_is_in_the_checked_range():
     if importlib.util.find_spec("flashinfer") is None:
         pytest.skip('flashinfer is not installed (pip install "scoutbench[gpu]")')
     assert _checker().main([]) == 0
+
+
+def test_every_package_is_installed():
+    """pyproject's explicit package list does not pick up subpackages: a folder missing from it (scoutbench.cli
+    was) is absent from a non-editable install, whose `scoutbench` command then fails to import."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    folders = {"scoutbench": root / "scoutbench", **{name: root / path for name, path in config["package-dir"].items()}}
+    found = {".".join((top, *init.parent.relative_to(folder).parts))
+             for top, folder in folders.items() for init in folder.rglob("__init__.py")}
+    assert sorted(found) == sorted(config["packages"])

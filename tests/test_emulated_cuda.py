@@ -16,7 +16,7 @@ import torch
 from emulated import run_emulated, small_qwen3, teacher_tokens
 from method_harness import ragged_prompt
 
-from scoutbench.throughput import build_method
+from scoutbench.methods import build_method
 
 # emulated CUDA runs where no real CUDA device is (it refuses otherwise); tests/test_gpu.py covers a real one
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
@@ -322,8 +322,8 @@ def test_batch_auto_retries_cleanly_after_a_failed_host_register():
     """2g: a failed `cudaHostRegister` (the pinned host tier does not fit) leaves CUDA's last error set; unless it is
     cleared, the retry's first kernel launch reports it as a fresh CUDA out-of-memory error, and `--batch auto`
     halves the batch once more than it must. One failed registration: one halving."""
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.emulated_cuda import emulated_cuda
-    from scoutbench.throughput import ThroughputConfig, run_throughput
 
     args = {**gpu_configs.method_args("scout"), "dense_layers": 1}
     config = ThroughputConfig(method="scout", method_args=args, model="tiny-qwen3", length=256, batch="auto",

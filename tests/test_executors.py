@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from cli_runner import run_cli
 
+from scoutbench.bench.executors import LocalExecutor, RayExecutor, make_executor
 from scoutbench.errors import UsageError
-from scoutbench.executors import LocalExecutor, RayExecutor, make_executor
 
 
 def test_make_executor():

@@ -11,7 +11,7 @@ import sys
 import pytest
 from cli_runner import run_cli
 
-from scoutbench import export
+from scoutbench.analysis import export
 from scoutbench.results import _jsonable, load_results
 
 SGLANG_KEYS = ["run_name", "batch_size", "input_len", "output_len", "prefill_latency", "prefill_throughput",
@@ -175,13 +175,13 @@ def test_wandb_writes_offline_runs(sweep_dir, tmp_path, monkeypatch, capsys):
 
 
 def _log_mlflow(tmp):
-    from scoutbench.loggers import log_mlflow
+    from scoutbench.analysis.loggers import log_mlflow
 
     log_mlflow([], str(tmp))
 
 
 def _log_wandb(tmp):
-    from scoutbench.loggers import log_wandb
+    from scoutbench.analysis.loggers import log_wandb
 
     log_wandb([], "project", tmp)
 

@@ -11,8 +11,8 @@ import cli_runner
 import pytest
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
+from scoutbench.analysis.gate import compare, parse_ratio, parse_tolerances, run_gate
 from scoutbench.errors import UsageError
-from scoutbench.gate import compare, parse_ratio, parse_tolerances, run_gate
 
 
 def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:

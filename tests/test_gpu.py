@@ -269,10 +269,10 @@ def test_throughput_run_on_cuda(name):
     """A short bf16 run at the planned batch. The CUDA-event step times agree with the host's wall clock between
     steps (the step ends with a sync), the named stages do not overlap (their sum stays within the step), and the
     backends that ran are recorded."""
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import preset_config
     from scoutbench.planning import auto_batch
-    from scoutbench.throughput import ThroughputConfig, run_throughput
 
     method = _method(name)
     shape = ModelShape.from_config(preset_config("tiny-qwen3"))

@@ -1,6 +1,7 @@
 """The import layers of the package (docs/architecture.md): kernels at the bottom, methods on kernels, the CLI on
-top, and no import circle anywhere, lazy (function-level) imports included. Read from the source with `ast`, so a
-lazy import that would close a circle is caught without running it; imports only for type checkers do not count."""
+top, no import from a higher layer and no import circle anywhere, lazy (function-level) imports included. Read from
+the source with `ast`, so a lazy import that breaks a layer is caught without running it; imports only for type
+checkers do not count."""
 
 from __future__ import annotations
 
@@ -89,6 +90,43 @@ def test_no_import_circle():
     assert _circles(_graph()) == []
 
 
+# The layers, bottom first (docs/architecture.md): a module imports only from its own layer and those below it. A
+# name matches a module or a package (its longest listed prefix decides, so workloads.synthetic sits below the
+# engine it feeds, and the text workloads above the models whose tokenizers they use).
+LAYERS: list[tuple[str, set[str]]] = [
+    ("foundation", {"scoutbench", *FOUNDATION}),
+    ("kernels", {"scoutbench.kernels"}),
+    ("methods", {"scoutbench.methods", "scoutbench.timing", "scoutbench.workloads.synthetic"}),
+    ("core", {"scoutbench.engine", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
+              "scoutbench.devices", "scoutbench.planning", "scoutbench.method_args", "scoutbench.telemetry",
+              "scoutbench.profiling", "scoutbench.progress", "scoutbench.tiers", "scoutbench.step_stats",
+              "scoutbench.emulated_cuda"}),
+    ("workloads", {"scoutbench.workloads"}),
+    ("analysis", {"scoutbench.analysis"}),
+    ("bench and eval", {"scoutbench.bench", "scoutbench.eval"}),
+    ("cli", {"scoutbench.cli", "scoutbench.__main__"}),
+]
+
+
+def _layer_of(module: str) -> int:
+    matches = [(len(prefix), rank) for rank, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} is in no layer: add it to LAYERS (and docs/architecture.md)"
+    return max(matches)[1]
+
+
+def test_every_module_is_in_a_layer():
+    for name in _graph():
+        _layer_of(name)
+
+
+def test_no_import_from_a_higher_layer():
+    graph = _graph()
+    upward = sorted(f"{name} ({LAYERS[_layer_of(name)][0]}) -> {dep} ({LAYERS[_layer_of(dep)][0]})"
+                    for name, deps in graph.items() for dep in deps if _layer_of(dep) > _layer_of(name))
+    assert upward == []
+
+
 def test_kernels_import_only_kernels_and_the_foundation():
     assert _outside(_graph(), "scoutbench.kernels", {"scoutbench.kernels", *FOUNDATION}) == []
 
@@ -100,11 +138,12 @@ def test_methods_import_only_kernels_timing_and_the_foundation():
     assert _outside(_graph(), "scoutbench.methods", allowed) == []
 
 
-def test_only_the_cli_imports_the_cli():
+def test_bench_and_eval_do_not_import_each_other():
+    """Speed and accuracy are separate uses of the same engine; what both need lives below them."""
     graph = _graph()
-    assert sorted(f"{name} -> {dep}" for name, deps in graph.items()
-                  if not name.startswith(("scoutbench.cli", "scoutbench.__main__"))
-                  for dep in deps if dep.startswith("scoutbench.cli")) == []
+    role = {name: name.split(".")[1] if name.count(".") else "" for name in graph}
+    assert sorted(f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
+                  if {role[name], role[dep]} == {"bench", "eval"}) == []
 
 
 def test_the_scan_sees_lazy_imports_and_skips_type_checking_ones():
@@ -112,3 +151,5 @@ def test_the_scan_sees_lazy_imports_and_skips_type_checking_ones():
                      "def f():\n    from scoutbench.y import B\n")
     assert _runtime_imports(tree) == {"scoutbench.y", "scoutbench.y.B"}
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _layer_of("scoutbench.workloads.synthetic") < _layer_of("scoutbench.engine") < _layer_of(
+        "scoutbench.workloads.longbench") < _layer_of("scoutbench.bench.throughput")

@@ -70,7 +70,7 @@ def test_methods_json_lists_every_method_with_fields_and_presets(monkeypatch, ca
 
 
 def test_accuracy_dataset_list(monkeypatch, capsys):
-    from scoutbench.longbench_metrics import DATASETS, E_DATASETS
+    from scoutbench.workloads.longbench_metrics import DATASETS, E_DATASETS
 
     code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "list", "--json")
     assert code == 0, err

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scoutbench import longbench_metrics as m
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.workloads import longbench as lb
+from scoutbench.workloads import longbench_metrics as m
 
 DATA = Path(__file__).parent / "data" / "longbench"
 SHARED_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "longbench"

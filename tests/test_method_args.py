@@ -9,7 +9,7 @@ from cli_runner import run_cli
 
 # imported before `load_model` is patched below: its module-level `from scoutbench.models import load_model`
 # would otherwise keep the patch for every later test
-import scoutbench.throughput  # noqa: F401
+import scoutbench.bench.throughput  # noqa: F401
 from scoutbench.errors import UsageError
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS, MethodSettings, resolve_method_args
 

@@ -4,7 +4,7 @@ real model finds the key with full attention."""
 import pytest
 
 from scoutbench.errors import UsageError
-from scoutbench.generation import greedy_generate, model_eos_ids
+from scoutbench.eval.generation import greedy_generate, model_eos_ids
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.workloads.passkey import FILLER, PasskeyTask, passkey_correct
 
@@ -101,7 +101,7 @@ def test_shared_prefill_predicts_what_separate_runs_predict(tiny_qwen2):
     full run: methods only read the prefill's K/V."""
     import torch
 
-    from scoutbench.generation import generate_texts_shared_prefill, method_spec
+    from scoutbench.eval.generation import generate_texts_shared_prefill, method_spec
 
     model = tiny_qwen2
     torch.manual_seed(0)

@@ -196,8 +196,8 @@ def test_oom_backoff_gives_up_at_batch_1_and_passes_other_errors():
 
 def test_batch_auto_runs_the_planned_batch(tiny_qwen3):
     """`throughput --batch auto` on CPU: the run's batch is the plan's and the result records the plan."""
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.models import LoadedModel
-    from scoutbench.throughput import ThroughputConfig, run_throughput
 
     gpu_mem = int(1.2 * GIB)  # 1 GiB + 10% is the reserve: a few dozen tiny sequences remain
     planned = plan_method(METHODS.load("fullkv")(), ModelShape.from_config(tiny_qwen3.config), 256 + 3, 4, gpu_mem,
@@ -238,7 +238,7 @@ ARENA_METHODS = [("scout", {"budget": 256, "block_size": 16, "dense_layers": 1})
 def test_planned_host_bytes_are_what_bind_allocates(tiny_qwen3, name, args):
     """The host tier is one arena per method; the planner's host bytes per sequence equal it within 2%."""
     from scoutbench.engine import DecodeEngine
-    from scoutbench.throughput import build_method
+    from scoutbench.methods import build_method
 
     method = build_method(name, args)
     engine = DecodeEngine(tiny_qwen3, method)
@@ -254,10 +254,10 @@ def test_planned_host_bytes_are_what_bind_allocates(tiny_qwen3, name, args):
 
 def test_oom_retry_releases_the_failed_runs_host_arena_first(tiny_qwen3, monkeypatch):
     """`--batch auto`: an out-of-memory attempt unpins its host arena (method.close) before the next one binds."""
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.engine import DecodeEngine
     from scoutbench.kernels.offload import HostArena
     from scoutbench.models import LoadedModel
-    from scoutbench.throughput import ThroughputConfig, run_throughput
 
     events = []
     original_init, original_release, original_step = HostArena.__init__, HostArena.release, DecodeEngine.decode_step
@@ -299,7 +299,7 @@ def test_prefill_transients_are_chunked(tiny_qwen3, monkeypatch):
     import scoutbench.kernels.offload as offload
     import scoutbench.methods.scout as scout_module
     from scoutbench.engine import DecodeEngine
-    from scoutbench.throughput import build_method
+    from scoutbench.methods import build_method
 
     def ingest(chunk):
         for module in (offload, digest, scout_module):

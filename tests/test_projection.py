@@ -11,10 +11,7 @@ import math
 import pytest
 from cli_runner import run_cli
 
-from scoutbench.errors import UsageError
-from scoutbench.methods.base import ModelShape
-from scoutbench.models import preset_config
-from scoutbench.projection import (
+from scoutbench.analysis.projection import (
     Target,
     hardware_names,
     load_hardware,
@@ -22,8 +19,11 @@ from scoutbench.projection import (
     project_results,
     project_step,
 )
-from scoutbench.throughput import ThroughputConfig, run_throughput
-from scoutbench.work import MeasuredWork, Shape, measured_work, result_shape, step_work
+from scoutbench.analysis.work import MeasuredWork, Shape, measured_work, result_shape, step_work
+from scoutbench.bench.throughput import ThroughputConfig, run_throughput
+from scoutbench.errors import UsageError
+from scoutbench.methods.base import ModelShape
+from scoutbench.models import preset_config
 
 PAPER_PROFILES = {"a100-80gb-pcie", "h100-sxm", "h100-pcie", "h200", "l40s", "gh200", "paper"}
 SHAPE = Shape(ModelShape(num_layers=4, num_heads=8, num_kv_heads=2, head_dim=16, hidden_size=64,
@@ -179,8 +179,8 @@ def test_work_counters_report_the_attended_tokens_per_head(tiny_runs):
 
 
 def test_projection_scales_to_the_target_and_auto_batch_follows_planning(tiny_runs):
+    from scoutbench.methods import build_method
     from scoutbench.planning import plan_method
-    from scoutbench.throughput import build_method
 
     results = list(tiny_runs.values())
     hw = load_hardware("paper")
@@ -232,7 +232,7 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
     for p in document["projections"]:
         assert p["decode_step_ms"] == pytest.approx(sum(p["latency_breakdown_ms"].values()))
         assert math.isclose(p["decode_throughput_tok_s"], 8 / (p["decode_step_ms"] / 1e3))
-    from scoutbench.report import build_report
+    from scoutbench.analysis.report import build_report
 
     summary = build_report([out], tmp_path / "report").summary.read_text()
     assert "## Projections" in summary and "| scout | qwen3-8b | 32k | 8 |" in summary
@@ -257,7 +257,7 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
 
 
 def test_calibrate_profile_is_valid_for_project(monkeypatch):
-    import scoutbench.calibration as calibration
+    import scoutbench.bench.calibration as calibration
 
     # the engine run is the slow part; its own test is the throughput suite
     monkeypatch.setattr(calibration, "engine_overhead_per_layer_s", lambda device, bw: 1e-4)
@@ -276,7 +276,7 @@ def test_committed_projection_inputs_stay_projectable():
     and the real-drift set must merge its three records into one point per method."""
     from pathlib import Path
 
-    from scoutbench.projection import unprojectable
+    from scoutbench.analysis.projection import unprojectable
     from scoutbench.results import load_results
 
     root = Path(__file__).resolve().parent.parent / "results" / "projection"

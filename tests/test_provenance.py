@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from scoutbench import results
-from scoutbench.accuracy import prediction_row, prompt_sha256, prompts_sha256
+from scoutbench.eval.accuracy import prediction_row, prompt_sha256, prompts_sha256
 from scoutbench.workloads import longbench as lb
 
 DATA = Path(__file__).parent / "data" / "longbench"

@@ -124,7 +124,7 @@ def test_footprint_matches_what_bind_allocates():
 def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
     """Issue 11 item 4: a budget >= every token the run holds is dense attention: the run uses FullKV, warns in
     one line, and the result records `sparse: false` and the effective budget (prompt + warm-up + timed steps)."""
-    from scoutbench.throughput import ThroughputConfig, run_throughput
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
 
     common = dict(model="tiny-qwen3", length=96, steps=2, warmup=1, device="cpu", command=["test"], force=True)
     dense = run_throughput(ThroughputConfig(method="quest", method_args={"budget": "99"}, **common))

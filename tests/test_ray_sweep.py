@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from scoutbench.counter_gate import work_counters
-from scoutbench.executors import RayExecutor
+from scoutbench.analysis.counter_gate import work_counters
+from scoutbench.bench.executors import RayExecutor
+from scoutbench.bench.sweep import MANIFEST, Grid, Settings, expand, run_sweep
 from scoutbench.results import load_results
-from scoutbench.sweep import MANIFEST, Grid, Settings, expand, run_sweep
 
 ray = pytest.importorskip("ray")
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
-from scoutbench.counter_gate import counter_gate
-from scoutbench.gate import compare, parse_ratio, parse_tolerances, run_gate
+from scoutbench.analysis.counter_gate import counter_gate
+from scoutbench.analysis.gate import compare, parse_ratio, parse_tolerances, run_gate
 from scoutbench.results import load_results
 
 BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "cpu-ci"
@@ -164,7 +164,7 @@ GIB = 1024**3
 def test_batch_auto_is_checked_against_free_memory_without_allocating(monkeypatch, capsys, tmp_path):
     """`--batch auto --gpu-mem 1TiB` on CPU grew to 23 GB and was OOM-killed (exit 137): the planned batch
     (179557) skipped the free-memory check. Free memory is faked here and the run itself is never reached."""
-    import scoutbench.throughput as throughput
+    import scoutbench.bench.throughput as throughput
 
     monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: 8 * GIB)
     monkeypatch.setattr(throughput, "_run_at_batch", _never)
@@ -255,7 +255,7 @@ def test_sweep_table_shows_the_cpu_wait_share():
 
 
 def test_report_shows_the_median_of_two_runs_not_the_lower_one(tmp_path):
-    from scoutbench.report import build_report
+    from scoutbench.analysis.report import build_report
 
     folder = write_results(tmp_path / "runs", [make_result("fullkv", 19.0), make_result("fullkv", 25.0)])
     report = build_report([folder], tmp_path / "out")
@@ -322,9 +322,9 @@ def test_longbench_max_length_beyond_the_context_is_refused(monkeypatch, capsys,
 
 
 def test_a_real_prefill_past_the_window_of_a_loaded_model_is_refused(smollm2):
+    from scoutbench.bench.throughput import ThroughputConfig, check_context_fits
     from scoutbench.errors import UsageError
     from scoutbench.models import LoadedModel
-    from scoutbench.throughput import ThroughputConfig, check_context_fits
 
     loaded = LoadedModel(smollm2.model, "my-folder", "local", False)  # a folder's window comes from its config
     with pytest.raises(UsageError, match="context window is 8192"):
@@ -369,7 +369,7 @@ def test_score_prints_a_longbench_e_files_buckets(tmp_path, monkeypatch, capsys)
 
 
 def test_report_and_gate_skip_a_foreign_schema_and_a_result_without_its_step_time(tmp_path, monkeypatch, capsys):
-    from scoutbench.report import build_report
+    from scoutbench.analysis.report import build_report
 
     folder = write_results(tmp_path / "runs", [make_result("fullkv", 40.0)])
     (folder / "future.json").write_text(json.dumps({**make_result("scout", 80.0), "schema_version": 99}))
@@ -414,7 +414,7 @@ def test_a_presets_own_budget_is_not_a_usage_error(monkeypatch, capsys, tmp_path
         seen["points"] = points
         raise ScoutbenchError("stop before running")
 
-    monkeypatch.setattr("scoutbench.sweep.run_sweep", record)
+    monkeypatch.setattr("scoutbench.bench.sweep.run_sweep", record)
     code, _, err = run_cli(monkeypatch, capsys, "sweep", "--preset", "lengths", "--scale", "cpu", "--method", "fullkv",
                            "-o", tmp_path / "s")
     assert code == 1 and "stop before running" in err, err
@@ -476,7 +476,7 @@ def test_messages_are_not_garbled(tmp_path):
 def test_the_same_fault_has_the_same_exit_code_in_every_command(tmp_path, monkeypatch, capsys):
     """Unwritable output was 2 in `report` and 1 in `throughput`; a bad model folder 2 in `plan`, 1 in
     `throughput`."""
-    monkeypatch.setattr("scoutbench.calibration.calibrate", _never)
+    monkeypatch.setattr("scoutbench.bench.calibration.calibrate", _never)
     runs = write_results(tmp_path / "runs", [make_result("fullkv", 40.0)])
     unwritable = "/proc/forbidden/out"
     for command in (["throughput", *TINY, "--method", "fullkv", "-o", unwritable],
@@ -537,7 +537,7 @@ def test_sigterm_in_a_sweep_keeps_the_finished_points_and_says_so(tmp_path, monk
     def terminated(*args, **kwargs):
         raise Terminated()
 
-    monkeypatch.setattr("scoutbench.sweep.run_sweep", terminated)
+    monkeypatch.setattr("scoutbench.bench.sweep.run_sweep", terminated)
     code, _, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "-o", tmp_path / "s")
     assert code == 143 and "kept the finished points" in err and err.strip().endswith("terminated"), err
 
@@ -546,7 +546,7 @@ def test_sigterm_in_a_sweep_keeps_the_finished_points_and_says_so(tmp_path, monk
 
 def test_calibrate_and_project_never_overwrite_silently(tmp_path, monkeypatch, capsys):
     """`calibrate -o` and `project -o` replaced existing files, unlike every other command."""
-    monkeypatch.setattr("scoutbench.calibration.calibrate", _never)  # refused before half a minute of measuring
+    monkeypatch.setattr("scoutbench.bench.calibration.calibrate", _never)  # refused before half a minute of measuring
     existing = tmp_path / "mine.json"
     existing.write_text("{}")
     code, _, err = run_cli(monkeypatch, capsys, "calibrate", "-o", existing)
@@ -566,7 +566,7 @@ def _fake_profile(*args, **kwargs) -> dict:
 
 
 def test_calibrate_prints_its_result_on_stdout_with_o(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("scoutbench.calibration.calibrate", _fake_profile)
+    monkeypatch.setattr("scoutbench.bench.calibration.calibrate", _fake_profile)
     code, out, err = run_cli(monkeypatch, capsys, "calibrate", "-o", tmp_path / "p.json")
     assert code == 0 and "device.memory_bw_bytes_s" in out and "profile written" in err, out + err
 
@@ -592,7 +592,7 @@ def test_accuracy_prints_its_result_on_stdout(smollm2, tmp_path, monkeypatch, ca
         return result, path
 
     monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)
-    monkeypatch.setattr("scoutbench.accuracy.run_accuracy", canned_run)
+    monkeypatch.setattr("scoutbench.eval.accuracy.run_accuracy", canned_run)
     code, out, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "passkey", "--model", "smollm2-135m",
                              "--len", "256", "--limit", "1", "-o", tmp_path / "acc")
     assert code == 0, err
@@ -628,7 +628,7 @@ FIELDS = [("schema_version",), ("kind",), ("method",), ("status",), ("error",), 
 
 
 def _templates() -> list[dict]:
-    from scoutbench.projection import Target, load_hardware, projection_document
+    from scoutbench.analysis.projection import Target, load_hardware, projection_document
 
     projection = projection_document(copy.deepcopy(CI_RUNS), load_hardware("h200"), Target())
     return [*CI_RUNS, make_result("fullkv", 100.0), make_result("scout", 300.0, config=SCOUT_CONFIG, idle_frac=0.1),
@@ -698,8 +698,7 @@ def _main(*args) -> tuple[int, str, str]:
 @settings(max_examples=150, **PROPERTY_SETTINGS)
 @given(baseline=result_files(), current=result_files(), allow_missing=st.booleans())
 def test_gate_never_crashes_and_never_passes_on_a_point_it_did_not_compare(baseline, current, allow_missing):
-    from scoutbench.errors import ScoutbenchError
-    from scoutbench.gate import (
+    from scoutbench.analysis.gate import (
         COMPARED,
         GATED_KINDS,
         THROUGHPUT_METRICS,
@@ -708,6 +707,7 @@ def test_gate_never_crashes_and_never_passes_on_a_point_it_did_not_compare(basel
         load_side,
         point_labels,
     )
+    from scoutbench.errors import ScoutbenchError
 
     with tempfile.TemporaryDirectory() as tmp:
         base, cur = _write(Path(tmp) / "base", baseline), _write(Path(tmp) / "cur", current)
@@ -748,8 +748,8 @@ def test_gate_never_crashes_and_never_passes_on_a_point_it_did_not_compare(basel
 @settings(max_examples=25, **PROPERTY_SETTINGS)
 @given(documents=result_files())
 def test_report_never_crashes_on_random_result_files(documents):
+    from scoutbench.analysis.report import build_report
     from scoutbench.errors import ScoutbenchError
-    from scoutbench.report import build_report
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = _write(Path(tmp) / "runs", documents)
@@ -781,8 +781,8 @@ PREDICTION_VALUES = st.one_of(ODD_VALUES, st.text(max_size=8), st.lists(st.text(
                                                          "all_classes": PREDICTION_VALUES}), max_size=4),
        dataset=st.sampled_from(["qasper", "qasper_e", "trec", "passage_count", "lcc"]))
 def test_score_never_crashes_and_buckets_only_finite_lengths(rows, dataset):
-    from scoutbench import score
     from scoutbench.errors import UsageError
+    from scoutbench.eval import score
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{dataset}.jsonl"
@@ -803,8 +803,8 @@ def test_score_never_crashes_and_buckets_only_finite_lengths(rows, dataset):
 def test_a_failed_sweep_point_is_failed_in_the_gate_not_run_with_other_settings():
     """Guards the point identity of item 3: a failed sweep point's file lacked the workload's kv_skew, so with the
     settings in the key it would have read as "run with other settings" (MISMATCH) instead of FAILED."""
-    from scoutbench.sweep import failed_result
-    from scoutbench.throughput import ThroughputConfig
+    from scoutbench.bench.sweep import failed_result
+    from scoutbench.bench.throughput import ThroughputConfig
 
     cfg = ThroughputConfig(method="fullkv", model="tiny-qwen3", length=4096, steps=8, warmup=2, prefill="synthetic")
     failed = failed_result(cfg, "out of memory", {"type": "cpu", "class": "cpu:Test CPU:2t"}, "float32")

@@ -8,7 +8,7 @@ import sys
 
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
-from scoutbench.report import build_report
+from scoutbench.analysis.report import build_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

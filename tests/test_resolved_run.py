@@ -1,4 +1,4 @@
-"""A throughput run is resolved once (scoutbench.throughput.ResolvedRun): device, dtype, method and budget plan,
+"""A throughput run is resolved once (scoutbench.bench.throughput.ResolvedRun): device, dtype, method and budget plan,
 batch and memory plan are decided at the edge and the run executes them; the free-memory check runs once per
 method, before the first method starts."""
 
@@ -14,7 +14,7 @@ TINY = ("--model", "tiny-qwen3", "--len", "64", "--steps", "1", "--warmup", "0",
 
 @pytest.mark.parametrize("batch", [["--batch", "2"], ["--batch", "auto", "--gpu-mem", "1.15GiB"]])
 def test_the_memory_check_runs_once_per_method_and_before_the_first_run(batch, monkeypatch, capsys, tmp_path):
-    import scoutbench.throughput as throughput
+    import scoutbench.bench.throughput as throughput
 
     events = []
     real_check, real_run = throughput.check_memory, throughput._run_at_batch
@@ -37,8 +37,8 @@ def test_the_memory_check_runs_once_per_method_and_before_the_first_run(batch, m
 
 
 def test_a_resolved_run_holds_the_dense_fallback_and_the_batch(tiny_qwen3):
+    from scoutbench.bench.throughput import ThroughputConfig, resolve_run, run_throughput
     from scoutbench.models import LoadedModel
-    from scoutbench.throughput import ThroughputConfig, resolve_run, run_throughput
 
     loaded = LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)
     cfg = ThroughputConfig(method="quest", method_args={"budget": 4096}, model="tiny-qwen3", length=64, batch=2,

@@ -511,7 +511,7 @@ def test_memory_footprint_formula():
 
 # ---------------------------------------------------------------------------------------------- profile, cosine
 def test_drift_curve_and_interval_choice():
-    from scoutbench.recall import choose_interval, drift_curve
+    from scoutbench.bench.recall import choose_interval, drift_curve
 
     masks = [torch.zeros(1, 1, 10, dtype=torch.bool) for _ in range(4)]
     for t, mask in enumerate(masks):
@@ -524,8 +524,8 @@ def test_drift_curve_and_interval_choice():
 
 
 def test_profile_recall_writes_a_profile_scout_accepts(tmp_path, tiny_qwen3):
+    from scoutbench.bench.recall import profile_recall
     from scoutbench.models import LoadedModel
-    from scoutbench.recall import profile_recall
 
     loaded = LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)
     result = profile_recall("tiny-qwen3", 200, 8, 0.3, device="cpu", method_args={"budget": "64", "block_size": "4"},
@@ -547,7 +547,7 @@ def test_profile_recall_writes_a_profile_scout_accepts(tmp_path, tiny_qwen3):
 
 
 def test_query_cosine(tiny_qwen3, identity_layers_model):
-    from scoutbench.cosine import query_cosine
+    from scoutbench.bench.cosine import query_cosine
     from scoutbench.models import LoadedModel
 
     result = query_cosine("tiny-qwen3", 64, 3, device="cpu", loaded=LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True))
@@ -580,7 +580,7 @@ def test_cli_commands(tmp_path, monkeypatch):
 def test_query_prediction_is_accurate_on_a_real_model(smollm2):
     """The premise of layer-ahead pre-computation on real weights (paper Table 1: 0.93-0.97): past the first two
     layers, Q_pred^{i+1} from layer i's input is within cosine 0.9 of the true query (SmolLM2-135M)."""
-    from scoutbench.cosine import query_cosine
+    from scoutbench.bench.cosine import query_cosine
 
     result = query_cosine("smollm2-135m", 256, 4, device="cpu", loaded=smollm2)
     assert len(result["per_layer"]) == 29

@@ -13,9 +13,9 @@ import pytest
 from cli_runner import run_cli, signal_once_started
 from result_factory import make_result
 
+from scoutbench.bench.sweep import MANIFEST, PRESETS, Grid, Settings, SweepPoint, expand, run_sweep
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.results import LOCK_NAME, load_results
-from scoutbench.sweep import MANIFEST, PRESETS, Grid, Settings, SweepPoint, expand, run_sweep
 
 SCOUT_FIELDS = {"budget", "block_size", "pc", "pr", "recall_interval"}
 FIELDS = {"fullkv": set(), "infinigen": {"budget"}, "hgca": {"budget", "block_size"}, "scout": SCOUT_FIELDS,
@@ -27,7 +27,7 @@ POINTS = [SweepPoint("fullkv", length, 1) for length in (1024, 2048, 4096)]
 @pytest.fixture
 def method_fields(monkeypatch):
     """Expansion asks each method for its fields; pin them so the tests do not depend on other methods' code."""
-    monkeypatch.setattr("scoutbench.throughput.method_field_names", lambda name: FIELDS[name])
+    monkeypatch.setattr("scoutbench.method_args.method_field_names", lambda name: FIELDS[name])
 
 
 class FakeRunner:
@@ -135,7 +135,7 @@ def test_sigkill_mid_point_then_resume(tmp_path):
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_sweep import POINTS, SETTINGS, FakeRunner
-        from scoutbench.sweep import run_sweep
+        from scoutbench.bench.sweep import run_sweep
 
         class Hang(FakeRunner):
             def __call__(self, cfg):
@@ -196,7 +196,7 @@ def test_sweep_cli_end_to_end_with_the_real_runner(tmp_path, monkeypatch, capsys
 
 
 def test_sweep_cli_exits_1_when_a_point_failed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("scoutbench.sweep.ThroughputRunner.__call__",
+    monkeypatch.setattr("scoutbench.bench.sweep.ThroughputRunner.__call__",
                         lambda self, cfg: FakeRunner(fail={96: ScoutbenchError("out of memory")})(cfg))
     code, out, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--len", "96",
                              "--device", "cpu", "-o", tmp_path)
@@ -245,7 +245,7 @@ def test_presets_run_scout_with_a_profiled_recall_interval_per_configuration(tmp
     """Paper presets use per-layer recall intervals profiled offline (paper section 3.4): one profile per distinct
     ScoutAttention configuration, kept in the sweep folder and reused by a rerun; methods without periodic recall
     (FullKV, scout-base/-pc) and points that name their own profile are left as they are."""
-    from scoutbench.sweep import attach_recall_profiles
+    from scoutbench.bench.sweep import attach_recall_profiles
 
     calls = []
 
@@ -263,7 +263,7 @@ def test_presets_run_scout_with_a_profiled_recall_interval_per_configuration(tmp
     profiled = [p for p in attached if p.method == "scout" and p.args["recall_profile"] != str(own)]
     assert len(profiled) == 4 and len({p.args["recall_profile"] for p in profiled}) == 2
     for point in profiled:  # the profile is loadable by the method, and named by its stem in the point id
-        from scoutbench.throughput import build_method
+        from scoutbench.methods import build_method
 
         assert build_method(point.method, point.args)._profile_intervals == [None, None, 3, 5]
         assert Path(point.args["recall_profile"]).stem in point.point_id("tiny-qwen3")

@@ -100,7 +100,7 @@ def test_methods_on_emulated_cuda_run_the_triton_kernel(name):
     from emulated import run_emulated, small_qwen3
     from method_harness import ragged_prompt
 
-    from scoutbench.throughput import build_method
+    from scoutbench.methods import build_method
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

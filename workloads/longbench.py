@@ -29,8 +29,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from scoutbench import longbench_metrics as metrics
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.workloads import longbench_metrics as metrics
 
 # The dataset registry lives with the metrics (torch-free, shared with `scoutbench score`).
 DATASETS = metrics.DATASETS
@@ -316,7 +316,7 @@ class LongBenchTask:
         return truncate_middle(fill_template(self.dataset, record), self.tokenizer, self.max_length)
 
     def input_ids(self, record: dict[str, Any]) -> list[int]:
-        from scoutbench.generation import encode_prompt
+        from scoutbench.models import encode_prompt
 
         return encode_prompt(self.tokenizer, self.prompt(record), chat=uses_chat_template(self.dataset))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from scoutbench.errors import UsageError
-from scoutbench.generation import encode_prompt
+from scoutbench.models import encode_prompt
 
 TASKS = ("passkey", "passkey-multi")
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "

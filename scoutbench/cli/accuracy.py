@@ -20,8 +20,8 @@ def _parse_len(text: str | None, flag: str = "--len") -> int | None:
 
 
 def _load(model: str, device: str, dtype: str | None, seed: int):
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model
-    from scoutbench.throughput import resolve_device, resolve_dtype
 
     resolved = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved)
@@ -74,8 +74,7 @@ def _expand_datasets(names: tuple[str, ...]) -> list[str]:
 
 def _list_datasets(as_json: bool) -> None:
     """`--dataset list`: every name --dataset accepts, with its official metric."""
-    from scoutbench import longbench_metrics
-    from scoutbench.workloads import passkey
+    from scoutbench.workloads import longbench_metrics, passkey
 
     rows = [{"name": name, "suite": "LongBench-E" if name.endswith("_e") else "LongBench",
              "metric": longbench_metrics.metric_name(name)}
@@ -135,11 +134,11 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scoutbench.accuracy import comparison_tables, run_comparison, tables_markdown
-    from scoutbench.generation import method_specs
+    from scoutbench.devices import resolve_device, resolve_dtype
+    from scoutbench.eval.accuracy import comparison_tables, run_comparison, tables_markdown
+    from scoutbench.eval.generation import method_specs
     from scoutbench.models import PRESETS, context_window, loaded_context_window
     from scoutbench.results import check_writable, output_lock, utc_now
-    from scoutbench.throughput import resolve_device, resolve_dtype
     from scoutbench.workloads import longbench, passkey
 
     if "list" in datasets:
@@ -240,10 +239,9 @@ def _check_context(names: list[str], model: str, window: int | None, passkey_len
     """Prompts plus answers must fit the model's trained window (a passkey past it scored 0 without a word):
     passkey prompts are sized to --len, LongBench prompts are middle-truncated to --max-length (as the official
     pred.py does; the default leaves the official 500 tokens for the chat wrapper and the answer)."""
-    from scoutbench import longbench_metrics
     from scoutbench.models import check_context
     from scoutbench.units import format_length
-    from scoutbench.workloads import longbench, passkey
+    from scoutbench.workloads import longbench, longbench_metrics, passkey
 
     for name in names:
         if name in passkey.TASKS:
@@ -312,10 +310,10 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
     from rich.console import Console
     from rich.table import Table
 
-    from scoutbench.fidelity import fidelity_prompts, measure_fidelity
-    from scoutbench.generation import method_spec
+    from scoutbench.devices import device_description
+    from scoutbench.eval.fidelity import fidelity_prompts, measure_fidelity
+    from scoutbench.eval.generation import method_spec
     from scoutbench.results import envelope, write_json_atomic
-    from scoutbench.throughput import device_description
 
     if steps < 1 or num_prompts < 1:
         raise UsageError("--steps and --prompts must be at least 1")

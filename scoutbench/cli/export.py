@@ -28,8 +28,8 @@ import click
 def command(results, fmt, output, overwrite, mlflow_target, experiment, wandb_project, wandb_dir, wandb_mode):
     """Export result files, folders or sweep folders to other tools' formats and trackers. Files that are not
     results, failed points and (for sglang/vllm/pytorch) non-throughput results are listed and left out."""
+    from scoutbench.analysis.export import collect, export
     from scoutbench.errors import UsageError
-    from scoutbench.export import collect, export
 
     if fmt is None and mlflow_target is None and wandb_project is None:
         raise UsageError("nothing to do: pass --format FORMAT -o PATH, --mlflow DIR_OR_URI and/or --wandb PROJECT")
@@ -43,12 +43,12 @@ def command(results, fmt, output, overwrite, mlflow_target, experiment, wandb_pr
         for path in export(chosen, fmt, output, overwrite):
             click.echo(f"wrote {path}")
     if mlflow_target is not None:
-        from scoutbench.loggers import log_mlflow
+        from scoutbench.analysis.loggers import log_mlflow
 
         runs = log_mlflow(chosen, mlflow_target, experiment)
         click.echo(f"mlflow: {len(runs)} run(s) in experiment {experiment!r} at {mlflow_target}")
     if wandb_project is not None:
-        from scoutbench.loggers import log_wandb
+        from scoutbench.analysis.loggers import log_wandb
 
         runs = log_wandb(chosen, wandb_project, wandb_dir, wandb_mode)
         click.echo(f"wandb ({wandb_mode}): {len(runs)} run(s) in project {wandb_project!r} under {wandb_dir}")

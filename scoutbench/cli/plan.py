@@ -36,10 +36,10 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     import torch
 
     from scoutbench.method_args import MethodSettings, resolve_method_args
+    from scoutbench.methods import build_method
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import parse_dtype
     from scoutbench.planning import device_free_bytes, plan_method
-    from scoutbench.throughput import build_method
 
     context_len = length  # tokens (LENGTH)
     elem_bytes = parse_dtype(dtype).itemsize

@@ -1,5 +1,5 @@
 """`scoutbench project` (measured work -> projected decode step on a hardware profile) and `scoutbench calibrate`
-(this machine's profile). The model is scoutbench/projection.py; docs/projection.md explains it and its limits."""
+(this machine's profile). The model is scoutbench/analysis/projection.py; docs/projection.md explains it and its limits."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
             as_json):
     """Project each method's decode step from measured runs (RESULTS: files or folders) onto a hardware profile,
     at the runs' shapes or at --model/--len/--batch: projected tok/s, step breakdown and device idle."""
+    from scoutbench.analysis.projection import Target, load_hardware, projection_document
     from scoutbench.errors import UsageError
     from scoutbench.models import parse_dtype
-    from scoutbench.projection import Target, load_hardware, projection_document
     from scoutbench.results import check_writable, load_results, write_json_atomic
     from scoutbench.units import parse_length
 
@@ -71,7 +71,7 @@ def _print_table(document: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from scoutbench.projection import needs_source_column
+    from scoutbench.analysis.projection import needs_source_column
 
     hw = document["hardware"]
     table = Table(title=f"projected on {hw['name']} ({hw['labels']['device']}, {hw['labels']['bus']}, "
@@ -104,10 +104,10 @@ def _print_table(document: dict) -> None:
 def calibrate_command(device, repeats, output, overwrite, as_json):
     """Measure this machine's profile: weight-streaming and attention rates, copy bandwidth and per-copy cost, the
     CPU worker's gather and attention rates, and the engine's per-layer overhead (about half a minute)."""
-    from scoutbench.calibration import calibrate
-    from scoutbench.projection import parse_hardware
+    from scoutbench.analysis.projection import parse_hardware
+    from scoutbench.bench.calibration import calibrate
+    from scoutbench.devices import resolve_device
     from scoutbench.results import check_writable, write_json_atomic
-    from scoutbench.throughput import resolve_device
 
     resolved = resolve_device(device)
     if output:  # before half a minute of measuring, as every other command checks its -o

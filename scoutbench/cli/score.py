@@ -1,5 +1,5 @@
 """`scoutbench score`: official LongBench scores of a prediction file or, like eval.py, of a whole folder.
-The logic is in `scoutbench.score`; neither module imports torch."""
+The logic is in `scoutbench.eval.score`; neither module imports torch."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from scoutbench.errors import UsageError
 def score_command(predictions, dataset, longbench_e, as_json) -> None:
     """Official LongBench score of PREDICTIONS: a .jsonl file (lines with `pred`, `answers`, and `length` for
     LongBench-E) or a folder of <dataset>.jsonl files. An empty LongBench-E bucket is NaN, as in eval.py."""
-    from scoutbench import score
+    from scoutbench.eval import score
 
     path = Path(predictions)
     if path.is_dir():

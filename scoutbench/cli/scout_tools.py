@@ -57,10 +57,10 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
                            method_args, output, overwrite):
     """Profile per-layer recall intervals: the largest interval that keeps each layer's CPU compute ratio
     under BETA after a recall (paper section 3.4). Writes a JSON that `--method-arg recall_profile=FILE` reads."""
+    from scoutbench.bench.recall import profile_recall
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods.scout import ScoutAttention
-    from scoutbench.recall import profile_recall
     from scoutbench.results import check_writable, write_json_atomic
 
     length_tokens = parse_length(length)
@@ -104,7 +104,7 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
 def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, as_json, output, overwrite):
     """Cosine similarity of the predicted next-layer query vs the true one, per layer (paper Table 1).
     Entry i of per_layer is the prediction of layer i+1 from layer i's input."""
-    from scoutbench.cosine import query_cosine
+    from scoutbench.bench.cosine import query_cosine
     from scoutbench.results import check_writable, write_json_atomic
 
     length_tokens = parse_length(length)

@@ -9,9 +9,9 @@ import sys
 
 import click
 
+from scoutbench.bench.sweep import PRESETS  # light: no torch at import time
 from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.sweep import PRESETS  # light: no torch at import time
 
 
 def _console(stderr: bool = False):
@@ -47,7 +47,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
     become the command's defaults, so a flag given on the command line still wins (click's default_map)."""
     if path is None:
         return None
-    from scoutbench.sweep import config_defaults, read_config
+    from scoutbench.bench.sweep import config_defaults, read_config
 
     by_flag = {opt.lstrip("-").replace("-", "_"): (p.name, bool(getattr(p, "multiple", False)))
                for p in ctx.command.params for opt in p.opts if opt.startswith("--") and p.name not in ("config", "as_json")}
@@ -102,12 +102,13 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     one folder. Resumable: a rerun skips finished points. A failing point is recorded and the sweep goes on."""
     from dataclasses import replace
 
+    from scoutbench.bench.executors import make_executor
+    from scoutbench.bench.sweep import Grid, Settings, expand, run_sweep
     from scoutbench.cli.options import expand_methods, parse_method_args
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.errors import ScoutbenchError, UsageError
-    from scoutbench.executors import make_executor
+    from scoutbench.methods import build_method
     from scoutbench.results import check_writable
-    from scoutbench.sweep import Grid, Settings, expand, run_sweep
-    from scoutbench.throughput import build_method, resolve_device, resolve_dtype
     from scoutbench.units import parse_bytes, parse_length
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
@@ -186,8 +187,8 @@ def _sweep_table(manifest: dict):
     GPU idle on CUDA and the main thread's wait off it (tiers.wait_frac); `vs fullkv` as in the report."""
     from rich.table import Table
 
+    from scoutbench.analysis.report import speedup_text
     from scoutbench.methods import is_reference
-    from scoutbench.report import speedup_text
     from scoutbench.tiers import wait_frac
     from scoutbench.units import format_length
 
@@ -224,7 +225,7 @@ def _sweep_table(manifest: dict):
 def report_command(results, output):
     """PNG figures (throughput vs length, batch scaling, block size, latency breakdown, ablation) and a markdown
     summary from result files or folders of any runs. Lists what it skipped and why."""
-    from scoutbench.report import build_report
+    from scoutbench.analysis.report import build_report
 
     report = build_report(results, output)
     console = _console()
@@ -258,7 +259,7 @@ def report_command(results, output):
 def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_missing, counters):
     """Exit 1 when a metric regresses beyond tolerance against the baseline or a --ratio gate fails; 0 when all
     pass; 2 on a usage error, unreadable input or mismatched hardware (without --force)."""
-    from scoutbench.gate import (
+    from scoutbench.analysis.gate import (
         fail_if_regressed,
         load_side,
         parse_ratio,
@@ -301,9 +302,9 @@ def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_mi
 
 
 def _counter_gate(baseline, current, tolerances, allow_missing) -> None:
-    from scoutbench.counter_gate import DEFAULT_COUNTER_TOLERANCE, counter_gate
+    from scoutbench.analysis.counter_gate import DEFAULT_COUNTER_TOLERANCE, counter_gate
+    from scoutbench.analysis.gate import fail_if_regressed, load_side, parse_tolerances, passed_message
     from scoutbench.errors import UsageError
-    from scoutbench.gate import fail_if_regressed, load_side, parse_tolerances, passed_message
 
     if not baseline:
         raise UsageError("--counters compares with a baseline: add --baseline FILE_OR_DIR")
@@ -320,7 +321,7 @@ def _counter_gate(baseline, current, tolerances, allow_missing) -> None:
 def _gate_table(rows, title: str, ratio_column: bool):
     from rich.table import Table
 
-    from scoutbench.gate import FAILING
+    from scoutbench.analysis.gate import FAILING
 
     table = Table(title=title)
     for name in ("point", "metric", "baseline", "current", *(["ratio", "tolerance"] if ratio_column else []),

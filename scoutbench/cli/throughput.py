@@ -88,16 +88,12 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
     from rich.console import Console
 
+    from scoutbench.bench.throughput import ThroughputConfig, check_context_fits
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
+    from scoutbench.methods import build_method
     from scoutbench.results import check_writable, output_lock
-    from scoutbench.throughput import (
-        ThroughputConfig,
-        build_method,
-        check_context_fits,
-        resolve_device,
-        resolve_dtype,
-    )
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
@@ -161,10 +157,11 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
     """Run each method and write its result as soon as it finishes: an interruption or a later method's failure
     keeps every finished result. Every run is resolved (and its memory checked, once) before the first one
     starts."""
+    from scoutbench.bench.throughput import resolve_run, run_throughput
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
-    from scoutbench.throughput import resolve_device, resolve_dtype, resolve_run, run_throughput
 
     first = configs[0]
     device = resolve_device(first.device)
@@ -230,7 +227,7 @@ def _table(results):
     from rich import box
     from rich.table import Table
 
-    from scoutbench.report import speedup_text
+    from scoutbench.analysis.report import speedup_text
 
     first = results[0]
     batches = {r["workload"]["batch"] for r in results}

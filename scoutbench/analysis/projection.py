@@ -1,6 +1,6 @@
 """Paper-scale projection: a per-layer timeline of each method's decode step on hardware you do not have.
 
-Inputs: the work a method did in a real run (scoutbench/work.py turns its counters into shape-free fractions and
+Inputs: the work a method did in a real run (scoutbench/analysis/work.py turns its counters into shape-free fractions and
 multiplies them out for the target model, length, batch and budget) and a hardware profile (device memory,
 bandwidth and peak FLOPs, bus bandwidth and per-copy latency, host CPU attention rate; every number with its
 source, scoutbench/data/hardware/*.json, or a file from `scoutbench calibrate`).
@@ -37,10 +37,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scoutbench.analysis.work import (
+    LayerWork,
+    MeasuredWork,
+    Shape,
+    StepWork,
+    Transfer,
+    measured_work,
+    step_work,
+)
 from scoutbench.errors import UsageError
-from scoutbench.work import LayerWork, MeasuredWork, Shape, StepWork, Transfer, measured_work, step_work
 
-HARDWARE_DIR = Path(__file__).resolve().parent / "data" / "hardware"
+HARDWARE_DIR = Path(__file__).resolve().parents[1] / "data" / "hardware"
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
 _REQUIRED = {"device": ("memory_bytes", "memory_bw_bytes_s", "peak_flops"),
              "bus": ("bw_bytes_s", "transfer_overhead_s"),
@@ -263,8 +271,8 @@ class Projection:
 
 def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
     """The shape to project one result to (batch 1 stands in for `auto` until planned) and the model's name."""
+    from scoutbench.analysis.work import result_shape
     from scoutbench.models import PRESETS, parse_dtype, preset_config
-    from scoutbench.work import result_shape
 
     own = result_shape(result)
     model_name = target.model or str((result.get("model") or {}).get("name"))
@@ -285,8 +293,8 @@ def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
 
 
 def _auto_batch(method: str, config: dict[str, Any], target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
+    from scoutbench.methods import build_method
     from scoutbench.planning import plan_method
-    from scoutbench.throughput import build_method
 
     overrides = dict(config)
     if target.budget is not None:
@@ -305,7 +313,7 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
     them: method and config, model, dtype, length, batch and run settings); repeats are merged by the median of
     their measured fractions (they are deterministic for a seed, so repeats normally agree). Each projection names
     its source point, so rows projected to one target shape from different points can be told apart."""
-    from scoutbench.gate import point_key, point_labels
+    from scoutbench.analysis.gate import point_key, point_labels
 
     groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
@@ -400,7 +408,7 @@ def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Tar
 
 def unprojectable(result: dict[str, Any]) -> str | None:
     """Why a result file cannot feed a projection (None when it can)."""
-    from scoutbench.work import method_family, work_problem
+    from scoutbench.analysis.work import method_family, work_problem
 
     if result.get("kind") != "throughput":
         return f"kind {result.get('kind')!r} is not a throughput result"

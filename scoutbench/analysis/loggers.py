@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scoutbench.analysis.export import flatten, run_name
 from scoutbench.errors import ScoutbenchError
-from scoutbench.export import flatten, run_name
 
 # Flattened fields that say what ran (tracker parameters) and what was measured (tracker metrics).
 PARAM_PREFIXES = ("kind", "method", "method_repr", "method_config.", "model.", "workload.", "device.", "budget",

@@ -13,10 +13,9 @@ import torch
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
 from scoutbench.method_args import BUDGET, MethodSettings, has_field, resolve_method_args
-from scoutbench.methods import METHODS
+from scoutbench.methods import METHODS, build_method
 from scoutbench.methods.base import AttentionMethod, dense_layers_of
 from scoutbench.methods.sparse import dense_if_budget_covers
-from scoutbench.throughput import build_method
 from scoutbench.timing import StageTimer
 
 
@@ -78,18 +77,6 @@ def model_eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
     if eos is None:
         eos = tokenizer.eos_token_id
     return frozenset(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
-
-
-def encode_prompt(tokenizer: Any, text: str, chat: bool, assistant_prefix: str = "") -> list[int]:
-    """Token ids of `text`, as a single user message in the tokenizer's chat template when `chat` (and the tokenizer
-    has one), else raw with the default special tokens (BOS). Template output is tokenized without extra special
-    tokens: templates that already contain BOS would otherwise get it twice. `assistant_prefix` starts the answer
-    (on a new line of a raw prompt)."""
-    if chat and getattr(tokenizer, "chat_template", None):
-        templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                  add_generation_prompt=True)
-        return tokenizer(templated + assistant_prefix, add_special_tokens=False).input_ids
-    return tokenizer(f"{text}\n{assistant_prefix}" if assistant_prefix else text, truncation=False).input_ids
 
 
 def silent_timer(device: torch.device) -> StageTimer:

@@ -11,8 +11,8 @@ Each method declares its own work model on its class (methods/*.py: `work_fracti
 `sparse_layer_work`; the vocabulary is methods/work_model.py); this module holds only the generic part (a result's
 shape, the dense layers and the lm_head, the per-step totals) and knows no method by name.
 
-Two users, one arithmetic: the projection (scoutbench/projection.py) times a `StepWork` on a hardware profile,
-and the counter gate (scoutbench/counter_gate.py) compares the `StepWork` of a run at its own shape with a
+Two users, one arithmetic: the projection (scoutbench/analysis/projection.py) times a `StepWork` on a hardware profile,
+and the counter gate (scoutbench/analysis/counter_gate.py) compares the `StepWork` of a run at its own shape with a
 baseline's: those numbers do not depend on the machine's speed, only on what the method chose to read.
 """
 

@@ -39,14 +39,14 @@ from typing import Any, Protocol
 
 import torch
 
+from scoutbench.devices import device_description
 from scoutbench.errors import ScoutbenchError, UsageError
-from scoutbench.fidelity import compare_steps, fullkv_reference
-from scoutbench.generation import Generation, MethodSpec, SharedPrefill, generate_text, model_eos_ids
+from scoutbench.eval.fidelity import compare_steps, fullkv_reference
+from scoutbench.eval.generation import Generation, MethodSpec, SharedPrefill, generate_text, model_eos_ids
+from scoutbench.eval.score import prediction_row_problem
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.models import LoadedModel
 from scoutbench.results import envelope, output_lock, write_json_atomic
-from scoutbench.score import prediction_row_problem
-from scoutbench.throughput import device_description
 
 ProgressCallback = Callable[[str, int, int], None]  # (task name, samples done, samples total)
 

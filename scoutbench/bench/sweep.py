@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scoutbench.bench.executors import Runner, ThroughputRunner, point_error
 from scoutbench.errors import UsageError
-from scoutbench.executors import Runner, ThroughputRunner, point_error
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
 from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
 from scoutbench.tiers import wait_frac
@@ -185,7 +185,7 @@ def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path,
     folder's writer lock throughout. `recall_profiles` (the presets) gives every periodic-recall ScoutAttention
     point without a `recall_profile` one profiled into the folder first (`attach_recall_profiles`).
 
-    `executor` (scoutbench/executors.py) runs the points, here by default or as Ray tasks; this driver alone
+    `executor` (scoutbench/bench/executors.py) runs the points, here by default or as Ray tasks; this driver alone
     writes the result files and the manifest, as each point comes back."""
     from scoutbench.results import check_writable, output_lock
 
@@ -200,9 +200,10 @@ def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path,
 def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, runner: Runner | None,
                       preset: str | None, command: list[str] | None, retry_failed: bool,
                       log: Callable[[str], None], executor: Any, config: dict[str, Any] | None = None) -> SweepOutcome:
-    from scoutbench.executors import Job, LocalExecutor
+    from scoutbench.bench.executors import Job, LocalExecutor
+    from scoutbench.bench.throughput import ThroughputConfig
+    from scoutbench.devices import device_description, resolve_device, resolve_dtype
     from scoutbench.results import envelope, utc_now, write_json_atomic
-    from scoutbench.throughput import ThroughputConfig, device_description, resolve_device, resolve_dtype
 
     for stale in out.glob(".*.tmp"):  # left by a kill during a write; never a result
         stale.unlink(missing_ok=True)
@@ -318,7 +319,7 @@ def config_defaults(config: dict[str, Any], by_flag: dict[str, tuple[str, bool]]
 def write_config(path: Path, config: dict[str, Any]) -> None:
     import yaml
 
-    from scoutbench.export import write_text
+    from scoutbench.analysis.export import write_text
 
     text = ("# scoutbench sweep: the resolved grid and settings of this folder; rerun or resume it with\n"
             f"#   scoutbench sweep --config {path} -o {path.parent}\n"
@@ -326,7 +327,7 @@ def write_config(path: Path, config: dict[str, Any]) -> None:
     write_text(path, text, overwrite=True)
 
 
-RecallProfiler = Callable[..., dict[str, Any]]  # scoutbench.recall.profile_recall's signature
+RecallProfiler = Callable[..., dict[str, Any]]  # scoutbench.bench.recall.profile_recall's signature
 
 
 def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Path,
@@ -337,8 +338,8 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
     (budget, block size, other fields), on the sweep's model at its shortest length, written into the sweep folder
     as `recall_profile-<hash>.json` (kept: a rerun reuses it, so point ids and results stay stable). Points that
     set `recall_profile` themselves, or run without periodic recall, are left as they are."""
+    from scoutbench.methods import build_method
     from scoutbench.results import write_json_atomic
-    from scoutbench.throughput import build_method
 
     shortest = min(p.length for p in points) if points else 0
     attached: list[SweepPoint] = []
@@ -353,7 +354,7 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
         path = out / f"recall_profile-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
         if not path.exists():
             if profiler is None:
-                from scoutbench.recall import profile_recall as profiler
+                from scoutbench.bench.recall import profile_recall as profiler
             log(f"profiling recall intervals for {point.method} ({path.name}, len {format_length(shortest)})")
             profile = profiler(settings.model, shortest, 32, 0.12, batch=1, device=settings.device,
                                dtype=settings.dtype, seed=settings.seed, prefill=settings.prefill,
@@ -368,8 +369,8 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
 def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
     """A failed point's file: the identifying fields of a result (the method's full config when it can be built,
     so that gates match it with the baseline's point), `status: failed` and the error."""
+    from scoutbench.methods import build_method
     from scoutbench.results import envelope
-    from scoutbench.throughput import build_method
 
     try:
         method_config = build_method(cfg.method, cfg.method_args).config()

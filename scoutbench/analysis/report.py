@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scoutbench.errors import require_module
-from scoutbench.gate import (
+from scoutbench.analysis.gate import (
     PointKey,
     batch_order,
     batch_text,
@@ -35,6 +34,7 @@ from scoutbench.gate import (
     shared_settings,
     varying_fields,
 )
+from scoutbench.errors import require_module
 from scoutbench.methods import is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
@@ -464,7 +464,7 @@ def summary_markdown(report: Report, out: Path) -> str:
                              f"| {metric} | {value:.2f} |")
         lines.append("")
     if report.projections:
-        from scoutbench.projection import projection_markdown
+        from scoutbench.analysis.projection import projection_markdown
 
         lines += ["## Projections", ""]
         for document in report.projections:

@@ -1,7 +1,7 @@
 """The counter gate: compare what methods *read and moved* per decode step, not how long it took.
 
 Timing gates on shared CI machines need wide tolerances (2-4x noise, results/baselines/README.md). The work
-counters of a seeded run (scoutbench/work.py: device and host KV bytes, digest/speculation bytes, CPU- and
+counters of a seeded run (scoutbench/analysis/work.py: device and host KV bytes, digest/speculation bytes, CPU- and
 device-attended tokens, bus bytes each way, recall bytes, linear FLOPs) follow only from the method's choices,
 so they are the same on every machine and every rerun: a method that starts reading more fails CI at once,
 however noisy the clock. Points match as in the timing gate (method and full config, model, dtype, length,
@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Any
 
-from scoutbench.gate import (
+from scoutbench.analysis.gate import (
     GateReport,
     Point,
     Row,
@@ -24,7 +24,7 @@ from scoutbench.gate import (
     mismatched_settings,
     point_labels,
 )
-from scoutbench.work import measured_work, result_shape, step_work, work_problem
+from scoutbench.analysis.work import measured_work, result_shape, step_work, work_problem
 
 DEFAULT_COUNTER_TOLERANCE = 0.01  # selections are deterministic for a seed; 1% absorbs a rare tie broken otherwise
 

@@ -1,7 +1,7 @@
 """Where a sweep's points run: in this process, one after another (`local`), or as Ray tasks on a local Ray
 instance or a cluster (`ray`).
 
-An executor only runs points; the driver (`scoutbench.sweep.run_sweep`) writes every result file and the manifest
+An executor only runs points; the driver (`scoutbench.bench.sweep.run_sweep`) writes every result file and the manifest
 itself, atomically, as each point comes back. So resume, `--retry-failed` and the manifest behave the same with
 either executor: a point whose task never returned has no file and runs again on the next invocation.
 """
@@ -54,8 +54,9 @@ class ThroughputRunner:
         self._loaded: Any = None
 
     def __call__(self, cfg: Any) -> dict[str, Any]:
+        from scoutbench.bench.throughput import run_throughput
+        from scoutbench.devices import resolve_device, resolve_dtype
         from scoutbench.models import load_model
-        from scoutbench.throughput import resolve_device, resolve_dtype, run_throughput
 
         if self._loaded is None:
             device = resolve_device(cfg.device)

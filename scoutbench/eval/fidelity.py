@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from scoutbench.generation import Generation, MethodSpec, SharedPrefill
+from scoutbench.eval.generation import Generation, MethodSpec, SharedPrefill
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.sparse import dense_if_budget_covers
 from scoutbench.models import LoadedModel

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from scoutbench import longbench_metrics as metrics
 from scoutbench.errors import UsageError
+from scoutbench.workloads import longbench_metrics as metrics
 
 
 def prediction_row_problem(row: Any) -> str | None:

@@ -6,7 +6,6 @@ batch x timed steps / timed decode time. Warm-up steps run first and are exclude
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 import time
@@ -16,13 +15,14 @@ from typing import Any
 
 import torch
 
-from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.devices import device_description, resolve_device, resolve_dtype
+from scoutbench.errors import ScoutbenchError
 from scoutbench.kernels.backends import USAGE as attention_backends
-from scoutbench.methods import METHODS
+from scoutbench.methods import build_method
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_layers_of
 from scoutbench.methods.sparse import BudgetPlan, dense_if_budget_covers
-from scoutbench.models import LoadedModel, load_model, parse_dtype
-from scoutbench.results import cpu_model, envelope
+from scoutbench.models import LoadedModel, load_model
+from scoutbench.results import envelope
 from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
@@ -53,35 +53,6 @@ class ThroughputConfig:
     profile_steps: int = 4
     nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu or auto")
-        return torch.device(name)
-    if name == "cpu":
-        return torch.device("cpu")
-    raise UsageError(f"unknown --device {name!r}: use auto, cpu or cuda")
-
-
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    if name is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return parse_dtype(name)
-
-
-def build_method(name: str, args: dict[str, Any]) -> AttentionMethod:
-    """Instantiate a registered method; fields come from its preset, then `args` (strings are converted)."""
-    cls = METHODS.load(name)
-    method = cls.from_args(args, METHODS.preset(name))
-    return method
-
-
-def method_field_names(name: str) -> set[str]:
-    return {f.name for f in dataclasses.fields(METHODS.load(name))}
 
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
@@ -165,15 +136,6 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
     check_context(cfg.model, window, cfg.length + cfg.warmup + cfg.steps,
                   f"--len {format_length(cfg.length)} plus {cfg.warmup + cfg.steps} decode steps",
                   "lower --len, or pass --prefill synthetic to time decode at that length")
-
-
-def device_description(device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return {"type": "cuda", "name": name, "class": f"cuda:{name}", "index": device.index or 0}
-    threads = torch.get_num_threads()
-    name = cpu_model()
-    return {"type": "cpu", "name": name, "class": f"cpu:{name}:{threads}t", "threads": threads}
 
 
 def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:

@@ -67,8 +67,8 @@ def query_cosine(model_name: str = "tiny-qwen3", length: int = 1024, steps: int 
                  loaded: Any = None, prompt_ids: torch.Tensor | None = None) -> dict[str, Any]:
     """Prefill a prompt (random token ids, or `prompt_ids` `[B, N]`), decode `steps` greedy tokens, and return
     {model, len, steps, pred_norm, mean, per_layer, by_pred_norm: {next: ..., self: ...}}."""
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import check_context, load_model, loaded_context_window
-    from scoutbench.throughput import resolve_device, resolve_dtype
 
     if pred_norm not in VARIANTS:
         raise ValueError(f"pred_norm must be one of {VARIANTS}")

@@ -1,4 +1,4 @@
-"""`scoutbench calibrate`: measure this machine's hardware profile for the projection (scoutbench/projection.py).
+"""`scoutbench calibrate`: measure this machine's hardware profile for the projection (scoutbench/analysis/projection.py).
 
 Each number is timed with the kernels the methods use (the same `partial_attention` and `block_sparse_attention`,
 the same flattened `index_select` gathers, the engine's own decode step), repeated, and summarised by its median;
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from scoutbench.results import cpu_model, utc_now
+from scoutbench.devices import cpu_model
+from scoutbench.results import utc_now
 
 MIB = 1024 * 1024
 
@@ -143,8 +144,8 @@ def in_worker(fn: Callable[[], float]) -> float:
 def engine_overhead_per_layer_s(device: torch.device, memory_bw_bytes_s: float) -> float:
     """Per-layer fixed cost of the eager decode loop: the engine's median step on the tiny preset at a short
     context, less the time its weights and KV take to read at `memory_bw_bytes_s`, divided by its layers."""
-    from scoutbench.throughput import ThroughputConfig, run_throughput
-    from scoutbench.work import measured_work, result_shape, step_work
+    from scoutbench.analysis.work import measured_work, result_shape, step_work
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
 
     cfg = ThroughputConfig(method="fullkv", model="tiny-qwen3", length=64, batch=1, steps=8, warmup=2,
                            device=str(device), prefill="synthetic", command=["scoutbench", "calibrate"])

@@ -79,8 +79,8 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
                    prefill: str = "real", method_args: dict[str, Any] | None = None,
                    loaded: Any = None) -> dict[str, Any]:
     """Run the profile and return the JSON-ready result (see the module docstring)."""
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import check_context, load_model, loaded_context_window
-    from scoutbench.throughput import resolve_device, resolve_dtype
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
