@@ -34,7 +34,7 @@ def _install(session: nox.Session, extras: str) -> None:
 def tests(session: nox.Session) -> None:
     """CPU test suite (GPU tests are skipped automatically without CUDA); Ray for the `sweep --executor ray` test;
     the export loggers (mlflow-skinny, wandb) and datasets, so their tests run rather than skip: together ~1 min of
-    install on 2 cores, seconds of tests (measured in the issue 22 report)."""
+    install on 2 cores, seconds of tests."""
     _install(session, "test,smollm,ray,mlflow,wandb,datasets")
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 

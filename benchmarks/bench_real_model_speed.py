@@ -1,4 +1,5 @@
-"""Prefill and FullKV decode speed of a built-in real model on the CPU: what sizes an accuracy run (issue 18 item 5).
+"""Prefill and FullKV decode speed of a built-in real model on the CPU: what sizes an accuracy run (how many
+records and budgets a CPU run of that model can afford; docs/accuracy.md quotes the figures).
 
     python benchmarks/bench_real_model_speed.py qwen2.5-1.5b bf16 4096
 

@@ -1,5 +1,4 @@
-"""Derive the synthetic prefill's `kv_skew` default from real attention (issue 11 item 6), instead of tuning it to a
-paper number.
+"""Derive the synthetic prefill's `kv_skew` default from real attention, instead of tuning it to a paper number.
 
 Real: SmolLM2-135M (real weights, offline) prefills real English text (CPython's LICENSE.txt followed by the GPL-3
 text from /usr/share/common-licenses when present; long license prose, on every Linux box) and greedily decodes

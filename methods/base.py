@@ -247,14 +247,14 @@ class AttentionMethod:
 
 def transfer_stats(h2d_bytes: int, d2h_bytes: int, steps: int) -> dict[str, float]:
     """Bytes copied host-to-device and device-to-host per decode step, every layer: the same two keys in every
-    method's stats (issue 10 item 5), counting what the CUDA path really copies (index tensors included)."""
+    method's stats, counting what the CUDA path really copies (index tensors included)."""
     steps = max(steps, 1)
     return {"h2d_bytes_per_step": h2d_bytes / steps, "d2h_bytes_per_step": d2h_bytes / steps}
 
 
 class AttendedTokens:
     """Tokens attended per (sequence, KV head) in a method's sparse layers, over every (layer, step): the one
-    number `--budget` bounds (issue 18 item 1), reported as mean and max in every method's stats.
+    number `--budget` bounds in every method and ablation, reported as mean and max in every method's stats.
 
     Counts come as a device tensor `[B, Hkv]` (`add`: accumulated on the device, no host sync until `stats`) or
     as host per-sequence counts shared by every KV head (`add_host`)."""

@@ -3,14 +3,14 @@
 What the seed says: the newest 25% of the tokens stay on the device with full attention there; the older 75% live
 in host memory, where the CPU runs sparse attention over the tokens with the highest moving-average attention
 weights; device and CPU run in parallel within the same layer and the two parts are merged exactly. The paper
-leaves the rest open (methods.md §6); our choices, all fields:
-- budget (default 2048, as every sparse baseline; issue 11): every attended token counts, per (sequence, KV head):
-  the window (the current token included) + the sinks + the CPU-selected host tokens = `budget`. The window keeps
-  the most recent `window_tokens = round(budget * window_share)` tokens (between steps within [window_tokens,
-  window_tokens + migrate_block); with the new token it reaches the upper end before a block migrates); the CPU
-  attends the sinks plus the top `budget - window` host tokens per KV head, ranked by the moving average aggregated
-  over the group's query heads by max (Quest's GQA convention: the score stays an upper bound for every head of the
-  group, so a token that one head needs is not lost to the others), and reads the selected tokens of each KV head
+leaves the rest open (and we found no public code); our choices, all fields:
+- budget (default 2048, the default of every sparse baseline, so that they compare at one budget): every attended token
+  counts, per (sequence, KV head): the window (the current token included) + the sinks + the CPU-selected host tokens =
+  `budget`. The window keeps the most recent `window_tokens = round(budget * window_share)` tokens (between steps within
+  [window_tokens, window_tokens + migrate_block); with the new token it reaches the upper end before a block migrates);
+  the CPU attends the sinks plus the top `budget - window` host tokens per KV head, ranked by the moving average
+  aggregated over the group's query heads by max (Quest's GQA convention: the score stays an upper bound for every head
+  of the group, so a token that one head needs is not lost to the others), and reads the selected tokens of each KV head
   in place for the whole group (packed-GQA attention by token ids, no gather copy).
 - `budget=None` keeps the original fraction policy below (the paper's behaviour):
 - window: relative, `ceil(window_frac * n)` of a sequence's n tokens; it grows with decode and its oldest
@@ -22,23 +22,21 @@ leaves the rest open (methods.md §6); our choices, all fields:
   first `sink_tokens` tokens, always. `refresh_interval` > 0 makes every N-th step dense on the CPU, so that stale
   tokens can come back (fraction policy only: a dense step would break a budget).
   In both policies the CPU metric counts (query head, token) pairs.
-- moving average: a <- ema_decay * a + (1 - ema_decay) * p, where p is the probability renormalised to the
-  whole context, exp(logit - lse_merged) = p_cpu * exp(lse_cpu - lse_merged), for the computed tokens and 0 for
-  the others. It starts, for prompt tokens on the host, as the mean attention of the last `observed_queries`
-  prompt queries (their causal softmax over the prompt; 32, the SnapKV-style observation window of methods.md
-  §6.2: the engine observes 256, and all 256 made HGCA's prefill 8x the cost, 80 s of a 16-layer 32k run on 2
-  cores); a token that migrates to the host enters at its row's current maximum,
-  so the CPU computes it at least once before the average judges it. The update, and the admission of migrated
-  tokens, are deferred: they reach the worker only after the next sparse layer's CPU attention was submitted, so
-  that attention never queues behind them; they run in the worker's slack while the device finishes that layer.
-  Work of layer l itself is always submitted before layer l's next CPU attention, which reads it (with a single
-  sparse layer the next sparse layer is l itself, so there it cannot be deferred past it), and a migration
-  waits for the previous admission of its layer before reusing the staging buffer. One worker keeps them in
-  order with the CPU attention that reads them (a second thread measured slower on a few cores: its intra-op
-  threads compete with the attention's).
-- layers below `dense_layers` keep full KV on the device: 2 by default, the one default of every sparse method,
-  so that a comparison compares the same sparse layers (methods.md §6.5 treats layers 0 and 1 like the others,
-  HGCA being window + CPU, not query-aware: `dense_layers=0`, or `--dense-layers 0` for every method).
+- moving average: a <- ema_decay * a + (1 - ema_decay) * p, where p is the probability renormalised to the whole
+  context, exp(logit - lse_merged) = p_cpu * exp(lse_cpu - lse_merged), for the computed tokens and 0 for the others. It
+  starts, for prompt tokens on the host, as the mean attention of the last `observed_queries` prompt queries (their
+  causal softmax over the prompt; 32, SnapKV's observation window: the engine observes 256, and all 256 made HGCA's
+  prefill 8x the cost, 80 s of a 16-layer 32k run on 2 cores); a token that migrates to the host enters at its row's
+  current maximum, so the CPU computes it at least once before the average judges it. The update, and the admission of
+  migrated tokens, are deferred: they reach the worker only after the next sparse layer's CPU attention was submitted,
+  so that attention never queues behind them; they run in the worker's slack while the device finishes that layer. Work
+  of layer l itself is always submitted before layer l's next CPU attention, which reads it (with a single sparse layer
+  the next sparse layer is l itself, so there it cannot be deferred past it), and a migration waits for the previous
+  admission of its layer before reusing the staging buffer. One worker keeps them in order with the CPU attention that
+  reads them (a second thread measured slower on a few cores: its intra-op threads compete with the attention's).
+- layers below `dense_layers` keep full KV on the device: 2 by default, the one default of every sparse method, so that
+  a comparison compares the same sparse layers (the paper says nothing of dense first layers; to treat layers 0 and 1
+  like the others, HGCA being window + CPU, not query-aware: `dense_layers=0`, or `--dense-layers 0` for every method).
 """
 
 from __future__ import annotations

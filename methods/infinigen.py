@@ -1,7 +1,7 @@
 """InfiniGen (OSDI 2024): recall-based KV offloading with a speculated, layer-ahead prefetch of important tokens.
 
-Faithful to the official code (snu-comparch/InfiniGen, methods.md §5), with the Llama-style runtime skew (RoPE
-forbids folding the skew into W_Q):
+Faithful to the official code (snu-comparch/InfiniGen, `speedup/` and `accuracy/`), with the Llama-style runtime
+skew (RoPE forbids folding the skew into W_Q):
 - prefill, per sparse layer and KV group: an orthogonal skewing matrix A from the SVD of the prompt's post-RoPE
   queries (the last <= 256 prompt queries the engine observes) and keys; the columns of A are Q's right singular
   vectors ordered by sigma_q * sigma_k, as the original orders them. The partial channels are the
@@ -198,11 +198,11 @@ class InfiniGen(SparseLayerMethod):
         if self.dynamic_count:
             counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
             # The method's one host sync: n sizes the fetch (the original calls .item() at the same point). The
-            # wait is the GPU's idle time, not prediction work (issue 10 item 6).
+            # wait is the GPU's idle time, not prediction work, so it is timed as `idle`.
             with ctx.timer.stage("idle"):
                 mean_count = counts.float().mean().item()
             n = max(1, min(int(mean_count), self.capacity, cached))
-        else:  # a fixed fetch of budget - 1 tokens, the budget every sparse method gets (issue 11 item 2)
+        else:  # a fixed fetch of budget - 1 tokens + the current one = the budget every sparse method gets, no sync
             n = max(1, min(self.capacity, cached))
         # the fetched tokens' order does not matter to their attention, except that a sequence holding fewer than n
         # tokens must have its valid ones first (decode masks the rest): only then sorted (2x slower at 32k on CPU)
@@ -353,7 +353,7 @@ class InfiniGen(SparseLayerMethod):
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
         cap = config["budget"] - 1
         fetched = min(fractions["fetch_context_frac"] * N, cap, N) if config.get("dynamic_count") else min(cap, N)
-        # the method's own channel count (ceil); the work model once rounded instead (issue 21)
+        # the method's own channel count (ceil, as `partial_dim` takes it), not a rounded one
         partial_dim = math.ceil(config.get("partial_ratio", 0.2) * m.head_dim)
         speculation = B * N * m.num_kv_heads * partial_dim * e
         fetch_bytes = B * fetched * shape.kv_bytes_per_token

@@ -1,12 +1,12 @@
 """Quest (ICML 2024): query-aware block-sparse decode attention with every token on the device.
 
-It is ScoutAttention's accuracy reference: the same digests and the same selection, without offloading. We follow
-the official kernel path (methods.md §4): the budget counts the tail block, the top `budget // block_size - 1`
-complete blocks by the digest upper bound of the true query are attended together with the tail block (the
-possibly partial block holding the newest token), and a layer whose context fits in the budget runs dense.
-GQA (the official kernel is MHA-only): one selection per KV head, the group's query heads aggregated by max, which
-keeps the score an upper bound for every head of the group (methods.md §2.5). Deviation from the official HF
-evaluation path, on purpose: no 3-block floor and a forced tail, as in the kernels the paper times.
+It is ScoutAttention's accuracy reference: the same digests and the same selection, without offloading. We follow the
+official kernel path (mit-han-lab/Quest, `quest/`): the budget counts the tail block, the top `budget // block_size - 1`
+complete blocks by the digest upper bound of the true query are attended together with the tail block (the possibly
+partial block holding the newest token), and a layer whose context fits in the budget runs dense. GQA (the official
+kernel is MHA-only): one selection per KV head, the group's query heads aggregated by max, which keeps the score an
+upper bound for every head of the group. Deviation from the official HF evaluation path, on purpose: no 3-block floor
+and a forced tail, as in the kernels the paper times.
 """
 
 from __future__ import annotations

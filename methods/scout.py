@@ -1,5 +1,6 @@
 """ScoutAttention (arXiv 2603.27138): block-sparse GPU-CPU co-attention with layer-ahead CPU pre-computation (PC)
-and asynchronous periodic recall (PR). Paper Algorithm 1; ../shared/specs/methods.md section 7."""
+and asynchronous periodic recall (PR), after the paper's Algorithm 1 (layer-ahead CPU pre-computation); the choices
+the paper leaves open are listed in docs/methods.md ("ScoutAttention choices")."""
 
 from __future__ import annotations
 

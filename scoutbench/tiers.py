@@ -1,4 +1,4 @@
-"""What a run measures on its hardware (issue 11 item 5), in one place for every runner and display.
+"""What a run measures on its hardware, in one place for every runner and display.
 
 On CUDA the "device" tier is GPU memory and the "host" tier is (pinned) CPU memory across PCIe, and the `idle`
 stage (CUDA events around a host wait) is GPU idle time. On a CPU-only machine both tiers are the same CPU memory,

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The LongBench comparison of docs/accuracy.md (issue 18): FullKV and every sparse method at budgets 1024 and 2048
+# The LongBench comparison of docs/accuracy.md: FullKV and every sparse method at budgets 1024 and 2048
 # on the 82 real LongBench v1 records of ../shared/longbench/records, at their real lengths (--max-length: the
 # model's default, 31500 tokens of its 32k window), qwen2.5-1.5b in bf16 on the CPU, greedy, with the
 # teacher-forced fidelity over FullKV's first 32 generated tokens. Many hours of CPU time: resumable (rerun this
 # script; finished records are skipped), each finished dataset is scored at once into results/accuracy/longbench/.
 # The cheap datasets (32-token answers) come first, the 512-token summaries last. Every sparse method keeps the same
-# 2 dense layers (`--method-arg dense_layers=2` reaches every method with that field; HGCA's own default is 0), so
-# the comparison is of the methods, not of how many layers each leaves dense (issue 18 item 3).
+# 2 dense layers (`--method-arg dense_layers=2` reaches every method with that field; 2 is also every method's
+# default now, HGCA's included, which once had 0), so the comparison is of the methods, not of how many layers each
+# leaves dense.
 #
 #   setsid nohup nice -n 10 bash scripts/accuracy_longbench.sh > results/runs/accuracy-longbench.log 2>&1 &
 #   bash scripts/accuracy_longbench.sh --summarize     # the tables of what has finished so far (generates nothing)

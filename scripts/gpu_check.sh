@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 17), for a lent H200 as it is: the machine's python3 (torch 2.11/CUDA 13, triton 3.6,
+# The GPU check, for a lent H200 as it is: the machine's python3 (torch 2.11/CUDA 13, triton 3.6,
 # transformers 5.17, nvidia-ml-py, no flashinfer), no network, one command of at most 10 minutes. Phases, each
 # under its own time limit; the limits add up to at most 8 minutes (checked below, before anything runs):
 #   preflight    machine, packages against pyproject's floors (carried wheels in .whl/ if one is missing or old)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the inputs of docs/projection.md's paper-ratio table (issue 19 item 4), resumable:
+# Regenerates the inputs of docs/projection.md's paper-ratio table, resumable:
 #   1. budget-matched synthetic runs: every method at budget 2048 and 2 dense layers on the CPU default shape
 #      bench-attn16 at 32k (24 timed steps, so ScoutAttention's periodic recall (interval 8) fires 3 times a layer);
 #   2. real-model drift: qwen2.5-0.5b (bf16) on three real LongBench records at 8k tokens, budget 512 (1/16 of

@@ -233,7 +233,7 @@ def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------------------------ methods vs FullKV
-# Settings under which each method attends every token (specs/methods.md invariants: Quest and Scout with a
+# Settings under which each method attends every token (each method's FullKV-exactness case: Quest and Scout with a
 # budget above the context, Scout in oracle mode, InfiniGen with alpha = inf and a fetch cap above the context,
 # HGCA's fraction policy with the CPU attending all of its tokens).
 COVERING_ARGS = {
@@ -303,7 +303,7 @@ def test_method_specs_expand_methods_and_budgets():
 
 
 def test_several_methods_in_one_run_predict_what_separate_runs_predict(smollm2, tmp_path, monkeypatch, capsys):
-    """Issue 18 item 4: `--method` repeated and a budget list give one configuration per (method, budget), FullKV
+    """`--method` repeated and a budget list give one configuration per (method, budget), FullKV
     once; they share one dense prefill per record and predict exactly what one run per configuration predicts.
     Each result compares with FullKV (agreement, teacher-forced fidelity) and the table puts them side by side."""
     monkeypatch.setattr("scoutbench.models.load_model", lambda *args, **kwargs: smollm2)

@@ -1,4 +1,4 @@
-"""One budget, one meaning (issue 18 item 1): every method and ablation attends at most `budget` tokens per
+"""One budget, one meaning: every method and ablation attends at most `budget` tokens per
 (sequence, KV head, sparse layer, decode step), the always-on ones included, and says so in its statistics and
 work counters. The trace that found the overrun: tiny-qwen3, a 600-token prompt, budget 256, block 16, 24 steps
 (ScoutAttention's old default attended 304 tokens on average, 368 at most)."""

@@ -162,7 +162,7 @@ def test_env_and_methods_commands(monkeypatch, capsys):
     assert code == 0 and out.startswith("fullkv")
 
 
-# ---------------------------------------------------------------------------------------- reliability (issue 12)
+# ------------------------------------------------------- reliability: bad input, memory checks and safe defaults
 TINY = ["--model", "tiny-qwen3", "--len", "64", "--steps", "1", "--warmup", "0"]
 
 
@@ -243,7 +243,7 @@ def test_default_run_is_the_regime_where_methods_differ():
 
 
 def test_dense_layers_is_one_run_level_setting(monkeypatch, capsys, tmp_path):
-    """Issue 18 item 3: `--dense-layers N` sets the dense layers of every selected sparse method (FullKV is dense
+    """`--dense-layers N` sets the dense layers of every selected sparse method (FullKV is dense
     everywhere), each result records it, and the table says it once; without it every method keeps the shared
     default. Alone with FullKV, or together with `--method-arg dense_layers=`, it is a usage error."""
     methods = ["--method", "fullkv", "--method", "quest", "--method", "infinigen", "--method", "hgca", "--method",

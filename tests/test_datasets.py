@@ -1,4 +1,4 @@
-"""LongBench through `datasets` (issue 22 item 6): a local folder or a parquet mirror as a cached Arrow dataset,
+"""LongBench through `datasets`: a local folder or a parquet mirror as a cached Arrow dataset,
 cross-checked record by record (`_id`) against the official files, and `scoutbench data-check`."""
 
 import importlib.util

@@ -1,6 +1,6 @@
-"""The dense-layer setting every sparse method shares (issue 18 item 3): one field, one default, and every method
+"""The dense-layer setting every sparse method shares: one field, one default, and every method
 exact at its edges: a single sparse layer (the next sparse layer is the same layer, where deferred or layer-ahead
-work meets its own next read; issue 18 item 2) and no sparse layer at all."""
+work meets its own next read) and no sparse layer at all."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Dependency hygiene (issue 22 item 5): `--help` imports no torch, the GGUF cache lock, the hub probe, the pytest
+"""Dependency hygiene: `--help` imports no torch, the GGUF cache lock, the hub probe, the pytest
 marker policy and the flashinfer API range."""
 
 import http.server
@@ -30,7 +30,7 @@ HELP_PROBE = textwrap.dedent("""
 
 @pytest.mark.parametrize("command", ["", *COMMANDS])
 def test_help_imports_no_torch(command):
-    """`scoutbench CMD --help` must be instant: before issue 22, `throughput --help` imported torch (~2 s, 228 MB)
+    """`scoutbench CMD --help` must be instant: `throughput --help` once imported torch (~2 s, 228 MB)
     through tiers.py's type annotation, and sweep/report/gate through the sweep module."""
     proc = subprocess.run([sys.executable, "-c", HELP_PROBE, *([command] if command else [])], capture_output=True,
                           text=True, timeout=120, cwd=REPO)

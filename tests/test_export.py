@@ -1,4 +1,4 @@
-"""`scoutbench export` (issue 22 item 2): a real sweep round-trips through CSV; SGLang, vLLM and PyTorch-benchmark
+"""`scoutbench export`: a real sweep round-trips through CSV; SGLang, vLLM and PyTorch-benchmark
 records carry the documented mapping; MLflow writes a local run offline; W&B writes an offline run."""
 
 import copy

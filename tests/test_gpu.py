@@ -1,7 +1,7 @@
 """CUDA checks (marked `gpu`; tests/conftest.py skips them without CUDA). scripts/gpu_check.sh runs them on a lent
 GPU. Every method's CUDA path is compared with its CPU path on the same weights (the CPU paths are checked against
 FullKV and the paper's definitions by each method's own tests), the shared kernels with their CPU reference, and
-the offloading machinery for what the issue asks: pinned host tiers, no implicit device sync in the decode loop.
+the offloading machinery for what offloading needs: pinned host tiers, no implicit device sync in the decode loop.
 """
 
 from __future__ import annotations

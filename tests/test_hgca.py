@@ -1,4 +1,4 @@
-"""HGCA against its invariants (methods.md §6.7): FullKV with every CPU token selected (H1), a budget covering the
+"""HGCA against its invariants (H1-H3): FullKV with every CPU token selected (H1), a budget covering the
 context, or a 100% window (H3), window and host partitions that hold every token exactly once across migrations (H2),
 the CPU selection (sinks, then the top tokens by moving average: per KV head by the group's maximum with a budget,
 per query head without) merged exactly with the window, the budget attended exactly, the documented moving-average
@@ -46,7 +46,7 @@ def test_every_cpu_token_equals_fullkv(model_name, lengths, request, cpu_backend
 
 
 def test_one_sparse_layer_reads_only_admitted_tokens(tiny_llama):
-    """Issue 18 item 2: with a single sparse layer the next sparse layer is the same layer, so its deferred
+    """With a single sparse layer the next sparse layer is the same layer, so its deferred
     moving-average update and admission must reach the worker before its next CPU attention (queued behind it,
     the attention read 2 host tokens not yet admitted and the logits moved by 0.065)."""
     prompt, lengths = ragged_prompt(tiny_llama.config.vocab_size, [50, 31])
@@ -213,7 +213,7 @@ def test_method_args_and_refresh():
 
 @pytest.mark.parametrize("policy", [{"budget": None}, {"budget": 128, "window_share": 0.25}])
 def test_transfer_bytes_per_step(tiny_qwen3, policy):
-    """Issue 10 item 5: per layer and step HGCA sends the query and the device LSE to the host and gets the CPU
+    """Per layer and step HGCA sends the query and the device LSE to the host and gets the CPU
     part's output and LSE back (no migration within these steps: migrate_block exceeds the window's growth)."""
     prompt, lengths = ragged_prompt(tiny_qwen3.config.vocab_size, [150])
     _, tokens = fullkv_reference(tiny_qwen3, prompt, lengths, 4)
@@ -225,7 +225,7 @@ def test_transfer_bytes_per_step(tiny_qwen3, policy):
     assert stats["d2h_bytes_per_step"] == stats["h2d_bytes_per_step"] == ctx.num_layers * per_layer
 
 
-# ---------------------------------------------------------------------------------------------- budget (issue 11)
+# --------------------------------------------------------------------------- budget: every attended token counts
 SMALL_BUDGET = {"budget": 24, "window_share": 0.25, "migrate_block": 4, "sink_tokens": 2}  # window of 6 tokens
 
 

@@ -1,4 +1,4 @@
-"""InfiniGen against its invariants (methods.md §5.8): FullKV when every token is fetched (I1), an orthogonal skew
+"""InfiniGen against its invariants (I1-I5): FullKV when every token is fetched (I1), an orthogonal skew
 that preserves q.k (I2), speculation = the exact scores when every channel is kept (I3), one fetch count for every
 head within bounds (I4), byte counters that match it (I5), and exact attention over what was fetched."""
 
@@ -118,7 +118,7 @@ def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_he
     assert stats["tokens_fetched_per_layer"] == [0, fetch, fetch]
     token_bytes = len(lengths) * num_kv_heads * 2 * ctx.head_dim * 4
     assert stats["bytes_h2d_per_layer"] == [n * token_bytes for n in stats["tokens_fetched_per_layer"]]
-    # issue 10 item 5: H2D = the fetched K/V; D2H = the fetched ids and each layer's new K/V (one step, 2 layers)
+    # the transfer counters: H2D = the fetched K/V; D2H = the fetched ids and each layer's new K/V (one step, 2 layers)
     assert stats["h2d_bytes_per_step"] == 2 * fetch * token_bytes
     assert stats["d2h_bytes_per_step"] == 2 * (fetch * len(lengths) * num_kv_heads * 8 + token_bytes)
 
@@ -135,8 +135,8 @@ def test_engine_run_respects_the_fetch_cap(tiny_llama):
 
 @pytest.mark.parametrize("dynamic_count", [False, True])
 def test_fetch_count_and_where_its_host_sync_is_timed(dynamic_count):
-    """Issue 11 item 2: by default n = budget - 1 (budget-matched with the other methods, no host sync); the
-    original's alpha count is an option, and its `.item()` wait is timed as `idle`, not `predict` (issue 10 item 6)."""
+    """By default n = budget - 1 (budget-matched with the other methods, no host sync); the original's alpha count
+    is an option, and its `.item()` wait is timed as `idle` (the GPU waits), not `predict`."""
     lengths = [30, 30]
     method, ctx, _, _, generator = _bound_infinigen(lengths, 2, budget=9, alpha=0.01, dynamic_count=dynamic_count)
     q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)

@@ -1,5 +1,6 @@
-"""Invariants of the shared kernels (../shared/specs/methods.md §1.4 M1-M5 and §2.6 Q1-Q4): partial attention and
-the exact LSE merge, Quest digests, upper-bound scores and top-k selection; plus ScoutAttention's block table."""
+"""Invariants of the shared kernels (M1-M5 for the merge, Q1-Q4 for the digests, each named by its test): partial
+attention and the exact LSE merge, Quest digests, upper-bound scores and top-k selection; plus ScoutAttention's block
+table."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Config and listing (issue 22 item 3): `sweep --config grid.(yaml|toml)` with the resolved config saved beside
+"""Config and listing: `sweep --config grid.(yaml|toml)` with the resolved config saved beside
 the results, `scoutbench methods --json`, `accuracy --dataset list`."""
 
 import dataclasses

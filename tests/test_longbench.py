@@ -1,6 +1,6 @@
 """LongBench v1 as the official code runs it: templates, truncation, chat rules, post-processing, metrics and
-aggregation. Expected values follow from the metric definitions in specs/longbench.md (§6-§8); the tests named
-`test_checklist_*` cover its §10 list of subtleties one by one."""
+aggregation. Expected values follow from the official `metrics.py`/`eval.py` (THUDM/LongBench, `LongBench/`); the
+tests named `test_checklist_*` cover, one by one, the subtleties an implementer is likely to get wrong."""
 
 import json
 import math

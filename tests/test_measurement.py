@@ -1,4 +1,4 @@
-"""Measurement quality (issue 22 item 4): spread and a confidence interval of the step time, the spread warning,
+"""Measurement quality: spread and a confidence interval of the step time, the spread warning,
 `throughput --profile` (a Chrome/Perfetto trace of extra, untimed steps) and NVTX ranges per stage."""
 
 import gzip

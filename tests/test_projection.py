@@ -165,7 +165,7 @@ def test_work_counters_agree_with_method_stats(tiny_runs):
 
 
 def test_work_counters_report_the_attended_tokens_per_head(tiny_runs):
-    """What --budget bounds is a work counter too (issue 18): tokens per (sequence, KV head) in a sparse layer,
+    """What --budget bounds is a work counter too: tokens per (sequence, KV head) in a sparse layer,
     mean and max, from the method's measured stats at the run's own shape."""
     for name, result in tiny_runs.items():
         shape = result_shape(result)

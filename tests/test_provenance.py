@@ -1,4 +1,4 @@
-"""Provenance to lm-eval's level (issue 22 item 1): code (commit, dirty flag), model (hub commit, chat template
+"""Provenance to lm-eval's level: code (commit, dirty flag), model (hub commit, chat template
 hash), data (file sha256, hub commit, per-prompt hashes), GPU (driver, UUID, power limit, clock reasons) and host
 (CPU capability, torch's environment report)."""
 

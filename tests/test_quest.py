@@ -1,4 +1,4 @@
-"""Quest against its invariants (methods.md §4.7): FullKV when the budget covers the context (QS1), the selected
+"""Quest against its invariants (QS1-QS4): FullKV when the budget covers the context (QS1), the selected
 set (QS2), sparse attention = dense attention with the other keys masked (QS3), dense layers = FullKV (QS4)."""
 
 import math
@@ -122,7 +122,7 @@ def test_footprint_matches_what_bind_allocates():
 
 
 def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
-    """Issue 11 item 4: a budget >= every token the run holds is dense attention: the run uses FullKV, warns in
+    """A budget >= every token the run holds is dense attention: the run uses FullKV, warns in
     one line, and the result records `sparse: false` and the effective budget (prompt + warm-up + timed steps)."""
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
 
@@ -139,7 +139,7 @@ def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
     assert "digest_bytes" in sparse["method_stats"]
     full = run_throughput(ThroughputConfig(method="fullkv", prefill="real", **common))
     assert (full["budget"], full["effective_budget"], full["sparse"]) == (None, None, False)
-    # issue 11 item 5: a CPU-only run says that both tiers are the same memory and names its wait honestly
+    # a CPU-only run says that both tiers are the same memory and names its wait honestly
     assert full["tiers"] == {"device": "cpu", "host": "cpu", "shared_memory": True}
     assert full["gpu_idle_frac"] is None and 0.0 <= full["main_thread_wait_frac"] < 1.0
     assert full["kv_source"] == "model(tiny-qwen3, random token ids)"
@@ -148,7 +148,7 @@ def test_budget_covering_the_run_proceeds_dense_and_says_so(capsys):
 
 
 def test_budget_flag_on_methods_without_a_budget_is_a_usage_error(monkeypatch, capsys):
-    """Issue 11 item 2: `--budget` that no selected method takes is an error (exit 2, one line), not ignored."""
+    """`--budget` that no selected method takes is an error (exit 2, one line), not ignored."""
     from cli_runner import run_cli
 
     code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--budget", "2k", "--len", "64")

@@ -1,5 +1,5 @@
-"""Reliability (issue 20): every command's answer to inputs a new user or a tester gives it. One section per item of
-the issue; each test is the item's reproducer, and failed before its fix. The property-based tests at the end
+"""Reliability: every command's answer to inputs a new user or a tester gives it. One section per problem found;
+each test is its reproducer, and failed before its fix. The property-based tests at the end
 throw random result files (non-finite, missing and foreign-schema fields) at report, gate, score and project."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _gate(monkeypatch, capsys, base, cur, *extra) -> tuple[int, str]:
     return code, out + err
 
 
-# ---- item 3: the gate judges only what is comparable -----------------------------------------------------------
+# ---- the gate judges only what is comparable -------------------------------------------------------------------
 
 def test_gate_refuses_nan_and_zero_throughput_instead_of_passing(tmp_path, monkeypatch, capsys):
     """A NaN throughput passed ("ok"); zeros gave "improved" (step 0 ms) next to "REGRESSED" (0 tok/s)."""
@@ -98,7 +98,7 @@ def test_gate_refuses_points_run_with_other_settings_naming_the_setting(setting,
 
 def test_gate_refuses_a_run_level_setting_and_a_dtype_difference():
     dense = make_result("fullkv", 100.0)
-    dense["dense_layers"] = 2  # a run-level option (issue: --dense-layers) is part of the point too
+    dense["dense_layers"] = 2  # a run-level option (--dense-layers) is part of the point too
     (row,) = compare([make_result("fullkv", 100.0)], [dense], parse_tolerances([])).rows
     assert row.verdict == "MISMATCH" and "dense_layers unset in the baseline vs 2 now" in row.note
     bf16 = make_result("fullkv", 100.0)
@@ -156,7 +156,7 @@ def test_gate_labels_carry_the_dtype(tmp_path, monkeypatch, capsys):
     assert labels["skipped"] != labels["new"] and "float32" in labels["skipped"] and "bfloat16" in labels["new"]
 
 
-# ---- item 1: a batch the tool chooses is checked against free memory like one the user gives ------------------
+# ---- a batch the tool chooses is checked against free memory like one the user gives --------------------------
 
 GIB = 1024**3
 
@@ -192,7 +192,7 @@ def test_batch_auto_that_fits_free_memory_still_runs(monkeypatch, capsys, tmp_pa
     assert summary["batch"] >= 1
 
 
-# ---- item 2: `report` without matplotlib -------------------------------------------------------------------------
+# ---- `report` without matplotlib ---------------------------------------------------------------------------------
 
 def test_report_without_matplotlib_names_the_extra_in_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
@@ -208,7 +208,7 @@ def test_readme_install_line_installs_the_report_extra():
     assert '".[report]"' in install
 
 
-# ---- item 4: tables that agree with their data ---------------------------------------------------------------
+# ---- tables that agree with their data -----------------------------------------------------------------------
 
 def _rendered(table) -> str:
     from rich.console import Console
@@ -291,7 +291,7 @@ def test_project_table_names_each_source_point_and_the_prompt_length(tmp_path, m
     assert any("len 32k" in row for row in rows) and any("len 16k" in row for row in rows)
 
 
-# ---- item 5: inputs that used to be accepted ---------------------------------------------------------------------
+# ---- inputs that used to be accepted -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", [
     ["accuracy", "--dataset", "passkey", "--model", "smollm2-135m", "--len", "10k"],
@@ -431,7 +431,7 @@ def test_project_budget_and_block_size_without_a_method_that_has_them_are_refuse
         assert code == 2 and f"{flag}: no projected result's method has" in err, err
 
 
-# ---- item 6: errors ------------------------------------------------------------------------------------------------
+# ---- errors --------------------------------------------------------------------------------------------------------
 
 def test_plan_refuses_an_unsupported_architecture_in_one_line(tmp_path, monkeypatch, capsys):
     """`plan --model DIR` with a gpt2 config gave an AttributeError traceback."""
@@ -510,7 +510,7 @@ def test_the_exit_code_table_in_the_docs_is_the_one_the_code_applies():
                                                                                                  1, 2]
 
 
-# ---- item 7: SIGTERM like SIGINT ---------------------------------------------------------------------------------
+# ---- SIGTERM like SIGINT -----------------------------------------------------------------------------------------
 
 def test_sigterm_keeps_and_lists_the_finished_results_like_sigint(tmp_path):
     """SIGTERM exited 143 without the "kept N finished results" line that Ctrl-C gives."""
@@ -542,7 +542,7 @@ def test_sigterm_in_a_sweep_keeps_the_finished_points_and_says_so(tmp_path, monk
     assert code == 143 and "kept the finished points" in err and err.strip().endswith("terminated"), err
 
 
-# ---- item 8: no silent overwrites ----------------------------------------------------------------------------------
+# ---- no silent overwrites ------------------------------------------------------------------------------------------
 
 def test_calibrate_and_project_never_overwrite_silently(tmp_path, monkeypatch, capsys):
     """`calibrate -o` and `project -o` replaced existing files, unlike every other command."""
@@ -558,7 +558,7 @@ def test_calibrate_and_project_never_overwrite_silently(tmp_path, monkeypatch, c
     assert code == 0 and json.loads(existing.read_text())["kind"] == "projection", err
 
 
-# ---- item 9: where results go ------------------------------------------------------------------------------------
+# ---- where results go --------------------------------------------------------------------------------------------
 
 def _fake_profile(*args, **kwargs) -> dict:
     return json.loads((Path(__file__).resolve().parent.parent / "scoutbench" / "data" / "hardware" /
@@ -603,7 +603,7 @@ def test_accuracy_prints_its_result_on_stdout(smollm2, tmp_path, monkeypatch, ca
         pass
 
 
-# ---- item 10: property-based tests over the result schema and the gate --------------------------------------------
+# ---- property-based tests over the result schema and the gate -----------------------------------------------------
 
 PROPERTY_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 CI_RUNS = load_results([BASELINE / "run1"])  # real throughput results, method_stats and all (fullkv, scout)
@@ -801,8 +801,9 @@ def test_score_never_crashes_and_buckets_only_finite_lengths(rows, dataset):
 
 
 def test_a_failed_sweep_point_is_failed_in_the_gate_not_run_with_other_settings():
-    """Guards the point identity of item 3: a failed sweep point's file lacked the workload's kv_skew, so with the
-    settings in the key it would have read as "run with other settings" (MISMATCH) instead of FAILED."""
+    """Guards the point identity (the gate judges only what is comparable): a failed sweep point's file lacked the
+    workload's kv_skew, so with the settings in the key it would have read as "run with other settings" (MISMATCH)
+    instead of FAILED."""
     from scoutbench.bench.sweep import failed_result
     from scoutbench.bench.throughput import ThroughputConfig
 

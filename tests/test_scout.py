@@ -1,4 +1,6 @@
-"""ScoutAttention on tiny random models (CPU, fp32): exactness reductions (methods.md §7.7 S1-S8), the layer-ahead
+"""ScoutAttention on tiny random models (CPU, fp32): exactness reductions (S1 oracle mode = the same selection on the
+device alone, S2 oracle mode with a covering budget = FullKV, S4 the device and CPU parts split the selection, S5 a
+recall empties the CPU part, S6 recall never changes oracle outputs, S7 0 <= CPU compute ratio <= 1), the layer-ahead
 pipeline, periodic recall, accounting, edge cases, the recall profile and the query-cosine tool."""
 
 from __future__ import annotations
@@ -318,8 +320,8 @@ def test_layer_ahead_prediction_exact_when_layers_are_identities(identity_layers
 
 
 def test_unrotated_prediction_breaks_the_rope_sensitive_test(identity_layers_model, monkeypatch):
-    """Mutation check (methods.md §7.6.3): a predicted query without RoPE selects other blocks and changes the
-    outputs, so the exactness test above would fail."""
+    """Mutation check: the predicted query is rotated at the current position, as the digests' keys are; without
+    RoPE it selects other blocks and changes the outputs, so the exactness test above would fail."""
     from scoutbench.engine import DecodeEngine
 
     model = identity_layers_model
@@ -602,7 +604,7 @@ def _license_text_prompt(tokenizer, num_tokens: int) -> tuple[torch.Tensor, torc
 
 
 def test_budget_covering_the_context_equals_fullkv_on_a_real_model(smollm2):
-    """Issue 11 item 1 (regression): with the default layer-ahead prediction and recall, a budget that covers the
+    """Regression: with the default layer-ahead prediction and recall, a budget that covers the
     whole context leaves nothing to the CPU, so scout equals FullKV up to fp32 summation order. Before the fix a
     block leaving the local window became host-only and was attended on the CPU with the *predicted* query (KL
     1e-5 at each block boundary on SmolLM2). The decode crosses a block boundary at position 304."""
@@ -620,7 +622,7 @@ def test_budget_covering_the_context_equals_fullkv_on_a_real_model(smollm2):
 
 
 def test_transfer_bytes_count_what_is_copied(tiny_qwen3, prompt_300):
-    """Issue 10 item 5, recall off: per sparse layer and step the query and the plan payload go to the host, each
+    """Recall off: per sparse layer and step the query and the plan payload go to the host, each
     completed block goes to the host tier, the CPU part's output and LSE come back when it is not empty, and a
     block leaving the local window moves device-to-device (its indices are computed on the device: nothing crosses).
     tests/test_emulated_cuda.py checks the same counters against the bytes the emulated CUDA path copies."""

@@ -1,4 +1,4 @@
-"""The method contract is closed (issue 21 item 1): a method that no module outside `methods/` has heard of, registered
+"""The method contract is closed: a method that no module outside `methods/` has heard of, registered
 in a test-only registry scope, runs through throughput, sweep, report, `gate --counters` and `project` with nothing
 else patched, because every one of them asks the registry and the method class what it needs to know."""
 

@@ -1,5 +1,5 @@
 """LongBench v1 (all 21 datasets, 13 LongBench-E files), prompted and truncated exactly as the official `pred.py`
-(spec: longbench.md).
+(THUDM/LongBench, `LongBench/`, with the prompts and lengths of its `config/` files).
 
 A record becomes model input in four steps, each as the official code does it:
 1. fill the dataset's template (`scoutbench/data/dataset2prompt.json`, verbatim, typos included) with `str.format`;

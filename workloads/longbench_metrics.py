@@ -1,4 +1,5 @@
-"""LongBench v1 scoring, exactly as the official `metrics.py` / `eval.py` (THUDM/LongBench, spec: longbench.md §6-§8).
+"""LongBench v1 scoring, exactly as the official `metrics.py` / `eval.py` (THUDM/LongBench, `LongBench/`
+subfolder: post-processing, metrics and aggregation).
 
 All 21 datasets and the 13 LongBench-E files. The quirks are deliberate and published numbers depend on them:
 ROUGE-L comes from the `rouge` package (case-sensitive, sentence split on ".", unique-word sets, any exception

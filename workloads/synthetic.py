@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch is imported where prompts are made: the CLI reads thi
     import torch
 
 PREFILL_MODES = ("real", "synthetic")
-# Derived from real attention, not tuned to a paper number (issue 11 item 6): SmolLM2-135M over 3k tokens of real
+# Derived from real attention, not tuned to a paper number: SmolLM2-135M over 3k tokens of real
 # license prose, ScoutAttention budget 384 (1/8 of the context), 32 greedy steps, no recall: CPU compute ratio
 # 0.312; synthetic prefill of the same shape: 0.362 at kv_skew 0.05, 0.273 at 0.075, 0.225 at 0.1, 0.093 at the
 # old default 0.3. The closest grid value is the default. Reproduce:

@@ -89,7 +89,7 @@ class StepWork:
 
         layer = self.sparse if self.num_sparse else self.dense
         return {
-            # what --budget bounds: tokens per (sequence, KV head) in a sparse layer, both tiers (issue 18)
+            # what --budget bounds: tokens per (sequence, KV head) in a sparse layer, both tiers
             "attended_tokens_per_head_mean": (layer.device_tokens + layer.cpu_tokens) / self.rows,
             "attended_tokens_per_head_max": self.attended_max,
             "device_kv_bytes_per_step": total("device_kv_bytes"),
@@ -174,8 +174,8 @@ def measured_work(result: dict[str, Any]) -> MeasuredWork:
     config = dict(result.get("method_config") or {})
     run = RunRecord(result.get("method_stats") or {}, config, result_shape(result),
                     (result.get("workload") or {}).get("steps"))
-    # the tokens attended per (sequence, KV head) in a sparse layer, as fractions of the budget (results written
-    # before issue 18 lack them: the work model then assumes the budget)
+    # the tokens attended per (sequence, KV head) in a sparse layer, as fractions of the budget (older results, written
+    # before methods counted attended tokens, lack them: the work model then assumes the budget)
     return MeasuredWork(method, cls.name, config, attended_max_budget_frac=run.attended_budget_frac("max"),
                         source=str(result.get("_path", "")), **cls.measure_work(run))
 

@@ -181,7 +181,7 @@ class TieredBlockStore:
         The block was on the device all along; without this hand-off it became host-only the moment it turned
         selectable, so its attention moved to the CPU and used the *predicted* query. With a budget covering the
         whole context, scout then drifted from FullKV at every block boundary until a recall brought the block
-        back (issue 11 item 1). Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
+        back. Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
         a fixed set of blocks; the periodic recall brings it back when it matters. No host-device copy or sync:
         which rows move is computed on the device from the positions (a list built on the host cost a blocking
         `torch.tensor(..., device=cuda)` copy per block boundary), every (sequence, KV head) row takes part, and
