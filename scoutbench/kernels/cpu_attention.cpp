@@ -364,9 +364,13 @@ void pv_dispatch(int gb, float* const* accs, const float* const* probs, const vo
 }
 
 constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
-// Software prefetch distance: whole rows of the tokens 32 ahead of the tile (a jump to the next selected block is
-// no stream for the hardware prefetcher; prefetching only block or page starts measured slower on sparse calls).
-constexpr int64_t kPrefetchTokens = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
+// Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
+// the running max), then one max update and rescale per query, then PV over the whole step.
+constexpr int kStepTokens = 64;
+// Software prefetch runs one step ahead, and only for rows of short contiguous runs (a sparse selection of a few
+// tokens' blocks): the hardware prefetcher does not follow the jump to the next selected block, but streams a long
+// run by itself, where the prefetch instructions only cost (full 64k calls measured ~10% slower with them).
+constexpr int64_t kStreamedRunBytes = 64 * 1024;
 
 template <int D, bool BF16>
 void attend_avx512(const Args& a, const Item& item, State st) {
@@ -389,14 +393,14 @@ void attend_avx512(const Args& a, const Item& item, State st) {
     st.l[g] = 0.f;
   }
   std::fill(st.acc, st.acc + G * D, 0.f);
-  alignas(64) float probs_tile[kMaxGroup][kTile];
+  alignas(64) float probs_step[kMaxGroup][kStepTokens];  // the step's logits, then its probabilities
   __m512 lsum[kMaxGroup];
   for (int g = 0; g < G; ++g) lsum[g] = _mm512_setzero_ps();
   float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
   Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
   Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  // a second pair of cursors runs kPrefetchTokens ahead and prefetches those tokens' rows: the hardware prefetcher
-  // follows a contiguous run but not the jump to the next selected block
+  // a second pair of cursors runs a step ahead and prefetches those tokens' rows
+  const bool prefetch = a.block_size * a.ktok * static_cast<int64_t>(sizeof(T)) < kStreamedRunBytes;
   Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
   Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
   int64_t prefetched = item.begin;
@@ -406,37 +410,51 @@ void attend_avx512(const Args& a, const Item& item, State st) {
       prefetch_row(vpre.next_token(), D * sizeof(T));
     }
   };
-  prefetch_until(item.begin + kPrefetchTokens);
-  for (int64_t t0 = item.begin; t0 < item.end; t0 += kTile) {
-    const int n = static_cast<int>(std::min<int64_t>(kTile, item.end - t0));
-    const T* kp[kTile];
-    const T* vp[kTile];
+  if (prefetch) prefetch_until(item.begin + kStepTokens);
+  for (int64_t t0 = item.begin; t0 < item.end; t0 += kStepTokens) {
+    const int n = static_cast<int>(std::min<int64_t>(kStepTokens, item.end - t0));
+    const int tiles = (n + kTile - 1) / kTile;
+    const T* kp[kStepTokens];
+    const T* vp[kStepTokens];
     kc.fill(kp, n);
     vc.fill(vp, n);
-    prefetch_until(t0 + kTile + kPrefetchTokens);
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+    if (prefetch) prefetch_until(t0 + 2 * kStepTokens);
     for (int g = 0; g < G; ++g) {
-      __m512 s;
-      if constexpr (BF16) {
-        s = tile_scores_bf16<D>(reinterpret_cast<const uint16_t*>(q) + g * D, qf + g * D,
-                                reinterpret_cast<const uint16_t* const*>(kp), n);
-      } else {
-        s = tile_scores_f32<D>(qf + g * D, reinterpret_cast<const float* const*>(kp), n);
+      for (int j = 0; j < tiles; ++j) {
+        const int m = std::min(kTile, n - j * kTile);
+        __m512 s;
+        if constexpr (BF16) {
+          s = tile_scores_bf16<D>(reinterpret_cast<const uint16_t*>(q) + g * D, qf + g * D,
+                                  reinterpret_cast<const uint16_t* const*>(kp + j * kTile), m);
+        } else {
+          s = tile_scores_f32<D>(qf + g * D, reinterpret_cast<const float* const*>(kp + j * kTile), m);
+        }
+        const __mmask16 valid = static_cast<__mmask16>((1u << m) - 1u);
+        s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, _mm512_mul_ps(s, scale2));
+        if (probs_row) _mm512_mask_storeu_ps(probs_row + g * a.probs_width + t0 + j * kTile, valid, s);
+        _mm512_store_ps(probs_step[g] + j * kTile, s);
       }
-      s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, _mm512_mul_ps(s, scale2));
-      if (probs_row) _mm512_mask_storeu_ps(probs_row + g * a.probs_width + t0, valid, s);
-      const float tile_max = _mm512_reduce_max_ps(s);
-      if (tile_max > st.m[g]) {
-        const float alpha = std::exp2(st.m[g] - tile_max);
-        const __m512 va = _mm512_set1_ps(alpha);
-        lsum[g] = _mm512_mul_ps(lsum[g], va);
+    }
+    for (int g = 0; g < G; ++g) {
+      __m512 vmax = _mm512_load_ps(probs_step[g]);
+      for (int j = 1; j < tiles; ++j) vmax = _mm512_max_ps(vmax, _mm512_load_ps(probs_step[g] + j * kTile));
+      const float step_max = _mm512_reduce_max_ps(vmax);
+      if (step_max > st.m[g]) {
+        const __m512 alpha = _mm512_set1_ps(std::exp2(st.m[g] - step_max));
+        lsum[g] = _mm512_mul_ps(lsum[g], alpha);
         float* acc = st.acc + g * D;
-        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), va));
-        st.m[g] = tile_max;
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), alpha));
+        st.m[g] = step_max;
       }
-      const __m512 p = _mm512_maskz_mov_ps(valid, exp2_ps(_mm512_sub_ps(s, _mm512_set1_ps(st.m[g]))));
-      lsum[g] = _mm512_add_ps(lsum[g], p);
-      _mm512_store_ps(probs_tile[g], p);
+      const __m512 m = _mm512_set1_ps(st.m[g]);
+      for (int j = 0; j < tiles; ++j) {
+        const __m512 s = _mm512_load_ps(probs_step[g] + j * kTile);
+        // exp2_ps clamps its input, so a masked (-inf) logit's lane is zeroed here
+        const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kTile, n - j * kTile)) - 1u);
+        const __m512 p = _mm512_maskz_mov_ps(valid, exp2_ps(_mm512_sub_ps(s, m)));
+        lsum[g] = _mm512_add_ps(lsum[g], p);
+        _mm512_store_ps(probs_step[g] + j * kTile, p);
+      }
     }
     for (int g0 = 0; g0 < G; g0 += 4) {
       const int gb = std::min(4, G - g0);
@@ -444,7 +462,7 @@ void attend_avx512(const Args& a, const Item& item, State st) {
       const float* ps[4];
       for (int g = 0; g < gb; ++g) {
         accs[g] = st.acc + (g0 + g) * D;
-        ps[g] = probs_tile[g0 + g];
+        ps[g] = probs_step[g0 + g];
       }
       pv_dispatch<D, BF16>(gb, accs, ps, reinterpret_cast<const void* const*>(vp), n);
     }
