@@ -262,25 +262,25 @@ inline void prefetch_row(const void* p, int bytes) {
   for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
-// QK of one query against a tile of 16 token rows: scores (base-2 logits) of the tile, in token order.
+// QK of one query against a tile of 16 token rows: scores (base-2 logits) of the tile, in token order. The loops
+// run token-major, so the first query's pass reads each row in address order: a stream the hardware prefetcher
+// follows (column-major, a tile's lines arrive in a stride-of-a-row order it did not, and DRAM latency showed).
 template <int D>
 inline __m512 tile_scores_f32(const float* qg, const float* const* kp, int n) {
   constexpr int C = D / 16;
   __m512 acc[kTile];
   for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
   if (n == kTile) {
-    for (int c = 0; c < C; ++c) {
-      const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
 #pragma GCC unroll 16
-      for (int i = 0; i < kTile; ++i)
-        acc[slot_of(i)] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kp[i] + 16 * c), acc[slot_of(i)]);
-    }
+    for (int i = 0; i < kTile; ++i)
+      for (int c = 0; c < C; ++c)
+        acc[slot_of(i)] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kp[i] + 16 * c),
+                                          acc[slot_of(i)]);
   } else {
-    for (int c = 0; c < C; ++c) {
-      const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
-      for (int i = 0; i < n; ++i)
-        acc[slot_of(i)] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kp[i] + 16 * c), acc[slot_of(i)]);
-    }
+    for (int i = 0; i < n; ++i)
+      for (int c = 0; c < C; ++c)
+        acc[slot_of(i)] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kp[i] + 16 * c),
+                                          acc[slot_of(i)]);
   }
   return reduce16(acc);
 }
@@ -292,23 +292,22 @@ inline void tile_dots_bf16(const uint16_t* qg_bf16, const float* qg_even_odd, co
   const int count = FULL ? kTile : n;
 #ifdef __AVX512BF16__
   (void)qg_even_odd;
-  for (int c = 0; c < C; ++c) {
-    const __m512bh qc = (__m512bh)_mm512_loadu_si512(qg_bf16 + 32 * c);
 #pragma GCC unroll 16
-    for (int i = 0; i < count; ++i)
-      acc[slot_of(i)] = _mm512_dpbf16_ps(acc[slot_of(i)], qc, (__m512bh)_mm512_loadu_si512(kp[i] + 32 * c));
-  }
+  for (int i = 0; i < count; ++i)
+    for (int c = 0; c < C; ++c)
+      acc[slot_of(i)] = _mm512_dpbf16_ps(acc[slot_of(i)], (__m512bh)_mm512_loadu_si512(qg_bf16 + 32 * c),
+                                         (__m512bh)_mm512_loadu_si512(kp[i] + 32 * c));
 #else
   (void)qg_bf16;
-  for (int c = 0; c < C; ++c) {
-    const __m512 qe = _mm512_loadu_ps(qg_even_odd + 32 * c), qo = _mm512_loadu_ps(qg_even_odd + 32 * c + 16);
 #pragma GCC unroll 16
-    for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < count; ++i)
+    for (int c = 0; c < C; ++c) {
       __m512 ke, ko;
       bf16_even_odd(kp[i] + 32 * c, ke, ko);
-      acc[slot_of(i)] = _mm512_fmadd_ps(qe, ke, _mm512_fmadd_ps(qo, ko, acc[slot_of(i)]));
+      acc[slot_of(i)] = _mm512_fmadd_ps(_mm512_loadu_ps(qg_even_odd + 32 * c), ke,
+                                        _mm512_fmadd_ps(_mm512_loadu_ps(qg_even_odd + 32 * c + 16), ko,
+                                                        acc[slot_of(i)]));
     }
-  }
 #endif
 }
 
@@ -325,42 +324,45 @@ inline __m512 tile_scores_bf16(const uint16_t* qg_bf16, const float* qg_even_odd
   return reduce16(acc);
 }
 
-// acc[g][d-chunk] += sum_i p[g][i] * v[i][d-chunk] for up to 4 queries and 64 columns at a time.
+// Columns and queries of one PV pass: whole rows up to 128 columns (the first pass reads each V row in address
+// order, as the QK loops do), and as many queries as 32 vector registers hold beside the row.
+constexpr int pv_cols(int D) { return D < 128 ? D : 128; }
+constexpr int pv_queries(int D) { return pv_cols(D) <= 64 ? 4 : 2; }
+
+// acc[g][pass columns] += sum_i p[g][i] * v[i][pass columns] for GB <= pv_queries(D) queries.
 template <int D, int GB, bool BF16>
 inline void tile_pv(float* const* accs, const float* const* probs, const void* const* vp, int n) {
-  constexpr int W = 64;  // columns per pass: 4 vectors
+  constexpr int W = pv_cols(D), V = W / 16;
   for (int d0 = 0; d0 < D; d0 += W) {
-    __m512 acc[GB][4];
+    __m512 acc[GB][V];
     for (int g = 0; g < GB; ++g)
-      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(accs[g] + d0 + 16 * c);
+      for (int c = 0; c < V; ++c) acc[g][c] = _mm512_loadu_ps(accs[g] + d0 + 16 * c);
     for (int i = 0; i < n; ++i) {
-      __m512 x[4];
+      __m512 x[V];
       if constexpr (BF16) {
         const uint16_t* row = static_cast<const uint16_t*>(vp[i]) + d0;
-        bf16_even_odd(row, x[0], x[1]);
-        bf16_even_odd(row + 32, x[2], x[3]);
+        for (int c = 0; c < V; c += 2) bf16_even_odd(row + 16 * c, x[c], x[c + 1]);
       } else {
         const float* row = static_cast<const float*>(vp[i]) + d0;
-        for (int c = 0; c < 4; ++c) x[c] = _mm512_loadu_ps(row + 16 * c);
+        for (int c = 0; c < V; ++c) x[c] = _mm512_loadu_ps(row + 16 * c);
       }
       for (int g = 0; g < GB; ++g) {
         const __m512 p = _mm512_set1_ps(probs[g][i]);
-        for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
+        for (int c = 0; c < V; ++c) acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
       }
     }
     for (int g = 0; g < GB; ++g)
-      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(accs[g] + d0 + 16 * c, acc[g][c]);
+      for (int c = 0; c < V; ++c) _mm512_storeu_ps(accs[g] + d0 + 16 * c, acc[g][c]);
   }
 }
 
-template <int D, bool BF16>
+// tile_pv for gb (1 .. pv_queries(D)) queries
+template <int D, bool BF16, int GB = pv_queries(D)>
 void pv_dispatch(int gb, float* const* accs, const float* const* probs, const void* const* vp, int n) {
-  switch (gb) {
-    case 1: tile_pv<D, 1, BF16>(accs, probs, vp, n); break;
-    case 2: tile_pv<D, 2, BF16>(accs, probs, vp, n); break;
-    case 3: tile_pv<D, 3, BF16>(accs, probs, vp, n); break;
-    default: tile_pv<D, 4, BF16>(accs, probs, vp, n); break;
+  if constexpr (GB > 1) {
+    if (gb < GB) return pv_dispatch<D, BF16, GB - 1>(gb, accs, probs, vp, n);
   }
+  tile_pv<D, GB, BF16>(accs, probs, vp, n);
 }
 
 constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
@@ -456,10 +458,11 @@ void attend_avx512(const Args& a, const Item& item, State st) {
         _mm512_store_ps(probs_step[g] + j * kTile, p);
       }
     }
-    for (int g0 = 0; g0 < G; g0 += 4) {
-      const int gb = std::min(4, G - g0);
-      float* accs[4];
-      const float* ps[4];
+    constexpr int GB = pv_queries(D);
+    for (int g0 = 0; g0 < G; g0 += GB) {
+      const int gb = std::min(GB, G - g0);
+      float* accs[GB];
+      const float* ps[GB];
       for (int g = 0; g < gb; ++g) {
         accs[g] = st.acc + (g0 + g) * D;
         ps[g] = probs_step[g0 + g];
