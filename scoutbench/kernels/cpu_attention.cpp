@@ -369,11 +369,12 @@ constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arr
 // Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
 // the running max), then one max update and rescale per query, then PV over the whole step.
 constexpr int kStepTokens = 64;
-// Software prefetch of the rows kPrefetchTokens ahead, interleaved with the QK tiles, and only for rows of short
-// contiguous runs (a sparse selection of a few tokens' blocks): the hardware prefetcher does not follow the jump to
-// the next selected block, but streams a long run by itself, where the prefetch instructions only cost (full 64k
-// calls measured ~10% slower with them). Measured on sparse calls: a burst per step, or only each page's first
-// lines, at 64 to 512 tokens ahead, was no faster.
+// Software prefetch. Rows of short contiguous runs (a sparse selection of a few tokens' blocks): K and V rows
+// kPrefetchTokens ahead, interleaved with the QK tiles; the hardware prefetcher does not follow the jump to the
+// next selected block (measured on sparse calls: a burst per step, or only each page's first lines, at 64 to 512
+// tokens ahead, was no faster). Long runs, which the hardware prefetcher streams: only each tile's V rows, while
+// the first query reads its K rows, so that V streams in during the QK rather than stalling the PV (bf16 full 64k
+// calls measured ~25% faster; K rows ahead too, ~10% slower).
 constexpr int64_t kPrefetchTokens = 32;
 constexpr int64_t kStreamedRunBytes = 64 * 1024;
 
@@ -425,8 +426,10 @@ void attend_avx512(const Args& a, const Item& item, State st) {
     vc.fill(vp, n);
     for (int g = 0; g < G; ++g) {
       for (int j = 0; j < tiles; ++j) {
-        if (g == 0 && prefetch) prefetch_until(t0 + (j + 1) * kTile + kPrefetchTokens);
         const int m = std::min(kTile, n - j * kTile);
+        if (g == 0 && prefetch) prefetch_until(t0 + (j + 1) * kTile + kPrefetchTokens);
+        if (g == 0 && !prefetch)
+          for (int i = 0; i < m; ++i) prefetch_row(vp[j * kTile + i], D * sizeof(T));
         __m512 s;
         if constexpr (BF16) {
           s = tile_scores_bf16<D>(reinterpret_cast<const uint16_t*>(q) + g * D, qf + g * D,
