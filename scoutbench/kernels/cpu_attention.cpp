@@ -405,8 +405,8 @@ void attend_avx512(const Args& a, const Item& item, State st) {
   float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
   Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
   Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  // a second pair of cursors runs ahead and prefetches those tokens' rows
-  const bool prefetch = a.block_size * a.ktok * static_cast<int64_t>(sizeof(T)) < kStreamedRunBytes;
+  // rows of short runs: a second pair of cursors runs ahead and prefetches those tokens' rows
+  const bool short_runs = a.block_size * a.ktok * static_cast<int64_t>(sizeof(T)) < kStreamedRunBytes;
   Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
   Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
   int64_t prefetched = item.begin;
@@ -416,7 +416,7 @@ void attend_avx512(const Args& a, const Item& item, State st) {
       prefetch_row(vpre.next_token(), D * sizeof(T));
     }
   };
-  if (prefetch) prefetch_until(item.begin + kPrefetchTokens);
+  if (short_runs) prefetch_until(item.begin + kPrefetchTokens);
   for (int64_t t0 = item.begin; t0 < item.end; t0 += kStepTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kStepTokens, item.end - t0));
     const int tiles = (n + kTile - 1) / kTile;
@@ -427,9 +427,13 @@ void attend_avx512(const Args& a, const Item& item, State st) {
     for (int g = 0; g < G; ++g) {
       for (int j = 0; j < tiles; ++j) {
         const int m = std::min(kTile, n - j * kTile);
-        if (g == 0 && prefetch) prefetch_until(t0 + (j + 1) * kTile + kPrefetchTokens);
-        if (g == 0 && !prefetch)
-          for (int i = 0; i < m; ++i) prefetch_row(vp[j * kTile + i], D * sizeof(T));
+        if (g == 0) {  // the first query's pass over the tile issues the prefetches (see kPrefetchTokens)
+          if (short_runs) {
+            prefetch_until(t0 + (j + 1) * kTile + kPrefetchTokens);
+          } else {
+            for (int i = 0; i < m; ++i) prefetch_row(vp[j * kTile + i], D * sizeof(T));
+          }
+        }
         __m512 s;
         if constexpr (BF16) {
           s = tile_scores_bf16<D>(reinterpret_cast<const uint16_t*>(q) + g * D, qf + g * D,
