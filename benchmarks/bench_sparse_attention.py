@@ -3,7 +3,10 @@
 For each dtype and CPU backend (`native`: the compiled kernel of scoutbench/kernels/cpu_attention.py; `torch`: the
 fallback, torch's flash kernel after a gather of the selected blocks) it measures, in the same run:
 - the machine's read bandwidth (`sum` over 512 MiB, interleaved with the full calls) and copy bandwidth (`copy_`
-  of 256 MiB, bytes copied), in each row, so each fraction is against the bandwidth of its own moments;
+  of 256 MiB, bytes copied), in each row, so each fraction is against the bandwidth of its own moments. The `sum`
+  runs on the kernel's threads (torch's count) and measured as fast as a hand-written AVX-512 streaming read (four
+  accumulators, same threads) over 256 or 512 MiB: a streaming read, not a weak reference, and like the full calls'
+  KV (256 MiB bf16, 512 MiB fp32) far larger than the caches;
 - full attention over `len` tokens (`partial_attention`, packed GQA) in KV bytes/s and as a fraction of read;
 - sparse attention over `budget` of them in blocks of `block_size` per (sequence, KV head)
   (`block_sparse_attention` over a block-major host tier, the layout ScoutAttention's host tier uses), the same;

@@ -262,25 +262,25 @@ inline void prefetch_row(const void* p, int bytes) {
   for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
-// QK of one query against a tile of 16 token rows: scores (base-2 logits) of the tile, in token order.
+// QK of one query against a tile of 16 token rows: scores (base-2 logits) of the tile, in token order. The loops
+// run token-major, so the first query's pass reads each row in address order: a stream the hardware prefetcher
+// follows (column-major, a tile's lines arrive in a stride-of-a-row order it did not, and DRAM latency showed).
 template <int D>
 inline __m512 tile_scores_f32(const float* qg, const float* const* kp, int n) {
   constexpr int C = D / 16;
   __m512 acc[kTile];
   for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
   if (n == kTile) {
-    for (int c = 0; c < C; ++c) {
-      const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
 #pragma GCC unroll 16
-      for (int i = 0; i < kTile; ++i)
-        acc[slot_of(i)] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kp[i] + 16 * c), acc[slot_of(i)]);
-    }
+    for (int i = 0; i < kTile; ++i)
+      for (int c = 0; c < C; ++c)
+        acc[slot_of(i)] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kp[i] + 16 * c),
+                                          acc[slot_of(i)]);
   } else {
-    for (int c = 0; c < C; ++c) {
-      const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
-      for (int i = 0; i < n; ++i)
-        acc[slot_of(i)] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kp[i] + 16 * c), acc[slot_of(i)]);
-    }
+    for (int i = 0; i < n; ++i)
+      for (int c = 0; c < C; ++c)
+        acc[slot_of(i)] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kp[i] + 16 * c),
+                                          acc[slot_of(i)]);
   }
   return reduce16(acc);
 }
@@ -292,23 +292,22 @@ inline void tile_dots_bf16(const uint16_t* qg_bf16, const float* qg_even_odd, co
   const int count = FULL ? kTile : n;
 #ifdef __AVX512BF16__
   (void)qg_even_odd;
-  for (int c = 0; c < C; ++c) {
-    const __m512bh qc = (__m512bh)_mm512_loadu_si512(qg_bf16 + 32 * c);
 #pragma GCC unroll 16
-    for (int i = 0; i < count; ++i)
-      acc[slot_of(i)] = _mm512_dpbf16_ps(acc[slot_of(i)], qc, (__m512bh)_mm512_loadu_si512(kp[i] + 32 * c));
-  }
+  for (int i = 0; i < count; ++i)
+    for (int c = 0; c < C; ++c)
+      acc[slot_of(i)] = _mm512_dpbf16_ps(acc[slot_of(i)], (__m512bh)_mm512_loadu_si512(qg_bf16 + 32 * c),
+                                         (__m512bh)_mm512_loadu_si512(kp[i] + 32 * c));
 #else
   (void)qg_bf16;
-  for (int c = 0; c < C; ++c) {
-    const __m512 qe = _mm512_loadu_ps(qg_even_odd + 32 * c), qo = _mm512_loadu_ps(qg_even_odd + 32 * c + 16);
 #pragma GCC unroll 16
-    for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < count; ++i)
+    for (int c = 0; c < C; ++c) {
       __m512 ke, ko;
       bf16_even_odd(kp[i] + 32 * c, ke, ko);
-      acc[slot_of(i)] = _mm512_fmadd_ps(qe, ke, _mm512_fmadd_ps(qo, ko, acc[slot_of(i)]));
+      acc[slot_of(i)] = _mm512_fmadd_ps(_mm512_loadu_ps(qg_even_odd + 32 * c), ke,
+                                        _mm512_fmadd_ps(_mm512_loadu_ps(qg_even_odd + 32 * c + 16), ko,
+                                                        acc[slot_of(i)]));
     }
-  }
 #endif
 }
 
@@ -325,48 +324,59 @@ inline __m512 tile_scores_bf16(const uint16_t* qg_bf16, const float* qg_even_odd
   return reduce16(acc);
 }
 
-// acc[g][d-chunk] += sum_i p[g][i] * v[i][d-chunk] for up to 4 queries and 64 columns at a time.
+// Columns and queries of one PV pass: whole rows up to 128 columns (the first pass reads each V row in address
+// order, as the QK loops do), and as many queries as 32 vector registers hold beside the row.
+constexpr int pv_cols(int D) { return D < 128 ? D : 128; }
+constexpr int pv_queries(int D) { return pv_cols(D) <= 64 ? 4 : 2; }
+
+// acc[g][pass columns] += sum_i p[g][i] * v[i][pass columns] for GB <= pv_queries(D) queries.
 template <int D, int GB, bool BF16>
 inline void tile_pv(float* const* accs, const float* const* probs, const void* const* vp, int n) {
-  constexpr int W = 64;  // columns per pass: 4 vectors
+  constexpr int W = pv_cols(D), V = W / 16;
   for (int d0 = 0; d0 < D; d0 += W) {
-    __m512 acc[GB][4];
+    __m512 acc[GB][V];
     for (int g = 0; g < GB; ++g)
-      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(accs[g] + d0 + 16 * c);
+      for (int c = 0; c < V; ++c) acc[g][c] = _mm512_loadu_ps(accs[g] + d0 + 16 * c);
     for (int i = 0; i < n; ++i) {
-      __m512 x[4];
+      __m512 x[V];
       if constexpr (BF16) {
         const uint16_t* row = static_cast<const uint16_t*>(vp[i]) + d0;
-        bf16_even_odd(row, x[0], x[1]);
-        bf16_even_odd(row + 32, x[2], x[3]);
+        for (int c = 0; c < V; c += 2) bf16_even_odd(row + 16 * c, x[c], x[c + 1]);
       } else {
         const float* row = static_cast<const float*>(vp[i]) + d0;
-        for (int c = 0; c < 4; ++c) x[c] = _mm512_loadu_ps(row + 16 * c);
+        for (int c = 0; c < V; ++c) x[c] = _mm512_loadu_ps(row + 16 * c);
       }
       for (int g = 0; g < GB; ++g) {
         const __m512 p = _mm512_set1_ps(probs[g][i]);
-        for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
+        for (int c = 0; c < V; ++c) acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
       }
     }
     for (int g = 0; g < GB; ++g)
-      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(accs[g] + d0 + 16 * c, acc[g][c]);
+      for (int c = 0; c < V; ++c) _mm512_storeu_ps(accs[g] + d0 + 16 * c, acc[g][c]);
   }
 }
 
-template <int D, bool BF16>
+// tile_pv for gb (1 .. pv_queries(D)) queries
+template <int D, bool BF16, int GB = pv_queries(D)>
 void pv_dispatch(int gb, float* const* accs, const float* const* probs, const void* const* vp, int n) {
-  switch (gb) {
-    case 1: tile_pv<D, 1, BF16>(accs, probs, vp, n); break;
-    case 2: tile_pv<D, 2, BF16>(accs, probs, vp, n); break;
-    case 3: tile_pv<D, 3, BF16>(accs, probs, vp, n); break;
-    default: tile_pv<D, 4, BF16>(accs, probs, vp, n); break;
+  if constexpr (GB > 1) {
+    if (gb < GB) return pv_dispatch<D, BF16, GB - 1>(gb, accs, probs, vp, n);
   }
+  tile_pv<D, GB, BF16>(accs, probs, vp, n);
 }
 
 constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
-// Software prefetch distance: whole rows of the tokens 32 ahead of the tile (a jump to the next selected block is
-// no stream for the hardware prefetcher; prefetching only block or page starts measured slower on sparse calls).
-constexpr int64_t kPrefetchTokens = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
+// Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
+// the running max), then one max update and rescale per query, then PV over the whole step.
+constexpr int kStepTokens = 64;
+// Software prefetch. Rows of short contiguous runs (a sparse selection of a few tokens' blocks): K and V rows
+// kPrefetchTokens ahead, interleaved with the QK tiles; the hardware prefetcher does not follow the jump to the
+// next selected block (measured on sparse calls: a burst per step, or only each page's first lines, at 64 to 512
+// tokens ahead, was no faster). Long runs, which the hardware prefetcher streams: only each tile's V rows, while
+// the first query reads its K rows, so that V streams in during the QK rather than stalling the PV (bf16 full 64k
+// calls measured ~25% faster; K rows ahead too, ~10% slower).
+constexpr int64_t kPrefetchTokens = 32;
+constexpr int64_t kStreamedRunBytes = 64 * 1024;
 
 template <int D, bool BF16>
 void attend_avx512(const Args& a, const Item& item, State st) {
@@ -389,14 +399,14 @@ void attend_avx512(const Args& a, const Item& item, State st) {
     st.l[g] = 0.f;
   }
   std::fill(st.acc, st.acc + G * D, 0.f);
-  alignas(64) float probs_tile[kMaxGroup][kTile];
+  alignas(64) float probs_step[kMaxGroup][kStepTokens];  // the step's logits, then its probabilities
   __m512 lsum[kMaxGroup];
   for (int g = 0; g < G; ++g) lsum[g] = _mm512_setzero_ps();
   float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
   Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
   Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  // a second pair of cursors runs kPrefetchTokens ahead and prefetches those tokens' rows: the hardware prefetcher
-  // follows a contiguous run but not the jump to the next selected block
+  // rows of short runs: a second pair of cursors runs ahead and prefetches those tokens' rows
+  const bool short_runs = a.block_size * a.ktok * static_cast<int64_t>(sizeof(T)) < kStreamedRunBytes;
   Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
   Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
   int64_t prefetched = item.begin;
@@ -406,45 +416,66 @@ void attend_avx512(const Args& a, const Item& item, State st) {
       prefetch_row(vpre.next_token(), D * sizeof(T));
     }
   };
-  prefetch_until(item.begin + kPrefetchTokens);
-  for (int64_t t0 = item.begin; t0 < item.end; t0 += kTile) {
-    const int n = static_cast<int>(std::min<int64_t>(kTile, item.end - t0));
-    const T* kp[kTile];
-    const T* vp[kTile];
+  if (short_runs) prefetch_until(item.begin + kPrefetchTokens);
+  for (int64_t t0 = item.begin; t0 < item.end; t0 += kStepTokens) {
+    const int n = static_cast<int>(std::min<int64_t>(kStepTokens, item.end - t0));
+    const int tiles = (n + kTile - 1) / kTile;
+    const T* kp[kStepTokens];
+    const T* vp[kStepTokens];
     kc.fill(kp, n);
     vc.fill(vp, n);
-    prefetch_until(t0 + kTile + kPrefetchTokens);
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
     for (int g = 0; g < G; ++g) {
-      __m512 s;
-      if constexpr (BF16) {
-        s = tile_scores_bf16<D>(reinterpret_cast<const uint16_t*>(q) + g * D, qf + g * D,
-                                reinterpret_cast<const uint16_t* const*>(kp), n);
-      } else {
-        s = tile_scores_f32<D>(qf + g * D, reinterpret_cast<const float* const*>(kp), n);
+      for (int j = 0; j < tiles; ++j) {
+        const int m = std::min(kTile, n - j * kTile);
+        if (g == 0) {  // the first query's pass over the tile issues the prefetches (see kPrefetchTokens)
+          if (short_runs) {
+            prefetch_until(t0 + (j + 1) * kTile + kPrefetchTokens);
+          } else {
+            for (int i = 0; i < m; ++i) prefetch_row(vp[j * kTile + i], D * sizeof(T));
+          }
+        }
+        __m512 s;
+        if constexpr (BF16) {
+          s = tile_scores_bf16<D>(reinterpret_cast<const uint16_t*>(q) + g * D, qf + g * D,
+                                  reinterpret_cast<const uint16_t* const*>(kp + j * kTile), m);
+        } else {
+          s = tile_scores_f32<D>(qf + g * D, reinterpret_cast<const float* const*>(kp + j * kTile), m);
+        }
+        const __mmask16 valid = static_cast<__mmask16>((1u << m) - 1u);
+        s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, _mm512_mul_ps(s, scale2));
+        if (probs_row) _mm512_mask_storeu_ps(probs_row + g * a.probs_width + t0 + j * kTile, valid, s);
+        _mm512_store_ps(probs_step[g] + j * kTile, s);
       }
-      s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, _mm512_mul_ps(s, scale2));
-      if (probs_row) _mm512_mask_storeu_ps(probs_row + g * a.probs_width + t0, valid, s);
-      const float tile_max = _mm512_reduce_max_ps(s);
-      if (tile_max > st.m[g]) {
-        const float alpha = std::exp2(st.m[g] - tile_max);
-        const __m512 va = _mm512_set1_ps(alpha);
-        lsum[g] = _mm512_mul_ps(lsum[g], va);
-        float* acc = st.acc + g * D;
-        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), va));
-        st.m[g] = tile_max;
-      }
-      const __m512 p = _mm512_maskz_mov_ps(valid, exp2_ps(_mm512_sub_ps(s, _mm512_set1_ps(st.m[g]))));
-      lsum[g] = _mm512_add_ps(lsum[g], p);
-      _mm512_store_ps(probs_tile[g], p);
     }
-    for (int g0 = 0; g0 < G; g0 += 4) {
-      const int gb = std::min(4, G - g0);
-      float* accs[4];
-      const float* ps[4];
+    for (int g = 0; g < G; ++g) {
+      __m512 vmax = _mm512_load_ps(probs_step[g]);
+      for (int j = 1; j < tiles; ++j) vmax = _mm512_max_ps(vmax, _mm512_load_ps(probs_step[g] + j * kTile));
+      const float step_max = _mm512_reduce_max_ps(vmax);
+      if (step_max > st.m[g]) {
+        const __m512 alpha = _mm512_set1_ps(std::exp2(st.m[g] - step_max));
+        lsum[g] = _mm512_mul_ps(lsum[g], alpha);
+        float* acc = st.acc + g * D;
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), alpha));
+        st.m[g] = step_max;
+      }
+      const __m512 m = _mm512_set1_ps(st.m[g]);
+      for (int j = 0; j < tiles; ++j) {
+        const __m512 s = _mm512_load_ps(probs_step[g] + j * kTile);
+        // exp2_ps clamps its input, so a masked (-inf) logit's lane is zeroed here
+        const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kTile, n - j * kTile)) - 1u);
+        const __m512 p = _mm512_maskz_mov_ps(valid, exp2_ps(_mm512_sub_ps(s, m)));
+        lsum[g] = _mm512_add_ps(lsum[g], p);
+        _mm512_store_ps(probs_step[g] + j * kTile, p);
+      }
+    }
+    constexpr int GB = pv_queries(D);
+    for (int g0 = 0; g0 < G; g0 += GB) {
+      const int gb = std::min(GB, G - g0);
+      float* accs[GB];
+      const float* ps[GB];
       for (int g = 0; g < gb; ++g) {
         accs[g] = st.acc + (g0 + g) * D;
-        ps[g] = probs_tile[g0 + g];
+        ps[g] = probs_step[g0 + g];
       }
       pv_dispatch<D, BF16>(gb, accs, ps, reinterpret_cast<const void* const*>(vp), n);
     }
