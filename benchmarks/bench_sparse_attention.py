@@ -9,7 +9,8 @@ fallback, torch's flash kernel after a gather of the selected blocks) it measure
   KV (256 MiB bf16, 512 MiB fp32) far larger than the caches;
 - full attention over `len` tokens (`partial_attention`, packed GQA) in KV bytes/s and as a fraction of read;
 - sparse attention over `budget` of them in blocks of `block_size` per (sequence, KV head)
-  (`block_sparse_attention` over a block-major host tier, the layout ScoutAttention's host tier uses), the same;
+  (`block_sparse_attention` over a block-major host tier in a `HostArena`, the layout and allocation
+  ScoutAttention's host tier uses), the same;
 - the speed-up full / sparse (ideal len / budget: 32x for 2048 of 64k).
 Selections rotate over 16 random sets so the selected data is not cache-resident. Times: median / min of the
 repeats (the min approximates the uncontended time on a shared machine); fractions use the min. OpenMP threads
@@ -32,6 +33,7 @@ import torch  # noqa: E402
 
 from scoutbench.kernels import cpu_attention  # noqa: E402
 from scoutbench.kernels.attention import block_sparse_attention, partial_attention  # noqa: E402
+from scoutbench.kernels.offload import HostArena  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -70,9 +72,13 @@ def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: 
     g = torch.Generator().manual_seed(0)
     num_blocks = length // block_size
     rows = batch * kv_heads
-    # host tier, block-major rows `block * rows + row` as in ScoutAttention, viewed as [B, Hkv, blocks, bs, D]
-    tier_k = torch.randn(num_blocks * rows, block_size, head_dim, generator=g).to(dtype)
-    tier_v = torch.randn(num_blocks * rows, block_size, head_dim, generator=g).to(dtype)
+    # host tier, block-major rows `block * rows + row` as in ScoutAttention, viewed as [B, Hkv, blocks, bs, D], in
+    # the methods' own host arena (huge pages where Linux allows them); full attention's KV is a plain tensor, as
+    # FullKV allocates it
+    tier_shape = (num_blocks * rows, block_size, head_dim)
+    arena = HostArena({"k": (tier_shape, dtype), "v": (tier_shape, dtype)}, torch.device("cpu"))
+    tier_k = arena["k"].copy_(torch.randn(tier_shape, generator=g))
+    tier_v = arena["v"].copy_(torch.randn(tier_shape, generator=g))
     blocks_k = tier_k.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
     blocks_v = tier_v.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
     full_k = blocks_k.reshape(batch, kv_heads, length, head_dim).contiguous()

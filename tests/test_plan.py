@@ -8,6 +8,7 @@ N = 65536 and a 32-token block size gives 2048 blocks, each digest (min and max 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,6 +226,49 @@ def test_arena_layout_is_exact_and_aligned():
     arena["d"].fill_(-1)
     assert torch.equal(arena["a"], torch.zeros(3, 5, dtype=torch.bfloat16))  # zeroed, and no overlap
     assert all(arena[key].untyped_storage().data_ptr() == arena.buffer.data_ptr() for key in specs)
+
+
+def _thp_mode() -> str | None:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0]
+
+
+def _huge_bytes_at(address: int) -> int:
+    """AnonHugePages of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text(encoding="utf-8").splitlines():
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_huge_page_advice_covers_the_aligned_interior_and_backs_the_arena():
+    """huge_page_backing advises exactly the 2 MiB-aligned interior (nothing under 2 MiB), and a host arena big
+    enough is backed by huge pages where Linux allows them, even on memory the allocator recycles (already faulted
+    in as small pages), its tensors still zeroed views of one buffer."""
+    from scoutbench.kernels.offload import HUGE_PAGE_BYTES, HostArena, huge_page_backing
+
+    assert huge_page_backing(torch.empty(HUGE_PAGE_BYTES // 2, dtype=torch.uint8)) == 0
+    if _thp_mode() in (None, "never"):
+        pytest.skip("this kernel has no transparent huge pages")
+    touched = torch.ones(5 * HUGE_PAGE_BYTES + 12345, dtype=torch.uint8)  # faulted in as small pages
+    start = -(-touched.data_ptr() // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    end = (touched.data_ptr() + touched.numel()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    assert huge_page_backing(touched) == end - start >= 4 * HUGE_PAGE_BYTES
+    touched.fill_(7)
+    assert _huge_bytes_at(start + HUGE_PAGE_BYTES) > 0 and bool((touched == 7).all())
+    arena = HostArena({"k": ((8, HUGE_PAGE_BYTES // 4), torch.float32), "v": ((3,), torch.bfloat16)},
+                      torch.device("cpu"))
+    assert arena.huge_page_bytes >= 6 * HUGE_PAGE_BYTES and not arena.pinned
+    assert torch.count_nonzero(arena["k"]) == 0 and torch.count_nonzero(arena["v"]) == 0
+    assert _huge_bytes_at(arena.buffer.data_ptr() + arena.nbytes // 2) > 0
 
 
 # (method, --method-arg) at a small shape; InfiniGen's fetch is small because its CUDA-only pinned staging is in
