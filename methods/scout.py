@@ -196,12 +196,12 @@ class ScoutAttention(SparseLayerMethod):
         n_blocks = math.ceil(context_len / self.block_size)
         region = self.budget // self.block_size * self.block_size  # device block slots per (sequence, KV head)
         # per sparse layer: digests, the slotted region and its BlockTable (int64 block -> slot, int64 + bool per
-        # slot); once: the recall's device staging of k_sel blocks (K and V) and the region's mask
+        # slot); once: the recall's device staging of k_sel blocks (K and V) and the region's open tokens per slot
         block_table = shape.num_kv_heads * ((n_blocks + 1) * 8 + (self.k_sel + 1) * 9)
         device = dense * context_len * kv + sparse * (
             n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + region * kv + block_table)
         if sparse:
-            device += self.k_sel * self.block_size * kv + shape.num_kv_heads * region * elem_bytes
+            device += self.k_sel * self.block_size * kv + shape.num_kv_heads * (region // self.block_size) * 8
         # the host arena: every block of the sparse layers, and two recall staging buffers of k_sel blocks (K and V)
         host = sparse * n_blocks * self.block_size * kv + (2 * self.k_sel * self.block_size * kv if sparse else 0)
         # prefill: one chunk of blocks made contiguous for its D2H copy, and the initial resident K (then V) blocks
@@ -294,7 +294,7 @@ class ScoutAttention(SparseLayerMethod):
         if self.sparse_layers:
             pos = step.positions
             self.store.keep_leaving_blocks(step.positions_host, pos, self._prompt_len, self._prompt_len_device)
-            self.store.step_bias(pos)
+            self.store.step_slots(pos)
             self._step_selectable = self._selectable(pos, max(step.positions_host))
             self._ring_rows = None if step.uniform else self.store.ring_rows(pos)
         self._steps += 1
@@ -480,12 +480,11 @@ class ScoutAttention(SparseLayerMethod):
     def _device_partial(self, layer: int, q: torch.Tensor, plan: _Plan) -> PartialState:
         """Exact attention of the true query over the resident selected blocks and the always-on blocks."""
         store = self.store
-        # the pool slots' part of the mask, per token
-        store.pool_bias.fill_(float("-inf")).masked_fill_(plan.pool_use.unsqueeze(-1), 0.0)
+        store.open_pool(plan.pool_use)
         self._log_event("device", layer)
-        # what this layer attends per (sequence, KV head): the device mask's open slots and the CPU part's blocks
-        self._attended.add((store.bias[:, :, 0] == 0).sum(-1) + plan.cpu_blocks * self.block_size)
-        return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.bias)
+        # what this layer attends per (sequence, KV head): the device region's open tokens and the CPU part's blocks
+        self._attended.add(store.slot_tokens.sum(-1) + plan.cpu_blocks * self.block_size)
+        return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.slot_tokens)
 
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:

@@ -136,17 +136,20 @@ def test_m5_merged_lse_is_logsumexp_of_all_logits():
     torch.testing.assert_close(merged.lse, torch.logsumexp(_logits(q, k, scale), dim=-1), atol=ATOL, rtol=0)
 
 
-def test_region_attention_matches_masked_partial():
-    """The device-region kernel (arbitrary mask) equals partial_attention over the unmasked keys."""
-    q, k, v = _qkv(batch=2, n=32)
+def test_region_attention_matches_partial_over_the_open_tokens(cpu_backend):
+    """The device-region kernel (a prefix of each slot open, at most one slot per row partly) equals
+    partial_attention over the open keys, on both CPU backends (the kernel reads the open slots by id, torch masks
+    the whole region)."""
+    block, slots = 4, 8
+    q, k, v = _qkv(batch=2, n=block * slots)
     g = torch.Generator().manual_seed(3)
-    keep = torch.rand(2, 2, 32, generator=g) < 0.4
-    keep[..., 0] = True
-    bias = torch.zeros(2, 2, 1, 32).masked_fill_(~keep.unsqueeze(2), float("-inf"))
-    state = region_attention(q, k, v, 0.25, bias)
+    slot_tokens = torch.where(torch.rand(2, 2, slots, generator=g) < 0.4, block, 0)
+    slot_tokens[..., 5] = torch.tensor([[1, 3], [0, 2]])  # the partly open slot (row (1, 0): none)
+    slot_tokens[1, 0, 2] = block  # every row attends something
+    state = region_attention(q, k, v, 0.25, slot_tokens)
     for b in range(2):
         for h in range(2):
-            idx = keep[b, h].nonzero().flatten()
+            idx = torch.cat([torch.arange(s * block, s * block + int(n)) for s, n in enumerate(slot_tokens[b, h])])
             ref = partial_attention(q[b:b + 1, h * 4:(h + 1) * 4], k[b:b + 1, h:h + 1, idx], v[b:b + 1, h:h + 1, idx],
                                     0.25)
             torch.testing.assert_close(state.o[b:b + 1, h * 4:(h + 1) * 4], ref.o, atol=ATOL, rtol=0)
