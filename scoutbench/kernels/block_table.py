@@ -155,9 +155,8 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     block_size = k.shape[2] // num_slots
     if cpu_attention.supports(q, k):
         backends.USAGE.add("cpu", "native")
-        # rank 0: full slot, 1: partly open, 2: closed; a stable sort keeps slot order within a rank
-        rank = (slot_tokens < block_size).to(torch.uint8) + (slot_tokens == 0).to(torch.uint8)
-        ids = torch.argsort(rank, dim=-1, stable=True)
+        # full slots, then the partly open one, then the closed ones (in slot order within each)
+        ids = torch.argsort(slot_tokens, dim=-1, descending=True, stable=True)
         blocked = (batch, num_kv_heads, num_slots, block_size, head_dim)
         o, lse, _ = cpu_attention.attend(q, k.view(blocked), v.view(blocked), scale, ids, slot_tokens.sum(-1))
         return PartialState(o, lse)
