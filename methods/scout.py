@@ -234,6 +234,9 @@ class ScoutAttention(SparseLayerMethod):
             self._out_lse = [host_empty((B, H), torch.float32, dev) for _ in range(2)]
         self._copy = CopyStream(dev)
         self._arange_k = torch.arange(self.k_sel, device=dev)
+        # what a plan packs as its eviction order when no recall can follow (victims, available): read-only
+        self._no_victims = (torch.zeros((B, Hkv, self.k_sel), dtype=torch.long, device=dev),
+                            torch.zeros((B, Hkv), dtype=torch.long, device=dev))
         self._plans: dict[int, _Plan] = {}
         self._pool = CpuWorkerPool(self.cpu_workers)
         self._since = [0] * ctx.num_layers
@@ -381,7 +384,7 @@ class ScoutAttention(SparseLayerMethod):
         """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
         padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
         candidates, valid = selectable
-        scores = self.store.digests.scores(layer, q, candidates.allowed.shape[-1])
+        scores = self.store.digests.scores(layer, q, candidates.num_blocks)
         return pad_last(candidates.top(scores), self.k_sel), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
@@ -391,13 +394,13 @@ class ScoutAttention(SparseLayerMethod):
         ids, valid, scores = self._select(layer, q, self._step_selectable)
         on_dev, pending, slot = table.split(ids, valid)
         on_cpu = valid & ~on_dev
-        order = torch.argsort((~on_cpu).to(torch.uint8), dim=-1, stable=True)  # CPU blocks first, by score
+        order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first, by score
         # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU part
         recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
         if recall_periodic or (self.pr and self.beta_trigger):  # a recall may follow: it needs the eviction order
             victims, available = table.victims(ids, valid, scores)
         else:  # no recall will read them this step
-            victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
+            victims, available = self._no_victims
         split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
                                valid.sum(-1), available, table.resident_count())
         self._d2h_bytes += q.numel() * q.element_size() + split.data.numel() * split.data.element_size()
@@ -517,10 +520,10 @@ class ScoutAttention(SparseLayerMethod):
 
     # ------------------------------------------------------------------ statistics
     def _account(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
-        counts = plan.split.counts.float().mean(dim=(0, 1))  # n_cpu, n_selected, n_available, n_resident
-        self._ratio_sum[layer] += float(counts[0]) * self.block_size / self.budget
-        self._sel_sum[layer] += float(counts[1])
-        self._res_sum[layer] += float(counts[3])
+        n_cpu, n_selected, _, n_resident = plan.split.counts.float().mean(dim=(0, 1)).tolist()
+        self._ratio_sum[layer] += n_cpu * self.block_size / self.budget
+        self._sel_sum[layer] += n_selected
+        self._res_sum[layer] += n_resident
         self._ratio_n[layer] += 1
         self._cpu_ms += result.ms
         self._cpu_tasks += 1
