@@ -439,13 +439,15 @@ class ScoutAttention(SparseLayerMethod):
         t0 = time.perf_counter()
         ctx, b = self.ctx, self.block_size
         n_cpu = plan.split.n_cpu
-        width = int(n_cpu.max())
+        # the counts read once as Python ints: each torch call on this thread trades the GIL with the main thread
+        rows = [n for row in n_cpu.tolist() for n in row]
+        width = max(rows)
         recall_due = plan.recall_periodic or (self.pr and self.beta_trigger and
-                                              float(n_cpu.sum()) * b / (self.budget * n_cpu.numel()) > self.beta)
+                                              sum(rows) * b / (self.budget * len(rows)) > self.beta)
         if width == 0:
             return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3, recall_due)
         blocks_k, blocks_v = self.store.blocked_host(plan.layer)
-        valid_len = None if bool((n_cpu == width).all()) else n_cpu * b
+        valid_len = None if min(rows) == width else n_cpu * b
         state = block_sparse_attention(plan.q, blocks_k, blocks_v, plan.split.ids[..., :width], ctx.scale, valid_len)
         if self._cuda:
             self._out_o[plan.parity].copy_(state.o)

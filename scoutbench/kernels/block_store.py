@@ -107,6 +107,9 @@ class TieredBlockStore:
                                device)
         self.host_k = {layer: self.arena["k", layer] for layer in layers}
         self.host_v = {layer: self.arena["v", layer] for layer in layers}
+        blocked = (self.max_blocks, B, Hkv, b, D)
+        self._blocked_host = {layer: (self.host_k[layer].view(blocked).permute(1, 2, 0, 3, 4),
+                                      self.host_v[layer].view(blocked).permute(1, 2, 0, 3, 4)) for layer in layers}
         self.recall_k = [self.arena["rk", i] for i in parities]
         self.recall_v = [self.arena["rv", i] for i in parities]
         self.digests = DigestTable(layers, (B, Hkv, self.max_blocks, D), dtype, device)
@@ -125,9 +128,9 @@ class TieredBlockStore:
 
     def blocked_host(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The host tier as `[B, Hkv, blocks, block_size, D]` views (block j of row (b, h) is host row
-        j * B * Hkv + b * Hkv + h): what the CPU kernel reads by block id."""
-        shape = (self.max_blocks, self.batch, self.kv_heads, self.block_size, self.head_dim)
-        return tuple(t.view(shape).permute(1, 2, 0, 3, 4) for t in (self.host_k[layer], self.host_v[layer]))
+        j * B * Hkv + b * Hkv + h): what the CPU kernel reads by block id. Made once: the worker asks every layer,
+        and each torch call there hands the GIL back and forth with the main thread."""
+        return self._blocked_host[layer]
 
     # ------------------------------------------------------------------ prefill
     def ingest_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> None:
