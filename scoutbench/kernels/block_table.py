@@ -162,14 +162,13 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         return PartialState(o, lse)
     backends.USAGE.add(q.device.type, "torch-region")
     keep = torch.arange(block_size, device=q.device) < slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
-    bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, float("-inf"))
-    bias = bias.view(batch, num_kv_heads, 1, num_slots * block_size)
+    bias = torch.where(keep, 0.0, float("-inf")).view(batch, num_kv_heads, 1, num_slots * block_size)  # fp32
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q4, k, v, 0.0, False, attn_mask=bias, scale=scale)[:2]
+            q4, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale)[:2]
         return PartialState(out.float().reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
-    logits = torch.matmul(q4, k.transpose(-1, -2)).float() * scale + bias.float()
+    logits = torch.matmul(q4, k.transpose(-1, -2)).float() * scale + bias
     lse = torch.logsumexp(logits, dim=-1)
     probs = torch.exp(logits - lse.unsqueeze(-1))
     out = torch.matmul(probs.to(v.dtype), v).float()
