@@ -157,6 +157,29 @@ def test_region_attention_matches_partial_over_the_open_tokens(cpu_backend):
 
 
 # ---------------------------------------------------------------------------------------------- digests: Q1-Q4
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_digest_kernel_matches_torch_scoring(monkeypatch, group):
+    """The compiled digest scoring (digest_native) equals torch's matmul form on a prefix of a digest table, at GQA
+    group 4 (its one-pass path) and others (the generic loop); where it is not built the test has nothing to
+    compare."""
+    from scoutbench.kernels import cpu_attention, digest_native
+    from scoutbench.kernels.digest import bound_from_digests
+
+    g = torch.Generator().manual_seed(group)
+    table = torch.randn(2, 3, 70, 2 * 32, generator=g)
+    digests, q = table[:, :, :61], torch.randn(2, 3 * group, 32, generator=g)
+    if not digest_native.supports(q, digests):
+        pytest.skip("the digest scoring kernel is not built here")
+    native = bound_from_digests(q, digests)
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "torch")
+    digest_native.library.cache_clear()
+    try:
+        assert not digest_native.supports(q, digests)
+        torch.testing.assert_close(native, bound_from_digests(q, digests), atol=1e-5, rtol=1e-6)
+    finally:
+        digest_native.library.cache_clear()
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 32])
 @pytest.mark.parametrize("group", [1, 4])
 def test_q1_upper_bound_holds_for_every_key(block_size, group):
