@@ -270,7 +270,6 @@ class AttendedTokens:
         self._device_max: torch.Tensor | None = None
 
     def add(self, counts: torch.Tensor) -> None:
-        counts = counts.float()
         total, most = counts.sum(), counts.max()
         self._device_sum = total if self._device_sum is None else self._device_sum + total
         self._device_max = most if self._device_max is None else torch.maximum(self._device_max, most)

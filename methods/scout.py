@@ -197,12 +197,12 @@ class ScoutAttention(SparseLayerMethod):
         n_blocks = math.ceil(context_len / self.block_size)
         region = self.budget // self.block_size * self.block_size  # device block slots per (sequence, KV head)
         # per sparse layer: digests, the slotted region and its BlockTable (int64 block -> slot, int64 + bool per
-        # slot); once: the recall's device staging of k_sel blocks (K and V) and the region's mask
+        # slot); once: the recall's device staging of k_sel blocks (K and V) and the region's open tokens per slot
         block_table = shape.num_kv_heads * ((n_blocks + 1) * 8 + (self.k_sel + 1) * 9)
         device = dense * context_len * kv + sparse * (
             n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + region * kv + block_table)
         if sparse:
-            device += self.k_sel * self.block_size * kv + shape.num_kv_heads * region * elem_bytes
+            device += self.k_sel * self.block_size * kv + shape.num_kv_heads * (region // self.block_size) * 8
         # the host arena: every block of the sparse layers, and two recall staging buffers of k_sel blocks (K and V)
         host = sparse * n_blocks * self.block_size * kv + (2 * self.k_sel * self.block_size * kv if sparse else 0)
         # prefill: one chunk of blocks made contiguous for its D2H copy, and the initial resident K (then V) blocks
@@ -235,6 +235,9 @@ class ScoutAttention(SparseLayerMethod):
             self._out_lse = [host_empty((B, H), torch.float32, dev) for _ in range(2)]
         self._copy = CopyStream(dev)
         self._arange_k = torch.arange(self.k_sel, device=dev)
+        # what a plan packs as its eviction order when no recall can follow (victims, available): read-only
+        self._no_victims = (torch.zeros((B, Hkv, self.k_sel), dtype=torch.long, device=dev),
+                            torch.zeros((B, Hkv), dtype=torch.long, device=dev))
         self._plans: dict[int, _Plan] = {}
         self._pool = CpuWorkerPool(self.cpu_workers)
         self._since = [0] * ctx.num_layers
@@ -295,7 +298,7 @@ class ScoutAttention(SparseLayerMethod):
         if self.sparse_layers:
             pos = step.positions
             self.store.keep_leaving_blocks(step.positions_host, pos, self._prompt_len, self._prompt_len_device)
-            self.store.step_bias(pos)
+            self.store.step_slots(pos)
             self._step_selectable = self._selectable(pos, max(step.positions_host))
             self._ring_rows = None if step.uniform else self.store.ring_rows(pos)
         self._steps += 1
@@ -382,7 +385,7 @@ class ScoutAttention(SparseLayerMethod):
         """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
         padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
         candidates, valid = selectable
-        scores = self.store.digests.scores(layer, q, candidates.allowed.shape[-1])
+        scores = self.store.digests.scores(layer, q, candidates.num_blocks)
         return pad_last(candidates.top(scores), self.k_sel), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
@@ -392,13 +395,13 @@ class ScoutAttention(SparseLayerMethod):
         ids, valid, scores = self._select(layer, q, self._step_selectable)
         on_dev, pending, slot = table.split(ids, valid)
         on_cpu = valid & ~on_dev
-        order = torch.argsort((~on_cpu).to(torch.uint8), dim=-1, stable=True)  # CPU blocks first, by score
+        order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first, by score
         # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU part
         recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
         if recall_periodic or (self.pr and self.beta_trigger):  # a recall may follow: it needs the eviction order
             victims, available = table.victims(ids, valid, scores)
         else:  # no recall will read them this step
-            victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
+            victims, available = self._no_victims
         split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
                                valid.sum(-1), available, table.resident_count())
         self._d2h_bytes += q.numel() * q.element_size() + split.data.numel() * split.data.element_size()
@@ -437,13 +440,15 @@ class ScoutAttention(SparseLayerMethod):
         t0 = time.perf_counter()
         ctx, b = self.ctx, self.block_size
         n_cpu = plan.split.n_cpu
-        width = int(n_cpu.max())
+        # the counts read once as Python ints: each torch call on this thread trades the GIL with the main thread
+        rows = [n for row in n_cpu.tolist() for n in row]
+        width = max(rows)
         recall_due = plan.recall_periodic or (self.pr and self.beta_trigger and
-                                              float(n_cpu.sum()) * b / (self.budget * n_cpu.numel()) > self.beta)
+                                              sum(rows) * b / (self.budget * len(rows)) > self.beta)
         if width == 0:
             return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3, recall_due)
         blocks_k, blocks_v = self.store.blocked_host(plan.layer)
-        valid_len = None if bool((n_cpu == width).all()) else n_cpu * b
+        valid_len = None if min(rows) == width else n_cpu * b
         state = block_sparse_attention(plan.q, blocks_k, blocks_v, plan.split.ids[..., :width], ctx.scale, valid_len)
         if self._cuda:
             self._out_o[plan.parity].copy_(state.o)
@@ -481,12 +486,11 @@ class ScoutAttention(SparseLayerMethod):
     def _device_partial(self, layer: int, q: torch.Tensor, plan: _Plan) -> PartialState:
         """Exact attention of the true query over the resident selected blocks and the always-on blocks."""
         store = self.store
-        # the pool slots' part of the mask, per token
-        store.pool_bias.fill_(float("-inf")).masked_fill_(plan.pool_use.unsqueeze(-1), 0.0)
+        store.open_pool(plan.pool_use)
         self._log_event("device", layer)
-        # what this layer attends per (sequence, KV head): the device mask's open slots and the CPU part's blocks
-        self._attended.add((store.bias[:, :, 0] == 0).sum(-1) + plan.cpu_blocks * self.block_size)
-        return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.bias)
+        # what this layer attends per (sequence, KV head): the device region's open tokens and the CPU part's blocks
+        self._attended.add(store.slot_tokens.sum(-1) + plan.cpu_blocks * self.block_size)
+        return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.slot_tokens)
 
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
@@ -519,10 +523,10 @@ class ScoutAttention(SparseLayerMethod):
 
     # ------------------------------------------------------------------ statistics
     def _account(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
-        counts = plan.split.counts.float().mean(dim=(0, 1))  # n_cpu, n_selected, n_available, n_resident
-        self._ratio_sum[layer] += float(counts[0]) * self.block_size / self.budget
-        self._sel_sum[layer] += float(counts[1])
-        self._res_sum[layer] += float(counts[3])
+        n_cpu, n_selected, _, n_resident = plan.split.counts.float().mean(dim=(0, 1)).tolist()
+        self._ratio_sum[layer] += n_cpu * self.block_size / self.budget
+        self._sel_sum[layer] += n_selected
+        self._res_sum[layer] += n_resident
         self._ratio_n[layer] += 1
         self._cpu_ms += result.ms
         self._cpu_tasks += 1

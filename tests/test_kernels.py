@@ -137,17 +137,20 @@ def test_m5_merged_lse_is_logsumexp_of_all_logits():
     torch.testing.assert_close(merged.lse, torch.logsumexp(_logits(q, k, scale), dim=-1), atol=ATOL, rtol=0)
 
 
-def test_region_attention_matches_masked_partial():
-    """The device-region kernel (arbitrary mask) equals partial_attention over the unmasked keys."""
-    q, k, v = _qkv(batch=2, n=32)
+def test_region_attention_matches_partial_over_the_open_tokens(cpu_backend):
+    """The device-region kernel (a prefix of each slot open, at most one slot per row partly) equals
+    partial_attention over the open keys, on both CPU backends (the kernel reads the open slots by id, torch masks
+    the whole region)."""
+    block, slots = 4, 8
+    q, k, v = _qkv(batch=2, n=block * slots)
     g = torch.Generator().manual_seed(3)
-    keep = torch.rand(2, 2, 32, generator=g) < 0.4
-    keep[..., 0] = True
-    bias = torch.zeros(2, 2, 1, 32).masked_fill_(~keep.unsqueeze(2), float("-inf"))
-    state = region_attention(q, k, v, 0.25, bias)
+    slot_tokens = torch.where(torch.rand(2, 2, slots, generator=g) < 0.4, block, 0)
+    slot_tokens[..., 5] = torch.tensor([[1, 3], [0, 2]])  # the partly open slot (row (1, 0): none)
+    slot_tokens[1, 0, 2] = block  # every row attends something
+    state = region_attention(q, k, v, 0.25, slot_tokens)
     for b in range(2):
         for h in range(2):
-            idx = keep[b, h].nonzero().flatten()
+            idx = torch.cat([torch.arange(s * block, s * block + int(n)) for s, n in enumerate(slot_tokens[b, h])])
             ref = partial_attention(q[b:b + 1, h * 4:(h + 1) * 4], k[b:b + 1, h:h + 1, idx], v[b:b + 1, h:h + 1, idx],
                                     0.25)
             torch.testing.assert_close(state.o[b:b + 1, h * 4:(h + 1) * 4], ref.o, atol=ATOL, rtol=0)
@@ -155,6 +158,29 @@ def test_region_attention_matches_masked_partial():
 
 
 # ---------------------------------------------------------------------------------------------- digests: Q1-Q4
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_digest_kernel_matches_torch_scoring(monkeypatch, group):
+    """The compiled digest scoring (digest_native) equals torch's matmul form on a prefix of a digest table, at GQA
+    group 4 (its one-pass path) and others (the generic loop); where it is not built the test has nothing to
+    compare."""
+    from scoutbench.kernels import cpu_attention, digest_native
+    from scoutbench.kernels.digest import bound_from_digests
+
+    g = torch.Generator().manual_seed(group)
+    table = torch.randn(2, 3, 70, 2 * 32, generator=g)
+    digests, q = table[:, :, :61], torch.randn(2, 3 * group, 32, generator=g)
+    if not digest_native.supports(q, digests):
+        pytest.skip("the digest scoring kernel is not built here")
+    native = bound_from_digests(q, digests)
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "torch")
+    digest_native.library.cache_clear()
+    try:
+        assert not digest_native.supports(q, digests)
+        torch.testing.assert_close(native, bound_from_digests(q, digests), atol=1e-5, rtol=1e-6)
+    finally:
+        digest_native.library.cache_clear()
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 32])
 @pytest.mark.parametrize("group", [1, 4])
 def test_q1_upper_bound_holds_for_every_key(block_size, group):

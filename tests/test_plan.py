@@ -44,9 +44,9 @@ EXPECTED_64K = {
     "quest": (40 * N * KV + 38 * 2048 * KV, 0, 0),
     # 2 dense layers on the device; 38 sparse layers: digests + 2048 resident tokens + the block table (int64 per
     # block, int64 + bool per slot, per KV head); once: the recall staging (61 blocks of K and V) and the region's
-    # mask. Host: their full KV + two recall staging buffers of k_sel = 2048 / 32 - 3 = 61 blocks. Prefill: a 4096-token
-    # chunk + 61 blocks of K
-    "scout": (2 * N * KV + 38 * (2048 * KV + 2048 * KV + 8 * (2049 * 8 + 62 * 9)) + 61 * 32 * KV + 8 * 2048 * 2,
+    # open tokens (int64 per slot and KV head). Host: their full KV + two recall staging buffers of k_sel = 2048 / 32 -
+    # 3 = 61 blocks. Prefill: a 4096-token chunk + 61 blocks of K
+    "scout": (2 * N * KV + 38 * (2048 * KV + 2048 * KV + 8 * (2049 * 8 + 62 * 9)) + 61 * 32 * KV + 8 * 64 * 8,
               38 * N * KV + 2 * 61 * 32 * KV, (4096 + 61 * 32) * ONE_KV),
     # partial keys: ceil(0.2 x 128) = 26 dims; + 2 x 2047 fetched tokens (budget 2048 = 2047 fetched + the current)
     # in rows of whole 16-token pages (2048); host: + pinned staging of both slots (K, V and an int64 row id per KV
@@ -101,9 +101,9 @@ def test_plan_budget_and_block_size_change_scout(monkeypatch, capsys):
     code, out, _ = run_cli(monkeypatch, capsys, "plan", "--model", "qwen3-14b", "--len", "64k", "--gpu-mem", "80GiB",
                            "--method", "scout", "--budget", "4k", "--block-size", "64", "--json")
     assert code == 0
-    # 1024 blocks of 64 tokens, 4096 resident tokens (k_sel = 61 blocks of 64)
+    # 1024 blocks of 64 tokens, 4096 resident tokens (k_sel = 61 blocks of 64; 64 region slots)
     assert json.loads(out)[0]["device_bytes_per_seq"] == (2 * N * KV + 38 * (1024 * KV + 4096 * KV + 8 * (1025 * 8 + 62 * 9))
-                                                          + 61 * 64 * KV + 8 * 4096 * 2)
+                                                          + 61 * 64 * KV + 8 * 64 * 8)
 
 
 def _fullkv_plan(shape, context_len, gpu_mem, host_mem=None):

@@ -499,7 +499,7 @@ def test_memory_footprint_formula():
     n_blocks = 65536 // 32
     k_sel = 2048 // 32 - 3
     block_table = 8 * ((n_blocks + 1) * 8 + (k_sel + 1) * 9)  # per KV head: block -> slot, slot -> block + ready
-    staging_and_mask = k_sel * 32 * kv + 8 * 2048 * 2
+    staging_and_mask = k_sel * 32 * kv + 8 * 64 * 8  # + the region's open tokens per slot (int64)
     assert fp.device_bytes_per_seq == (2 * 65536 * kv + 38 * (n_blocks * 2 * 8 * 128 * 2 + 2048 * kv + block_table)
                                        + staging_and_mask)
     assert fp.host_bytes_per_seq == 38 * 65536 * kv + 2 * k_sel * 32 * kv  # + the recall's two staging buffers

@@ -9,8 +9,8 @@
 - the device region: one contiguous row of block slots per (sequence, KV head): `pool_slots` pool slots (which
   block sits where: `BlockTable`), `sink_blocks` sink slots and a ring of `local_blocks + 1` slots that holds the
   local blocks and the tail (the partial block with the current token);
-- `bias`, the region's additive attention mask (0 or -inf per token), whose always-on part `step_bias` sets once
-  per step and whose pool part the method opens for the slots it reads.
+- `slot_tokens`, what the region's attention reads: the open tokens (a prefix) of each slot, whose always-on part
+  `step_slots` sets once per step and whose pool part the method opens for the slots it reads (`open_pool`).
 
 `SplitPlan` is one layer's split for one step packed into one int64 tensor (one device-to-host copy), read through
 named views instead of offsets.
@@ -107,6 +107,9 @@ class TieredBlockStore:
                                device)
         self.host_k = {layer: self.arena["k", layer] for layer in layers}
         self.host_v = {layer: self.arena["v", layer] for layer in layers}
+        blocked = (self.max_blocks, B, Hkv, b, D)
+        self._blocked_host = {layer: (self.host_k[layer].view(blocked).permute(1, 2, 0, 3, 4),
+                                      self.host_v[layer].view(blocked).permute(1, 2, 0, 3, 4)) for layer in layers}
         self.recall_k = [self.arena["rk", i] for i in parities]
         self.recall_v = [self.arena["rv", i] for i in parities]
         self.digests = DigestTable(layers, (B, Hkv, self.max_blocks, D), dtype, device)
@@ -116,8 +119,7 @@ class TieredBlockStore:
         if self.cuda:  # the recall's device staging (host staging -> here -> pool slots)
             self.stage_k = torch.empty((staged, b, D), dtype=dtype, device=device)
             self.stage_v = torch.empty((staged, b, D), dtype=dtype, device=device)
-        self.bias = torch.zeros((B, Hkv, 1, self.region), dtype=dtype, device=device)
-        self.pool_bias = self.bias[:, :, 0, : pool_slots * b].view(B, Hkv, pool_slots, b)
+        self.slot_tokens = torch.zeros((B, Hkv, self.n_slots), dtype=torch.long, device=device)
         self._batch_index = torch.arange(B, device=device)
         self._bh_rows = torch.arange(B * Hkv, device=device)  # row b * Hkv + h of every (sequence, KV head)
 
@@ -126,9 +128,9 @@ class TieredBlockStore:
 
     def blocked_host(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The host tier as `[B, Hkv, blocks, block_size, D]` views (block j of row (b, h) is host row
-        j * B * Hkv + b * Hkv + h): what the CPU kernel reads by block id."""
-        shape = (self.max_blocks, self.batch, self.kv_heads, self.block_size, self.head_dim)
-        return tuple(t.view(shape).permute(1, 2, 0, 3, 4) for t in (self.host_k[layer], self.host_v[layer]))
+        j * B * Hkv + b * Hkv + h): what the CPU kernel reads by block id. Made once: the worker asks every layer,
+        and each torch call there hands the GIL back and forth with the main thread."""
+        return self._blocked_host[layer]
 
     # ------------------------------------------------------------------ prefill
     def ingest_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> None:
@@ -212,20 +214,21 @@ class TieredBlockStore:
                 rows.index_copy_(0, dst, rows.index_select(0, src))
             table.assign(self._bh_rows, torch.where(take, slot, k), torch.where(take, block, self.max_blocks))
 
-    def step_bias(self, positions: torch.Tensor) -> None:
-        """The always-on part of this step's device mask (the same for every layer): sink and ring slots."""
+    def step_slots(self, positions: torch.Tensor) -> None:
+        """The always-on part of this step's `slot_tokens` (the same for every layer): complete sink blocks, the
+        local blocks and the tail up to the current token."""
         b, dev = self.block_size, positions.device
         tail, off = positions // b, positions % b
-        t = torch.arange(b, device=dev)
-        sink_ok = torch.arange(self.sink_blocks, device=dev)[None, :] < tail[:, None]  # complete sink blocks
-        sink_tok = sink_ok[:, :, None].expand(-1, -1, b)
+        sink = torch.where(torch.arange(self.sink_blocks, device=dev)[None, :] < tail[:, None], b, 0)
         r = torch.arange(self.n_ring, device=dev)
         j = tail[:, None] - ((tail[:, None] - r[None, :]) % self.n_ring)  # block held by ring slot r
         ring_ok = (j >= 0) & ((j >= self.sink_blocks) | (j == tail[:, None]))
-        ring_tok = ring_ok[:, :, None] & ((j < tail[:, None])[:, :, None] | (t[None, None, :] <= off[:, None, None]))
-        ok = torch.cat([sink_tok.reshape(positions.shape[0], -1), ring_tok.reshape(positions.shape[0], -1)], dim=1)
-        always = torch.zeros(ok.shape, dtype=self.bias.dtype, device=dev).masked_fill_(~ok, float("-inf"))
-        self.bias[:, :, 0, self.pool_slots * b:] = always[:, None, :]
+        ring = torch.where(ring_ok, torch.where(j < tail[:, None], b, off[:, None] + 1), 0)
+        self.slot_tokens[:, :, self.pool_slots:] = torch.cat([sink, ring], dim=1)[:, None, :]
+
+    def open_pool(self, pool_use: torch.Tensor) -> None:
+        """Open the pool slots a layer reads this time (bool `[B, Hkv, pool_slots]`) in `slot_tokens`."""
+        torch.mul(pool_use, self.block_size, out=self.slot_tokens[..., : self.pool_slots])
 
     def ring_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """The region row of each sequence's new token (a ragged batch's per-sequence write)."""

@@ -79,21 +79,22 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build(compiler: str) -> Path:
-    """The cached shared object for this source, compiler and CPU; compiled now if missing."""
-    source = SOURCE.read_bytes()
+def _build(compiler: str, source_path: Path = SOURCE) -> Path:
+    """The cached shared object for this source (or another of scoutbench's kernels), compiler and CPU; compiled
+    now if missing."""
+    source = source_path.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
-    target = cache_dir() / f"cpu_attention-{key}.so"
+    target = cache_dir() / f"{source_path.stem}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
     for arch in FLAG_SETS:
-        fd, tmp = tempfile.mkstemp(prefix=".cpu_attention-", suffix=".so", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{source_path.stem}-", suffix=".so", dir=target.parent)
         os.close(fd)
-        cmd = [compiler, *BASE_FLAGS, *arch, str(SOURCE), "-o", tmp]
+        cmd = [compiler, *BASE_FLAGS, *arch, str(source_path), "-o", tmp]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if result.returncode == 0:
             os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
@@ -101,6 +102,14 @@ def _build(compiler: str) -> Path:
         os.unlink(tmp)
         errors.append((result.stderr.strip().splitlines() or ["?"])[-1])
     raise NativeUnavailable(f"{compiler} failed: {errors[0]}")
+
+
+def load_kernel(source_path: Path) -> ctypes.CDLL:
+    """Another compiled kernel of scoutbench/kernels, built and cached as this one (raises NativeUnavailable)."""
+    compiler = _compiler()
+    if compiler is None:
+        raise NativeUnavailable("no C++ compiler (set CXX, or install g++)")
+    return ctypes.CDLL(str(_build(compiler, source_path)))
 
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
@@ -123,10 +132,7 @@ def library() -> ctypes.CDLL | None:
     if choice == "torch":
         return None
     try:
-        compiler = _compiler()
-        if compiler is None:
-            raise NativeUnavailable("no C++ compiler (set CXX, or install g++)")
-        return _bind(ctypes.CDLL(str(_build(compiler))))
+        return _bind(load_kernel(SOURCE))
     except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if choice == "native":

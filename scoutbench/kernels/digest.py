@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scoutbench.kernels import digest_native
 from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, token_chunks
 
 
@@ -57,7 +58,10 @@ def bound_from_digests(q: torch.Tensor, digests: torch.Tensor) -> torch.Tensor:
     """The bound from digests kept as `[max + min | max - min]` (`[B, Hkv, nB, 2D]`, any float dtype; q is cast to
     it), fp32 `[B, Hkv, nB]`: one matmul with the digests as the streamed row-major operand, what `DigestTable`
     keeps up to date at block completion, so a call converts nothing. At 32k tokens (1024 blocks, 8 KV heads,
-    fp32, 8 MB per layer) on 2 CPU cores: 0.8 ms per layer, where `q @ center^T` and `|q| @ radius^T` took 1.6."""
+    fp32, 8 MB per layer) on 2 CPU cores: 0.8 ms per layer, where `q @ center^T` and `|q| @ radius^T` took 1.6.
+    On a CPU in fp32 the compiled kernel of `digest_native` computes the same in one pass where it is built."""
+    if digest_native.supports(q, digests):
+        return digest_native.bound_scores(q, digests)
     batch, num_heads, head_dim = q.shape
     num_kv_heads = digests.shape[1]
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).to(digests.dtype)
@@ -83,26 +87,30 @@ class CandidateBlocks:
     """The blocks a top-k may pick: the first `num_valid_blocks[b]` of `num_blocks`, minus `excluded`. It depends
     on the positions only, so a method selecting in every layer of a step builds it once per step."""
 
-    allowed: torch.Tensor  # bool [B, 1 or Hkv, nB]
-    count: torch.Tensor  # [B, 1 or Hkv]: valid selections, min(k, allowed blocks)
+    blocked: torch.Tensor  # bool [B, 1 or Hkv, nB]: not selectable (the form `top` masks with, every layer)
+    count: torch.Tensor  # [B, 1 or Hkv]: valid selections, min(k, selectable blocks)
     k: int  # selections per row, min(k, nB)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocked.shape[-1]
 
     @classmethod
     def build(cls, num_blocks: int, num_valid_blocks: torch.Tensor, k: int, excluded: torch.Tensor | None,
               device: torch.device) -> CandidateBlocks:
         block_index = torch.arange(num_blocks, device=device)
-        allowed = block_index[None, None, :] < num_valid_blocks.to(device)[:, None, None]
+        blocked = block_index[None, None, :] >= num_valid_blocks.to(device)[:, None, None]
         if excluded is not None:
-            allowed = allowed & ~excluded
+            blocked = blocked | excluded
         k = max(0, min(k, num_blocks))
-        return cls(allowed, allowed.sum(dim=-1).clamp(max=k), k)
+        return cls(blocked, (num_blocks - blocked.sum(dim=-1)).clamp(max=k), k)
 
     def top(self, scores: torch.Tensor) -> torch.Tensor:
         """ids `[B, Hkv, k]` (int64) of the highest `scores` `[B, Hkv, nB]` among the candidates, the valid
         `count` first, in descending score order."""
         if self.k == 0:
             return torch.zeros(*scores.shape[:2], 0, dtype=torch.long, device=scores.device)
-        return torch.topk(scores.masked_fill(~self.allowed, float("-inf")), self.k, dim=-1, sorted=True).indices
+        return torch.topk(scores.masked_fill(self.blocked, float("-inf")), self.k, dim=-1, sorted=True).indices
 
 
 def digest_score_dtype(kv_dtype: torch.dtype, device_type: str) -> torch.dtype:

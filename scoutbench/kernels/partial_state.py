@@ -49,9 +49,9 @@ def merge_states(*states: PartialState) -> PartialState:
     """
     lses = torch.stack([s.lse for s in states])  # [P, B, Hq]
     total = torch.logsumexp(lses, dim=0)
-    safe_total = torch.where(torch.isinf(total), torch.zeros_like(total), total)
-    weights = torch.exp(lses - safe_total)  # exp(-inf) = 0 for empty parts
-    out = sum(w.unsqueeze(-1) * s.o for w, s in zip(weights, states, strict=True))
+    # an all-empty row (total -inf) is shifted by the lowest finite float instead: its weights are exp(-inf) = 0
+    weights = torch.exp(lses - total.clamp(min=torch.finfo(total.dtype).min))  # exp(-inf) = 0 for empty parts
+    out = (weights.unsqueeze(-1) * torch.stack([s.o for s in states])).sum(dim=0)
     return PartialState(out, total)
 
 

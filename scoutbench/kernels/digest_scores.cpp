@@ -1,0 +1,78 @@
+// Quest upper-bound scores of block digests in one pass (scoutbench/kernels/digest_native.py says why and when).
+//
+// For each row r (a (sequence, KV head) pair) and block j, with digest d = [max + min | max - min] (2D floats) and
+// the row's G query heads expanded to b_g = [q_g | |q_g|]: out[r, j] = 0.5 * max_g (d . b_g). One thread: a single
+// core reads memory as fast as two on our machines, and the caller's other core runs the CPU attention worker.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+constexpr int64_t kLanes = 16;
+
+// GQA group 4: each digest chunk is loaded once for the four query heads (lane-wise partial sums, reduced once).
+static void scores_g4(const float* row, const float* both, int64_t width, int64_t num_blocks, float* dst) {
+    for (int64_t j = 0; j < num_blocks; ++j) {
+        const float* d = row + j * width;
+        float acc[4][kLanes] = {};
+        for (int64_t c0 = 0; c0 < width; c0 += kLanes) {
+            for (int g = 0; g < 4; ++g) {
+                const float* bg = both + g * width + c0;
+#pragma omp simd
+                for (int64_t l = 0; l < kLanes; ++l) acc[g][l] += d[c0 + l] * bg[l];
+            }
+        }
+        float best = -std::numeric_limits<float>::infinity();
+        for (int g = 0; g < 4; ++g) {
+            float sum = 0.0f;
+            for (int64_t l = 0; l < kLanes; ++l) sum += acc[g][l];
+            best = std::max(best, sum);
+        }
+        dst[j] = 0.5f * best;
+    }
+}
+
+extern "C" {
+
+int sb_digest_abi_version() { return 1; }
+
+// digests: row r's blocks start at digests + r * row_stride, block j at + j * 2D (contiguous 2D floats).
+// q: [rows, G, D] contiguous. out: [rows, num_blocks] contiguous.
+int sb_digest_scores(int64_t rows, int64_t group, int64_t dim, int64_t num_blocks, const float* digests,
+                     int64_t row_stride, const float* q, float* out) {
+    if (rows < 0 || group < 1 || dim < 1 || num_blocks < 0) return 1;
+    const int64_t width = 2 * dim;
+    std::vector<float> both(group * width);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < group; ++g) {
+            const float* qg = q + (r * group + g) * dim;
+            float* bg = both.data() + g * width;
+            for (int64_t c = 0; c < dim; ++c) {
+                bg[c] = qg[c];
+                bg[dim + c] = std::fabs(qg[c]);
+            }
+        }
+        const float* row = digests + r * row_stride;
+        float* dst = out + r * num_blocks;
+        if (group == 4 && width % kLanes == 0) {
+            scores_g4(row, both.data(), width, num_blocks, dst);
+            continue;
+        }
+        for (int64_t j = 0; j < num_blocks; ++j) {
+            const float* d = row + j * width;
+            float best = -std::numeric_limits<float>::infinity();
+            for (int64_t g = 0; g < group; ++g) {
+                const float* bg = both.data() + g * width;
+                float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (int64_t c = 0; c < width; ++c) acc += d[c] * bg[c];
+                best = std::max(best, acc);
+            }
+            dst[j] = 0.5f * best;
+        }
+    }
+    return 0;
+}
+
+}  // extern "C"
