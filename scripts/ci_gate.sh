@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MIN_SPEEDUP="${MIN_SPEEDUP:-1.6}"
+MIN_SPEEDUP="${MIN_SPEEDUP:-1.4}"
 REPEATS="${REPEATS:-3}"
 BASELINE=results/baselines/cpu-ci
 # every method's defaults (budget 2048, block 32, 2 dense layers), as the no-argument `scoutbench throughput` run
