@@ -98,12 +98,17 @@ nvidia-smi --query-gpu=name,uuid,memory.total,driver_version,power.limit --forma
 grep -E '^(MemTotal|MemAvailable)' /proc/meminfo; echo "cores: $(nproc)"
 # packages against pyproject's floors; a missing or older one from the carried wheels (.whl/, no network)
 run_phase preflight "$PY" - "$REPO/pyproject.toml" "$REPO/.whl" "$RAW/site" <<'PYTHON'
-import importlib.metadata as md, pathlib, re, subprocess, sys, tomllib
+import importlib.metadata as md, pathlib, subprocess, sys, tomllib
+from packaging.requirements import Requirement
 from packaging.version import Version
 pyproject, wheels, site = sys.argv[1:4]
 needed = []
-for requirement in tomllib.loads(open(pyproject).read())["project"]["dependencies"]:
-    name, floor = re.match(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][^,;\s]*)", requirement).groups()
+for line in tomllib.loads(open(pyproject).read())["project"]["dependencies"]:
+    requirement = Requirement(line)
+    if requirement.marker is not None and not requirement.marker.evaluate():
+        continue  # not for this Python (tomli below 3.11)
+    name = requirement.name
+    floor = next(spec.version for spec in requirement.specifier if spec.operator == ">=")
     try:
         have = md.version(name)
     except md.PackageNotFoundError:
