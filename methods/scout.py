@@ -283,8 +283,8 @@ class ScoutAttention(SparseLayerMethod):
         self._prompt_len_device = lengths.to(self.ctx.device)
         self.store.ingest_prompt(layer, k, v, lengths_host)
         # initial resident set: top-k_sel selectable blocks for the last prompt query
-        positions = lengths.to(self.ctx.device)
-        ids, valid, _ = self._select(layer, q_obs[:, :, -1], self._selectable(positions, max(lengths_host)))
+        ids, valid, _ = self._select(layer, q_obs[:, :, -1], self._selectable(self._prompt_len_device,
+                                                                              max(lengths_host)))
         self.store.load_resident(layer, ids, self._initial_selection(layer, ids, valid))
 
     def _initial_selection(self, layer: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
