@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from scoutbench.errors import UsageError
+from scoutbench.kernels.cpu_attention import cpuinfo_field
 from scoutbench.models import parse_dtype
 
 
@@ -32,14 +33,7 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def device_description(device: torch.device) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scoutbench import __version__
-from scoutbench.devices import cpu_model
+from scoutbench.devices import cpu_model, resolve_device
 from scoutbench.errors import ScoutbenchError, UsageError
 
 # 2: every result kind carries the same envelope (`envelope`); projections and sweep manifests gained `command`
@@ -100,7 +100,7 @@ def env_info() -> dict[str, Any]:
         "scoutbench": __version__, "python": sys.version.split()[0], "torch": torch.__version__,
         "transformers": transformers.__version__, "cuda_available": torch.cuda.is_available(),
         "torch_cuda": torch.version.cuda, "flashinfer": flashinfer_status(), "triton": triton_status(),
-        "partial_attention_backend": partial_backend(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        "partial_attention_backend": partial_backend(resolve_device("auto")),
         "cpu_attention_backend": partial_backend(torch.device("cpu")),  # host-side attention (CPU parts), on every device
         "cuda_graphs": False,  # the decode loop runs eagerly: Python hooks and host waits are not graph-safe
         "git_commit": git_commit(), "git_dirty": git_dirty(),

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.devices import cpu_model
+from scoutbench.devices import cpu_model, resolve_dtype
 from scoutbench.results import utc_now
 
 MIB = 1024 * 1024
@@ -163,7 +163,7 @@ def total_host_bytes() -> int:
 def calibrate(device: torch.device, repeats: int = 5, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """A hardware profile of this machine in the format of scoutbench/data/hardware/*.json."""
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = resolve_dtype(None, device)  # what a run on this device uses by default, for the host KV too
     threads = torch.get_num_threads()
     where = f"{socket.gethostname()} ({cpu_model()}, {threads} torch threads) at {utc_now()}"
 
@@ -194,16 +194,15 @@ def calibrate(device: torch.device, repeats: int = 5, log: Callable[[str], None]
                    "bw_bytes_s": measured(bw, "64 MiB copy host -> device (bytes/s)" if cuda
                                           else "64 MiB copy between host buffers (bytes/s)"),
                    "transfer_overhead_s": measured(overhead, "4 KiB copies, minus their bytes at the copy rate (s)")}
-    host_dtype = torch.bfloat16 if cuda else torch.float32
     host_section = {
         "cpu": cpu_model(),
         "cores": measured(1.0, "CPU worker threads of the offloading methods (cpu_workers=1)"),
         "memory_bytes": measured(float(total_host_bytes()), "host memory (bytes)"),
-        "memory_bw_bytes_s": measured(in_worker(lambda: gather_bytes_s(cpu, host_dtype, repeats)),
-                                      f"{host_dtype} gather of 256 random 32-token blocks per KV head on the "
+        "memory_bw_bytes_s": measured(in_worker(lambda: gather_bytes_s(cpu, dtype, repeats)),
+                                      f"{dtype} gather of 256 random 32-token blocks per KV head on the "
                                       "worker thread (bytes/s)"),
-        "attention_bytes_s": measured(in_worker(lambda: attention_bytes_s(cpu, host_dtype, repeats, 16384, 64)),
-                                      f"{host_dtype} decode attention over 64 of 512 blocks read in place on the "
+        "attention_bytes_s": measured(in_worker(lambda: attention_bytes_s(cpu, dtype, repeats, 16384, 64)),
+                                      f"{dtype} decode attention over 64 of 512 blocks read in place on the "
                                       "worker thread (KV bytes/s)"),
         "task_overhead_s": measured(worker_task_overhead_s(repeats), "empty task round trip through the worker (s)"),
         "shares_device": not cuda,

@@ -33,8 +33,8 @@ from scoutbench.units import format_length, parse_bytes
 def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense_layers, method_args, dtype, as_json):
     """Memory per sequence and maximum batch of each method, without building the model (see scoutbench/planning.py
     for what is counted and the safety margin)."""
-    import torch
 
+    from scoutbench.devices import resolve_device
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import build_method
     from scoutbench.methods.base import ModelShape
@@ -51,7 +51,7 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     built = {name: build_method(name, args) for name, args in per_method.items()}
     config = _model_config(model)
     if gpu_mem_bytes is None:
-        gpu_mem_bytes = device_free_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        gpu_mem_bytes = device_free_bytes(resolve_device("auto"))
     shape = ModelShape.from_config(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     # keyed by the name asked for (scout-pc, not the class's scout)

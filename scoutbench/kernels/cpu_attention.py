@@ -63,15 +63,20 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_flags() -> str:
+def cpuinfo_field(*names: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of `names` (None off Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
-                if line.startswith(("flags", "Features")):
+                if line.startswith(names):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return None
+
+
+def _cpu_flags() -> str:
+    return cpuinfo_field("flags", "Features") or platform.processor()
 
 
 def cache_dir() -> Path:
