@@ -54,6 +54,11 @@ class ThroughputConfig:
     nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
+    @property
+    def context_tokens(self) -> int:
+        """Tokens each sequence's cache holds by the last timed step: prompt + warm-up + timed steps."""
+        return self.length + self.warmup + self.steps
+
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
     """`auto`: a random-weight preset has nothing to learn from a real prefill (random text through random weights,
@@ -70,7 +75,7 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
 
     dtype = next(loaded.model.parameters()).dtype
     shape = ModelShape.from_config(loaded.model.config)
-    context_len = cfg.length + cfg.warmup + cfg.steps + (cfg.profile_steps if cfg.profile_dir is not None else 0)
+    context_len = cfg.context_tokens + (cfg.profile_steps if cfg.profile_dir is not None else 0)
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
     workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),
@@ -133,7 +138,7 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
         window, real = loaded_context_window(loaded), resolve_prefill(cfg.prefill, loaded) == "real"
     if not real:
         return
-    check_context(cfg.model, window, cfg.length + cfg.warmup + cfg.steps,
+    check_context(cfg.model, window, cfg.context_tokens,
                   f"--len {format_length(cfg.length)} plus {cfg.warmup + cfg.steps} decode steps",
                   "lower --len, or pass --prefill synthetic to time decode at that length")
 
@@ -178,15 +183,11 @@ class ResolvedRun:
     def method(self) -> str:
         return self.cfg.method
 
-    @property
-    def context_tokens(self) -> int:
-        return self.cfg.length + self.cfg.warmup + self.cfg.steps
-
     def build(self) -> tuple[AttentionMethod, AttentionMethod]:
         """Fresh instances for one attempt (each attempt of --batch auto binds its own): the method as configured
         (its config is the result's) and the one that decodes (FullKV when the budget plan says dense)."""
         requested = build_method(self.cfg.method, self.cfg.method_args)
-        return requested, dense_if_budget_covers(requested, self.context_tokens)[0]
+        return requested, dense_if_budget_covers(requested, self.cfg.context_tokens)[0]
 
 
 def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> ResolvedRun:
@@ -199,7 +200,7 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> Res
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
     check_context_fits(cfg, loaded)
     requested = build_method(cfg.method, cfg.method_args)
-    method, budget_plan = dense_if_budget_covers(requested, cfg.length + cfg.warmup + cfg.steps)
+    method, budget_plan = dense_if_budget_covers(requested, cfg.context_tokens)
     try:
         batch, auto_plan = plan_auto_batch(cfg, method, loaded) if cfg.batch == "auto" else (int(cfg.batch), None)
         check_memory(cfg, method, loaded, batch, planned=auto_plan is not None)
@@ -246,7 +247,7 @@ def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: Load
     config = loaded.model.config
     gpu_mem = cfg.gpu_mem if cfg.gpu_mem is not None else device_free_bytes(device)
     host_mem = cfg.host_mem if cfg.host_mem is not None else available_host_bytes()
-    planning_args = (method, ModelShape.from_config(config), cfg.length + cfg.warmup + cfg.steps, dtype.itemsize,
+    planning_args = (method, ModelShape.from_config(config), cfg.context_tokens, dtype.itemsize,
                      gpu_mem, host_mem, bool(getattr(config, "tie_word_embeddings", False)))
     return auto_batch(*planning_args), plan_method(*planning_args)
 
