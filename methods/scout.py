@@ -385,8 +385,8 @@ class ScoutAttention(SparseLayerMethod):
         """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
         padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
         candidates, valid = selectable
-        scores = self.store.digests.scores(layer, q, candidates.num_blocks)
-        return pad_last(candidates.top(scores), self.k_sel), valid, scores
+        ids, scores = self.store.digests.select(layer, q, candidates)
+        return pad_last(ids, self.k_sel), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""

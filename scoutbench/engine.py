@@ -3,7 +3,9 @@
 Per layer: input norm -> q/k/v projections -> q/k norm (Qwen3) -> RoPE -> method attention -> o_proj ->
 residual -> post-attention norm -> MLP -> residual; then final norm -> lm_head. Every op is the HF module's own,
 in HF's order and layout, so with the same attention function the logits are bit-identical to `model(...)`
-(tests/test_engine.py). Before a layer's attention the engine offers the method the layer's residual input
+(tests/test_engine.py), with one exception on a CPU: a decode step's plain `nn.Linear`s (and a gated MLP's) go
+through `kernels/cpu_linear`, which reads the weights at the memory rate where torch's sgemv read them at half of it;
+its sums round differently (within fp32 rounding of torch's). `SCOUTBENCH_CPU_ATTENTION=torch` restores torch's. Before a layer's attention the engine offers the method the layer's residual input
 (`before_layer`), which is where ScoutAttention and InfiniGen predict the next layer's query.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels import cpu_attention
+from scoutbench.kernels import cpu_attention, cpu_linear
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
@@ -68,11 +70,11 @@ class DecodeEngine:
         """HF's attention prologue: [B, L, hidden] -> q [B, Hq, L, D], k/v [B, Hkv, L, D], RoPE applied."""
         attn = layer.self_attn
         shape = (*normed.shape[:-1], -1, self.head_dim)
-        q = attn.q_proj(normed).view(shape)
-        k = attn.k_proj(normed).view(shape)
+        q = _linear(attn.q_proj, normed).view(shape)
+        k = _linear(attn.k_proj, normed).view(shape)
         if self.has_qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
-        v = attn.v_proj(normed).view(shape).transpose(1, 2)
+        v = _linear(attn.v_proj, normed).view(shape).transpose(1, 2)
         q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         return q, k, v
 
@@ -85,7 +87,7 @@ class DecodeEngine:
         layer = self.layers[target_layer]
         attn = layer.self_attn
         x = layer.input_layernorm(hidden) if normed is None else normed
-        q = attn.q_proj(x.reshape(x.shape[0], 1, -1)).view(x.shape[0], 1, -1, self.head_dim)
+        q = _linear(attn.q_proj, x.reshape(x.shape[0], 1, -1)).view(x.shape[0], 1, -1, self.head_dim)
         if self.has_qk_norm:
             q = attn.q_norm(q)
         q = q.transpose(1, 2)
@@ -212,16 +214,35 @@ class DecodeEngine:
                 q, k, v = self._qkv(layer, normed, self._cos, self._sin)
             o = method.decode(i, q[:, :, 0], k[:, :, 0], v[:, :, 0])
             with timer.stage("o_proj"):
-                x = residual + layer.self_attn.o_proj(o.reshape(batch, 1, -1).contiguous())
+                x = residual + _linear(layer.self_attn.o_proj, o.reshape(batch, 1, -1).contiguous())
             with timer.stage("mlp"):
-                x = x + layer.mlp(layer.post_attention_layernorm(x))
+                x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
         method.end_step()
-        logits = self.model.lm_head(self.inner.norm(x))[:, 0]
+        logits = _linear(self.model.lm_head, self.inner.norm(x))[:, 0]
         self.positions = self.positions + 1
         self.positions_host = [p + 1 for p in self.positions_host]
         self.step_index += 1
         self.last_hidden = x[:, 0]
         return logits
+
+
+def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)`; a plain `nn.Linear` through `cpu_linear` (which hands what it does not serve to `F.linear`)."""
+    if type(module) is torch.nn.Linear:
+        return cpu_linear.linear(x, module.weight, module.bias)
+    return module(x)
+
+
+# HF's MLPs whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`
+GATED_MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+
+
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`mlp(x)`; one of `GATED_MLPS` computed as its forward does, with its linears through `_linear`. Any other
+    MLP runs as its module."""
+    if type(mlp).__name__ in GATED_MLPS:
+        return _linear(mlp.down_proj, mlp.act_fn(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
+    return mlp(x)
 
 
 def _gather_positions(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,17 @@ def _random_partition(n, parts, g):
 
 
 # ---------------------------------------------------------------------------------------------- merge: M1-M5
+@pytest.mark.parametrize("cpu_backend", ["native", "torch"], indirect=True)
+def test_m1_two_part_merge_equals_dense(cpu_backend):
+    """Two parts (a method's device and CPU parts: the compiled merge on the native backend) merge to dense."""
+    q, k, v = _qkv(seed=11, batch=2)
+    parts = [partial_attention(q, k[:, :, s], v[:, :, s], 0.25) for s in (slice(0, 23), slice(23, None))]
+    merged = merge_states(*parts)
+    torch.testing.assert_close(merged.o, decode_attention(q, k, v, 0.25).float(), atol=ATOL, rtol=0)
+    stacked = torch.logsumexp(torch.stack([p.lse for p in parts]), dim=0)
+    torch.testing.assert_close(merged.lse, stacked, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_m1_merge_over_random_partition_equals_dense(seed):
     q, k, v = _qkv(seed=seed)
@@ -56,7 +67,8 @@ def test_m1_merge_over_random_partition_equals_dense(seed):
     torch.testing.assert_close(merged.o, dense.float(), atol=ATOL, rtol=0)
 
 
-def test_m1_ragged_valid_len_parts_with_empty_rows():
+@pytest.mark.parametrize("cpu_backend", ["native", "torch"], indirect=True)
+def test_m1_ragged_valid_len_parts_with_empty_rows(cpu_backend):
     """valid_len rows (some with zero valid keys) merge exactly; an all-invalid row is the empty state."""
     q, k, v = _qkv(batch=2, n=40)
     scale = 0.3
@@ -79,7 +91,8 @@ def test_m1_ragged_valid_len_parts_with_empty_rows():
     assert (first.o[0, 4:8] == 0).all()
 
 
-def test_m2_merge_is_order_independent_and_associative():
+@pytest.mark.parametrize("cpu_backend", ["native", "torch"], indirect=True)
+def test_m2_merge_is_order_independent_and_associative(cpu_backend):
     q, k, v = _qkv(n=60)
     scale = 0.2
     a, b, c = (partial_attention(q, k[:, :, s], v[:, :, s], scale)
@@ -91,7 +104,8 @@ def test_m2_merge_is_order_independent_and_associative():
         torch.testing.assert_close(other.lse, flat.lse, atol=ATOL, rtol=0)
 
 
-def test_m3_empty_parts():
+@pytest.mark.parametrize("cpu_backend", ["native", "torch"], indirect=True)
+def test_m3_empty_parts(cpu_backend):
     q, k, v = _qkv()
     state = partial_attention(q, k, v, 0.3)
     empty = empty_state(*q.shape, q.device)
@@ -179,6 +193,38 @@ def test_digest_kernel_matches_torch_scoring(monkeypatch, group):
         torch.testing.assert_close(native, bound_from_digests(q, digests), atol=1e-5, rtol=1e-6)
     finally:
         digest_native.library.cache_clear()
+
+
+@pytest.mark.parametrize("cpu_backend", ["native", "torch"], indirect=True)
+@pytest.mark.parametrize("heads_blocked", [1, 3])
+@pytest.mark.parametrize("k", [5, 40, 70])
+def test_digest_table_select_is_the_masked_top_k(cpu_backend, heads_blocked, k):
+    """`DigestTable.select` (one kernel call on the native backend) returns the scores and, up to each row's count of
+    selectable blocks, exactly the ids of `CandidateBlocks.top` over them: descending score, none blocked; the
+    blocked mask broadcast over heads (Scout's sinks and positions) or per head, k below, near and above the count."""
+    from scoutbench.kernels import digest_native
+    from scoutbench.kernels.digest import CandidateBlocks, DigestTable, bound_from_digests
+
+    g = torch.Generator().manual_seed(k + heads_blocked)
+    table = DigestTable(range(1), (2, 3, 70, 32), torch.float32, torch.device("cpu"))
+    table.digests[0].copy_(torch.randn(2, 3, 70, 64, generator=g))
+    q = torch.randn(2, 12, 32, generator=g)
+    excluded = torch.rand(1, heads_blocked, 61, generator=g) < 0.2
+    candidates = CandidateBlocks.build(61, torch.tensor([61, 37]), k, excluded, torch.device("cpu"))
+    assert digest_native.supports(q, table.digests[0][:, :, :61]) == (cpu_backend == "native")
+    ids, scores = table.select(0, q, candidates)
+    ref_scores = bound_from_digests(q, table.digests[0][:, :, :61])
+    torch.testing.assert_close(scores, ref_scores, atol=1e-5, rtol=1e-6)
+    ref_ids = candidates.top(ref_scores)
+    count = candidates.count.expand(2, 3)
+    assert ids.shape == ref_ids.shape == (2, 3, min(k, 61))
+    blocked = candidates.blocked.expand(2, 3, 61)
+    for b in range(2):
+        for h in range(3):
+            n = int(count[b, h])
+            assert n == min(k, int((~blocked[b, h]).sum()))
+            assert ids[b, h, :n].tolist() == ref_ids[b, h, :n].tolist()
+            assert not blocked[b, h, ids[b, h, :n]].any()
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 32])

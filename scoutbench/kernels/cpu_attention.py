@@ -1,4 +1,6 @@
 """The compiled CPU decode-attention kernel (`cpu_attention.cpp`): built on first use, called through ctypes.
+The same library holds the decode linear that `cpu_linear` serves (it shares the kernel's thread pool) and the
+two-part merge that `partial_state.merge_states` takes on a CPU (one call where torch made seven).
 
 Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
 fp32's bytes/s, and a sparse call first had to gather the selected blocks into a buffer (the gather cost as much as
@@ -34,7 +36,7 @@ import torch
 from scoutbench.errors import ScoutbenchError, UsageError
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-ABI_VERSION = 1
+ABI_VERSION = 2
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
 BACKEND_CHOICES = ("auto", "native", "torch")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -126,6 +128,10 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
                                      i64, ptr, i64, ctypes.c_float, ptr, ptr, ptr, i64, ctypes.c_int]
     if library.sb_abi_version() != ABI_VERSION:
         raise NativeUnavailable(f"stale kernel build (ABI {library.sb_abi_version()}, expected {ABI_VERSION})")
+    library.sb_linear.restype = ctypes.c_int
+    library.sb_linear.argtypes = [ctypes.c_int, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
+    library.sb_merge2.restype = ctypes.c_int
+    library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     return library
 
 
@@ -202,3 +208,22 @@ def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, scal
         raise ValueError(f"CPU attention kernel rejected the call (code {code}): q {tuple(q.shape)}, "
                          f"k {tuple(k_blocks.shape)}")
     return out, lse, probs
+
+
+def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The exact merge of two partial states through the kernel: (o, lse) like the inputs (fp32, CPU, o
+    `[..., D]`, lse `[...]`, one shape), or None where the kernel does not take them."""
+    if not (o_a.device.type == o_b.device.type == "cpu" and lse_a.device.type == lse_b.device.type == "cpu"
+            and o_a.dtype == o_b.dtype == lse_a.dtype == lse_b.dtype == torch.float32
+            and o_a.shape == o_b.shape and lse_a.shape == lse_b.shape == o_a.shape[:-1]
+            and not (torch.is_grad_enabled() and (o_a.requires_grad or o_b.requires_grad))
+            and library() is not None):
+        return None
+    parts = [t.contiguous() for t in (o_a, lse_a, o_b, lse_b)]
+    out, lse = torch.empty_like(parts[0]), torch.empty_like(parts[1])
+    code = library().sb_merge2(lse.numel(), o_a.shape[-1], *(t.data_ptr() for t in parts), out.data_ptr(),
+                               lse.data_ptr())
+    if code != 0:
+        raise ValueError(f"CPU merge kernel rejected the call (code {code}): o {tuple(o_a.shape)}")
+    return out, lse

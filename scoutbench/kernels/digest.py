@@ -158,6 +158,15 @@ class DigestTable:
         """`upper_bound_scores` of q `[B, Hq, D]` against the first `num_blocks` blocks -> `[B, Hkv, num_blocks]`."""
         return bound_from_digests(q, self.digests[layer][:, :, :num_blocks])
 
+    def select(self, layer: int, q: torch.Tensor, candidates: CandidateBlocks) -> tuple[torch.Tensor, torch.Tensor]:
+        """`candidates.top` of q's scores: (ids `[B, Hkv, candidates.k]`, scores `[B, Hkv, nB]`); on a CPU one call
+        of the digest kernel where it is built (the entries past `candidates.count` are padding either way)."""
+        digests = self.digests[layer][:, :, :candidates.num_blocks]
+        if candidates.k and digest_native.supports(q, digests) and candidates.blocked.device.type == "cpu":
+            return digest_native.top_blocks(q, digests, candidates.blocked, candidates.k)
+        scores = bound_from_digests(q, digests)
+        return candidates.top(scores), scores
+
     def device_bytes(self) -> int:
         """The digests' bytes on the compute device: two `[B, Hkv, blocks, D]` tensors per layer in the KV dtype
         (on CPU, where they are kept in fp32 for speed, what a CUDA run would hold)."""

@@ -33,46 +33,77 @@ static void scores_g4(const float* row, const float* both, int64_t width, int64_
     }
 }
 
+// Row r's scores into dst: q's G heads expanded once to [q | |q|] (both, scratch of G * 2D floats).
+static void row_scores(const float* row, const float* q_row, int64_t group, int64_t dim, int64_t num_blocks,
+                       float* both, float* dst) {
+  const int64_t width = 2 * dim;
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = q_row + g * dim;
+    float* bg = both + g * width;
+    for (int64_t c = 0; c < dim; ++c) {
+      bg[c] = qg[c];
+      bg[dim + c] = std::fabs(qg[c]);
+    }
+  }
+  if (group == 4 && width % kLanes == 0) {
+    scores_g4(row, both, width, num_blocks, dst);
+    return;
+  }
+  for (int64_t j = 0; j < num_blocks; ++j) {
+    const float* d = row + j * width;
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t g = 0; g < group; ++g) {
+      const float* bg = both + g * width;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t c = 0; c < width; ++c) acc += d[c] * bg[c];
+      best = std::max(best, acc);
+    }
+    dst[j] = 0.5f * best;
+  }
+}
+
 extern "C" {
 
-int sb_digest_abi_version() { return 1; }
+int sb_digest_abi_version() { return 2; }
 
 // digests: row r's blocks start at digests + r * row_stride, block j at + j * 2D (contiguous 2D floats).
 // q: [rows, G, D] contiguous. out: [rows, num_blocks] contiguous.
 int sb_digest_scores(int64_t rows, int64_t group, int64_t dim, int64_t num_blocks, const float* digests,
                      int64_t row_stride, const float* q, float* out) {
-    if (rows < 0 || group < 1 || dim < 1 || num_blocks < 0) return 1;
-    const int64_t width = 2 * dim;
-    std::vector<float> both(group * width);
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < group; ++g) {
-            const float* qg = q + (r * group + g) * dim;
-            float* bg = both.data() + g * width;
-            for (int64_t c = 0; c < dim; ++c) {
-                bg[c] = qg[c];
-                bg[dim + c] = std::fabs(qg[c]);
-            }
-        }
-        const float* row = digests + r * row_stride;
-        float* dst = out + r * num_blocks;
-        if (group == 4 && width % kLanes == 0) {
-            scores_g4(row, both.data(), width, num_blocks, dst);
-            continue;
-        }
-        for (int64_t j = 0; j < num_blocks; ++j) {
-            const float* d = row + j * width;
-            float best = -std::numeric_limits<float>::infinity();
-            for (int64_t g = 0; g < group; ++g) {
-                const float* bg = both.data() + g * width;
-                float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-                for (int64_t c = 0; c < width; ++c) acc += d[c] * bg[c];
-                best = std::max(best, acc);
-            }
-            dst[j] = 0.5f * best;
-        }
-    }
-    return 0;
+  if (rows < 0 || group < 1 || dim < 1 || num_blocks < 0) return 1;
+  std::vector<float> both(group * 2 * dim);
+  for (int64_t r = 0; r < rows; ++r)
+    row_scores(digests + r * row_stride, q + r * group * dim, group, dim, num_blocks, both.data(),
+               out + r * num_blocks);
+  return 0;
+}
+
+// The scores as above, then each row's top k selectable blocks: ids [rows, k] int64, the row's selectable blocks
+// (blocked[r / heads * blocked_b + (r % heads) * blocked_h + j] == 0) by descending score, ties by lower id, then
+// 0 past the selectable ones (what CandidateBlocks.top returns where its `count` says, and padding after it).
+int sb_digest_top(int64_t rows, int64_t heads, int64_t group, int64_t dim, int64_t num_blocks, const float* digests,
+                  int64_t row_stride, const float* q, const uint8_t* blocked, int64_t blocked_b, int64_t blocked_h,
+                  int64_t k, float* scores, int64_t* ids) {
+  if (sb_digest_scores(rows, group, dim, num_blocks, digests, row_stride, q, scores) != 0 || heads < 1 || k < 0)
+    return 1;
+  std::vector<int64_t> pick;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row_scores_of = scores + r * num_blocks;
+    const uint8_t* mask = blocked + (r / heads) * blocked_b + (r % heads) * blocked_h;
+    pick.clear();
+    for (int64_t j = 0; j < num_blocks; ++j)
+      if (!mask[j]) pick.push_back(j);
+    const auto better = [row_scores_of](int64_t a, int64_t b) {
+      return row_scores_of[a] > row_scores_of[b] || (row_scores_of[a] == row_scores_of[b] && a < b);
+    };
+    const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(pick.size()));
+    std::partial_sort(pick.begin(), pick.begin() + n, pick.end(), better);
+    int64_t* out = ids + r * k;
+    std::copy(pick.begin(), pick.begin() + n, out);
+    std::fill(out + n, out + k, int64_t{0});
+  }
+  return 0;
 }
 
 }  // extern "C"

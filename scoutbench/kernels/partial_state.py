@@ -1,9 +1,10 @@
 """The partial-attention result every kernel and method exchanges, and its exact merge.
 
 A part of attention over a subset of keys is `(o: fp32 [B, Hq, D], lse: fp32 [B, Hq])` with a natural-log LSE; an
-empty part has `lse = -inf` and `o = 0`. This module depends on torch only, so that every kernel (the torch
-path in `attention`, the flashinfer adapter in `backends`, the Triton kernel) can build and merge parts without
-importing another kernel module (docs/architecture.md, the import layers).
+empty part has `lse = -inf` and `o = 0`. This module depends on torch and the compiled CPU kernel's loader
+(`cpu_attention`, which imports no other kernel module) only, so that every kernel (the torch path in `attention`,
+the flashinfer adapter in `backends`, the Triton kernel) can build and merge parts without an import cycle
+(docs/architecture.md, the import layers).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 from typing import NamedTuple
 
 import torch
+
+from scoutbench.kernels import cpu_attention
 
 
 class PartialState(NamedTuple):
@@ -46,7 +49,12 @@ def merge_states(*states: PartialState) -> PartialState:
     """Exact merge of partial results over disjoint key sets: `lse = logsumexp(lse_i)`, `o = sum exp(lse_i - lse) o_i`.
 
     Empty parts (lse = -inf) get weight 0; if every part is empty the result is the empty state, never NaN.
+    Two parts on a CPU are one call of the compiled kernel where it is built (a method's per-layer merge).
     """
+    if len(states) == 2:
+        merged = cpu_attention.merge2(states[0].o, states[0].lse, states[1].o, states[1].lse)
+        if merged is not None:
+            return PartialState(*merged)
     lses = torch.stack([s.lse for s in states])  # [P, B, Hq]
     total = torch.logsumexp(lses, dim=0)
     # an all-empty row (total -inf) is shifted by the lowest finite float instead: its weights are exp(-inf) = 0
