@@ -20,7 +20,7 @@ import torch
 
 from scoutbench.kernels.attention import block_sparse_attention, decode_attention
 from scoutbench.kernels.backends import PAGE_TOKENS
-from scoutbench.kernels.digest import DigestTable, block_digests, select_top_blocks
+from scoutbench.kernels.digest import CandidateBlocks, DigestTable, block_digests
 from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -148,8 +148,9 @@ class Quest(FullKV):
         """
         pages = self.page_budget
         candidates = self._max_candidates
-        scores = self.digests.scores(layer, q, candidates)
-        ids, count = select_top_blocks(scores, self._tail_block, pages - 1)
+        selectable = CandidateBlocks.build(candidates, self._tail_block, pages - 1, None, q.device)
+        ids, _ = self.digests.select(layer, q, selectable)
+        count = selectable.count.expand(ids.shape[:2])
         block_ids = torch.nn.functional.pad(ids, (0, pages - ids.shape[-1]))
         slot = torch.arange(pages, device=q.device)
         block_ids = torch.where(slot == count[..., None], self._tail_block[:, None, None], block_ids)

@@ -3,9 +3,10 @@
 Per layer: input norm -> q/k/v projections -> q/k norm (Qwen3) -> RoPE -> method attention -> o_proj ->
 residual -> post-attention norm -> MLP -> residual; then final norm -> lm_head. Every op is the HF module's own,
 in HF's order and layout, so with the same attention function the logits are bit-identical to `model(...)`
-(tests/test_engine.py), with one exception on a CPU: a decode step's plain `nn.Linear`s (and a gated MLP's) go
-through `kernels/cpu_linear`, which reads the weights at the memory rate where torch's sgemv read them at half of it;
-its sums round differently (within fp32 rounding of torch's). `SCOUTBENCH_CPU_ATTENTION=torch` restores torch's. Before a layer's attention the engine offers the method the layer's residual input
+(tests/test_engine.py), with one exception on a CPU: a decode step's work around attention (the attention prologue,
+RMSNorms, plain `nn.Linear`s and a gated MLP's) goes through `kernels/cpu_decode` for the HF modules it knows, one
+call where HF made ~45 torch ops and at the memory rate where torch's sgemv read weights at half of it; its sums
+round differently (within fp32 rounding of HF's). `SCOUTBENCH_CPU_ATTENTION=torch` restores HF's modules. Before a layer's attention the engine offers the method the layer's residual input
 (`before_layer`), which is where ScoutAttention and InfiniGen predict the next layer's query.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels import cpu_attention, cpu_linear
+from scoutbench.kernels import cpu_attention, cpu_decode
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
@@ -86,13 +87,36 @@ class DecodeEngine:
         """
         layer = self.layers[target_layer]
         attn = layer.self_attn
-        x = layer.input_layernorm(hidden) if normed is None else normed
-        q = _linear(attn.q_proj, x.reshape(x.shape[0], 1, -1)).view(x.shape[0], 1, -1, self.head_dim)
+        x = (_norm(layer.input_layernorm, hidden) if normed is None else normed).reshape(hidden.shape[0], 1, -1)
+        fused = self._fused_prologue(attn, x, with_kv=False)
+        if fused is not None:
+            return fused[0]
+        q = _linear(attn.q_proj, x).view(x.shape[0], 1, -1, self.head_dim)
         if self.has_qk_norm:
             q = attn.q_norm(q)
         q = q.transpose(1, 2)
         q, _ = self._apply_rope(q, q[:, :1], self._cos, self._sin)
         return q[:, :, 0]
+
+    def _fused_prologue(self, attn: torch.nn.Module, normed: torch.Tensor, with_kv: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+        """q `[B, Hq, D]` (and k, v `[B, Hkv, D]`) of a decode step through `cpu_decode.attention_prologue`, for
+        one of `ROPE_ATTENTIONS` with plain linears; None where it does not serve (the caller runs HF's modules)."""
+        if type(attn).__name__ not in ROPE_ATTENTIONS:
+            return None
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if any(type(p) is not torch.nn.Linear for p in projections):
+            return None
+        qk_norm = None
+        if self.has_qk_norm:
+            q_norm, k_norm = attn.q_norm, attn.k_norm
+            if not (type(q_norm).__name__ in RMS_NORMS and type(k_norm).__name__ in RMS_NORMS
+                    and q_norm.variance_epsilon == k_norm.variance_epsilon):
+                return None
+            qk_norm = (q_norm.weight, k_norm.weight, q_norm.variance_epsilon)
+        return cpu_decode.attention_prologue(normed, attn.q_proj, (attn.k_proj, attn.v_proj) if with_kv else None,
+                                             self.num_heads, self.num_kv_heads, self.head_dim, qk_norm, self._cos,
+                                             self._sin)
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -206,19 +230,23 @@ class DecodeEngine:
         for i, layer in enumerate(self.layers):
             residual = x
             with timer.stage("qkv_proj"):
-                normed = layer.input_layernorm(x)
+                normed = _norm(layer.input_layernorm, x)
             if method.layer_ahead:
                 with timer.stage("predict"):
                     method.before_layer(i, x[:, 0], normed[:, 0])
             with timer.stage("qkv_proj"):
-                q, k, v = self._qkv(layer, normed, self._cos, self._sin)
-            o = method.decode(i, q[:, :, 0], k[:, :, 0], v[:, :, 0])
+                fused = self._fused_prologue(layer.self_attn, normed, with_kv=True)
+                if fused is None:
+                    q, k, v = (t[:, :, 0] for t in self._qkv(layer, normed, self._cos, self._sin))
+                else:
+                    q, k, v = fused
+            o = method.decode(i, q, k, v)
             with timer.stage("o_proj"):
                 x = residual + _linear(layer.self_attn.o_proj, o.reshape(batch, 1, -1).contiguous())
             with timer.stage("mlp"):
-                x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
+                x = x + _mlp(layer.mlp, _norm(layer.post_attention_layernorm, x))
         method.end_step()
-        logits = _linear(self.model.lm_head, self.inner.norm(x))[:, 0]
+        logits = _linear(self.model.lm_head, _norm(self.inner.norm, x))[:, 0]
         self.positions = self.positions + 1
         self.positions_host = [p + 1 for p in self.positions_host]
         self.step_index += 1
@@ -226,15 +254,28 @@ class DecodeEngine:
         return logits
 
 
+# HF's modules whose forward `kernels/cpu_decode` reproduces (a decode step on a CPU takes the kernel for them):
+# MLPs that are exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, LlamaRMSNorm and its copies, and attentions
+# whose prologue is q/k/v projections, optional q/k RMSNorms and rotate-half RoPE with the model's cos/sin
+GATED_MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+RMS_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+ROPE_ATTENTIONS = frozenset({"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"})
+
+
 def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)`; a plain `nn.Linear` through `cpu_linear` (which hands what it does not serve to `F.linear`)."""
+    """`module(x)`; a plain `nn.Linear` through `cpu_decode` (which hands what it does not serve to `F.linear`)."""
     if type(module) is torch.nn.Linear:
-        return cpu_linear.linear(x, module.weight, module.bias)
+        return cpu_decode.linear(x, module.weight, module.bias)
     return module(x)
 
 
-# HF's MLPs whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`
-GATED_MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+def _norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)`; one of `RMS_NORMS` through `cpu_decode` where it serves the call."""
+    if type(module).__name__ in RMS_NORMS:
+        out = cpu_decode.rms_norm(x, module.weight, module.variance_epsilon)
+        if out is not None:
+            return out
+    return module(x)
 
 
 def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

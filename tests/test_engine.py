@@ -22,14 +22,14 @@ def test_engine_logits_bit_identical_to_hf(model_fixture, batch, request, cpu_ba
 @pytest.mark.parametrize("model_fixture", ["tiny_qwen3", "tiny_llama", "tiny_qwen2"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_engine_logits_with_native_linears_match_hf(model_fixture, batch, request, cpu_backend):
-    """The compiled decode linears (kernels/cpu_linear) sum in another order: the same logits within fp32 rounding,
+    """The compiled decode linears (kernels/cpu_decode) sum in another order: the same logits within fp32 rounding,
     and they did serve the decode steps (the prefill's many rows stay with torch, so it is still bit-identical)."""
-    from scoutbench.kernels import cpu_linear
+    from scoutbench.kernels import cpu_decode
 
     served = []
-    original = cpu_linear.supports
+    original = cpu_decode.supports
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu_linear, "supports", lambda *args: served.append(original(*args)) or served[-1])
+        patch.setattr(cpu_decode, "supports", lambda *args: served.append(original(*args)) or served[-1])
         _check_against_hf(request.getfixturevalue(model_fixture), batch, prompt_len=37, exact=False)
     assert any(served)
 

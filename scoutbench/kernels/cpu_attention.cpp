@@ -734,8 +734,12 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
   }
 }
 
+constexpr int64_t kLinearBytesPerThread = int64_t{2} << 20;  // below this much weight a helper costs what it saves
+
 template <typename T>
 void linear(const T* x, const T* W, const T* bias, T* y, int64_t M, int64_t N, int64_t K, int threads) {
+  threads = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(threads, N * K * static_cast<int64_t>(sizeof(T)) / kLinearBytesPerThread)));
   thread_local std::vector<float> xf;
   xf.resize(M * K);
   for (int64_t i = 0; i < M * K; ++i) xf[i] = to_float(x[i]);
@@ -744,6 +748,62 @@ void linear(const T* x, const T* W, const T* bias, T* y, int64_t M, int64_t N, i
     const int64_t n0 = task * kLinearRows;
     linear_rows(xp, x, W, bias, y, M, N, K, n0, std::min(N, n0 + kLinearRows));
   });
+}
+
+// ------------------------------------------------------------------------------------------ decode prologue
+// HF's RMSNorm (LlamaRMSNorm and its copies): w * (x * rsqrt(mean(x^2) + eps)), the sum in fp32 and the normalised
+// row rounded to the model dtype before the weight multiplies it, as HF does.
+template <typename T>
+void rms_norm_row(const T* x, const T* w, float eps, int64_t n, T* out) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = to_float(x[i]);
+    sum += v * v;
+  }
+  const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    T normed;
+    store_out(&normed, to_float(x[i]) * inv);
+    store_out(out + i, to_float(w[i]) * to_float(normed));
+  }
+}
+
+// HF's rotate-half RoPE of one head in place: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2 | x1].
+template <typename T>
+void rope_row(T* x, const T* cos, const T* sin, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = to_float(x[i]), b = to_float(x[i + half]);
+    store_out(x + i, a * to_float(cos[i]) - b * to_float(sin[i]));
+    store_out(x + i + half, b * to_float(cos[i + half]) + a * to_float(sin[i + half]));
+  }
+}
+
+// One decode step's attention prologue for M rows: q = RoPE(q_norm(normed Wq^T + bq)) [M, Hq, D] and, with wk,
+// k = RoPE(k_norm(normed Wk^T + bk)), v = normed Wv^T + bv [M, Hkv, D]; norms where their weights are given;
+// cos/sin [M, D]. One call for the ~45 torch ops of HF's prologue.
+template <typename T>
+void attention_prologue(int64_t M, int64_t hidden, const T* normed, const T* wq, const T* bq, const T* wk,
+                        const T* bk, const T* wv, const T* bv, int64_t Hq, int64_t Hkv, int64_t D, const T* qn_w,
+                        const T* kn_w, float qk_eps, const T* cos, const T* sin, T* q, T* k, T* v, int threads) {
+  linear(normed, wq, bq, q, M, Hq * D, hidden, threads);
+  if (wk != nullptr) {
+    linear(normed, wk, bk, k, M, Hkv * D, hidden, threads);
+    linear(normed, wv, bv, v, M, Hkv * D, hidden, threads);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      T* row = q + (m * Hq + h) * D;
+      if (qn_w != nullptr) rms_norm_row(row, qn_w, qk_eps, D, row);
+      rope_row(row, cos + m * D, sin + m * D, D);
+    }
+    if (wk == nullptr) continue;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      T* row = k + (m * Hkv + h) * D;
+      if (kn_w != nullptr) rms_norm_row(row, kn_w, qk_eps, D, row);
+      rope_row(row, cos + m * D, sin + m * D, D);
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------ driver
@@ -895,6 +955,48 @@ int sb_merge2(int64_t rows, int64_t D, const float* o_a, const float* lse_a, con
 #pragma omp simd
     for (int64_t d = 0; d < D; ++d) dst[d] = ca * a[d] + cb * b[d];
     lse[r] = m + std::log(sum);
+  }
+  return 0;
+}
+
+
+// out [rows, n] = HF's RMSNorm of x [rows, n] with weight w [n]. 0 on success.
+int sb_rms_norm(int dtype, int64_t rows, int64_t n, const void* x, const void* w, float eps, void* out) {
+  if ((dtype != kF32 && dtype != kBF16) || rows < 0 || n <= 0) return 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (dtype == kF32) {
+      rms_norm_row(static_cast<const float*>(x) + r * n, static_cast<const float*>(w), eps, n,
+                   static_cast<float*>(out) + r * n);
+    } else {
+      rms_norm_row(static_cast<const uint16_t*>(x) + r * n, static_cast<const uint16_t*>(w), eps, n,
+                   static_cast<uint16_t*>(out) + r * n);
+    }
+  }
+  return 0;
+}
+
+// attention_prologue() above; wk null: q only (wv, bk, bv, kn_w, k, v unused); any bias or norm weight may be null.
+int sb_attention_prologue(int dtype, int64_t M, int64_t hidden, const void* normed, const void* wq, const void* bq,
+                          const void* wk, const void* bk, const void* wv, const void* bv, int64_t Hq, int64_t Hkv,
+                          int64_t D, const void* qn_w, const void* kn_w, float qk_eps, const void* cos,
+                          const void* sin, void* q, void* k, void* v, int threads) {
+  if ((dtype != kF32 && dtype != kBF16) || M < 0 || hidden <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || D % 2) return 1;
+  if (dtype == kF32) {
+    using T = float;
+    attention_prologue<T>(M, hidden, static_cast<const T*>(normed), static_cast<const T*>(wq),
+                          static_cast<const T*>(bq), static_cast<const T*>(wk), static_cast<const T*>(bk),
+                          static_cast<const T*>(wv), static_cast<const T*>(bv), Hq, Hkv, D,
+                          static_cast<const T*>(qn_w), static_cast<const T*>(kn_w), qk_eps,
+                          static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(q),
+                          static_cast<T*>(k), static_cast<T*>(v), threads);
+  } else {
+    using T = uint16_t;
+    attention_prologue<T>(M, hidden, static_cast<const T*>(normed), static_cast<const T*>(wq),
+                          static_cast<const T*>(bq), static_cast<const T*>(wk), static_cast<const T*>(bk),
+                          static_cast<const T*>(wv), static_cast<const T*>(bv), Hq, Hkv, D,
+                          static_cast<const T*>(qn_w), static_cast<const T*>(kn_w), qk_eps,
+                          static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(q),
+                          static_cast<T*>(k), static_cast<T*>(v), threads);
   }
   return 0;
 }

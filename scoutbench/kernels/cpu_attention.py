@@ -1,6 +1,7 @@
 """The compiled CPU decode-attention kernel (`cpu_attention.cpp`): built on first use, called through ctypes.
-The same library holds the decode linear that `cpu_linear` serves (it shares the kernel's thread pool) and the
-two-part merge that `partial_state.merge_states` takes on a CPU (one call where torch made seven).
+The same library holds the decode step's other CPU kernels that `cpu_decode` serves (linears, RMSNorm, the attention
+prologue; they share the kernel's thread pool) and the two-part merge that `partial_state.merge_states` takes on a
+CPU (one call where torch made seven).
 
 Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
 fp32's bytes/s, and a sparse call first had to gather the selected blocks into a buffer (the gather cost as much as
@@ -130,6 +131,11 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
         raise NativeUnavailable(f"stale kernel build (ABI {library.sb_abi_version()}, expected {ABI_VERSION})")
     library.sb_linear.restype = ctypes.c_int
     library.sb_linear.argtypes = [ctypes.c_int, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
+    library.sb_rms_norm.restype = ctypes.c_int
+    library.sb_rms_norm.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ctypes.c_float, ptr]
+    library.sb_attention_prologue.restype = ctypes.c_int
+    library.sb_attention_prologue.argtypes = [ctypes.c_int, i64, i64, *[ptr] * 7, i64, i64, i64, ptr, ptr,
+                                              ctypes.c_float, *[ptr] * 5, ctypes.c_int]
     library.sb_merge2.restype = ctypes.c_int
     library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     return library

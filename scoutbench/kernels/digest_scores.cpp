@@ -7,12 +7,15 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 constexpr int64_t kLanes = 16;
 
 // GQA group 4: each digest chunk is loaded once for the four query heads (lane-wise partial sums, reduced once).
-static void scores_g4(const float* row, const float* both, int64_t width, int64_t num_blocks, float* dst) {
+// emit(j, score) takes each block's score as it is computed.
+template <typename Emit>
+static void scores_g4(const float* row, const float* both, int64_t width, int64_t num_blocks, Emit&& emit) {
     for (int64_t j = 0; j < num_blocks; ++j) {
         const float* d = row + j * width;
         float acc[4][kLanes] = {};
@@ -29,13 +32,15 @@ static void scores_g4(const float* row, const float* both, int64_t width, int64_
             for (int64_t l = 0; l < kLanes; ++l) sum += acc[g][l];
             best = std::max(best, sum);
         }
-        dst[j] = 0.5f * best;
+        emit(j, 0.5f * best);
     }
 }
 
-// Row r's scores into dst: q's G heads expanded once to [q | |q|] (both, scratch of G * 2D floats).
+// Row r's scores, block by block to emit(j, score): q's G heads expanded once to [q | |q|] (both, scratch of
+// G * 2D floats).
+template <typename Emit>
 static void row_scores(const float* row, const float* q_row, int64_t group, int64_t dim, int64_t num_blocks,
-                       float* both, float* dst) {
+                       float* both, Emit&& emit) {
   const int64_t width = 2 * dim;
   for (int64_t g = 0; g < group; ++g) {
     const float* qg = q_row + g * dim;
@@ -46,7 +51,7 @@ static void row_scores(const float* row, const float* q_row, int64_t group, int6
     }
   }
   if (group == 4 && width % kLanes == 0) {
-    scores_g4(row, both, width, num_blocks, dst);
+    scores_g4(row, both, width, num_blocks, emit);
     return;
   }
   for (int64_t j = 0; j < num_blocks; ++j) {
@@ -59,9 +64,52 @@ static void row_scores(const float* row, const float* q_row, int64_t group, int6
       for (int64_t c = 0; c < width; ++c) acc += d[c] * bg[c];
       best = std::max(best, acc);
     }
-    dst[j] = 0.5f * best;
+    emit(j, 0.5f * best);
   }
 }
+
+// The k best (score, block) pairs of a row so far, worst on top: a block below the worst costs one comparison,
+// made while the next digests stream in (a top-k after the row's scoring cost 10 us per row on its own).
+class TopK {
+ public:
+  using Entry = std::pair<float, int64_t>;
+  // a function object, not a function: std::push_heap then inlines it (a function pointer cost 4x)
+  struct Better {
+    bool operator()(const Entry& a, const Entry& b) const {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+  };
+  static constexpr Better better{};
+
+  void reset(int64_t k) {
+    k_ = k;
+    heap_.clear();
+  }
+
+  void offer(float score, int64_t j) {
+    const Entry entry{score, j};
+    if (static_cast<int64_t>(heap_.size()) < k_) {
+      heap_.push_back(entry);
+      std::push_heap(heap_.begin(), heap_.end(), better);
+    } else if (k_ > 0 && better(entry, heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), better);
+      heap_.back() = entry;
+      std::push_heap(heap_.begin(), heap_.end(), better);
+    }
+  }
+
+  // the ids, best first, then 0 up to k
+  void write(int64_t* out) {
+    std::sort_heap(heap_.begin(), heap_.end(), better);
+    const int64_t n = static_cast<int64_t>(heap_.size());
+    for (int64_t i = 0; i < n; ++i) out[i] = heap_[i].second;
+    std::fill(out + n, out + k_, int64_t{0});
+  }
+
+ private:
+  int64_t k_ = 0;
+  std::vector<Entry> heap_;
+};
 
 extern "C" {
 
@@ -73,35 +121,33 @@ int sb_digest_scores(int64_t rows, int64_t group, int64_t dim, int64_t num_block
                      int64_t row_stride, const float* q, float* out) {
   if (rows < 0 || group < 1 || dim < 1 || num_blocks < 0) return 1;
   std::vector<float> both(group * 2 * dim);
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out + r * num_blocks;
     row_scores(digests + r * row_stride, q + r * group * dim, group, dim, num_blocks, both.data(),
-               out + r * num_blocks);
+               [dst](int64_t j, float score) { dst[j] = score; });
+  }
   return 0;
 }
 
-// The scores as above, then each row's top k selectable blocks: ids [rows, k] int64, the row's selectable blocks
+// The scores as above, and each row's top k selectable blocks: ids [rows, k] int64, the row's selectable blocks
 // (blocked[r / heads * blocked_b + (r % heads) * blocked_h + j] == 0) by descending score, ties by lower id, then
 // 0 past the selectable ones (what CandidateBlocks.top returns where its `count` says, and padding after it).
 int sb_digest_top(int64_t rows, int64_t heads, int64_t group, int64_t dim, int64_t num_blocks, const float* digests,
                   int64_t row_stride, const float* q, const uint8_t* blocked, int64_t blocked_b, int64_t blocked_h,
                   int64_t k, float* scores, int64_t* ids) {
-  if (sb_digest_scores(rows, group, dim, num_blocks, digests, row_stride, q, scores) != 0 || heads < 1 || k < 0)
-    return 1;
-  std::vector<int64_t> pick;
+  if (rows < 0 || heads < 1 || group < 1 || dim < 1 || num_blocks < 0 || k < 0) return 1;
+  std::vector<float> both(group * 2 * dim);
+  TopK top;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row_scores_of = scores + r * num_blocks;
+    float* dst = scores + r * num_blocks;
     const uint8_t* mask = blocked + (r / heads) * blocked_b + (r % heads) * blocked_h;
-    pick.clear();
-    for (int64_t j = 0; j < num_blocks; ++j)
-      if (!mask[j]) pick.push_back(j);
-    const auto better = [row_scores_of](int64_t a, int64_t b) {
-      return row_scores_of[a] > row_scores_of[b] || (row_scores_of[a] == row_scores_of[b] && a < b);
-    };
-    const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(pick.size()));
-    std::partial_sort(pick.begin(), pick.begin() + n, pick.end(), better);
-    int64_t* out = ids + r * k;
-    std::copy(pick.begin(), pick.begin() + n, out);
-    std::fill(out + n, out + k, int64_t{0});
+    top.reset(k);
+    row_scores(digests + r * row_stride, q + r * group * dim, group, dim, num_blocks, both.data(),
+               [&](int64_t j, float score) {
+                 dst[j] = score;
+                 if (!mask[j]) top.offer(score, j);
+               });
+    top.write(ids + r * k);
   }
   return 0;
 }

@@ -1,0 +1,103 @@
+"""A decode step's work around attention on the CPU, through the compiled kernel (`cpu_attention.cpp`): the linears,
+HF's RMSNorm, and the attention prologue (q/k/v projections, q/k norms, RoPE) in one call; `F.linear` and the HF
+modules elsewhere.
+
+Why: at decode this work is a fixed cost of every method's step, and on a CPU it was a large one.
+- A linear of a few rows (the batch) is a read of its weight. torch's CPU linear (MKL's sgemv) read weights at ~12
+  GB/s on our AMD machines, where one core streams 25-28 GB/s. The kernel reads four weight rows against each
+  input row at a time, in fp32 or bf16, accumulating in fp32 as torch does (bf16 results rounded to nearest even).
+- HF's prologue is ~45 torch ops per layer (norms in six ops each, RoPE through `rotate_half` for q and k), ~8 us
+  each on these machines: 0.35 ms per layer of bench-attn16, more than its projections' read.
+
+Each function returns None where it does not serve the call (not a CPU, not fp32/bf16, more than `MAX_ROWS` rows, a
+non-contiguous weight, autograd, or `SCOUTBENCH_CPU_ATTENTION=torch` / no kernel build), and the caller then runs
+torch's path, which is the tested reference: the kernel's results agree with it within fp32 rounding (bf16: one
+rounding where HF rounds after each op).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from scoutbench.kernels import cpu_attention
+
+MAX_ROWS = 16  # more rows than this is a matrix product, where MKL's gemm is the faster one
+
+
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def supports(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
+    """Whether the kernel takes `x` `[..., K]` with these weights (None entries are absent biases or norms)."""
+    present = [w for w in weights if w is not None]
+    return (x.device.type == "cpu" and x.dtype in cpu_attention.DTYPE_CODES and 0 < _rows(x) <= MAX_ROWS
+            and all(w.device.type == "cpu" and w.dtype == x.dtype and w.is_contiguous() for w in present)
+            and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in present)))
+            and cpu_attention.library() is not None)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+def _check(code: int, what: str, x: torch.Tensor) -> None:
+    if code != 0:
+        raise ValueError(f"CPU {what} kernel rejected the call (code {code}): x {tuple(x.shape)}")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`: x `[..., K]`, weight `[N, K]`, bias `[N]` -> `[..., N]`."""
+    if not supports(x, weight, bias):
+        return F.linear(x, weight, bias)
+    out_features, in_features = weight.shape
+    x2 = x.reshape(_rows(x), in_features).contiguous()
+    out = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
+    _check(cpu_attention.library().sb_linear(
+        cpu_attention.DTYPE_CODES[x.dtype], x2.shape[0], out_features, in_features, x2.data_ptr(), weight.data_ptr(),
+        _ptr(bias), out.data_ptr(), torch.get_num_threads()), "linear", x)
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """HF's RMSNorm of x `[..., n]` (weight `[n]`), or None where the kernel does not serve it."""
+    if not supports(x, weight):
+        return None
+    x2 = x.contiguous()
+    out = torch.empty_like(x2)
+    _check(cpu_attention.library().sb_rms_norm(cpu_attention.DTYPE_CODES[x.dtype], _rows(x), x.shape[-1],
+                                                x2.data_ptr(), weight.data_ptr(), eps, out.data_ptr()), "RMSNorm", x)
+    return out
+
+
+def attention_prologue(normed: torch.Tensor, q_proj: torch.nn.Linear, kv_proj: tuple[torch.nn.Linear, torch.nn.Linear]
+                       | None, num_heads: int, num_kv_heads: int, head_dim: int,
+                       qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None, cos: torch.Tensor, sin: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    """HF's attention prologue for the decode rows of `normed` `[B, 1, hidden]`: q `[B, Hq, D]` rotated (and
+    q-normed), and with `kv_proj` = (k_proj, v_proj) also k `[B, Hkv, D]` rotated (and k-normed) and v; qk_norm =
+    (q_norm weight, k_norm weight, eps) for Qwen3; cos/sin `[B, 1, D]` from the model's rotary embedding. None where
+    the kernel does not serve the call."""
+    linears = [q_proj] + (list(kv_proj) if kv_proj else [])
+    tensors = [t for lin in linears for t in (lin.weight, lin.bias)] + (list(qk_norm[:2]) if qk_norm else [])
+    batch = normed.shape[0]
+    if (normed.dim() != 3 or normed.shape[1] != 1 or head_dim % 2 or cos.shape[-1] != head_dim
+            or not supports(normed, *tensors, cos, sin)):
+        return None
+    x = normed.contiguous()
+    q = torch.empty((batch, num_heads, head_dim), dtype=x.dtype)
+    k = v = None
+    if kv_proj:
+        k = torch.empty((batch, num_kv_heads, head_dim), dtype=x.dtype)
+        v = torch.empty_like(k)
+    cos2, sin2 = cos.reshape(batch, head_dim).contiguous(), sin.reshape(batch, head_dim).contiguous()
+    k_proj, v_proj = kv_proj if kv_proj else (None, None)
+    _check(cpu_attention.library().sb_attention_prologue(
+        cpu_attention.DTYPE_CODES[x.dtype], batch, x.shape[-1], x.data_ptr(), q_proj.weight.data_ptr(),
+        _ptr(q_proj.bias), _ptr(k_proj.weight if k_proj else None), _ptr(k_proj.bias if k_proj else None),
+        _ptr(v_proj.weight if v_proj else None), _ptr(v_proj.bias if v_proj else None), num_heads, num_kv_heads,
+        head_dim, _ptr(qk_norm[0] if qk_norm else None), _ptr(qk_norm[1] if qk_norm else None),
+        qk_norm[2] if qk_norm else 0.0, cos2.data_ptr(), sin2.data_ptr(), q.data_ptr(), _ptr(k), _ptr(v),
+        torch.get_num_threads()), "attention prologue", normed)
+    return q, k, v
