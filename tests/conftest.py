@@ -85,11 +85,9 @@ def smollm2():
 def cpu_backend(request, monkeypatch):
     """Run a test on both CPU attention backends: the compiled kernel and torch's kernels (the fallback), forced
     through SCOUTBENCH_CPU_ATTENTION. Yields the backend name."""
-    from scoutbench.kernels import cpu_attention, digest_native
+    from scoutbench.kernels import cpu_attention
 
     monkeypatch.setenv(cpu_attention.ENV_BACKEND, request.param)
     cpu_attention.library.cache_clear()
-    digest_native.library.cache_clear()
     yield request.param
     cpu_attention.library.cache_clear()
-    digest_native.library.cache_clear()

@@ -187,12 +187,12 @@ def test_digest_kernel_matches_torch_scoring(monkeypatch, group):
         pytest.skip("the digest scoring kernel is not built here")
     native = bound_from_digests(q, digests)
     monkeypatch.setenv(cpu_attention.ENV_BACKEND, "torch")
-    digest_native.library.cache_clear()
+    cpu_attention.library.cache_clear()
     try:
         assert not digest_native.supports(q, digests)
         torch.testing.assert_close(native, bound_from_digests(q, digests), atol=1e-5, rtol=1e-6)
     finally:
-        digest_native.library.cache_clear()
+        cpu_attention.library.cache_clear()
 
 
 @pytest.mark.parametrize("cpu_backend", ["native", "torch"], indirect=True)

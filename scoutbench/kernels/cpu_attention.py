@@ -1,7 +1,7 @@
 """The compiled CPU decode-attention kernel (`cpu_attention.cpp`): built on first use, called through ctypes.
-The same library holds the decode step's other CPU kernels that `cpu_decode` serves (linears, RMSNorm, the attention
-prologue; they share the kernel's thread pool) and the two-part merge that `partial_state.merge_states` takes on a
-CPU (one call where torch made seven).
+The same library holds the decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
+attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), and the two-part
+merge that `partial_state.merge_states` takes on a CPU (one call where torch made seven).
 
 Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
 fp32's bytes/s, and a sparse call first had to gather the selected blocks into a buffer (the gather cost as much as
@@ -37,7 +37,7 @@ import torch
 from scoutbench.errors import ScoutbenchError, UsageError
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-ABI_VERSION = 2
+ABI_VERSION = 3
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
 BACKEND_CHOICES = ("auto", "native", "torch")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -87,22 +87,21 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build(compiler: str, source_path: Path = SOURCE) -> Path:
-    """The cached shared object for this source (or another of scoutbench's kernels), compiler and CPU; compiled
-    now if missing."""
-    source = source_path.read_bytes()
+def _build(compiler: str) -> Path:
+    """The cached shared object for this source, compiler and CPU; compiled now if missing."""
+    source = SOURCE.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
-    target = cache_dir() / f"{source_path.stem}-{key}.so"
+    target = cache_dir() / f"{SOURCE.stem}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
     for arch in FLAG_SETS:
-        fd, tmp = tempfile.mkstemp(prefix=f".{source_path.stem}-", suffix=".so", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{SOURCE.stem}-", suffix=".so", dir=target.parent)
         os.close(fd)
-        cmd = [compiler, *BASE_FLAGS, *arch, str(source_path), "-o", tmp]
+        cmd = [compiler, *BASE_FLAGS, *arch, str(SOURCE), "-o", tmp]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if result.returncode == 0:
             os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
@@ -112,12 +111,12 @@ def _build(compiler: str, source_path: Path = SOURCE) -> Path:
     raise NativeUnavailable(f"{compiler} failed: {errors[0]}")
 
 
-def load_kernel(source_path: Path) -> ctypes.CDLL:
-    """Another compiled kernel of scoutbench/kernels, built and cached as this one (raises NativeUnavailable)."""
+def _load() -> ctypes.CDLL:
+    """The kernel, built and cached (raises NativeUnavailable)."""
     compiler = _compiler()
     if compiler is None:
         raise NativeUnavailable("no C++ compiler (set CXX, or install g++)")
-    return ctypes.CDLL(str(_build(compiler, source_path)))
+    return ctypes.CDLL(str(_build(compiler)))
 
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
@@ -136,6 +135,9 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     library.sb_attention_prologue.restype = ctypes.c_int
     library.sb_attention_prologue.argtypes = [ctypes.c_int, i64, i64, *[ptr] * 7, i64, i64, i64, ptr, ptr,
                                               ctypes.c_float, *[ptr] * 5, ctypes.c_int]
+    library.sb_digest_scores.restype = ctypes.c_int
+    library.sb_digest_scores.argtypes = [i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr,
+                                         ctypes.c_int]
     library.sb_merge2.restype = ctypes.c_int
     library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     return library
@@ -149,7 +151,7 @@ def library() -> ctypes.CDLL | None:
     if choice == "torch":
         return None
     try:
-        return _bind(load_kernel(SOURCE))
+        return _bind(_load())
     except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if choice == "native":
