@@ -172,8 +172,9 @@ def test_region_attention_matches_partial_over_the_open_tokens(cpu_backend):
 
 
 # ---------------------------------------------------------------------------------------------- digests: Q1-Q4
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 3, 4])
-def test_digest_kernel_matches_torch_scoring(monkeypatch, group):
+def test_digest_kernel_matches_torch_scoring(monkeypatch, group, q_dtype):
     """The compiled digest scoring (digest_native) equals torch's matmul form on a prefix of a digest table, at GQA
     group 4 (its one-pass path) and others (the generic loop); where it is not built the test has nothing to
     compare."""
@@ -182,7 +183,7 @@ def test_digest_kernel_matches_torch_scoring(monkeypatch, group):
 
     g = torch.Generator().manual_seed(group)
     table = torch.randn(2, 3, 70, 2 * 32, generator=g)
-    digests, q = table[:, :, :61], torch.randn(2, 3 * group, 32, generator=g)
+    digests, q = table[:, :, :61], torch.randn(2, 3 * group, 32, generator=g).to(q_dtype)
     if not digest_native.supports(q, digests):
         pytest.skip("the digest scoring kernel is not built here")
     native = bound_from_digests(q, digests)

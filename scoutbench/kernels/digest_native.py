@@ -23,9 +23,11 @@ from scoutbench.kernels import cpu_attention
 
 
 def supports(q: torch.Tensor, digests: torch.Tensor) -> bool:
-    """CPU fp32 query and digests `[B, Hkv, nB, 2D]` whose blocks are contiguous rows and whose (sequence, KV
-    head) rows are evenly strided (a prefix of `DigestTable`'s), and the kernel built."""
-    return (q.device.type == "cpu" and digests.device.type == "cpu" and q.dtype == digests.dtype == torch.float32
+    """CPU query (fp32, or bf16: scored in fp32 as torch's path casts it to the digests' dtype) and fp32 digests
+    `[B, Hkv, nB, 2D]` whose blocks are contiguous rows and whose (sequence, KV head) rows are evenly strided (a
+    prefix of `DigestTable`'s), and the kernel built."""
+    return (q.device.type == "cpu" and digests.device.type == "cpu" and digests.dtype == torch.float32
+            and q.dtype in (torch.float32, torch.bfloat16)
             and digests.stride(-1) == 1 and digests.stride(-2) == digests.shape[-1]
             and digests.stride(0) == digests.shape[1] * digests.stride(1) and cpu_attention.library() is not None)
 
@@ -34,7 +36,7 @@ def _scores(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor | None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_blocks = digests.shape[1], digests.shape[2]
-    q = q.contiguous()
+    q = q.float().contiguous()
     scores = torch.empty((batch, num_kv_heads, num_blocks), dtype=torch.float32)
     ids = torch.empty((batch, num_kv_heads, k), dtype=torch.int64) if blocked is not None else None
     blocked_b = blocked_h = 0
