@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.attention import block_sparse_attention, partial_attention
 from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import write_tokens
@@ -192,6 +193,11 @@ class InfiniGen(SparseLayerMethod):
         batch, num_heads, head_dim = q.shape
         partial_q = torch.matmul(q.reshape(batch, ctx.num_kv_heads, ctx.group_size, head_dim),
                                  self.partial_proj[layer])
+        if not self.dynamic_count:  # on a CPU (fp32), scores and top-n in one call of the kernel library
+            n = max(1, min(self.capacity, max(self.step.positions_host)))
+            ids = cpu_attention.top_tokens(partial_q, self.partial_keys[layer], self.step.positions, n)
+            if ids is not None:
+                return ids, n
         scores = torch.matmul(partial_q, self.partial_keys[layer].transpose(-1, -2)).float().mul_(ctx.scale)
         scores.masked_fill_(self._uncached, float("-inf"))  # [B, Hkv, G, max_len]
         cached = max(self.step.positions_host)

@@ -1,7 +1,7 @@
 """The compiled CPU decode-attention kernel (`cpu_attention.cpp`): built on first use, called through ctypes.
 The same library holds the decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
-attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), and the two-part
-merge that `partial_state.merge_states` takes on a CPU (one call where torch made seven).
+attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), InfiniGen's
+token speculation (`top_tokens` below), and the two-part merge that `partial_state.merge_states` takes on a CPU (one call where torch made seven).
 
 Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
 fp32's bytes/s, and a sparse call first had to gather the selected blocks into a buffer (the gather cost as much as
@@ -37,7 +37,7 @@ import torch
 from scoutbench.errors import ScoutbenchError, UsageError
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-ABI_VERSION = 3
+ABI_VERSION = 4
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
 BACKEND_CHOICES = ("auto", "native", "torch")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -138,6 +138,8 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     library.sb_digest_scores.restype = ctypes.c_int
     library.sb_digest_scores.argtypes = [i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr,
                                          ctypes.c_int]
+    library.sb_top_tokens.restype = ctypes.c_int
+    library.sb_top_tokens.argtypes = [i64, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int]
     library.sb_merge2.restype = ctypes.c_int
     library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     return library
@@ -235,3 +237,26 @@ def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: tor
     if code != 0:
         raise ValueError(f"CPU merge kernel rejected the call (code {code}): o {tuple(o_a.shape)}")
     return out, lse
+
+
+def top_tokens(partial_q: torch.Tensor, partial_keys: torch.Tensor, lengths: torch.Tensor, n: int
+               ) -> torch.Tensor | None:
+    """InfiniGen's speculated tokens through the kernel: for each (sequence, KV head) row, the `n` tokens among the
+    first `lengths[b]` whose partial keys score highest against any of the row's partial queries (ties by lower
+    index), in ascending token order, then 0 up to `n`. partial_q `[B, Hkv, G, P]`, partial_keys `[B, Hkv, N, P]`
+    (unit stride on P), both fp32 on the CPU; lengths `[B]`. Returns ids `[B, Hkv, n]` int64, or None where the
+    kernel does not take the call (torch's matmul and topk then serve it)."""
+    if not (partial_q.device.type == partial_keys.device.type == "cpu"
+            and partial_q.dtype == partial_keys.dtype == torch.float32 and partial_keys.stride(-1) == 1
+            and partial_keys.stride(0) == partial_keys.shape[1] * partial_keys.stride(1) and library() is not None):
+        return None
+    batch, kv_heads, group, channels = partial_q.shape
+    q = partial_q.contiguous()
+    lens = lengths.to(torch.int64).contiguous()
+    ids = torch.empty((batch, kv_heads, n), dtype=torch.int64)
+    code = library().sb_top_tokens(batch * kv_heads, kv_heads, group, channels, partial_keys.data_ptr(),
+                                   partial_keys.stride(1), partial_keys.stride(2), q.data_ptr(), lens.data_ptr(), n,
+                                   ids.data_ptr(), torch.get_num_threads())
+    if code != 0:
+        raise ValueError(f"token top-n kernel rejected the call (code {code}): keys {tuple(partial_keys.shape)}")
+    return ids
