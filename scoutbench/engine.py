@@ -6,8 +6,10 @@ in HF's order and layout, so with the same attention function the logits are bit
 (tests/test_engine.py), with one exception on a CPU: a decode step's work around attention (the attention prologue,
 RMSNorms, plain `nn.Linear`s and a gated MLP's) goes through `kernels/cpu_decode` for the HF modules it knows, one
 call where HF made ~45 torch ops and at the memory rate where torch's sgemv read weights at half of it; its sums
-round differently (within fp32 rounding of HF's). `SCOUTBENCH_CPU_ATTENTION=torch` restores HF's modules. Before a layer's attention the engine offers the method the layer's residual input
-(`before_layer`), which is where ScoutAttention and InfiniGen predict the next layer's query.
+round differently (within fp32 rounding of HF's). `SCOUTBENCH_CPU_ATTENTION=torch` restores HF's modules.
+
+Before a layer's attention the engine offers the method the layer's residual input (`before_layer`), which is where
+ScoutAttention and InfiniGen predict the next layer's query.
 """
 
 from __future__ import annotations

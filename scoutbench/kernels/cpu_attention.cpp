@@ -10,6 +10,10 @@
 // Work is split over (row, chunk of tokens) items (flash-decoding split-K), merged exactly by LSE; the threads
 // are this library's own (std::thread), never OpenMP: torch bundles its own OpenMP runtime. A second caller that
 // finds the pool busy (ScoutAttention's worker beside the main thread) runs its call on its own thread.
+//
+// The library also holds a decode step's other CPU kernels, on the same pool (each section says why): the decode
+// linear, HF's RMSNorm and attention prologue (kernels/cpu_decode.py), Quest digest scores with their top-k
+// (kernels/digest_native.py), InfiniGen's token top-n, and the two-part LSE merge (kernels/cpu_attention.py).
 #include <pthread.h>
 
 #include <algorithm>
