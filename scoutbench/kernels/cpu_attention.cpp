@@ -633,6 +633,16 @@ Pool& pool() {
 // against each row of x at a time read it at 25-28 GB/s on one core. Tasks are runs of kLinearRows rows of W.
 constexpr int64_t kLinearRows = 64;
 
+// fn(T{}) with T the element type of `dtype` (kF32: float, kBF16: bf16 as uint16_t): one dispatch per entry point
+template <typename Fn>
+void with_dtype(int dtype, Fn&& fn) {
+  if (dtype == kF32) {
+    fn(float{});
+  } else {
+    fn(uint16_t{});
+  }
+}
+
 inline uint16_t float_to_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
@@ -662,71 +672,53 @@ inline __m512 load16(const T* p, __mmask16 mask) {
 }
 #endif
 
+#ifdef SB_AVX512
+// The sums of four rows of W (w0, rows K apart) against one row x, Lanes elements a step: dot(acc, w, x, mask)
+// adds one step's products (the last step masked to K).
+template <int Lanes, typename TW, typename TX, typename Dot>
+inline void four_row_sums(const TW* w0, const TX* x, int64_t K, Dot dot, float* sums) {
+  using Mask = std::conditional_t<Lanes == 32, __mmask32, __mmask16>;
+  const int64_t body = K - K % Lanes;
+  const Mask full = static_cast<Mask>(~Mask{0});
+  const Mask tail = static_cast<Mask>((uint64_t{1} << (K % Lanes)) - 1u);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t k = 0; k < body; k += Lanes)
+    for (int j = 0; j < 4; ++j) acc[j] = dot(acc[j], w0 + j * K + k, x + k, full);
+  if (tail)
+    for (int j = 0; j < 4; ++j) acc[j] = dot(acc[j], w0 + j * K + body, x + body, tail);
+  for (int j = 0; j < 4; ++j) sums[j] = _mm512_reduce_add_ps(acc[j]);
+}
+#endif
+
 // rows [n0, n1) of W against every row of x (xf: x in fp32, [M, K]; xbf: x itself)
 template <typename T>
 void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y, int64_t M, int64_t N, int64_t K,
                  int64_t n0, int64_t n1) {
   int64_t n = n0;
-#if defined(SB_AVX512) && defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, uint16_t>) {  // bf16 pair dot products: exact products, fp32 sums
-    const uint16_t* xb = xbf;
-    const __mmask32 tail32 = static_cast<__mmask32>((uint64_t{1} << (K % 32)) - 1u);
-    const int64_t body32 = K - K % 32;
-    for (; n + 4 <= n1; n += 4) {
-      const uint16_t* w0 = W + n * K;
-      for (int64_t m = 0; m < M; ++m) {
-        const uint16_t* xm = xb + m * K;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t k = 0; k < body32; k += 32) {
-          const __m512bh xv = (__m512bh)_mm512_loadu_si512(xm + k);
-          a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + k), xv);
-          a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w0 + K + k), xv);
-          a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w0 + 2 * K + k), xv);
-          a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w0 + 3 * K + k), xv);
-        }
-        if (tail32) {
-          const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail32, xm + body32);
-          a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(tail32, w0 + body32), xv);
-          a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(tail32, w0 + K + body32), xv);
-          a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_maskz_loadu_epi16(tail32, w0 + 2 * K + body32), xv);
-          a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_maskz_loadu_epi16(tail32, w0 + 3 * K + body32), xv);
-        }
-        const float sums[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
-                               _mm512_reduce_add_ps(a3)};
-        for (int j = 0; j < 4; ++j)
-          store_out(y + m * N + n + j, sums[j] + (bias ? to_float(bias[n + j]) : 0.f));
-      }
-    }
-  }
-#endif
 #ifdef SB_AVX512
-  const __mmask16 tail = static_cast<__mmask16>((1u << (K % 16)) - 1u);
-  const int64_t body = K - K % 16;
   for (; n + 4 <= n1; n += 4) {
-    const T* w0 = W + n * K;
     for (int64_t m = 0; m < M; ++m) {
-      const float* xm = xf + m * K;
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t k = 0; k < body; k += 16) {
-        const __m512 xv = _mm512_loadu_ps(xm + k);
-        a0 = _mm512_fmadd_ps(load16(w0 + k, 0xffff), xv, a0);
-        a1 = _mm512_fmadd_ps(load16(w0 + K + k, 0xffff), xv, a1);
-        a2 = _mm512_fmadd_ps(load16(w0 + 2 * K + k, 0xffff), xv, a2);
-        a3 = _mm512_fmadd_ps(load16(w0 + 3 * K + k, 0xffff), xv, a3);
+      float sums[4];
+#ifdef __AVX512BF16__
+      if constexpr (std::is_same_v<T, uint16_t>) {  // bf16 pair dot products: exact products, fp32 sums
+        four_row_sums<32>(W + n * K, xbf + m * K, K, [](__m512 acc, const uint16_t* w, const uint16_t* x,
+                                                         __mmask32 mask) {
+          return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mask, w),
+                                  (__m512bh)_mm512_maskz_loadu_epi16(mask, x));
+        }, sums);
+      } else
+#endif
+      {
+        (void)xbf;
+        four_row_sums<16>(W + n * K, xf + m * K, K, [](__m512 acc, const T* w, const float* x, __mmask16 mask) {
+          return _mm512_fmadd_ps(load16(w, mask), _mm512_maskz_loadu_ps(mask, x), acc);
+        }, sums);
       }
-      if (tail) {
-        const __m512 xv = _mm512_maskz_loadu_ps(tail, xm + body);
-        a0 = _mm512_fmadd_ps(load16(w0 + body, tail), xv, a0);
-        a1 = _mm512_fmadd_ps(load16(w0 + K + body, tail), xv, a1);
-        a2 = _mm512_fmadd_ps(load16(w0 + 2 * K + body, tail), xv, a2);
-        a3 = _mm512_fmadd_ps(load16(w0 + 3 * K + body, tail), xv, a3);
-      }
-      const float sums[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
-                             _mm512_reduce_add_ps(a3)};
-      for (int j = 0; j < 4; ++j)
-        store_out(y + m * N + n + j, sums[j] + (bias ? to_float(bias[n + j]) : 0.f));
+      for (int j = 0; j < 4; ++j) store_out(y + m * N + n + j, sums[j] + (bias ? to_float(bias[n + j]) : 0.f));
     }
   }
+#else
+  (void)xbf;
 #endif
   for (; n < n1; ++n) {
     const T* w = W + n * K;
@@ -1156,13 +1148,11 @@ int sb_attention(int dtype, int64_t B, int64_t H, int64_t rows_per_kv, int64_t G
 int sb_linear(int dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* W, const void* bias, void* y,
               int threads) {
   if ((dtype != kF32 && dtype != kBF16) || M < 0 || N < 0 || K < 0) return 1;
-  if (dtype == kF32) {
-    linear(static_cast<const float*>(x), static_cast<const float*>(W), static_cast<const float*>(bias),
-           static_cast<float*>(y), M, N, K, threads);
-  } else {
-    linear(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(W), static_cast<const uint16_t*>(bias),
-           static_cast<uint16_t*>(y), M, N, K, threads);
-  }
+  with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    linear(static_cast<const T*>(x), static_cast<const T*>(W), static_cast<const T*>(bias), static_cast<T*>(y), M, N,
+           K, threads);
+  });
   return 0;
 }
 
@@ -1195,15 +1185,11 @@ int sb_merge2(int64_t rows, int64_t D, const float* o_a, const float* lse_a, con
 // out [rows, n] = HF's RMSNorm of x [rows, n] with weight w [n]. 0 on success.
 int sb_rms_norm(int dtype, int64_t rows, int64_t n, const void* x, const void* w, float eps, void* out) {
   if ((dtype != kF32 && dtype != kBF16) || rows < 0 || n <= 0) return 1;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (dtype == kF32) {
-      rms_norm_row(static_cast<const float*>(x) + r * n, static_cast<const float*>(w), eps, n,
-                   static_cast<float*>(out) + r * n);
-    } else {
-      rms_norm_row(static_cast<const uint16_t*>(x) + r * n, static_cast<const uint16_t*>(w), eps, n,
-                   static_cast<uint16_t*>(out) + r * n);
-    }
-  }
+  with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t r = 0; r < rows; ++r)
+      rms_norm_row(static_cast<const T*>(x) + r * n, static_cast<const T*>(w), eps, n, static_cast<T*>(out) + r * n);
+  });
   return 0;
 }
 
@@ -1213,23 +1199,15 @@ int sb_attention_prologue(int dtype, int64_t M, int64_t hidden, const void* norm
                           int64_t D, const void* qn_w, const void* kn_w, float qk_eps, const void* cos,
                           const void* sin, void* q, void* k, void* v, int threads) {
   if ((dtype != kF32 && dtype != kBF16) || M < 0 || hidden <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || D % 2) return 1;
-  if (dtype == kF32) {
-    using T = float;
+  with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
     attention_prologue<T>(M, hidden, static_cast<const T*>(normed), static_cast<const T*>(wq),
                           static_cast<const T*>(bq), static_cast<const T*>(wk), static_cast<const T*>(bk),
                           static_cast<const T*>(wv), static_cast<const T*>(bv), Hq, Hkv, D,
                           static_cast<const T*>(qn_w), static_cast<const T*>(kn_w), qk_eps,
                           static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(q),
                           static_cast<T*>(k), static_cast<T*>(v), threads);
-  } else {
-    using T = uint16_t;
-    attention_prologue<T>(M, hidden, static_cast<const T*>(normed), static_cast<const T*>(wq),
-                          static_cast<const T*>(bq), static_cast<const T*>(wk), static_cast<const T*>(bk),
-                          static_cast<const T*>(wv), static_cast<const T*>(bv), Hq, Hkv, D,
-                          static_cast<const T*>(qn_w), static_cast<const T*>(kn_w), qk_eps,
-                          static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(q),
-                          static_cast<T*>(k), static_cast<T*>(v), threads);
-  }
+  });
   return 0;
 }
 
