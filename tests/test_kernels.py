@@ -375,6 +375,46 @@ def test_block_table_split_victims_and_readiness():
     assert table.resident_sets() == [[{7, 2, 9}]]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_block_table_split_selected_equals_the_torch_split(seed):
+    """The one-call split of the CPU kernel library (`split_selected`) gives ScoutAttention's torch path bit for
+    bit: `split`, the stable CPU-first order, `SplitPlan.pack` and `slot_mask`, on a table with resident, in-flight
+    and host-only blocks, invalid selections and duplicate padding ids."""
+    from scoutbench.kernels.block_store import SplitPlan
+
+    g = torch.Generator().manual_seed(seed)
+    batch, heads, slots, max_blocks, k = 2, 3, 6, 40, 6
+    table = BlockTable(batch=batch, num_kv_heads=heads, num_slots=slots, max_blocks=max_blocks, device="cpu")
+
+    class InFlight:
+        def query(self):
+            return False
+
+    for row in range(batch * heads):
+        blocks = torch.randperm(max_blocks, generator=g)[:5]
+        table.assign(torch.full((4,), row), torch.arange(4), blocks[:4])
+        table.assign(torch.tensor([row]), torch.tensor([4]), blocks[4:5], InFlight())  # slot 4: copy in flight
+    ids = torch.randint(0, max_blocks, (batch, heads, k), generator=g)
+    ids[..., -1] = 0  # padding
+    ids[..., 1] = table.slot_block[..., 0]  # resident and ready
+    ids[..., 3] = table.slot_block[..., 4]  # resident, its copy in flight
+    valid = torch.rand(batch, heads, k, generator=g) < 0.8
+    valid[..., 1] = valid[..., 3] = True
+    victims = torch.randint(0, slots, (batch, heads, k), generator=g)
+    available = torch.randint(0, slots, (batch, heads), generator=g)
+    fused = table.split_selected(ids, valid, victims, available)
+    if fused is None:
+        pytest.skip("the CPU kernel is not built here")
+    on_dev, pending, slot = table.split(ids, valid)
+    on_cpu = valid & ~on_dev
+    order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)
+    ref = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1), valid.sum(-1),
+                         available, table.resident_count())
+    assert torch.equal(fused[0], ref.data)
+    assert torch.equal(fused[1], table.slot_mask(on_dev, slot))
+    assert pending.any() and on_dev.any() and on_cpu.any()  # every case occurred
+
+
 def test_digest_table_scores_equal_the_bound_kernel():
     """The CPU path's cached fp32 center/radius give the scores of the direct kernel (to fp32 rounding: the BLAS
     may sum differently for differently aligned operands)."""

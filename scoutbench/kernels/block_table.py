@@ -69,6 +69,29 @@ class BlockTable:
         ready = self.slot_ready.gather(-1, torch.where(resident, slot, self.num_slots))
         return resident & ready, resident & ~ready, slot
 
+    def split_selected(self, ids: torch.Tensor, valid: torch.Tensor, victims: torch.Tensor, available: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`split`, the CPU-first order, `SplitPlan.pack` and `slot_mask` of a selection in one call of the CPU
+        kernel library: (SplitPlan data `[B, Hkv, 3k + 4]`: ids with the CPU part's first, each group in selection
+        order, their pending flags, `victims`, and n_cpu / n_selected / `available` / n_resident; the pool-use mask
+        `[B, Hkv, num_slots]`). None off a CPU or without the kernel (the caller then runs those four)."""
+        lib = cpu_attention.library()
+        if lib is None or self.device.type != "cpu":
+            return None
+        k = ids.shape[-1]
+        ids = ids.to(torch.long).contiguous()
+        valid, victims = valid.contiguous(), victims.to(torch.long).contiguous()
+        available = available.to(torch.long).contiguous()
+        data = torch.empty((self.batch, self.num_kv_heads, 3 * k + 4), dtype=torch.long)
+        pool_use = torch.empty((self.batch, self.num_kv_heads, self.num_slots), dtype=torch.bool)
+        code = lib.sb_split_plan(self.batch * self.num_kv_heads, k, ids.data_ptr(), valid.data_ptr(),
+                                 self.block_slot.data_ptr(), self.max_blocks, self.slot_ready.data_ptr(),
+                                 self.slot_block.data_ptr(), self.num_slots, victims.data_ptr(), available.data_ptr(),
+                                 data.data_ptr(), pool_use.data_ptr())
+        if code != 0:
+            raise ValueError(f"split kernel rejected the call (code {code}): ids {tuple(ids.shape)}")
+        return data, pool_use
+
     def slot_mask(self, on_device: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """Bool `[B, Hkv, num_slots]`: the pool slots that hold a block read on the device this time."""
         mask = torch.zeros((self.batch, self.num_kv_heads, self.num_slots + 1), dtype=torch.bool,

@@ -2,7 +2,7 @@
 
 The same library holds a decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
 attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), InfiniGen's token
-speculation (`top_tokens` below), and the two-part merge that `partial_state.merge_states` takes on a CPU (one call
+speculation (`top_tokens` below), ScoutAttention's pool/CPU split (`BlockTable.split_selected`), and the two-part merge that `partial_state.merge_states` takes on a CPU (one call
 where torch made seven).
 
 Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
@@ -39,7 +39,7 @@ import torch
 from scoutbench.errors import ScoutbenchError, UsageError
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-ABI_VERSION = 4
+ABI_VERSION = 5
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
 BACKEND_CHOICES = ("auto", "native", "torch")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -142,6 +142,8 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
                                          ctypes.c_int]
     library.sb_top_tokens.restype = ctypes.c_int
     library.sb_top_tokens.argtypes = [i64, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int]
+    library.sb_split_plan.restype = ctypes.c_int
+    library.sb_split_plan.argtypes = [i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr]
     library.sb_merge2.restype = ctypes.c_int
     library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     return library
