@@ -17,7 +17,7 @@ import torch
 
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import block_sparse_attention
-from scoutbench.kernels.block_store import SplitPlan, TieredBlockStore
+from scoutbench.kernels.block_store import NUM_COUNTS, SplitPlan, TieredBlockStore
 from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
 from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.kernels.offload import DONE, PREFILL_CHUNK_TOKENS, CopyStream, CpuWorkerPool, host_empty
@@ -73,6 +73,7 @@ class _CpuResult:
     state: PartialState | None  # None: nothing attended on the CPU
     width: int  # CPU blocks per (sequence, KV head) row (the widest row)
     ms: float
+    count_means: tuple[float, ...]  # the split's counts (n_cpu, n_selected, n_available, n_resident), mean per row
     recall_due: bool = False  # periodic, or the reactive trigger fired
     recall: _Recall | None = None  # what the due recall copies (None: nothing to copy)
 
@@ -446,13 +447,16 @@ class ScoutAttention(SparseLayerMethod):
         t0 = time.perf_counter()
         ctx, b = self.ctx, self.block_size
         n_cpu = plan.split.n_cpu
-        # the counts read once as Python ints: each torch call on this thread trades the GIL with the main thread
-        rows = [n for row in n_cpu.tolist() for n in row]
+        # the counts read once as Python ints: each torch call on this thread trades the GIL with the main thread,
+        # and their means (the statistics) are taken here, off the main thread's path
+        counts = plan.split.counts.reshape(-1, NUM_COUNTS).tolist()
+        rows = [row[0] for row in counts]
+        means = tuple(sum(column) / len(counts) for column in zip(*counts, strict=True))
         width = max(rows)
         recall_due = plan.recall_periodic or (self.pr and self.beta_trigger and
                                               sum(rows) * b / (self.budget * len(rows)) > self.beta)
         if width == 0:
-            return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3, recall_due)
+            return _CpuResult(None, 0, (time.perf_counter() - t0) * 1e3, means, recall_due)
         blocks_k, blocks_v = self.store.blocked_host(plan.layer)
         valid_len = None if min(rows) == width else n_cpu * b
         state = block_sparse_attention(plan.q, blocks_k, blocks_v, plan.split.ids[..., :width], ctx.scale, valid_len)
@@ -463,7 +467,7 @@ class ScoutAttention(SparseLayerMethod):
         recall = self._stage_recall(plan) if recall_due else None
         ms = (time.perf_counter() - t0) * 1e3
         self._log_event("cpu", plan.layer)
-        return _CpuResult(state, width, ms, recall_due, recall)
+        return _CpuResult(state, width, ms, means, recall_due, recall)
 
     def _stage_recall(self, plan: _Plan) -> _Recall | None:
         """The blocks a recall copies (worker thread): the ones the CPU just computed, minus in-flight ones, most
@@ -529,7 +533,7 @@ class ScoutAttention(SparseLayerMethod):
 
     # ------------------------------------------------------------------ statistics
     def _account(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
-        n_cpu, n_selected, _, n_resident = plan.split.counts.float().mean(dim=(0, 1)).tolist()
+        n_cpu, n_selected, _, n_resident = result.count_means
         self._ratio_sum[layer] += n_cpu * self.block_size / self.budget
         self._sel_sum[layer] += n_selected
         self._res_sum[layer] += n_resident
