@@ -88,8 +88,7 @@ class BlockTable:
                                  self.block_slot.data_ptr(), self.max_blocks, self.slot_ready.data_ptr(),
                                  self.slot_block.data_ptr(), self.num_slots, victims.data_ptr(), available.data_ptr(),
                                  data.data_ptr(), pool_use.data_ptr())
-        if code != 0:
-            raise ValueError(f"split kernel rejected the call (code {code}): ids {tuple(ids.shape)}")
+        cpu_attention.check_call(code, "split", ids=ids)
         return data, pool_use
 
     def slot_mask(self, on_device: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:

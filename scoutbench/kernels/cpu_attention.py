@@ -174,6 +174,19 @@ def backend_name() -> str:
     return f"native-{lib.sb_isa().decode()}" if lib is not None else "torch"
 
 
+def pointer(t: torch.Tensor | None) -> int | None:
+    """A tensor's data pointer for a kernel argument, or None (a null pointer) for an absent operand."""
+    return t.data_ptr() if t is not None else None
+
+
+def check_call(code: int, what: str, **operands: torch.Tensor) -> None:
+    """The one error of a kernel call the library rejected (nonzero `code`: its last guard, since every wrapper
+    checks shapes first), naming the kernel and its operands' shapes."""
+    if code != 0:
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in operands.items())
+        raise ValueError(f"{what} kernel rejected the call (code {code}): {shapes}")
+
+
 def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the kernel takes this call: CPU tensors, bf16 or fp32, one dtype, contiguous head_dim."""
     return (q.device.type == "cpu" and k.device.type == "cpu" and q.dtype in DTYPE_CODES and k.dtype == q.dtype
@@ -215,12 +228,9 @@ def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, scal
     code = lib.sb_attention(
         DTYPE_CODES[q.dtype], batch, rows, rows // kv_heads, group, head_dim, q.data_ptr(), k_blocks.data_ptr(),
         v_blocks.data_ptr(), ks[0], ks[1], ks[2], ks[3], vs[0], vs[1], vs[2], vs[3], block_size,
-        block_ids.data_ptr() if block_ids is not None else None, ids_b, ids_h,
-        lens.data_ptr() if lens is not None else None, max_tokens, scale, out.data_ptr(), lse.data_ptr(),
-        probs.data_ptr() if probs is not None else None, max_tokens, torch.get_num_threads())
-    if code != 0:
-        raise ValueError(f"CPU attention kernel rejected the call (code {code}): q {tuple(q.shape)}, "
-                         f"k {tuple(k_blocks.shape)}")
+        pointer(block_ids), ids_b, ids_h, pointer(lens), max_tokens, scale, out.data_ptr(), lse.data_ptr(),
+        pointer(probs), max_tokens, torch.get_num_threads())
+    check_call(code, "CPU attention", q=q, k=k_blocks)
     return out, lse, probs
 
 
@@ -238,8 +248,7 @@ def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: tor
     out, lse = torch.empty_like(parts[0]), torch.empty_like(parts[1])
     code = library().sb_merge2(lse.numel(), o_a.shape[-1], *(t.data_ptr() for t in parts), out.data_ptr(),
                                lse.data_ptr())
-    if code != 0:
-        raise ValueError(f"CPU merge kernel rejected the call (code {code}): o {tuple(o_a.shape)}")
+    check_call(code, "CPU merge", o=o_a)
     return out, lse
 
 
@@ -261,6 +270,5 @@ def top_tokens(partial_q: torch.Tensor, partial_keys: torch.Tensor, lengths: tor
     code = library().sb_top_tokens(batch * kv_heads, kv_heads, group, channels, partial_keys.data_ptr(),
                                    partial_keys.stride(1), partial_keys.stride(2), q.data_ptr(), lens.data_ptr(), n,
                                    ids.data_ptr(), torch.get_num_threads())
-    if code != 0:
-        raise ValueError(f"token top-n kernel rejected the call (code {code}): keys {tuple(partial_keys.shape)}")
+    check_call(code, "token top-n", keys=partial_keys)
     return ids

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from scoutbench.kernels import cpu_attention
+from scoutbench.kernels.cpu_attention import pointer as ptr
 
 MAX_ROWS = 16  # more rows than this is a matrix product, where MKL's gemm is the faster one
 
@@ -38,15 +39,6 @@ def supports(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
             and cpu_attention.library() is not None)
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return t.data_ptr() if t is not None else None
-
-
-def _check(code: int, what: str, x: torch.Tensor) -> None:
-    if code != 0:
-        raise ValueError(f"CPU {what} kernel rejected the call (code {code}): x {tuple(x.shape)}")
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: x `[..., K]`, weight `[N, K]`, bias `[N]` -> `[..., N]`."""
     if not supports(x, weight, bias):
@@ -54,9 +46,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out_features, in_features = weight.shape
     x2 = x.reshape(_rows(x), in_features).contiguous()
     out = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
-    _check(cpu_attention.library().sb_linear(
+    code = cpu_attention.library().sb_linear(
         cpu_attention.DTYPE_CODES[x.dtype], x2.shape[0], out_features, in_features, x2.data_ptr(), weight.data_ptr(),
-        _ptr(bias), out.data_ptr(), torch.get_num_threads()), "linear", x)
+        ptr(bias), out.data_ptr(), torch.get_num_threads())
+    cpu_attention.check_call(code, "CPU linear", x=x)
     return out
 
 
@@ -66,8 +59,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         return None
     x2 = x.contiguous()
     out = torch.empty_like(x2)
-    _check(cpu_attention.library().sb_rms_norm(cpu_attention.DTYPE_CODES[x.dtype], _rows(x), x.shape[-1],
-                                                x2.data_ptr(), weight.data_ptr(), eps, out.data_ptr()), "RMSNorm", x)
+    code = cpu_attention.library().sb_rms_norm(cpu_attention.DTYPE_CODES[x.dtype], _rows(x), x.shape[-1],
+                                               x2.data_ptr(), weight.data_ptr(), eps, out.data_ptr())
+    cpu_attention.check_call(code, "CPU RMSNorm", x=x)
     return out
 
 
@@ -93,11 +87,12 @@ def attention_prologue(normed: torch.Tensor, q_proj: torch.nn.Linear, kv_proj: t
         v = torch.empty_like(k)
     cos2, sin2 = cos.reshape(batch, head_dim).contiguous(), sin.reshape(batch, head_dim).contiguous()
     k_proj, v_proj = kv_proj if kv_proj else (None, None)
-    _check(cpu_attention.library().sb_attention_prologue(
+    code = cpu_attention.library().sb_attention_prologue(
         cpu_attention.DTYPE_CODES[x.dtype], batch, x.shape[-1], x.data_ptr(), q_proj.weight.data_ptr(),
-        _ptr(q_proj.bias), _ptr(k_proj.weight if k_proj else None), _ptr(k_proj.bias if k_proj else None),
-        _ptr(v_proj.weight if v_proj else None), _ptr(v_proj.bias if v_proj else None), num_heads, num_kv_heads,
-        head_dim, _ptr(qk_norm[0] if qk_norm else None), _ptr(qk_norm[1] if qk_norm else None),
-        qk_norm[2] if qk_norm else 0.0, cos2.data_ptr(), sin2.data_ptr(), q.data_ptr(), _ptr(k), _ptr(v),
-        torch.get_num_threads()), "attention prologue", normed)
+        ptr(q_proj.bias), ptr(k_proj.weight if k_proj else None), ptr(k_proj.bias if k_proj else None),
+        ptr(v_proj.weight if v_proj else None), ptr(v_proj.bias if v_proj else None), num_heads, num_kv_heads,
+        head_dim, ptr(qk_norm[0] if qk_norm else None), ptr(qk_norm[1] if qk_norm else None),
+        qk_norm[2] if qk_norm else 0.0, cos2.data_ptr(), sin2.data_ptr(), q.data_ptr(), ptr(k), ptr(v),
+        torch.get_num_threads())
+    cpu_attention.check_call(code, "CPU attention prologue", x=normed)
     return q, k, v

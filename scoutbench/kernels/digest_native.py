@@ -47,11 +47,9 @@ def _scores(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor | None
         blocked_b = blocked.stride(0) if blocked.shape[0] > 1 else 0
     code = cpu_attention.library().sb_digest_scores(
         batch * num_kv_heads, num_kv_heads, num_heads // num_kv_heads, head_dim, num_blocks, digests.data_ptr(),
-        digests.stride(1), q.data_ptr(), blocked.data_ptr() if blocked is not None else None, blocked_b, blocked_h,
-        k, scores.data_ptr(), ids.data_ptr() if ids is not None else None, torch.get_num_threads())
-    if code != 0:
-        raise ValueError(f"digest scoring kernel rejected the call (code {code}): q {tuple(q.shape)}, "
-                         f"digests {tuple(digests.shape)}, k {k}")
+        digests.stride(1), q.data_ptr(), cpu_attention.pointer(blocked), blocked_b, blocked_h, k,
+        scores.data_ptr(), cpu_attention.pointer(ids), torch.get_num_threads())
+    cpu_attention.check_call(code, "digest scoring", q=q, digests=digests)
     return scores, ids
 
 
