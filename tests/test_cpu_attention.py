@@ -2,6 +2,9 @@
 reference: dense and index-driven (selected blocks read in place), bf16 and fp32, GQA groups, head dims, ragged and
 empty rows, LSE, probabilities; exact mergeability with `merge_states`; the build-failure and forced fallbacks."""
 
+import os
+import select
+import signal
 import threading
 import warnings
 
@@ -185,23 +188,60 @@ def test_sparse_part_merges_with_the_rest_into_full_attention(cpu_backend):
 
 
 def test_concurrent_callers_get_their_own_results(cpu_backend):
-    """ScoutAttention's worker calls the kernel while the main thread does: a caller that finds the kernel's
-    threads busy runs its call alone, and both results are right."""
+    """ScoutAttention's worker calls the kernels while the main thread does. Concurrent callers share the pool
+    (each runs its own items, then helps the other's), and more callers than it has job slots run alone: six
+    threads of attention, decode linears and digest scores at once all get their own right results."""
+    from scoutbench.kernels import cpu_decode
+
     q, k, v, lengths = _inputs(2, 4, 4, 3000, 128, torch.bfloat16, seed=21)
     ref = _reference(q, k, v, 0.1, lengths)
-    errors = []
+    g = torch.Generator().manual_seed(22)
+    x, weight = torch.randn(2, 1, 256, generator=g), torch.randn(3000, 256, generator=g)
+    linear_ref = (x.double() @ weight.double().T).float()
+    errors: list[tuple[str, float]] = []
 
-    def call() -> None:
+    def attention_calls() -> None:
         for _ in range(5):
             state = partial_attention(q, k, v, 0.1, lengths)
-            errors.append(float((state.o.double() - ref[0]).abs().max()))
+            errors.append(("attention", float((state.o.double() - ref[0]).abs().max())))
 
-    threads = [threading.Thread(target=call) for _ in range(3)]
+    def linear_calls() -> None:
+        for _ in range(20):
+            errors.append(("linear", float((cpu_decode.linear(x, weight) - linear_ref).abs().max())))
+
+    threads = [threading.Thread(target=attention_calls if i % 2 else linear_calls) for i in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(errors) == 15 and max(errors) < ATOL[cpu_backend, torch.bfloat16]
+    assert len(errors) == 3 * 5 + 3 * 20
+    assert max(e for kind, e in errors if kind == "attention") < ATOL[cpu_backend, torch.bfloat16]
+    assert max(e for kind, e in errors if kind == "linear") < 1e-3  # fp32 sums of 256 products, another order
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)  # torch's OpenMP pool is not fork-safe
+def test_kernel_works_in_a_forked_child(cpu_backend):
+    """A child forked after the pool's threads started (a DataLoader or multiprocessing worker) has none of them:
+    the pool forgets them at fork, and the child's calls start their own."""
+    q, k, v, lengths = _inputs(1, 4, 4, 3000, 64, torch.float32, seed=23)
+    before = partial_attention(q, k, v, 0.1, lengths)  # the parent's pool threads exist now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether its result equals the parent's, then leave without cleanup
+        try:
+            after = partial_attention(q, k, v, 0.1, lengths)
+            os.write(write, b"1" if torch.equal(after.o, before.o) and torch.equal(after.lse, before.lse) else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 60)
+    if not ready:  # a hung child: do not hang the suite with it
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read() if ready else b"timeout"
+    os.waitpid(pid, 0)
+    assert answer == b"1"
 
 
 def test_backend_is_recorded(cpu_backend):

@@ -8,8 +8,8 @@
 //   out o [B*H, G, D] fp32, lse [B*H, G] fp32 (natural log; an empty row: o = 0, lse = -inf),
 //   optionally probs [B*H, G, probs_width] fp32: softmax within the row, 0 past len[r].
 // Work is split over (row, chunk of tokens) items (flash-decoding split-K), merged exactly by LSE; the threads
-// are this library's own (std::thread), never OpenMP: torch bundles its own OpenMP runtime. A second caller that
-// finds the pool busy (ScoutAttention's worker beside the main thread) runs its call on its own thread.
+// are this library's own (std::thread), never OpenMP: torch bundles its own OpenMP runtime. Concurrent callers
+// (ScoutAttention's worker beside the main thread) share the pool: each runs its own items, then the other's.
 //
 // The library also holds a decode step's other CPU kernels, on the same pool (each section says why): the decode
 // linear, HF's RMSNorm and attention prologue (kernels/cpu_decode.py), Quest digest scores with their top-k
@@ -520,72 +520,118 @@ Kernel kernel_for(const Args& a) {
 }
 
 // ------------------------------------------------------------------------------------------ thread pool
-// One job at a time: the caller takes part, helpers claim items with a CAS on (generation, next index). A caller
-// that finds a job running runs its own items alone.
+// Concurrent callers share one set of helper threads. A call publishes its items as a job, runs them itself, and
+// while its last items finish on other threads it takes items of the other published jobs instead of spinning.
+// Helpers take items of any published job, but only while fewer callers than the call's thread count are inside
+// the pool: on 2 cores ScoutAttention's main thread and its worker then each keep a core and the helper waits,
+// where a third runnable thread made every call's last item wait for a time slice.
 class Pool {
  public:
   template <typename Fn>
   void run(int64_t n_tasks, int threads, Fn&& fn) {
-    if (threads <= 1 || n_tasks <= 1 || !busy_.try_lock()) {
+    if (threads <= 1 || n_tasks <= 1) {
       for (int64_t i = 0; i < n_tasks; ++i) fn(i);
       return;
     }
-    std::lock_guard<std::mutex> job_guard(busy_, std::adopt_lock);
-    ensure_workers(threads - 1);
-    auto trampoline = [](void* ctx, int64_t i) { (*static_cast<Fn*>(ctx))(i); };
-    uint64_t gen;
+    Job job;
+    job.task = [](void* ctx, int64_t i) { (*static_cast<Fn*>(ctx))(i); };
+    job.ctx = &fn;
+    job.n_tasks = n_tasks;
+    job.threads = threads;
+    callers_.fetch_add(1);
+    Slot* slot = publish(&job);
+    if (slot == nullptr) {  // kSlots calls already inside: this one runs alone
+      callers_.fetch_sub(1);
+      for (int64_t i = 0; i < n_tasks; ++i) fn(i);
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      task_ = trampoline;
-      ctx_ = &fn;
-      n_tasks_ = n_tasks;
-      helpers_ = threads - 1;
-      done_.store(0, std::memory_order_relaxed);
-      gen = ++generation_;
-      counter_.store(gen << 32, std::memory_order_release);
+      ensure_workers(threads - 1);
+      ++generation_;
     }
     cv_.notify_all();
-    work(gen);
-    // wait for the items helpers claimed (a helper that wakes late claims nothing)
-    for (int spins = 0; done_.load(std::memory_order_acquire) < n_tasks; ++spins) {
-      if (spins < 4096) {
+    while (take_item(job)) {
+    }
+    for (int spins = 0; job.done.load(std::memory_order_acquire) < n_tasks; ++spins) {
+      if (help(&job, -1)) {
+        spins = 0;
+      } else if (spins < 4096) {
         _mm_pause_portable();
       } else {
         std::this_thread::yield();
       }
     }
+    callers_.fetch_sub(1);
+    slot->job.store(nullptr);
+    while (slot->users.load() != 0) _mm_pause_portable();  // a helper that read the pointer lets go of it
   }
 
   void reset_after_fork() {
     // the child has none of the parent's threads: forget them (their objects are leaked, not joined)
-    new (&busy_) std::mutex();
     new (&mu_) std::mutex();
     new (&cv_) std::condition_variable();
+    for (Slot& s : slots_) {
+      s.job.store(nullptr);
+      s.users.store(0);
+    }
+    callers_.store(0);
     workers_started_ = 0;
     generation_ = 0;
-    counter_.store(0);
   }
 
  private:
+  struct Job {
+    void (*task)(void*, int64_t) = nullptr;
+    void* ctx = nullptr;
+    int64_t n_tasks = 0;
+    int threads = 1;
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  // a published job; `users` counts the threads that may still read `job`, so its caller returns only after them
+  struct Slot {
+    std::atomic<Job*> job{nullptr};
+    std::atomic<int> users{0};
+  };
+  static constexpr int kSlots = 4;
+
   static void _mm_pause_portable() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
   }
 
-  void work(uint64_t gen) {
-    for (;;) {
-      uint64_t cur = counter_.load(std::memory_order_acquire);
-      for (;;) {
-        if ((cur >> 32) != gen || static_cast<int64_t>(cur & 0xffffffffu) >= n_tasks_) return;
-        if (counter_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) break;
-      }
-      task_(ctx_, static_cast<int64_t>(cur & 0xffffffffu));
-      done_.fetch_add(1, std::memory_order_acq_rel);
+  Slot* publish(Job* job) {
+    for (Slot& s : slots_) {
+      Job* expected = nullptr;
+      if (s.job.compare_exchange_strong(expected, job)) return &s;
     }
+    return nullptr;
   }
 
-  void ensure_workers(int n) {
+  static bool take_item(Job& job) {
+    const int64_t i = job.next.fetch_add(1, std::memory_order_acq_rel);
+    if (i >= job.n_tasks) return false;
+    job.task(job.ctx, i);
+    job.done.fetch_add(1, std::memory_order_acq_rel);
+    return true;
+  }
+
+  // one item of a published job other than `own`; a helper (`helper` >= 0) only of a job whose thread count
+  // leaves it room beside the callers inside the pool. Whether it ran one.
+  bool help(const Job* own, int helper) {
+    for (Slot& s : slots_) {
+      s.users.fetch_add(1);
+      Job* job = s.job.load();
+      const bool ran = job != nullptr && job != own && (helper < 0 || helper + callers_.load() < job->threads) &&
+                       take_item(*job);
+      s.users.fetch_sub(1);
+      if (ran) return true;
+    }
+    return false;
+  }
+
+  void ensure_workers(int n) {  // under mu_
     while (workers_started_ < n) {
       const int index = workers_started_++;
       std::thread([this, index] { loop(index); }).detach();
@@ -595,26 +641,22 @@ class Pool {
   void loop(int index) {
     uint64_t seen = 0;
     for (;;) {
-      uint64_t gen;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return generation_ != seen && index < helpers_; });
-        gen = seen = generation_;
+        cv_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
       }
-      work(gen);
+      while (help(nullptr, index)) {
+      }
     }
   }
 
-  std::mutex busy_, mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
+  Slot slots_[kSlots];
+  std::atomic<int> callers_{0};
   int workers_started_ = 0;
   uint64_t generation_ = 0;
-  std::atomic<uint64_t> counter_{0};
-  std::atomic<int64_t> done_{0};
-  void (*task_)(void*, int64_t) = nullptr;
-  void* ctx_ = nullptr;
-  int64_t n_tasks_ = 0;
-  int helpers_ = 0;
 };
 
 Pool& pool() {
