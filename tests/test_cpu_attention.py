@@ -190,7 +190,7 @@ def test_sparse_part_merges_with_the_rest_into_full_attention(cpu_backend):
 def test_concurrent_callers_get_their_own_results(cpu_backend):
     """ScoutAttention's worker calls the kernels while the main thread does. Concurrent callers share the pool
     (each runs its own items, then helps the other's), and more callers than it has job slots run alone: six
-    threads of attention, decode linears and digest scores at once all get their own right results."""
+    threads of attention and decode linears at once all get their own right results."""
     from scoutbench.kernels import cpu_decode
 
     q, k, v, lengths = _inputs(2, 4, 4, 3000, 128, torch.bfloat16, seed=21)
