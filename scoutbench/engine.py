@@ -42,6 +42,8 @@ class DecodeEngine:
         self.head_dim = attn.head_dim
         self.scale = attn.scaling
         self.has_qk_norm = hasattr(attn, "q_norm")
+        # per layer, the modules of a prologue `cpu_decode` reproduces, or None: resolved once, not on every call
+        self._fusable = [self._fusable_prologue(layer.self_attn) for layer in self.layers]
         modeling = sys.modules[type(attn).__module__]
         self._apply_rope = modeling.apply_rotary_pos_emb
         param = next(model.parameters())
@@ -90,7 +92,7 @@ class DecodeEngine:
         layer = self.layers[target_layer]
         attn = layer.self_attn
         x = (_norm(layer.input_layernorm, hidden) if normed is None else normed).reshape(hidden.shape[0], 1, -1)
-        fused = self._fused_prologue(attn, x, with_kv=False)
+        fused = self._fused_prologue(target_layer, x, with_kv=False)
         if fused is not None:
             return fused[0]
         q = _linear(attn.q_proj, x).view(x.shape[0], 1, -1, self.head_dim)
@@ -100,22 +102,31 @@ class DecodeEngine:
         q, _ = self._apply_rope(q, q[:, :1], self._cos, self._sin)
         return q[:, :, 0]
 
-    def _fused_prologue(self, attn: torch.nn.Module, normed: torch.Tensor, with_kv: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-        """q `[B, Hq, D]` (and k, v `[B, Hkv, D]`) of a decode step through `cpu_decode.attention_prologue`, for
-        one of `ROPE_ATTENTIONS` with plain linears; None where it does not serve (the caller runs HF's modules)."""
+    def _fusable_prologue(self, attn: torch.nn.Module
+                          ) -> tuple[torch.nn.Module, tuple[torch.nn.Module, torch.nn.Module] | None] | None:
+        """(attention, its q/k norms or None) for one of `ROPE_ATTENTIONS` with plain linears (and `RMS_NORMS` q/k
+        norms of one eps), else None: the HF modules `cpu_decode.attention_prologue` reproduces."""
         if type(attn).__name__ not in ROPE_ATTENTIONS:
             return None
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        if any(type(p) is not torch.nn.Linear for p in projections):
+        if any(type(p) is not torch.nn.Linear for p in (attn.q_proj, attn.k_proj, attn.v_proj)):
             return None
-        qk_norm = None
-        if self.has_qk_norm:
-            q_norm, k_norm = attn.q_norm, attn.k_norm
-            if not (type(q_norm).__name__ in RMS_NORMS and type(k_norm).__name__ in RMS_NORMS
-                    and q_norm.variance_epsilon == k_norm.variance_epsilon):
-                return None
-            qk_norm = (q_norm.weight, k_norm.weight, q_norm.variance_epsilon)
+        if not self.has_qk_norm:
+            return attn, None
+        q_norm, k_norm = attn.q_norm, attn.k_norm
+        if not (type(q_norm).__name__ in RMS_NORMS and type(k_norm).__name__ in RMS_NORMS
+                and q_norm.variance_epsilon == k_norm.variance_epsilon):
+            return None
+        return attn, (q_norm, k_norm)
+
+    def _fused_prologue(self, layer: int, normed: torch.Tensor, with_kv: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+        """q `[B, Hq, D]` (and k, v `[B, Hkv, D]`) of layer `layer`'s decode step through
+        `cpu_decode.attention_prologue`; None where it does not serve (the caller runs HF's modules)."""
+        fusable = self._fusable[layer]
+        if fusable is None:
+            return None
+        attn, norms = fusable
+        qk_norm = None if norms is None else (norms[0].weight, norms[1].weight, norms[0].variance_epsilon)
         return cpu_decode.attention_prologue(normed, attn.q_proj, (attn.k_proj, attn.v_proj) if with_kv else None,
                                              self.num_heads, self.num_kv_heads, self.head_dim, qk_norm, self._cos,
                                              self._sin)
@@ -237,7 +248,7 @@ class DecodeEngine:
                 with timer.stage("predict"):
                     method.before_layer(i, x[:, 0], normed[:, 0])
             with timer.stage("qkv_proj"):
-                fused = self._fused_prologue(layer.self_attn, normed, with_kv=True)
+                fused = self._fused_prologue(i, normed, with_kv=True)
                 if fused is None:
                     q, k, v = (t[:, :, 0] for t in self._qkv(layer, normed, self._cos, self._sin))
                 else:

@@ -123,8 +123,8 @@ def test_attention_prologue_matches_hf_modules(model_fixture, dtype, request, cp
     engine._cos, engine._sin = engine.inner.rotary_emb(normed, positions)
     with torch.no_grad():
         ref_q, ref_k, ref_v = (t[:, :, 0] for t in engine._qkv(layer, normed, engine._cos, engine._sin))
-        fused = engine._fused_prologue(layer.self_attn, normed, with_kv=True)
-        q_only = engine._fused_prologue(layer.self_attn, normed, with_kv=False)
+        fused = engine._fused_prologue(1, normed, with_kv=True)
+        q_only = engine._fused_prologue(1, normed, with_kv=False)
     assert fused is not None and q_only is not None and q_only[1] is None
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     for ours, ref in zip(fused, (ref_q, ref_k, ref_v), strict=True):
