@@ -857,31 +857,31 @@ constexpr int64_t kDigestLanes = 16;
 // emit(j, score) takes each block's score as it is computed.
 template <typename Emit>
 void scores_g4(const float* row, const float* both, int64_t width, int64_t num_blocks, Emit&& emit) {
-    for (int64_t j = 0; j < num_blocks; ++j) {
-        const float* d = row + j * width;
-        float acc[4][kDigestLanes] = {};
-        for (int64_t c0 = 0; c0 < width; c0 += kDigestLanes) {
-            for (int g = 0; g < 4; ++g) {
-                const float* bg = both + g * width + c0;
+  for (int64_t j = 0; j < num_blocks; ++j) {
+    const float* d = row + j * width;
+    float acc[4][kDigestLanes] = {};
+    for (int64_t c0 = 0; c0 < width; c0 += kDigestLanes) {
+      for (int g = 0; g < 4; ++g) {
+        const float* bg = both + g * width + c0;
 #pragma omp simd
-                for (int64_t l = 0; l < kDigestLanes; ++l) acc[g][l] += d[c0 + l] * bg[l];
-            }
-        }
-        float best = -std::numeric_limits<float>::infinity();
-        for (int g = 0; g < 4; ++g) {
-            float sum = 0.0f;
-            for (int64_t l = 0; l < kDigestLanes; ++l) sum += acc[g][l];
-            best = std::max(best, sum);
-        }
-        emit(j, 0.5f * best);
+        for (int64_t l = 0; l < kDigestLanes; ++l) acc[g][l] += d[c0 + l] * bg[l];
+      }
     }
+    float best = -std::numeric_limits<float>::infinity();
+    for (int g = 0; g < 4; ++g) {
+      float sum = 0.0f;
+      for (int64_t l = 0; l < kDigestLanes; ++l) sum += acc[g][l];
+      best = std::max(best, sum);
+    }
+    emit(j, 0.5f * best);
+  }
 }
 
 // Row r's scores, block by block to emit(j, score): q's G heads expanded once to [q | |q|] (both, scratch of
 // G * 2D floats).
 template <typename Emit>
-void row_scores(const float* row, const float* q_row, int64_t group, int64_t dim, int64_t num_blocks,
-                       float* both, Emit&& emit) {
+void row_scores(const float* row, const float* q_row, int64_t group, int64_t dim, int64_t num_blocks, float* both,
+                Emit&& emit) {
   const int64_t width = 2 * dim;
   for (int64_t g = 0; g < group; ++g) {
     const float* qg = q_row + g * dim;
