@@ -73,16 +73,18 @@ def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: 
     num_blocks = length // block_size
     rows = batch * kv_heads
     # host tier, block-major rows `block * rows + row` as in ScoutAttention, viewed as [B, Hkv, blocks, bs, D], in
-    # the methods' own host arena (huge pages where Linux allows them); full attention's KV is a plain tensor, as
-    # FullKV allocates it
+    # the methods' own host arena (huge pages where Linux allows them); full attention's KV is head-major in an
+    # arena too, as FullKV allocates it on CPU
     tier_shape = (num_blocks * rows, block_size, head_dim)
     arena = HostArena({"k": (tier_shape, dtype), "v": (tier_shape, dtype)}, torch.device("cpu"))
     tier_k = arena["k"].copy_(torch.randn(tier_shape, generator=g))
     tier_v = arena["v"].copy_(torch.randn(tier_shape, generator=g))
     blocks_k = tier_k.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
     blocks_v = tier_v.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
-    full_k = blocks_k.reshape(batch, kv_heads, length, head_dim).contiguous()
-    full_v = blocks_v.reshape(batch, kv_heads, length, head_dim).contiguous()
+    full_shape = (batch, kv_heads, length, head_dim)
+    full_arena = HostArena({"k": (full_shape, dtype), "v": (full_shape, dtype)}, torch.device("cpu"))
+    full_k = full_arena["k"].copy_(blocks_k.reshape(full_shape))
+    full_v = full_arena["v"].copy_(blocks_v.reshape(full_shape))
     q = torch.randn(batch, heads, head_dim, generator=g).to(dtype)
     scale = head_dim ** -0.5
     selected = budget // block_size

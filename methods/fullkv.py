@@ -10,6 +10,7 @@ import torch
 
 from scoutbench.kernels.attention import decode_attention
 from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.offload import HostArena
 from scoutbench.methods.base import (
     AttendedTokens,
     AttentionMethod,
@@ -45,8 +46,16 @@ class FullKV(AttentionMethod):
         shape = (ctx.batch, ctx.num_kv_heads, page_aligned(ctx.max_len), ctx.head_dim)
         # zeros, not empty: in a ragged batch a shorter sequence's masked tail covers slots it never wrote, and a
         # masked NaN still poisons attention (NaN + -inf = NaN, 0 * NaN = NaN)
-        self.keys = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
-        self.values = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in range(ctx.num_layers)]
+        layers = range(ctx.num_layers)
+        if ctx.device.type == "cpu":
+            # host memory: one zeroed arena on huge pages, as the offloading methods' host tiers (the CPU kernel's
+            # prefetches run ahead across 4 KiB pages: 64k-token fp32 calls measured ~9% faster on huge pages)
+            arena = HostArena({(kind, layer): (shape, ctx.dtype) for kind in "kv" for layer in layers}, ctx.device)
+            self.keys = [arena["k", layer] for layer in layers]
+            self.values = [arena["v", layer] for layer in layers]
+        else:
+            self.keys = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in layers]
+            self.values = [torch.zeros(shape, dtype=ctx.dtype, device=ctx.device) for _ in layers]
         self._batch_index = torch.arange(ctx.batch, device=ctx.device)
         self._attended = AttendedTokens()
 
