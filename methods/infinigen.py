@@ -45,6 +45,7 @@ from scoutbench.kernels.offload import (
     CopyStream,
     CpuWorkerPool,
     HostArena,
+    device_zeros,
     token_chunks,
 )
 from scoutbench.kernels.partial_state import merge_states
@@ -105,8 +106,8 @@ class InfiniGen(SparseLayerMethod):
         self._host_arena = arena = HostArena(specs, ctx.device)
         self.host_k = {i: arena["k", i] for i in self.sparse_layers}
         self.host_v = {i: arena["v", i] for i in self.sparse_layers}
-        self.partial_keys = {i: torch.empty((batch, kv_heads, ctx.max_len, channels), dtype=ctx.dtype,
-                                            device=ctx.device) for i in self.sparse_layers}
+        self.partial_keys = device_zeros({i: ((batch, kv_heads, ctx.max_len, channels), ctx.dtype)
+                                          for i in self.sparse_layers}, ctx.device)
         self.skew: dict[int, torch.Tensor] = {}  # [Hkv, D, D] fp32, orthogonal
         self.partial_proj: dict[int, torch.Tensor] = {}  # [Hkv, D, channels]: the partial columns of the skew
         # CUDA: double-buffered fetch targets (layer i+1's fetch lands while layer i still reads the other buffer),

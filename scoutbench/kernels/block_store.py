@@ -25,7 +25,7 @@ import torch
 
 from scoutbench.kernels.block_table import BlockTable
 from scoutbench.kernels.digest import DigestTable
-from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, HostArena, token_chunks
+from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, token_chunks
 
 NUM_COUNTS = 4  # n_cpu, n_selected, n_available, n_resident
 
@@ -113,8 +113,10 @@ class TieredBlockStore:
         self.recall_k = [self.arena["rk", i] for i in parities]
         self.recall_v = [self.arena["rv", i] for i in parities]
         self.digests = DigestTable(layers, (B, Hkv, self.max_blocks, D), dtype, device)
-        self.dev_k = {layer: torch.zeros((B, Hkv, self.region, D), dtype=dtype, device=device) for layer in layers}
-        self.dev_v = {layer: torch.zeros((B, Hkv, self.region, D), dtype=dtype, device=device) for layer in layers}
+        region = device_zeros({(kind, layer): ((B, Hkv, self.region, D), dtype) for kind in "kv" for layer in layers},
+                              device)
+        self.dev_k = {layer: region["k", layer] for layer in layers}
+        self.dev_v = {layer: region["v", layer] for layer in layers}
         self.tables = {layer: BlockTable(B, Hkv, pool_slots, self.max_blocks, device) for layer in layers}
         if self.cuda:  # the recall's device staging (host staging -> here -> pool slots)
             self.stage_k = torch.empty((staged, b, D), dtype=dtype, device=device)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from scoutbench.kernels import digest_native
-from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, token_chunks
+from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, device_zeros, token_chunks
 
 
 def block_digests(keys: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,8 +133,7 @@ class DigestTable:
         self.kv_dtype = dtype
         self.score_dtype = digest_score_dtype(dtype, torch.device(device).type)
         *rows, head_dim = shape
-        self.digests = {layer: torch.zeros((*rows, 2 * head_dim), dtype=self.score_dtype, device=device)
-                        for layer in layers}
+        self.digests = device_zeros({layer: ((*rows, 2 * head_dim), self.score_dtype) for layer in layers}, device)
         self.center2 = {layer: both[..., :head_dim] for layer, both in self.digests.items()}
         self.radius2 = {layer: both[..., head_dim:] for layer, both in self.digests.items()}
 
