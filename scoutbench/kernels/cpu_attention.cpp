@@ -373,16 +373,18 @@ void pv_dispatch(int gb, float* const* accs, const float* const* probs, const vo
 
 constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
 // Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
-// the running max), then one max update and rescale per query, then PV over the whole step.
-constexpr int kStepTokens = 64;
+// the running max), then one max update and rescale per query, then PV over the whole step. 32: a bf16 step's K and
+// V rows (16 KiB) and the rows prefetched for the next one fit the 48 KiB L1 together (64-token steps, twice that,
+// measured 7% slower on sparse bf16 calls, 2-5% on full ones; fp32 the same either way).
+constexpr int kStepTokens = 32;
 // Software prefetch: the K and V rows of the tokens kPrefetchTokens ahead, issued a share at a time through the
 // step's QK tiles and PV tiles, so that the memory system sees an even demand while the core computes. Issued in
 // bursts (all of a tile's rows in the first query's pass), the reads barely overlapped the arithmetic: a full call's
 // time was its compute plus its DRAM reads, on one core and two. Spread evenly they overlap: measured on 64k full
-// calls 16% (bf16) and 8% (fp32) faster, on sparse 2048-token selections 24% faster (bf16), than the bursts; 32 to
-// 96 tokens ahead measured alike, for long runs and for the sparse selections' 32-token blocks, which the hardware
-// prefetcher does not follow from one selected block to the next.
-constexpr int64_t kPrefetchTokens = 64;
+// calls 16% (bf16) and 8% (fp32) faster, on sparse 2048-token selections 24% faster (bf16), than the bursts. One
+// step ahead (16 or 24 tokens: 5-14% slower; 64 with 64-token steps: the L1 note above), for long runs and for the
+// sparse selections' 32-token blocks alike, which the hardware prefetcher does not follow from block to block.
+constexpr int64_t kPrefetchTokens = kStepTokens;
 
 template <int D, bool BF16>
 void attend_avx512(const Args& a, const Item& item, State st) {
