@@ -295,15 +295,18 @@ class TieredBlockStore:
         (readable once the returned copy event, None on CPU, has completed)."""
         b, D, n = self.block_size, self.head_dim, bh.numel()
         dst = bh * self.n_slots + slots
-        staged_k, staged_v = self.recall_k[parity][:n], self.recall_v[parity][:n]
-        dk, dv = self.dev_k[layer].view(-1, b, D), self.dev_v[layer].view(-1, b, D)
+        # blocks as flat rows of b * D: torch's CPU index_copy_ copies [n, b, D] blocks at half the rate of the same
+        # bytes as [n, b * D] rows (140 vs 72 us for 128 fp32 blocks of 32 x 128)
+        staged_k, staged_v = self.recall_k[parity][:n].view(n, b * D), self.recall_v[parity][:n].view(n, b * D)
+        dk, dv = self.dev_k[layer].view(-1, b * D), self.dev_v[layer].view(-1, b * D)
         device = dk.device
         if self.cuda:
             def job() -> None:
                 dst_d = _to_device(dst, device)
                 for stage, staged, pool in ((self.stage_k, staged_k, dk), (self.stage_v, staged_v, dv)):
-                    stage[:n].copy_(staged, non_blocking=True)
-                    pool.index_copy_(0, dst_d, stage[:n])
+                    rows = stage[:n].view(n, b * D)
+                    rows.copy_(staged, non_blocking=True)
+                    pool.index_copy_(0, dst_d, rows)
 
             _, event = copy_stream.run(job)
         else:
