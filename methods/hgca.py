@@ -53,7 +53,14 @@ import torch
 from scoutbench.kernels.attention import block_sparse_attention_probs, partial_attention
 from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.gather import write_tokens
-from scoutbench.kernels.offload import CopyStream, CpuWorkerPool, HostArena, host_empty, token_chunks
+from scoutbench.kernels.offload import (
+    CopyStream,
+    CpuWorkerPool,
+    HostArena,
+    device_zeros,
+    host_empty,
+    token_chunks,
+)
 from scoutbench.kernels.partial_state import PartialState, merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -150,10 +157,11 @@ class HGCA(SparseLayerMethod):
                       ("stage_k", i): (staging_shape, ctx.dtype), ("stage_v", i): (staging_shape, ctx.dtype)}
         self._host_arena = HostArena(specs, ctx.device)
         arena = self._host_arena
+        window = device_zeros({(kind, i): (window_shape, ctx.dtype) for kind in "kv" for i in self.sparse_layers},
+                              ctx.device)
         self.window_k, self.window_v, self.host_k, self.host_v, self.ema, self._staging = {}, {}, {}, {}, {}, {}
         for i in self.sparse_layers:
-            self.window_k[i] = torch.zeros(window_shape, dtype=ctx.dtype, device=ctx.device)
-            self.window_v[i] = torch.zeros(window_shape, dtype=ctx.dtype, device=ctx.device)
+            self.window_k[i], self.window_v[i] = window["k", i], window["v", i]
             self.host_k[i], self.host_v[i], self.ema[i] = arena["k", i], arena["v", i], arena["ema", i]
             self._staging[i] = (arena["stage_k", i], arena["stage_v", i])
         self._shift_scratch = torch.empty(window_shape[1:], dtype=ctx.dtype, device=ctx.device)
