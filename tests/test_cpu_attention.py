@@ -90,10 +90,11 @@ def test_portable_head_dim(cpu_backend, dtype):
 @pytest.mark.parametrize("dim", [64, 256])
 @pytest.mark.parametrize("group", [3, 7])
 def test_softmax_steps_and_uneven_pv_query_blocks(cpu_backend, dtype, dim, group):
-    """Rows ending just before, on and after the kernel's 64-token softmax step, at the head dims and GQA groups
-    whose PV passes split the queries unevenly (4 queries a pass at D=64; 2 at D=256, over two column passes)."""
+    """Rows ending just before, on and after the kernel's 32-token softmax step (and 4 steps and 2 tokens, the
+    prefetch cursor stopping short of the row's end), at the head dims and GQA groups whose PV passes split the
+    queries unevenly (4 queries a pass at D=64; 2 at D=256, over two column passes)."""
     q, k, v, _ = _inputs(1, 4, group, 130, dim, dtype, seed=dim + group)
-    lengths = torch.tensor([[63, 64, 65, 130]])
+    lengths = torch.tensor([[31, 32, 33, 130]])
     state = partial_attention(q, k, v, 0.07, lengths)
     _check(state.o, state.lse, _reference(q, k, v, 0.07, lengths), cpu_backend, dtype)
 
