@@ -333,7 +333,7 @@ def test_oom_retry_releases_the_failed_runs_host_arena_first(tiny_qwen3, monkeyp
     attempt_start = 0
     for index, kind in enumerate(kinds):
         if kind == "oom":  # one of the failed run's arenas (its host tier) is released before the next is allocated
-            allocated = {arena for kind, arena in events[attempt_start:index] if kind == "arena"}
+            allocated = {arena for event, arena in events[attempt_start:index] if event == "arena"}
             assert kinds[index + 1] == "release" and events[index + 1][1] in allocated
             attempt_start = index + 1
 
