@@ -6,8 +6,13 @@ thread pool) and a method's decode steps alternate between them (A B B A ...), o
 The library loaded second came out 3-9% faster in A/A runs (the same source twice), so each comparison runs in
 both orders, in fresh processes, and reports the geometric mean of the two B/A ratios, which cancels that bias.
 
+`--calls sparse|full` times single attention calls instead, those of benchmarks/bench_sparse_attention.py (64k
+tokens, 2048 of them in blocks of 32 for the sparse call, 32 query / 8 KV heads, head_dim 128, `--dtype`), A B B A
+in the same way: a kernel change shows there before it is diluted in a decode step.
+
     git show HEAD~1:scoutbench/kernels/cpu_attention.cpp > /tmp/old.cpp
     python benchmarks/ab_kernel_builds.py /tmp/old.cpp scoutbench/kernels/cpu_attention.cpp --method scout
+    python benchmarks/ab_kernel_builds.py /tmp/old.cpp scoutbench/kernels/cpu_attention.cpp --calls sparse --dtype bf16
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
             raise SystemExit(f"{source}: the kernel library did not build here")
     current = [builds["first"]]
     cpu_attention.library = lambda: current[0]  # every wrapper looks the library up per call
+    if args.calls:
+        return time_calls(builds, current, args)
     length = parse_length(args.len)
     loaded = load_model(args.model, resolve_device("cpu"), torch.float32, 0)
     engine = DecodeEngine(loaded.model, build_method(args.method, {}))
@@ -63,6 +70,38 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
     return times
 
 
+def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Call times (ms) per build of bench_sparse_attention's `--calls` call, alternating A B B A."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_sparse_attention",
+                                                  Path(__file__).with_name("bench_sparse_attention.py"))
+    bench = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # registered first: its dataclass
+    spec.loader.exec_module(bench)
+    calls = bench.attention_calls(bench.DTYPES[args.dtype], 65536, 2048, 32, 1, 32, 8, 128)
+    call = calls.sparse if args.calls == "sparse" else calls.full
+    outputs = []
+    for name in ("first", "second"):  # both builds compute the same attention
+        current[0] = builds[name]
+        calls.calls_made = 0
+        outputs.append(call())
+    if not torch.allclose(outputs[0].o, outputs[1].o, atol=1e-4) or not torch.allclose(outputs[0].lse,
+                                                                                          outputs[1].lse, atol=1e-4):
+        raise SystemExit("the two builds' attention outputs differ")
+    repeats = args.steps * (4 if args.calls == "sparse" else 1)
+    times: dict[str, list[float]] = {"first": [], "second": []}
+    for index in range(repeats + 4):
+        name = ("first", "second", "second", "first")[index % 4]
+        current[0] = builds[name]
+        start = time.perf_counter()
+        call()
+        if index >= 4:
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", type=Path, help="baseline cpu_attention.cpp")
@@ -71,6 +110,8 @@ def main() -> None:
     parser.add_argument("--model", default="bench-attn16")
     parser.add_argument("--len", default="32k")
     parser.add_argument("--steps", type=int, default=96, help="timed steps per process, half per build")
+    parser.add_argument("--calls", choices=("sparse", "full"), help="time attention calls, not decode steps")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="of --calls")
     parser.add_argument("--order", choices=("ab", "ba"), help=argparse.SUPPRESS)  # one process of the pair
     args = parser.parse_args()
     if args.order:
@@ -80,14 +121,19 @@ def main() -> None:
     ratios = []
     for order in ("ab", "ba"):
         cmd = [sys.executable, __file__, str(args.a), str(args.b), "--method", args.method, "--model", args.model,
-               "--len", args.len, "--steps", str(args.steps), "--order", order]
+               "--len", args.len, "--steps", str(args.steps), "--dtype", args.dtype, "--order", order]
+        if args.calls:
+            cmd += ["--calls", args.calls]
         times = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
         a, b = (times["first"], times["second"]) if order == "ab" else (times["second"], times["first"])
         ratio = statistics.median(b) / statistics.median(a)
         ratios.append(ratio)
-        print(f"{order}: A {statistics.median(a):.2f} ms, B {statistics.median(b):.2f} ms median step "
-              f"({len(a)} steps each), B/A {ratio:.3f}")
-    print(f"{args.method} on {args.model} {args.len}: B/A {math.sqrt(ratios[0] * ratios[1]):.3f} "
+        unit = f"{args.calls} call" if args.calls else "step"
+        print(f"{order}: A {statistics.median(a):.3f} ms, B {statistics.median(b):.3f} ms median {unit} "
+              f"({len(a)} each), B/A {ratio:.3f}")
+    what = (f"{args.calls} {args.dtype} attention calls (bench_sparse_attention's)" if args.calls
+            else f"{args.method} on {args.model} {args.len}")
+    print(f"{what}: B/A {math.sqrt(ratios[0] * ratios[1]):.3f} "
           f"(geometric mean of both orders; load {os.getloadavg()[0]:.1f})")
 
 

@@ -26,6 +26,7 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md): before torch
 
@@ -34,6 +35,7 @@ import torch  # noqa: E402
 from scoutbench.kernels import cpu_attention  # noqa: E402
 from scoutbench.kernels.attention import block_sparse_attention, partial_attention  # noqa: E402
 from scoutbench.kernels.offload import HostArena  # noqa: E402
+from scoutbench.kernels.partial_state import PartialState  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -67,8 +69,31 @@ def use_backend(name: str) -> str:
     return cpu_attention.backend_name()
 
 
-def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: int, heads: int, kv_heads: int,
-          head_dim: int, repeats: int) -> dict[str, float]:
+@dataclass
+class AttentionCalls:
+    """The two measured calls over their data: `sparse()` (each call the next of the random selections, so the
+    selected data is not cache-resident) and `full()`. benchmarks/ab_kernel_builds.py --calls times them too."""
+
+    q: torch.Tensor
+    full_k: torch.Tensor
+    full_v: torch.Tensor
+    blocks_k: torch.Tensor
+    blocks_v: torch.Tensor
+    selections: list[torch.Tensor]
+    scale: float
+    calls_made: int = 0
+
+    def sparse(self) -> PartialState:
+        self.calls_made += 1
+        selection = self.selections[self.calls_made % len(self.selections)]
+        return block_sparse_attention(self.q, self.blocks_k, self.blocks_v, selection, self.scale)
+
+    def full(self) -> PartialState:
+        return partial_attention(self.q, self.full_k, self.full_v, self.scale)
+
+
+def attention_calls(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: int, heads: int,
+                    kv_heads: int, head_dim: int) -> AttentionCalls:
     g = torch.Generator().manual_seed(0)
     num_blocks = length // block_size
     rows = batch * kv_heads
@@ -86,39 +111,35 @@ def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: 
     full_k = full_arena["k"].copy_(blocks_k.reshape(full_shape))
     full_v = full_arena["v"].copy_(blocks_v.reshape(full_shape))
     q = torch.randn(batch, heads, head_dim, generator=g).to(dtype)
-    scale = head_dim ** -0.5
     selected = budget // block_size
     selections = [torch.stack([torch.randperm(num_blocks, generator=g)[:selected] for _ in range(rows)])
                   .view(batch, kv_heads, selected) for _ in range(16)]
-    counter = [0]
+    return AttentionCalls(q, full_k, full_v, blocks_k, blocks_v, selections, head_dim ** -0.5)
 
-    def sparse():
-        counter[0] += 1
-        return block_sparse_attention(q, blocks_k, blocks_v, selections[counter[0] % len(selections)], scale)
 
-    def full():
-        return partial_attention(q, full_k, full_v, scale)
-
+def bench(dtype: torch.dtype, length: int, budget: int, block_size: int, batch: int, heads: int, kv_heads: int,
+          head_dim: int, repeats: int) -> dict[str, float]:
+    calls = attention_calls(dtype, length, budget, block_size, batch, heads, kv_heads, head_dim)
+    rows, selected = batch * kv_heads, budget // block_size
     # correctness: the sparse call equals full attention restricted to the same tokens
-    ids = selections[1]
+    ids = calls.selections[1]
     tokens = (ids[..., None] * block_size + torch.arange(block_size)).reshape(batch, kv_heads, -1, 1)
-    ref = partial_attention(q, full_k.gather(2, tokens.expand(-1, -1, -1, head_dim)),
-                            full_v.gather(2, tokens.expand(-1, -1, -1, head_dim)), scale)
-    counter[0] = 0
-    got = sparse()
+    ref = partial_attention(calls.q, calls.full_k.gather(2, tokens.expand(-1, -1, -1, head_dim)),
+                            calls.full_v.gather(2, tokens.expand(-1, -1, -1, head_dim)), calls.scale)
+    got = calls.sparse()  # the first call reads selection 1
     assert torch.allclose(got.o, ref.o, atol=1e-2) and torch.allclose(got.lse, ref.lse, atol=1e-3)
     element = torch.tensor([], dtype=dtype).element_size()
     result = {"copy_bytes_s": copy_bandwidth(5)}
     # the read bandwidth interleaved with the full calls: both see the same moments of a shared machine
     src = torch.ones(READ_BYTES // 4)
     read_ms, full_ms = [], []
-    full()
+    calls.full()
     for _ in range(max(5, repeats // 2)):
         read_ms.append(time_ms(src.sum, 1, warmup=0)[1])
-        full_ms.append(time_ms(full, 1, warmup=0)[1])
+        full_ms.append(time_ms(calls.full, 1, warmup=0)[1])
     result["read_bytes_s"] = READ_BYTES / min(read_ms) * 1e3
     result["full_ms"], result["full_min_ms"] = statistics.median(full_ms), min(full_ms)
-    result["sparse_ms"], result["sparse_min_ms"] = time_ms(sparse, repeats)
+    result["sparse_ms"], result["sparse_min_ms"] = time_ms(calls.sparse, repeats)
     result["full_bytes_s"] = 2 * rows * length * head_dim * element / result["full_min_ms"] * 1e3
     result["sparse_bytes_s"] = 2 * rows * selected * block_size * head_dim * element / result["sparse_min_ms"] * 1e3
     result["speedup"] = result["full_ms"] / result["sparse_ms"]
