@@ -1,4 +1,4 @@
-"""Two versions of the CPU kernel library (`scoutbench/kernels/cpu_attention.cpp`), compared on whole decode steps.
+"""Two versions of the CPU kernel library (`scoutbench/kernels/cpu_attention.cpp`), compared on decode steps or calls.
 
 This machine's speed moves 2-5x between runs and by 10-25% within minutes, so two builds timed in separate runs
 cannot be told apart at a few percent. Here both builds are loaded into one process (each its own shared object and
@@ -25,9 +25,24 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md): before torch
+
+
+def alternate(builds: dict, current: list, fn: Callable[[], object], repeats: int) -> dict[str, list[float]]:
+    """Times (ms) of `repeats` calls of `fn` per build, the builds alternating A B B A (`current[0]` is the one the
+    wrappers use), after 4 warm-up calls: both builds' threads started, caches touched."""
+    times: dict[str, list[float]] = {"first": [], "second": []}
+    for index in range(repeats + 4):
+        name = ("first", "second", "second", "first")[index % 4]
+        current[0] = builds[name]
+        start = time.perf_counter()
+        fn()
+        if index >= 4:
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
 
 
 def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -57,15 +72,12 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
     engine = DecodeEngine(loaded.model, build_method(args.method, {}))
     engine.start(1, length + args.steps + 8)
     engine.prefill_synthetic(torch.full((1,), length, dtype=torch.long), 0)
-    tokens = torch.zeros(1, dtype=torch.long)
-    times: dict[str, list[float]] = {"first": [], "second": []}
-    for index in range(args.steps + 4):
-        name = ("first", "second", "second", "first")[index % 4]
-        current[0] = builds[name]
-        start = time.perf_counter()
-        tokens = engine.decode_step(tokens).argmax(-1)
-        if index >= 4:  # warm-up: both builds' threads started, caches touched
-            times[name].append((time.perf_counter() - start) * 1e3)
+    tokens = [torch.zeros(1, dtype=torch.long)]
+
+    def step() -> None:
+        tokens[0] = engine.decode_step(tokens[0]).argmax(-1)
+
+    times = alternate(builds, current, step, args.steps)
     engine.method.close()
     return times
 
@@ -90,16 +102,7 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
     if not torch.allclose(outputs[0].o, outputs[1].o, atol=1e-4) or not torch.allclose(outputs[0].lse,
                                                                                           outputs[1].lse, atol=1e-4):
         raise SystemExit("the two builds' attention outputs differ")
-    repeats = args.steps * (4 if args.calls == "sparse" else 1)
-    times: dict[str, list[float]] = {"first": [], "second": []}
-    for index in range(repeats + 4):
-        name = ("first", "second", "second", "first")[index % 4]
-        current[0] = builds[name]
-        start = time.perf_counter()
-        call()
-        if index >= 4:
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return times
+    return alternate(builds, current, call, args.steps * (4 if args.calls == "sparse" else 1))
 
 
 def main() -> None:
