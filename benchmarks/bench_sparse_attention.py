@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from scoutbench.kernels import cpu_attention  # noqa: E402
 from scoutbench.kernels.attention import block_sparse_attention, partial_attention  # noqa: E402
-from scoutbench.kernels.offload import HostArena  # noqa: E402
+from scoutbench.kernels.offload import HostArena, device_zeros  # noqa: E402
 from scoutbench.kernels.partial_state import PartialState  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
@@ -98,8 +98,8 @@ def attention_calls(dtype: torch.dtype, length: int, budget: int, block_size: in
     num_blocks = length // block_size
     rows = batch * kv_heads
     # host tier, block-major rows `block * rows + row` as in ScoutAttention, viewed as [B, Hkv, blocks, bs, D], in
-    # the methods' own host arena (huge pages where Linux allows them); full attention's KV is head-major in an
-    # arena too, as FullKV allocates it on CPU
+    # the methods' own host arena (huge pages where Linux allows them); full attention's KV is head-major, allocated
+    # as FullKV's cache is (`device_zeros`)
     tier_shape = (num_blocks * rows, block_size, head_dim)
     arena = HostArena({"k": (tier_shape, dtype), "v": (tier_shape, dtype)}, torch.device("cpu"))
     tier_k = arena["k"].copy_(torch.randn(tier_shape, generator=g))
@@ -107,9 +107,9 @@ def attention_calls(dtype: torch.dtype, length: int, budget: int, block_size: in
     blocks_k = tier_k.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
     blocks_v = tier_v.view(num_blocks, batch, kv_heads, block_size, head_dim).permute(1, 2, 0, 3, 4)
     full_shape = (batch, kv_heads, length, head_dim)
-    full_arena = HostArena({"k": (full_shape, dtype), "v": (full_shape, dtype)}, torch.device("cpu"))
-    full_k = full_arena["k"].copy_(blocks_k.reshape(full_shape))
-    full_v = full_arena["v"].copy_(blocks_v.reshape(full_shape))
+    full_kv = device_zeros({"k": (full_shape, dtype), "v": (full_shape, dtype)}, torch.device("cpu"))
+    full_k = full_kv["k"].copy_(blocks_k.reshape(full_shape))
+    full_v = full_kv["v"].copy_(blocks_v.reshape(full_shape))
     q = torch.randn(batch, heads, head_dim, generator=g).to(dtype)
     selected = budget // block_size
     selections = [torch.stack([torch.randperm(num_blocks, generator=g)[:selected] for _ in range(rows)])
