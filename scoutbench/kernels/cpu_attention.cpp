@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <functional>
@@ -549,7 +550,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ensure_workers(threads - 1);
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     while (take_item(job)) {
@@ -578,7 +579,7 @@ class Pool {
     }
     callers_.store(0);
     workers_started_ = 0;
-    generation_ = 0;
+    generation_.store(0);
   }
 
  private:
@@ -595,6 +596,7 @@ class Pool {
     std::atomic<int> users{0};
   };
   static constexpr int kSlots = 4;
+  static constexpr int kHelperSpinUs = 1000;  // see spin_for_job
 
   static void _mm_pause_portable() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -642,13 +644,27 @@ class Pool {
   void loop(int index) {
     uint64_t seen = 0;
     for (;;) {
-      {
+      if (!spin_for_job(seen)) {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
+        cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
       }
+      seen = generation_.load(std::memory_order_acquire);
       while (help(nullptr, index)) {
       }
+    }
+  }
+
+  // Whether a job was published within kHelperSpinUs of the helper's last one. A helper asleep on the condition
+  // variable took 30-70 us to start on these VMs, so a call of a few hundred microseconds ran mostly on its caller
+  // (a 4 MB linear: 67-70 us asleep, 34-38 us awake); a decode step's calls come tens to hundreds of microseconds
+  // apart, and ScoutAttention's CPU part once per layer. The helper yields between checks, so any other runnable
+  // thread (the worker's Python, an OpenMP team) takes the core before it.
+  bool spin_for_job(uint64_t seen) const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kHelperSpinUs);
+    for (int i = 0;; ++i) {
+      if (generation_.load(std::memory_order_acquire) != seen) return true;
+      std::this_thread::yield();
+      if ((i & 15) == 15 && std::chrono::steady_clock::now() >= until) return false;
     }
   }
 
@@ -657,7 +673,7 @@ class Pool {
   Slot slots_[kSlots];
   std::atomic<int> callers_{0};
   int workers_started_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};
 };
 
 Pool& pool() {
