@@ -121,8 +121,9 @@ class ScoutAttention(SparseLayerMethod):
     ratio exceeds `beta` (a reactive variant, not the paper's), the blocks the CPU just computed are copied into the
     pool, evicting free slots first, then resident blocks outside the latest selection, lowest score first. The CPU
     part attends its blocks in place in the host tier (no gather), so on a recall step the worker also stages the
-    recalled blocks (only those) from the host tier into this parity's staging buffer, from which the recall copies
-    them into the pool (on CUDA on a copy stream with an event). A recalled slot is readable only after its copy event has completed, and
+    recalled blocks (only those): on CUDA from the host tier into this parity's staging buffer, from which the recall
+    copies them into the pool on a copy stream with an event; on a CPU the recall copies them from the host tier
+    into the pool in one pass. A recalled slot is readable only after its copy event has completed, and
     victims are never selected or in-flight blocks, so the layer's next use never reads a half-copied slot.
 
     CPU compute ratio = tokens attended on the CPU / `budget` per layer, averaged over (sequence, KV head).
@@ -471,8 +472,8 @@ class ScoutAttention(SparseLayerMethod):
 
     def _stage_recall(self, plan: _Plan) -> _Recall | None:
         """The blocks a recall copies (worker thread): the ones the CPU just computed, minus in-flight ones, most
-        important first, as many as the row has free slots or victims; gathered from the host tier into this
-        parity's staging buffers (rows [0, n)). None when no block qualifies."""
+        important first, as many as the row has free slots or victims; staged for `_recall` (`TieredBlockStore.stage`:
+        on CUDA gathered from the host tier into this parity's staging buffers). None when no block qualifies."""
         ctx, k = self.ctx, self.k_sel
         rows = ctx.batch * ctx.num_kv_heads
         split = plan.split.rows()
@@ -520,7 +521,7 @@ class ScoutAttention(SparseLayerMethod):
         event = self.store.load_staged(layer, plan.parity, bh, recall.slots, blocks, self._copy)
         if event is not None:
             self._parity_free[plan.parity].append(event)  # the copy reads this parity's staging buffers
-        element_size = self.store.recall_k[plan.parity].element_size()
+        element_size = self.store.host_k[layer].element_size()
         self._recalls[layer] += 1
         # the recalled blocks (K and V) go to the device, plus the destination rows and the table's row/slot/block
         # lists

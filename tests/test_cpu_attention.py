@@ -220,6 +220,25 @@ def test_concurrent_callers_get_their_own_results(cpu_backend):
     assert max(e for kind, e in errors if kind == "linear") < 1e-3  # fp32 sums of 256 products, another order
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [3, 300])  # on the caller alone, and across the pool (300 rows of 4 KiB or 8 KiB)
+def test_copy_rows_equals_index_copy(cpu_backend, dtype, rows):
+    """A recall's one-pass row copy (host tier rows into pool slots) writes exactly what `index_copy_` of an
+    `index_select` writes, rows in any order, and nothing else; an id out of range raises before any copy."""
+    g = torch.Generator().manual_seed(31)
+    src = torch.randn(4 * rows, 1024, generator=g).to(dtype)
+    dst = torch.randn(2 * rows, 1024, generator=g).to(dtype)
+    src_rows = torch.randperm(4 * rows, generator=g)[:rows]
+    dst_rows = torch.randperm(2 * rows, generator=g)[:rows]
+    expected = dst.clone().index_copy_(0, dst_rows, src.index_select(0, src_rows))
+    cpu_attention.copy_rows(dst, dst_rows, src, src_rows)
+    assert torch.equal(dst, expected)
+    before = dst.clone()
+    with pytest.raises(IndexError):
+        cpu_attention.copy_rows(dst, dst_rows, src, torch.cat([src_rows[:-1], torch.tensor([4 * rows])]))
+    assert torch.equal(dst, before)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)  # torch's OpenMP pool is not fork-safe
 def test_kernel_works_in_a_forked_child(cpu_backend):

@@ -4,8 +4,8 @@
 
 - the host tier: every complete block, as block-major rows `[max_blocks * B * Hkv, block_size, D]` (row
   `j * B * Hkv + b * Hkv + h` is block `j` of sequence `b`, KV head `h`), so the CPU kernel reads any set of blocks
-  in place and a block completed by every sequence at once is one contiguous (asynchronous on CUDA) copy. It and
-  the recall's two staging buffers are one exact-size `HostArena`, pinned on CUDA;
+  in place and a block completed by every sequence at once is one contiguous (asynchronous on CUDA) copy. It and,
+  on CUDA, the recall's two staging buffers are one exact-size `HostArena`, pinned there;
 - the device region: one contiguous row of block slots per (sequence, KV head): `pool_slots` pool slots (which
   block sits where: `BlockTable`), `sink_blocks` sink slots and a ring of `local_blocks + 1` slots that holds the
   local blocks and the tail (the partial block with the current token);
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.block_table import BlockTable
 from scoutbench.kernels.digest import DigestTable
 from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, token_chunks
@@ -99,19 +100,22 @@ class TieredBlockStore:
         self.region = self.n_slots * b
         self.cuda = torch.device(device).type == "cuda"
         # Zeroed: gathers may read never-written rows, masked out, but they must be finite. The recall's staging
-        # buffers come in two sets: consecutive layers alternate, at most two plans are in flight.
+        # buffers (CUDA) come in two sets: consecutive layers alternate, at most two plans are in flight. On a CPU
+        # a recall copies host rows into pool slots in one pass and stages only the row ids.
         rows, staged = self.max_blocks * B * Hkv, B * Hkv * pool_slots
         parities = range(2) if layers else range(0)
+        staging = {(kind, i): ((staged, b, D), dtype) for kind in ("rk", "rv") for i in parities} if self.cuda else {}
         self.arena = HostArena({**{(kind, layer): ((rows, b, D), dtype) for kind in "kv" for layer in layers},
-                                **{(kind, i): ((staged, b, D), dtype) for kind in ("rk", "rv") for i in parities}},
-                               device)
+                                **staging}, device)
         self.host_k = {layer: self.arena["k", layer] for layer in layers}
         self.host_v = {layer: self.arena["v", layer] for layer in layers}
         blocked = (self.max_blocks, B, Hkv, b, D)
         self._blocked_host = {layer: (self.host_k[layer].view(blocked).permute(1, 2, 0, 3, 4),
                                       self.host_v[layer].view(blocked).permute(1, 2, 0, 3, 4)) for layer in layers}
-        self.recall_k = [self.arena["rk", i] for i in parities]
-        self.recall_v = [self.arena["rv", i] for i in parities]
+        if self.cuda:
+            self.recall_k = [self.arena["rk", i] for i in parities]
+            self.recall_v = [self.arena["rv", i] for i in parities]
+        self._staged_rows: list[torch.Tensor | None] = [None for _ in parities]  # CPU: host rows, per parity
         self.digests = DigestTable(layers, (B, Hkv, self.max_blocks, D), dtype, device)
         region = device_zeros({(kind, layer): ((B, Hkv, self.region, D), dtype) for kind in "kv" for layer in layers},
                               device)
@@ -284,7 +288,11 @@ class TieredBlockStore:
 
     # ------------------------------------------------------------------ recall
     def stage(self, layer: int, parity: int, host_rows: torch.Tensor) -> None:
-        """Gather host rows into this parity's staging buffers (rows [0, n)): the worker's half of a recall."""
+        """The worker's half of a recall: on CUDA, gather host rows into this parity's pinned staging buffers (rows
+        [0, n)); on a CPU, where `load_staged` copies host rows into the pool directly, only note the rows."""
+        if not self.cuda:
+            self._staged_rows[parity] = host_rows
+            return
         n = host_rows.numel()
         torch.index_select(self.host_k[layer], 0, host_rows, out=self.recall_k[parity][:n])
         torch.index_select(self.host_v[layer], 0, host_rows, out=self.recall_v[parity][:n])
@@ -295,12 +303,13 @@ class TieredBlockStore:
         (readable once the returned copy event, None on CPU, has completed)."""
         b, D, n = self.block_size, self.head_dim, bh.numel()
         dst = bh * self.n_slots + slots
-        # blocks as flat rows of b * D: torch's CPU index_copy_ copies [n, b, D] blocks at half the rate of the same
-        # bytes as [n, b * D] rows (140 vs 72 us for 128 fp32 blocks of 32 x 128)
-        staged_k, staged_v = self.recall_k[parity][:n].view(n, b * D), self.recall_v[parity][:n].view(n, b * D)
         dk, dv = self.dev_k[layer].view(-1, b * D), self.dev_v[layer].view(-1, b * D)
         device = dk.device
         if self.cuda:
+            # blocks as flat rows of b * D: torch's CPU index_copy_ copies [n, b, D] blocks at half the rate of the
+            # same bytes as [n, b * D] rows (140 vs 72 us for 128 fp32 blocks of 32 x 128)
+            staged_k, staged_v = self.recall_k[parity][:n].view(n, b * D), self.recall_v[parity][:n].view(n, b * D)
+
             def job() -> None:
                 dst_d = _to_device(dst, device)
                 for stage, staged, pool in ((self.stage_k, staged_k, dk), (self.stage_v, staged_v, dv)):
@@ -310,8 +319,9 @@ class TieredBlockStore:
 
             _, event = copy_stream.run(job)
         else:
-            dk.index_copy_(0, dst, staged_k)
-            dv.index_copy_(0, dst, staged_v)
+            host_rows, self._staged_rows[parity] = self._staged_rows[parity], None
+            for pool, host in ((dk, self.host_k[layer]), (dv, self.host_v[layer])):
+                cpu_attention.copy_rows(pool, dst, host.view(-1, b * D), host_rows)
             event = None
         self.tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
         return event

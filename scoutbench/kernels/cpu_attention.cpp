@@ -40,6 +40,7 @@ namespace {
 
 constexpr int kTile = 16;  // tokens per tile: one 16-lane vector of scores per query
 constexpr int64_t kMinParallelWork = 4096;  // (token, query) pairs below which a call runs on the caller alone
+constexpr int64_t kMinParallelCopyBytes = 256 * 1024;  // likewise for a row copy
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -1147,7 +1148,7 @@ void store_row(float* dst, const float* acc, int64_t D, float inv, bool even_odd
 
 extern "C" {
 
-int sb_abi_version() { return 5; }
+int sb_abi_version() { return 6; }
 
 const char* sb_isa() {
 #if defined(SB_AVX512) && defined(__AVX512BF16__)
@@ -1370,6 +1371,20 @@ int sb_split_plan(int64_t rows, int64_t k, const int64_t* ids, const uint8_t* va
     split_row(k, ids + r * k, valid + r * k, block_slot + r * (max_blocks + 1), max_blocks,
               slot_ready + r * (num_slots + 1), slot_block + r * (num_slots + 1), num_slots, victims + r * k,
               available[r], data + r * (3 * k + 4), pool_use + r * num_slots);
+  return 0;
+}
+
+// dst row dst_rows[i] = src row src_rows[i] for i < n, rows of row_bytes (the caller checks the ids): one pass,
+// where index_select into a buffer and index_copy_ out of it read and write every byte twice. 0 on success.
+int sb_copy_rows(int64_t n, int64_t row_bytes, void* dst, const int64_t* dst_rows, const void* src,
+                 const int64_t* src_rows, int threads) {
+  if (n < 0 || row_bytes < 0) return 1;
+  if (n * row_bytes < kMinParallelCopyBytes) threads = 1;
+  char* to = static_cast<char*>(dst);
+  const char* from = static_cast<const char*>(src);
+  pool().run(n, threads, [&](int64_t i) {
+    std::memcpy(to + dst_rows[i] * row_bytes, from + src_rows[i] * row_bytes, static_cast<size_t>(row_bytes));
+  });
   return 0;
 }
 
