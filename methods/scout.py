@@ -205,7 +205,8 @@ class ScoutAttention(SparseLayerMethod):
             n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + region * kv + block_table)
         if sparse:
             device += self.k_sel * self.block_size * kv + shape.num_kv_heads * (region // self.block_size) * 8
-        # the host arena: every block of the sparse layers, and two recall staging buffers of k_sel blocks (K and V)
+        # the host arena: every block of the sparse layers, and on CUDA two pinned recall staging buffers of k_sel
+        # blocks (K and V; a CPU recall copies host rows into the pool directly)
         host = sparse * n_blocks * self.block_size * kv + (2 * self.k_sel * self.block_size * kv if sparse else 0)
         # prefill: one chunk of blocks made contiguous for its D2H copy, and the initial resident K (then V) blocks
         one_kv = shape.num_kv_heads * shape.head_dim * elem_bytes

@@ -271,9 +271,9 @@ def test_huge_page_advice_covers_the_aligned_interior_and_backs_the_arena():
     assert _huge_bytes_at(arena.buffer.data_ptr() + arena.nbytes // 2) > 0
 
 
-# (method, --method-arg) at a small shape; InfiniGen's fetch is small because its CUDA-only pinned staging is in
-# the plan but not in a CPU arena
-ARENA_METHODS = [("scout", {"budget": 256, "block_size": 16, "dense_layers": 1}),
+# (method, --method-arg) at a small shape; ScoutAttention's budget (3 selectable blocks) and InfiniGen's fetch are
+# small because their CUDA-only pinned staging is in the plan but not in a CPU arena
+ARENA_METHODS = [("scout", {"budget": 96, "block_size": 16, "dense_layers": 1}),
                  ("hgca", {}), ("hgca", {"budget": None, "refresh_interval": 4, "dense_layers": 1}),
                  ("infinigen", {"budget": 17, "dense_layers": 1})]
 
