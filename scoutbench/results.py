@@ -93,6 +93,7 @@ def env_info() -> dict[str, Any]:
     import torch
     import transformers
 
+    from scoutbench.kernels import cpu_attention
     from scoutbench.kernels.backends import flashinfer_status, partial_backend, triton_status
     from scoutbench.telemetry import nvml_device_info
 
@@ -109,6 +110,7 @@ def env_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "kernel_helper_spin_us": cpu_attention.helper_spin_us(),  # the CPU kernel pool's (docs/platform.md)
     }
     if torch.cuda.is_available():
         info["gpu_name"] = torch.cuda.get_device_name()

@@ -239,6 +239,28 @@ def test_copy_rows_equals_index_copy(cpu_backend, dtype, rows):
     assert torch.equal(dst, before)
 
 
+@pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)
+@pytest.mark.parametrize("setting,expected", [(None, 1000), ("0", 0), ("250", 250)])
+def test_helper_spin_follows_the_environment(cpu_backend, setting, expected):
+    """SCOUTBENCH_KERNEL_SPIN_US sets how long the pool's helpers stay awake after a job (0: they sleep at once,
+    which ab_kernel_builds.py --calls uses); the kernel reads it once, results record it, and calls are right either
+    way."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SCOUTBENCH_KERNEL_SPIN_US"}
+    if setting is not None:
+        env["SCOUTBENCH_KERNEL_SPIN_US"] = setting
+    code = ("import torch; from scoutbench.kernels import cpu_attention; from scoutbench.kernels.attention import "
+            "partial_attention; from scoutbench.results import env_info; "
+            "q, k, v = torch.randn(1, 8, 64), torch.randn(1, 2, 5000, 64), torch.randn(1, 2, 5000, 64); "
+            "ref = torch.softmax(q.view(1, 2, 4, 64) @ k.transpose(-1, -2) * 0.1, -1) @ v; "
+            "err = float((partial_attention(q, k, v, 0.1).o - ref.reshape(1, 8, 64)).abs().max()); "
+            "print(cpu_attention.helper_spin_us(), env_info()['kernel_helper_spin_us'], err < 1e-4)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(expected), str(expected), "True"]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)  # torch's OpenMP pool is not fork-safe
 def test_kernel_works_in_a_forked_child(cpu_backend):

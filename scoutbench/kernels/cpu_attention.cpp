@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <functional>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -570,6 +571,17 @@ class Pool {
     while (slot->users.load() != 0) _mm_pause_portable();  // a helper that read the pointer lets go of it
   }
 
+  // How long a helper stays awake after a job: SCOUTBENCH_KERNEL_SPIN_US (microseconds, 0: sleep at once), read
+  // once; 1000 by default. benchmarks/ab_kernel_builds.py sets 0 to time single calls of two builds in one process,
+  // where each build's awake helper would take a core from the other's calls.
+  static int spin_us() {
+    static const int value = [] {
+      const char* text = std::getenv("SCOUTBENCH_KERNEL_SPIN_US");
+      return text != nullptr && *text != '\0' ? std::max(0, std::atoi(text)) : 1000;
+    }();
+    return value;
+  }
+
   void reset_after_fork() {
     // the child has none of the parent's threads: forget them (their objects are leaked, not joined)
     new (&mu_) std::mutex();
@@ -597,7 +609,6 @@ class Pool {
     std::atomic<int> users{0};
   };
   static constexpr int kSlots = 4;
-  static constexpr int kHelperSpinUs = 1000;  // see spin_for_job
 
   static void _mm_pause_portable() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -655,13 +666,13 @@ class Pool {
     }
   }
 
-  // Whether a job was published within kHelperSpinUs of the helper's last one. A helper asleep on the condition
+  // Whether a job was published within spin_us() of the helper's last one. A helper asleep on the condition
   // variable took 30-70 us to start on these VMs, so a call of a few hundred microseconds ran mostly on its caller
   // (a 4 MB linear: 67-70 us asleep, 34-38 us awake); a decode step's calls come tens to hundreds of microseconds
   // apart, and ScoutAttention's CPU part once per layer. The helper yields between checks, so any other runnable
   // thread (the worker's Python, an OpenMP team) takes the core before it.
   bool spin_for_job(uint64_t seen) const {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kHelperSpinUs);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
     for (int i = 0;; ++i) {
       if (generation_.load(std::memory_order_acquire) != seen) return true;
       std::this_thread::yield();
@@ -1149,6 +1160,8 @@ void store_row(float* dst, const float* acc, int64_t D, float inv, bool even_odd
 extern "C" {
 
 int sb_abi_version() { return 6; }
+
+int sb_helper_spin_us() { return Pool::spin_us(); }
 
 const char* sb_isa() {
 #if defined(SB_AVX512) && defined(__AVX512BF16__)

@@ -146,6 +146,7 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     library.sb_split_plan.argtypes = [i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr]
     library.sb_merge2.restype = ctypes.c_int
     library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
+    library.sb_helper_spin_us.restype = ctypes.c_int
     library.sb_copy_rows.restype = ctypes.c_int
     library.sb_copy_rows.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
     return library
@@ -174,6 +175,13 @@ def backend_name() -> str:
     """`native-<isa>` (e.g. native-avx512-bf16) when the kernel serves CPU attention, else `torch`."""
     lib = library()
     return f"native-{lib.sb_isa().decode()}" if lib is not None else "torch"
+
+
+def helper_spin_us() -> int | None:
+    """How long (us) the kernel pool's helper threads stay awake after a job, from `SCOUTBENCH_KERNEL_SPIN_US`
+    (default 1000; 0: sleep at once), as the loaded kernel read it; None without the kernel. Results record it."""
+    lib = library()
+    return lib.sb_helper_spin_us() if lib is not None else None
 
 
 def pointer(t: torch.Tensor | None) -> int | None:
