@@ -223,20 +223,22 @@ def test_concurrent_callers_get_their_own_results(cpu_backend):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [3, 300])  # on the caller alone, and across the pool (300 rows of 4 KiB or 8 KiB)
 def test_copy_rows_equals_index_copy(cpu_backend, dtype, rows):
-    """A recall's one-pass row copy (host tier rows into pool slots) writes exactly what `index_copy_` of an
-    `index_select` writes, rows in any order, and nothing else; an id out of range raises before any copy."""
+    """A recall's one-pass row copy (host tier rows into pool slots, K and V with the same ids) writes exactly what
+    `index_copy_` of an `index_select` writes, rows in any order, and nothing else; an id out of range raises
+    before any copy of either pair."""
     g = torch.Generator().manual_seed(31)
-    src = torch.randn(4 * rows, 1024, generator=g).to(dtype)
-    dst = torch.randn(2 * rows, 1024, generator=g).to(dtype)
+    srcs = [torch.randn(4 * rows, 1024, generator=g).to(dtype) for _ in range(2)]
+    dsts = [torch.randn(2 * rows, 1024, generator=g).to(dtype) for _ in range(2)]
     src_rows = torch.randperm(4 * rows, generator=g)[:rows]
     dst_rows = torch.randperm(2 * rows, generator=g)[:rows]
-    expected = dst.clone().index_copy_(0, dst_rows, src.index_select(0, src_rows))
-    cpu_attention.copy_rows(dst, dst_rows, src, src_rows)
-    assert torch.equal(dst, expected)
-    before = dst.clone()
+    pairs = ((dsts[0], srcs[0]), (dsts[1], srcs[1]))
+    expected = [d.clone().index_copy_(0, dst_rows, s.index_select(0, src_rows)) for d, s in pairs]
+    cpu_attention.copy_rows(pairs, dst_rows, src_rows)
+    assert torch.equal(dsts[0], expected[0]) and torch.equal(dsts[1], expected[1])
+    before = [d.clone() for d in dsts]
     with pytest.raises(IndexError):
-        cpu_attention.copy_rows(dst, dst_rows, src, torch.cat([src_rows[:-1], torch.tensor([4 * rows])]))
-    assert torch.equal(dst, before)
+        cpu_attention.copy_rows(pairs, dst_rows, torch.cat([src_rows[:-1], torch.tensor([4 * rows])]))
+    assert torch.equal(dsts[0], before[0]) and torch.equal(dsts[1], before[1])
 
 
 @pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)

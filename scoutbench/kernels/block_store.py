@@ -320,8 +320,8 @@ class TieredBlockStore:
             _, event = copy_stream.run(job)
         else:
             host_rows, self._staged_rows[parity] = self._staged_rows[parity], None
-            for pool, host in ((dk, self.host_k[layer]), (dv, self.host_v[layer])):
-                cpu_attention.copy_rows(pool, dst, host.view(-1, b * D), host_rows)
+            host_k, host_v = self.host_k[layer].view(-1, b * D), self.host_v[layer].view(-1, b * D)
+            cpu_attention.copy_rows(((dk, host_k), (dv, host_v)), dst, host_rows)
             event = None
         self.tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
         return event

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -244,29 +245,38 @@ def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, scal
     return out, lse, probs
 
 
-def copy_rows(dst: torch.Tensor, dst_rows: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor) -> None:
-    """`dst[dst_rows] = src[src_rows]` for 2-D row-major `dst`/`src` of one dtype and row width, int64 row ids
-    (`dst_rows` unique, as `index_copy_` needs them).
+def copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], dst_rows: torch.Tensor, src_rows: torch.Tensor
+              ) -> None:
+    """`dst[dst_rows] = src[src_rows]` for each `(dst, src)` of `pairs` (K and V of one recall share their ids), 2-D
+    row-major tensors of one dtype and row width per pair, int64 row ids (`dst_rows` unique, as `index_copy_` needs
+    them). The ids are checked once for every pair: one out of range raises IndexError before any copy.
 
     On a CPU through the kernel, one pass over the bytes, where `index_select` into a buffer then `index_copy_` out
     of it read and wrote every byte twice (ScoutAttention's recall of 128 fp32 blocks of 32 x 128, K and V, 4 MiB:
     484-494 us against 590-659 us, alternating in one process). Elsewhere, or where the kernel does not take the
-    call, torch's `index_copy_` of an `index_select`. Ids out of range raise, as torch's would, before any copy."""
-    if not (dst.device.type == src.device.type == "cpu" and dst.dtype == src.dtype and dst.dim() == src.dim() == 2
-            and src.shape[1] == dst.shape[1] and dst.is_contiguous() and src.is_contiguous()
-            and library() is not None):
-        dst.index_copy_(0, dst_rows, src.index_select(0, src_rows))
-        return
+    pair, torch's `index_copy_` of an `index_select`."""
     n = dst_rows.numel()
     if src_rows.numel() != n:
         raise ValueError(f"copy_rows: {n} destination rows but {src_rows.numel()} source rows")
     dst_rows, src_rows = dst_rows.to(torch.int64).contiguous(), src_rows.to(torch.int64).contiguous()
-    for what, rows, limit in (("destination", dst_rows, dst.shape[0]), ("source", src_rows, src.shape[0])):
-        if n and not (0 <= int(rows.min()) and int(rows.max()) < limit):
-            raise IndexError(f"copy_rows: a {what} row id is outside [0, {limit})")
-    code = library().sb_copy_rows(n, dst.shape[1] * dst.element_size(), dst.data_ptr(), dst_rows.data_ptr(),
-                                  src.data_ptr(), src_rows.data_ptr(), torch.get_num_threads())
-    check_call(code, "CPU row copy", dst=dst, src=src)
+    if n:
+        bounds = {"destination": (int(dst_rows.min()), int(dst_rows.max())),
+                  "source": (int(src_rows.min()), int(src_rows.max()))}
+        for dst, src in pairs:
+            for what, limit in (("destination", dst.shape[0]), ("source", src.shape[0])):
+                low, high = bounds[what]
+                if low < 0 or high >= limit:
+                    raise IndexError(f"copy_rows: a {what} row id is outside [0, {limit})")
+    lib = library()
+    for dst, src in pairs:
+        if not (lib is not None and dst.device.type == src.device.type == "cpu" and dst.dtype == src.dtype
+                and dst.dim() == src.dim() == 2 and src.shape[1] == dst.shape[1] and dst.is_contiguous()
+                and src.is_contiguous()):
+            dst.index_copy_(0, dst_rows, src.index_select(0, src_rows))
+            continue
+        code = lib.sb_copy_rows(n, dst.shape[1] * dst.element_size(), dst.data_ptr(), dst_rows.data_ptr(),
+                                src.data_ptr(), src_rows.data_ptr(), torch.get_num_threads())
+        check_call(code, "CPU row copy", dst=dst, src=src)
 
 
 def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
