@@ -87,14 +87,9 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
 
 def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[str, list[float]]:
     """Call times (ms) per build of bench_sparse_attention's `--calls` call, alternating A B B A."""
-    import importlib.util
-
+    import bench_sparse_attention as bench  # beside this script, on sys.path as its folder
     import torch
 
-    spec = importlib.util.spec_from_file_location("bench_sparse_attention",
-                                                  Path(__file__).with_name("bench_sparse_attention.py"))
-    bench = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # registered first: its dataclass
-    spec.loader.exec_module(bench)
     calls = bench.attention_calls(bench.DTYPES[args.dtype], 65536, 2048, 32, 1, 32, 8, 128)
     call = calls.sparse if args.calls == "sparse" else calls.full
     outputs = []

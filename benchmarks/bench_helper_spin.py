@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md): before torch
 
@@ -29,8 +28,7 @@ GAPS_US = (0, 100, 500, 2000)
 
 def measure(calls: int) -> dict[str, float]:
     """Median us of the linear after each gap, and of the sparse call (this process's setting)."""
-    import importlib.util
-
+    import bench_sparse_attention as bench  # beside this script, on sys.path as its folder
     import torch
 
     from scoutbench.kernels import cpu_attention, cpu_decode
@@ -50,10 +48,6 @@ def measure(calls: int) -> dict[str, float]:
             cpu_decode.linear(x, weight)
             times.append((time.perf_counter() - start) * 1e6)
         result[f"linear_gap{gap_us}_us"] = statistics.median(times[calls // 8:])
-    spec = importlib.util.spec_from_file_location("bench_sparse_attention",
-                                                  Path(__file__).with_name("bench_sparse_attention.py"))
-    bench = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # registered first: its dataclass
-    spec.loader.exec_module(bench)
     sparse = bench.attention_calls(torch.bfloat16, 65536, 2048, 32, 1, 32, 8, 128).sparse
     result["sparse_bf16_us"] = bench.time_ms(sparse, calls // 4)[0] * 1e3
     return result
