@@ -11,7 +11,7 @@ import cli_runner
 import pytest
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
-from scoutbench.analysis.gate import compare, parse_ratio, parse_tolerances, run_gate
+from scoutbench.analysis.gate import compare, parse_ratio, parse_tolerances, point_key, run_gate
 from scoutbench.errors import UsageError
 
 
@@ -226,3 +226,12 @@ def test_auto_batch_points_compare_methods_at_their_own_batch():
     report = run_gate(None, [full, scout], parse_tolerances([]), [parse_ratio("scout/fullkv>=4")])
     (row,) = report.ratio_rows
     assert row.current == 5.0 and row.verdict == "ok" and "batch auto" in row.point
+
+
+def test_point_key_of_malformed_sections_names_what_it_can():
+    """A file whose model, workload or batch_plan is not a mapping (hypothesis found `"model": true` in a failed
+    projection, which crashed `scoutbench report`'s failed-points table) gets a key with those parts unknown."""
+    key = point_key({"kind": "projection", "method": "scout", "model": True, "workload": [32768], "batch_plan": 3,
+                     "max_length": 4096})
+    assert (key.kind, key.method, key.model, key.dtype, key.length, key.batch) == (
+        "projection", "scout", "?", "?", 4096, None)

@@ -95,12 +95,18 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def _section(result: dict[str, Any], name: str) -> dict[str, Any]:
+    """A result's sub-document `name`, or {} where it is missing or not a mapping (a hand-edited or foreign file:
+    a key names what it can and never fails)."""
+    value = result.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def point_settings(result: dict[str, Any]) -> dict[str, Any]:
     """The settings of a run that change its numbers and are not named by the rest of the key: the workload's
     timed and warm-up steps, seed, prefill and kv_skew (any workload field but its name, len and batch), and the
     run-level RUN_SETTINGS."""
-    workload = result.get("workload") if isinstance(result.get("workload"), dict) else {}
-    settings = {k: v for k, v in workload.items() if k not in _KEYED_WORKLOAD_FIELDS}
+    settings = {k: v for k, v in _section(result, "workload").items() if k not in _KEYED_WORKLOAD_FIELDS}
     settings.update({name: result[name] for name in RUN_SETTINGS if name in result})
     return settings
 
@@ -112,10 +118,10 @@ def shared_settings(key: PointKey) -> str:
 
 
 def point_key(result: dict[str, Any]) -> PointKey:
-    model = result.get("model") or {}
-    workload = result.get("workload") or {}
+    model = _section(result, "model")
+    workload = _section(result, "workload")
     length = workload.get("len", result.get("max_length"))
-    batch = "auto" if (result.get("batch_plan") or {}).get("mode") == "auto" else workload.get("batch")
+    batch = "auto" if _section(result, "batch_plan").get("mode") == "auto" else workload.get("batch")
     return PointKey(
         kind=str(result.get("kind", "?")), method=canonical_method(str(result.get("method", "?"))),
         config=_canonical(result.get("method_config") or {}),
