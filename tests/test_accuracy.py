@@ -273,6 +273,7 @@ def test_full_budget_predictions_equal_fullkv(smollm2, fullkv_predictions, metho
 @pytest.mark.parametrize("content,message", [
     (b'{"pred": 5, "answers": ["a"]}\n', "line 1: pred must be a string"),
     (b'{"pred": "a", "answers": [1]}\n', "line 1: answers must be a list of strings"),
+    (b'{"pred": "a", "answers": ["a"], "all_classes": true}\n', "line 1: all_classes must be null or a list"),
     (b'{"pred": "caf\xe9", "answers": ["a"]}\n', "not UTF-8 text"),
     (b'\n\n', "no predictions to score"),
 ])

@@ -20,7 +20,8 @@ from scoutbench.workloads import longbench_metrics as metrics
 
 def prediction_row_problem(row: Any) -> str | None:
     """Why a prediction line cannot be scored (wrong JSON types), or None: `pred` a string, `answers` a list of
-    strings, `length` (when present) a number. Shared with the accuracy runner's resume reader."""
+    strings, `all_classes` (when present) null or a list of strings, `length` (when present) a number. Shared with
+    the accuracy runner's resume reader."""
     if not isinstance(row, dict):
         return f"expected a JSON object, got {type(row).__name__}"
     if not isinstance(row.get("pred"), str):
@@ -28,6 +29,9 @@ def prediction_row_problem(row: Any) -> str | None:
     answers = row.get("answers")
     if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
         return "answers must be a list of strings"
+    classes = row.get("all_classes")
+    if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        return "all_classes must be null or a list of strings"
     if "length" in row and (not isinstance(row["length"], (int, float)) or isinstance(row["length"], bool)):
         return f"length must be a number, got {type(row['length']).__name__}"
     if "length" in row and not (math.isfinite(row["length"]) and row["length"] >= 0):  # NaN fell in the 8k+ bucket
