@@ -388,6 +388,13 @@ constexpr int kStepTokens = 32;
 // step ahead (16 or 24 tokens: 5-14% slower; 64 with 64-token steps: the L1 note above), for long runs and for the
 // sparse selections' 32-token blocks alike, which the hardware prefetcher does not follow from block to block.
 constexpr int64_t kPrefetchTokens = kStepTokens;
+// fp32 V rows (512 bytes a token at head_dim 128) are the exception: the hardware prefetcher follows that stream
+// within a block, and software prefetches beside it slowed full calls by 5-7% (issue 19: with V prefetched only for
+// the first 8 tokens of each block and of each item, B/A 0.931-0.950 on 64k full fp32 calls, 0.975-0.997 on sparse
+// ones; with no V prefetch at all 0.930-0.956 full but 1.028 sparse, whose 32-token blocks need the start). bf16
+// V rows (256 bytes) need every prefetch: V only at block heads gave 1.30 on full and sparse bf16 calls, and fp32
+// K too 1.11-1.13.
+constexpr int64_t kFp32VHeadTokens = 8;
 
 template <int D, bool BF16>
 void attend_avx512(const Args& a, const Item& item, State st) {
@@ -423,7 +430,9 @@ void attend_avx512(const Args& a, const Item& item, State st) {
   auto prefetch_until = [&](int64_t stop) {
     for (stop = std::min(stop, item.end); prefetched < stop; ++prefetched) {
       prefetch_row(kpre.next_token(), D * sizeof(T));
-      prefetch_row(vpre.next_token(), D * sizeof(T));
+      const bool v_stream_start = vpre.offset < kFp32VHeadTokens || prefetched < item.begin + kFp32VHeadTokens;
+      const T* v_row = vpre.next_token();
+      if (BF16 || v_stream_start) prefetch_row(v_row, D * sizeof(T));
     }
   };
   prefetch_until(item.begin + kPrefetchTokens);
