@@ -392,8 +392,8 @@ constexpr int64_t kPrefetchTokens = kStepTokens;
 // within a block, and software prefetches beside it slowed full calls by 5-7% (issue 19: with V prefetched only for
 // the first 8 tokens of each block and of each item, B/A 0.931-0.950 on 64k full fp32 calls, 0.975-0.997 on sparse
 // ones; with no V prefetch at all 0.930-0.956 full but 1.028 sparse, whose 32-token blocks need the start). bf16
-// V rows (256 bytes) need every prefetch: V only at block heads gave 1.30 on full and sparse bf16 calls, and fp32
-// K too 1.11-1.13.
+// V rows (256 bytes) need every prefetch: V only at block heads gave 1.30 on full and sparse bf16 calls; fp32 K and
+// V both only at block heads gave 1.11-1.13.
 constexpr int64_t kFp32VHeadTokens = 8;
 
 template <int D, bool BF16>
