@@ -475,8 +475,7 @@ class ScoutAttention(SparseLayerMethod):
         """The blocks a recall copies (worker thread): the ones the CPU just computed, minus in-flight ones, most
         important first, as many as the row has free slots or victims; staged for `_recall` (`TieredBlockStore.stage`:
         on CUDA gathered from the host tier into this parity's staging buffers). None when no block qualifies."""
-        ctx, k = self.ctx, self.k_sel
-        rows = ctx.batch * ctx.num_kv_heads
+        k = self.k_sel
         split = plan.split.rows()
         ids, victims, n_cpu, available = split.ids, split.victims, split.n_cpu, split.n_available
         take = (torch.arange(k)[None, :] < n_cpu[:, None]) & ~split.pending
@@ -486,7 +485,7 @@ class ScoutAttention(SparseLayerMethod):
         if bh.numel() == 0:
             return None
         blocks = ids[bh, kk]
-        self.store.stage(plan.layer, plan.parity, blocks * rows + bh)
+        self.store.stage(plan.layer, plan.parity, bh, blocks)
         return _Recall(bh, victims[bh, rank[bh, kk]], blocks)
 
     # ------------------------------------------------------------------ device part

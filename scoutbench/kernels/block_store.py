@@ -101,7 +101,7 @@ class TieredBlockStore:
         self.cuda = torch.device(device).type == "cuda"
         # Zeroed: gathers may read never-written rows, masked out, but they must be finite. The recall's staging
         # buffers (CUDA) come in two sets: consecutive layers alternate, at most two plans are in flight. On a CPU
-        # a recall copies host rows into pool slots in one pass and stages only the row ids.
+        # a recall copies host rows into pool slots in one pass and stages nothing.
         rows, staged = self.max_blocks * B * Hkv, B * Hkv * pool_slots
         parities = range(2) if layers else range(0)
         staging = {(kind, i): ((staged, b, D), dtype) for kind in ("rk", "rv") for i in parities} if self.cuda else {}
@@ -115,7 +115,6 @@ class TieredBlockStore:
         if self.cuda:
             self.recall_k = [self.arena["rk", i] for i in parities]
             self.recall_v = [self.arena["rv", i] for i in parities]
-        self._staged_rows: list[torch.Tensor | None] = [None for _ in parities]  # CPU: host rows, per parity
         self.digests = DigestTable(layers, (B, Hkv, self.max_blocks, D), dtype, device)
         region = device_zeros({(kind, layer): ((B, Hkv, self.region, D), dtype) for kind in "kv" for layer in layers},
                               device)
@@ -173,7 +172,7 @@ class TieredBlockStore:
         if not bh.numel():
             return
         blocks = ids_host.view(rows, -1)[bh, kk]
-        src = blocks * rows + bh
+        src = self.host_rows(bh, blocks)
         dst = bh * self.n_slots + kk
         for host, dev in ((self.host_k[layer], self.dev_k[layer]), (self.host_v[layer], self.dev_v[layer])):
             dev.view(-1, b, D).index_copy_(0, dst.to(dev.device), host.index_select(0, src).to(dev.device))
@@ -287,13 +286,18 @@ class TieredBlockStore:
         return copied
 
     # ------------------------------------------------------------------ recall
-    def stage(self, layer: int, parity: int, host_rows: torch.Tensor) -> None:
-        """The worker's half of a recall: on CUDA, gather host rows into this parity's pinned staging buffers (rows
-        [0, n)); on a CPU, where `load_staged` copies host rows into the pool directly, only note the rows."""
+    def host_rows(self, bh: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """The host tier's rows of blocks `blocks` of (sequence, KV head) rows `bh` (block-major: the module
+        docstring)."""
+        return blocks * (self.batch * self.kv_heads) + bh
+
+    def stage(self, layer: int, parity: int, bh: torch.Tensor, blocks: torch.Tensor) -> None:
+        """The worker's half of a recall of blocks `blocks` of rows `bh`: on CUDA, gather them from the host tier
+        into this parity's pinned staging buffers (rows [0, n)); nothing on a CPU, where `load_staged` copies them
+        from the host tier into the pool directly."""
         if not self.cuda:
-            self._staged_rows[parity] = host_rows
             return
-        n = host_rows.numel()
+        host_rows, n = self.host_rows(bh, blocks), bh.numel()
         torch.index_select(self.host_k[layer], 0, host_rows, out=self.recall_k[parity][:n])
         torch.index_select(self.host_v[layer], 0, host_rows, out=self.recall_v[parity][:n])
 
@@ -319,9 +323,8 @@ class TieredBlockStore:
 
             _, event = copy_stream.run(job)
         else:
-            host_rows, self._staged_rows[parity] = self._staged_rows[parity], None
             host_k, host_v = self.host_k[layer].view(-1, b * D), self.host_v[layer].view(-1, b * D)
-            cpu_attention.copy_rows(((dk, host_k), (dv, host_v)), dst, host_rows)
+            cpu_attention.copy_rows(((dk, host_k), (dv, host_v)), dst, self.host_rows(bh, blocks))
             event = None
         self.tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
         return event
