@@ -60,8 +60,8 @@ class _Plan:
 
 @dataclass
 class _Recall:
-    """The blocks a recall copies into the pool, staged by the worker in this plan's parity buffers (rows [0, n)
-    in (row, rank) order): host rows read, pool slots written."""
+    """The blocks a recall copies into the pool, in (row, rank) order (on CUDA staged by the worker in this plan's
+    parity buffers, rows [0, n)): host rows read, pool slots written."""
 
     bh: torch.Tensor  # [n] (sequence, KV head) row b * Hkv + h
     slots: torch.Tensor  # [n] pool slot of each recalled block
