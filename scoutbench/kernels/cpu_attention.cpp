@@ -35,6 +35,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #define SB_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SB_AVX2 1
 #endif
 
 namespace {
@@ -215,6 +218,37 @@ void attend_portable(const Args& a, const Item& item, State st) {
   }
 }
 
+#if defined(SB_AVX512) || defined(SB_AVX2)
+// ------------------------------------------------------------------------------------------ vector kernels' schedule
+// What the AVX-512 and AVX2 kernels share: the softmax step, the software prefetch and its distance.
+inline void prefetch_row(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
+constexpr int kMaxGroup = 32;  // queries per row on the vector paths (stack arrays); larger groups: portable
+// Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
+// the running max), then one max update and rescale per query, then PV over the whole step. 32: a bf16 step's K and
+// V rows (16 KiB) and the rows prefetched for the next one fit the 48 KiB L1 together (64-token steps, twice that,
+// measured 7% slower on sparse bf16 calls, 2-5% on full ones; fp32 the same either way).
+constexpr int kStepTokens = 32;
+// Software prefetch: the K and V rows of the tokens kPrefetchTokens ahead, issued a share at a time through the
+// step's QK tiles and PV tiles, so that the memory system sees an even demand while the core computes. Issued in
+// bursts (all of a tile's rows in the first query's pass), the reads barely overlapped the arithmetic: a full call's
+// time was its compute plus its DRAM reads, on one core and two. Spread evenly they overlap: measured on 64k full
+// calls 16% (bf16) and 8% (fp32) faster, on sparse 2048-token selections 24% faster (bf16), than the bursts. One
+// step ahead (16 or 24 tokens: 5-14% slower; 64 with 64-token steps: the L1 note above), for long runs and for the
+// sparse selections' 32-token blocks alike, which the hardware prefetcher does not follow from block to block.
+constexpr int64_t kPrefetchTokens = kStepTokens;
+// fp32 V rows (512 bytes a token at head_dim 128) are the exception: the hardware prefetcher follows that stream
+// within a block, and software prefetches beside it slowed full calls by 5-7% (issue 19: with V prefetched only for
+// the first 8 tokens of each block and of each item, B/A 0.931-0.950 on 64k full fp32 calls, 0.975-0.997 on sparse
+// ones; with no V prefetch at all 0.930-0.956 full but 1.028 sparse, whose 32-token blocks need the start). bf16
+// V rows (256 bytes) need every prefetch: V only at block heads gave 1.30 on full and sparse bf16 calls; fp32 K and
+// V both only at block heads gave 1.11-1.13.
+constexpr int64_t kFp32VHeadTokens = 8;
+#endif
+
 #ifdef SB_AVX512
 // ------------------------------------------------------------------------------------------ AVX-512 kernel
 inline __m512 exp2_ps(__m512 x) {
@@ -264,11 +298,6 @@ inline void bf16_even_odd(const uint16_t* p, __m512& even, __m512& odd) {
   const __m512i x = _mm512_loadu_si512(p);
   even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
   odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
-inline void prefetch_row(const void* p, int bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
 // QK of one query against a tile of 16 token rows: scores (base-2 logits) of the tile, in token order. The loops
@@ -373,28 +402,6 @@ void pv_dispatch(int gb, float* const* accs, const float* const* probs, const vo
   }
   tile_pv<D, GB, BF16>(accs, probs, vp, n);
 }
-
-constexpr int kMaxGroup = 32;  // queries per row on the AVX-512 path (stack arrays); larger groups: portable
-// Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
-// the running max), then one max update and rescale per query, then PV over the whole step. 32: a bf16 step's K and
-// V rows (16 KiB) and the rows prefetched for the next one fit the 48 KiB L1 together (64-token steps, twice that,
-// measured 7% slower on sparse bf16 calls, 2-5% on full ones; fp32 the same either way).
-constexpr int kStepTokens = 32;
-// Software prefetch: the K and V rows of the tokens kPrefetchTokens ahead, issued a share at a time through the
-// step's QK tiles and PV tiles, so that the memory system sees an even demand while the core computes. Issued in
-// bursts (all of a tile's rows in the first query's pass), the reads barely overlapped the arithmetic: a full call's
-// time was its compute plus its DRAM reads, on one core and two. Spread evenly they overlap: measured on 64k full
-// calls 16% (bf16) and 8% (fp32) faster, on sparse 2048-token selections 24% faster (bf16), than the bursts. One
-// step ahead (16 or 24 tokens: 5-14% slower; 64 with 64-token steps: the L1 note above), for long runs and for the
-// sparse selections' 32-token blocks alike, which the hardware prefetcher does not follow from block to block.
-constexpr int64_t kPrefetchTokens = kStepTokens;
-// fp32 V rows (512 bytes a token at head_dim 128) are the exception: the hardware prefetcher follows that stream
-// within a block, and software prefetches beside it slowed full calls by 5-7% (issue 19: with V prefetched only for
-// the first 8 tokens of each block and of each item, B/A 0.931-0.950 on 64k full fp32 calls, 0.975-0.997 on sparse
-// ones; with no V prefetch at all 0.930-0.956 full but 1.028 sparse, whose 32-token blocks need the start). bf16
-// V rows (256 bytes) need every prefetch: V only at block heads gave 1.30 on full and sparse bf16 calls; fp32 K and
-// V both only at block heads gave 1.11-1.13.
-constexpr int64_t kFp32VHeadTokens = 8;
 
 template <int D, bool BF16>
 void attend_avx512(const Args& a, const Item& item, State st) {
@@ -515,21 +522,259 @@ AttendFn avx512_for(int64_t D) {
 }
 #endif  // SB_AVX512
 
+#ifdef SB_AVX2
+// ------------------------------------------------------------------------------------------ AVX2 kernel
+// CPUs with AVX2 and FMA but no AVX-512: AMD Zen 2 and 3 (the EPYC hosts of DGX A100 and of many GPU servers, and
+// our CI machines), Intel's client cores and its servers before Skylake-SP. The AVX-512 kernel's schedule (softmax
+// steps, QK tiles, the spread software prefetch) on 8-lane vectors: a tile is 8 tokens, and bf16 is widened by a
+// shift and a mask into its even and odd elements (16-element chunks stored as even | odd, as store_row undoes).
+// The portable loop it replaces here read 64k-token KV at 0.08-0.12 of the machine's read bandwidth.
+constexpr int kTile8 = 8;  // tokens per AVX2 tile: one 8-lane vector of scores per query
+
+inline __m256 exp2_ps8(__m256 x) {
+  // exp2_ps's polynomial; 2^n is built in the exponent field (AVX2 has no scalef)
+  x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));  // 2^-126: the smallest normal
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.525273380405984e-05f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381606e-04f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-03f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-02f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265069591007e-01f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471805599453e-01f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+// lane i = the sum of acc[i]'s 8 lanes
+inline __m256 reduce8(const __m256* acc) {
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: 4 partial sums each
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline float hmax8(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline float hsum8(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// lanes [0, n) set: a tile's valid tokens
+inline __m256 lanes_below(int n) {
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+// bf16 -> fp32 of 16 elements as (even elements, odd elements): a shift and a mask, no lane crossing
+inline void bf16_even_odd8(const uint16_t* p, __m256& even, __m256& odd) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// QK of one query against a tile of n <= 8 token rows: the tile's scores (unscaled), in token order. q is fp32 (bf16
+// K: each 16-chunk as even | odd, matching bf16_even_odd8). Chunk-major: each q chunk is loaded once for the tile's
+// rows, which the software prefetch has brought into the cache.
+template <int D, bool BF16, bool FULL>
+inline __m256 tile_scores8(const float* qg, const void* const* kp, int n) {
+  __m256 acc[kTile8];
+  for (int i = 0; i < kTile8; ++i) acc[i] = _mm256_setzero_ps();
+  const int count = FULL ? kTile8 : n;
+  if constexpr (BF16) {
+    for (int c = 0; c < D; c += 16) {
+      const __m256 qe = _mm256_loadu_ps(qg + c), qo = _mm256_loadu_ps(qg + c + 8);
+#pragma GCC unroll 8
+      for (int i = 0; i < count; ++i) {
+        __m256 ke, ko;
+        bf16_even_odd8(static_cast<const uint16_t*>(kp[i]) + c, ke, ko);
+        acc[i] = _mm256_fmadd_ps(qe, ke, _mm256_fmadd_ps(qo, ko, acc[i]));
+      }
+    }
+  } else {
+    for (int c = 0; c < D; c += 8) {
+      const __m256 qc = _mm256_loadu_ps(qg + c);
+#pragma GCC unroll 8
+      for (int i = 0; i < count; ++i)
+        acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(static_cast<const float*>(kp[i]) + c), acc[i]);
+    }
+  }
+  return reduce8(acc);
+}
+
+// PV passes of 32 columns for GB <= 2 queries: 8 accumulators, 4 row vectors and the broadcast probability fit the
+// 16 vector registers. acc[g][pass columns] += sum_i p[g][i] * v[i][pass columns].
+constexpr int kPv8Cols = 32;
+constexpr int kPv8Queries = 2;
+
+template <int D, int GB, bool BF16>
+inline void tile_pv8(float* const* accs, const float* const* probs, const void* const* vp, int n) {
+  constexpr int V = kPv8Cols / 8;
+  for (int d0 = 0; d0 < D; d0 += kPv8Cols) {
+    __m256 acc[GB][V];
+    for (int g = 0; g < GB; ++g)
+      for (int c = 0; c < V; ++c) acc[g][c] = _mm256_loadu_ps(accs[g] + d0 + 8 * c);
+    for (int i = 0; i < n; ++i) {
+      __m256 x[V];
+      if constexpr (BF16) {
+        const uint16_t* row = static_cast<const uint16_t*>(vp[i]) + d0;
+        for (int c = 0; c < V; c += 2) bf16_even_odd8(row + 8 * c, x[c], x[c + 1]);
+      } else {
+        const float* row = static_cast<const float*>(vp[i]) + d0;
+        for (int c = 0; c < V; ++c) x[c] = _mm256_loadu_ps(row + 8 * c);
+      }
+      for (int g = 0; g < GB; ++g) {
+        const __m256 p = _mm256_broadcast_ss(probs[g] + i);
+        for (int c = 0; c < V; ++c) acc[g][c] = _mm256_fmadd_ps(p, x[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int c = 0; c < V; ++c) _mm256_storeu_ps(accs[g] + d0 + 8 * c, acc[g][c]);
+  }
+}
+
+template <int D, bool BF16>
+void attend_avx2(const Args& a, const Item& item, State st) {
+  using T = typename std::conditional<BF16, uint16_t, float>::type;
+  const int G = static_cast<int>(a.G);
+  RowView<T> rv = row_view<T>(a, item.row);
+  const T* q = static_cast<const T*>(a.q) + item.row * G * D;
+  alignas(32) float qf[kMaxGroup * D];  // fp32 q; bf16: each 16-chunk as even | odd
+  for (int g = 0; g < G; ++g) {
+    for (int d = 0; d < D; ++d) {
+      int at = d;
+      if constexpr (BF16) at = (d / 16) * 16 + (d % 2) * 8 + (d % 16) / 2;
+      qf[g * D + at] = to_float<T>(q[g * D + d]);
+    }
+  }
+  const __m256 scale2 = _mm256_set1_ps(a.scale * kLog2e);
+  for (int g = 0; g < G; ++g) {
+    st.m[g] = kNegInf;
+    st.l[g] = 0.f;
+  }
+  std::fill(st.acc, st.acc + G * D, 0.f);
+  alignas(32) float probs_step[kMaxGroup][kStepTokens];  // the step's logits, then its probabilities
+  float lsum[kMaxGroup] = {};
+  float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
+  Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
+  Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
+  Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
+  Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
+  int64_t prefetched = item.begin;
+  auto prefetch_until = [&](int64_t stop) {
+    for (stop = std::min(stop, item.end); prefetched < stop; ++prefetched) {
+      prefetch_row(kpre.next_token(), D * sizeof(T));
+      const bool v_stream_start = vpre.offset < kFp32VHeadTokens || prefetched < item.begin + kFp32VHeadTokens;
+      const T* v_row = vpre.next_token();
+      if (BF16 || v_stream_start) prefetch_row(v_row, D * sizeof(T));
+    }
+  };
+  prefetch_until(item.begin + kPrefetchTokens);
+  const int pv_groups = (G + kPv8Queries - 1) / kPv8Queries;
+  for (int64_t t0 = item.begin; t0 < item.end; t0 += kStepTokens) {
+    const int n = static_cast<int>(std::min<int64_t>(kStepTokens, item.end - t0));
+    const int tiles = (n + kTile8 - 1) / kTile8;
+    const int shares = (G + pv_groups) * tiles;
+    auto prefetch_share = [&](int pass) { prefetch_until(t0 + kPrefetchTokens + int64_t{n} * (pass + 1) / shares); };
+    const void* kp[kStepTokens];
+    const void* vp[kStepTokens];
+    kc.fill(reinterpret_cast<const T**>(kp), n);
+    vc.fill(reinterpret_cast<const T**>(vp), n);
+    for (int g = 0; g < G; ++g) {
+      for (int j = 0; j < tiles; ++j) {
+        const int m = std::min(kTile8, n - j * kTile8);
+        prefetch_share(g * tiles + j);
+        __m256 s = m == kTile8 ? tile_scores8<D, BF16, true>(qf + g * D, kp + j * kTile8, m)
+                               : tile_scores8<D, BF16, false>(qf + g * D, kp + j * kTile8, m);
+        const __m256 valid = lanes_below(m);
+        s = _mm256_blendv_ps(_mm256_set1_ps(kNegInf), _mm256_mul_ps(s, scale2), valid);
+        if (probs_row)
+          _mm256_maskstore_ps(probs_row + g * a.probs_width + t0 + j * kTile8, _mm256_castps_si256(valid), s);
+        _mm256_store_ps(probs_step[g] + j * kTile8, s);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      __m256 vmax = _mm256_load_ps(probs_step[g]);
+      for (int j = 1; j < tiles; ++j) vmax = _mm256_max_ps(vmax, _mm256_load_ps(probs_step[g] + j * kTile8));
+      const float step_max = hmax8(vmax);
+      if (step_max > st.m[g]) {
+        const float alpha = std::exp2(st.m[g] - step_max);
+        lsum[g] *= alpha;
+        const __m256 alpha8 = _mm256_set1_ps(alpha);
+        float* acc = st.acc + g * D;
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), alpha8));
+        st.m[g] = step_max;
+      }
+      const __m256 mx = _mm256_set1_ps(st.m[g]);
+      __m256 step_sum = _mm256_setzero_ps();
+      for (int j = 0; j < tiles; ++j) {
+        // exp2_ps8 clamps its input, so a masked (-inf) logit's lane is zeroed here
+        const __m256 valid = lanes_below(std::min(kTile8, n - j * kTile8));
+        const __m256 p = _mm256_and_ps(valid, exp2_ps8(_mm256_sub_ps(_mm256_load_ps(probs_step[g] + j * kTile8), mx)));
+        step_sum = _mm256_add_ps(step_sum, p);
+        _mm256_store_ps(probs_step[g] + j * kTile8, p);
+      }
+      lsum[g] += hsum8(step_sum);
+    }
+    for (int g0 = 0; g0 < G; g0 += kPv8Queries) {
+      const int gb = std::min(kPv8Queries, G - g0);
+      float* accs[kPv8Queries];
+      for (int g = 0; g < gb; ++g) accs[g] = st.acc + (g0 + g) * D;
+      for (int j = 0; j < tiles; ++j) {
+        prefetch_share((G + g0 / kPv8Queries) * tiles + j);
+        const float* ps[kPv8Queries];
+        for (int g = 0; g < gb; ++g) ps[g] = probs_step[g0 + g] + j * kTile8;
+        const int m = std::min(kTile8, n - j * kTile8);
+        if (gb == 2) {
+          tile_pv8<D, 2, BF16>(accs, ps, vp + j * kTile8, m);
+        } else {
+          tile_pv8<D, 1, BF16>(accs, ps, vp + j * kTile8, m);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) st.l[g] = lsum[g];
+}
+
+template <bool BF16>
+void (*avx2_for(int64_t D))(const Args&, const Item&, State) {
+  switch (D) {
+    case 64: return attend_avx2<64, BF16>;
+    case 128: return attend_avx2<128, BF16>;
+    case 256: return attend_avx2<256, BF16>;
+    default: return nullptr;
+  }
+}
+#endif  // SB_AVX2
+
 using AttendFn = void (*)(const Args&, const Item&, State);
 
 struct Kernel {
   AttendFn attend;
-  bool even_odd;  // accumulators hold bf16 chunks as even | odd elements
+  int even_odd_chunk;  // > 0: accumulators hold bf16 chunks of this many elements as even | odd elements
 };
 
 Kernel kernel_for(const Args& a) {
 #ifdef SB_AVX512
   if (a.G <= kMaxGroup) {
     AttendFn fn = a.dtype == kBF16 ? avx512_for<true>(a.D) : avx512_for<false>(a.D);
-    if (fn) return {fn, a.dtype == kBF16};
+    if (fn) return {fn, a.dtype == kBF16 ? 32 : 0};
   }
 #endif
-  return {a.dtype == kBF16 ? attend_portable<uint16_t> : attend_portable<float>, false};
+#ifdef SB_AVX2
+  if (a.G <= kMaxGroup) {
+    AttendFn fn = a.dtype == kBF16 ? avx2_for<true>(a.D) : avx2_for<false>(a.D);
+    if (fn) return {fn, a.dtype == kBF16 ? 16 : 0};
+  }
+#endif
+  return {a.dtype == kBF16 ? attend_portable<uint16_t> : attend_portable<float>, 0};
 }
 
 // ------------------------------------------------------------------------------------------ thread pool
@@ -770,6 +1015,33 @@ inline void four_row_sums(const TW* w0, const TX* x, int64_t K, Dot dot, float* 
 }
 #endif
 
+#ifdef SB_AVX2
+template <typename T>
+inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+  }
+}
+
+// The sums of four rows of W (w0, rows K apart) against one row x in fp32, 8 elements a step, the tail in scalars.
+template <typename T>
+inline void four_row_sums8(const T* w0, const float* x, int64_t K, float* sums) {
+  const int64_t body = K - K % 8;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t k = 0; k < body; k += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + k);
+    for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(load8(w0 + j * K + k), xv, acc[j]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    sums[j] = hsum8(acc[j]);
+    for (int64_t k = body; k < K; ++k) sums[j] += to_float(w0[j * K + k]) * x[k];
+  }
+}
+#endif
+
 // rows [n0, n1) of W against every row of x (xf: x in fp32, [M, K]; xbf: x itself)
 template <typename T>
 void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y, int64_t M, int64_t N, int64_t K,
@@ -794,6 +1066,15 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
           return _mm512_fmadd_ps(load16(w, mask), _mm512_maskz_loadu_ps(mask, x), acc);
         }, sums);
       }
+      for (int j = 0; j < 4; ++j) store_out(y + m * N + n + j, sums[j] + (bias ? to_float(bias[n + j]) : 0.f));
+    }
+  }
+#elif defined(SB_AVX2)
+  (void)xbf;
+  for (; n + 4 <= n1; n += 4) {
+    for (int64_t m = 0; m < M; ++m) {
+      float sums[4];
+      four_row_sums8(W + n * K, xf + m * K, K, sums);
       for (int j = 0; j < 4; ++j) store_out(y + m * N + n + j, sums[j] + (bias ? to_float(bias[n + j]) : 0.f));
     }
   }
@@ -1033,6 +1314,41 @@ int64_t token_scores_avx512(const float* k, int64_t tok_stride, const float* q, 
 }
 #endif
 
+#ifdef SB_AVX2
+// token_scores_avx512 on 8 tokens at a time and C chunks of 8 channels (the last masked), reduced by reduce8
+template <int C>
+int64_t token_scores_avx2(const float* k, int64_t tok_stride, const float* q, int64_t G, int64_t P, int64_t len,
+                          float* scores) {
+  const __m256i tail = _mm256_castps_si256(lanes_below(P % 8 ? static_cast<int>(P % 8) : 8));
+  constexpr int64_t kTokenPrefetch = 8 * kTile8;
+  const bool contiguous = tok_stride == P;
+  auto load = [&](const float* p, int c) {
+    return c + 1 == C ? _mm256_maskload_ps(p, tail) : _mm256_loadu_ps(p);
+  };
+  int64_t t = 0;
+  for (; t + kTile8 <= len; t += kTile8) {
+    if (contiguous && t + kTokenPrefetch + kTile8 <= len)
+      prefetch_row(k + (t + kTokenPrefetch) * tok_stride, static_cast<int>(kTile8 * P * sizeof(float)));
+    __m256 best = _mm256_set1_ps(kNegInf);
+    for (int64_t g = 0; g < G; ++g) {
+      __m256 qv[C];
+      for (int c = 0; c < C; ++c) qv[c] = load(q + g * P + 8 * c, c);
+      __m256 acc[kTile8];
+#pragma GCC unroll 8
+      for (int i = 0; i < kTile8; ++i) {
+        const float* row = k + (t + i) * tok_stride;
+        __m256 a = _mm256_mul_ps(load(row, 0), qv[0]);
+        for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(load(row + 8 * c, c), qv[c], a);
+        acc[i] = a;
+      }
+      best = _mm256_max_ps(best, reduce8(acc));
+    }
+    _mm256_storeu_ps(scores + t, best);
+  }
+  return t;
+}
+#endif
+
 void token_scores(const float* k, int64_t tok_stride, const float* q, int64_t G, int64_t P, int64_t len,
                   float* scores) {
   int64_t t = 0;
@@ -1042,6 +1358,14 @@ void token_scores(const float* k, int64_t tok_stride, const float* q, int64_t G,
     case 2: t = token_scores_avx512<2>(k, tok_stride, q, G, P, len, scores); break;
     case 3: t = token_scores_avx512<3>(k, tok_stride, q, G, P, len, scores); break;
     case 4: t = token_scores_avx512<4>(k, tok_stride, q, G, P, len, scores); break;
+    default: break;
+  }
+#elif defined(SB_AVX2)
+  switch ((P + 7) / 8) {
+    case 1: t = token_scores_avx2<1>(k, tok_stride, q, G, P, len, scores); break;
+    case 2: t = token_scores_avx2<2>(k, tok_stride, q, G, P, len, scores); break;
+    case 3: t = token_scores_avx2<3>(k, tok_stride, q, G, P, len, scores); break;
+    case 4: t = token_scores_avx2<4>(k, tok_stride, q, G, P, len, scores); break;
     default: break;
   }
 #endif
@@ -1151,16 +1475,18 @@ void split_row(int64_t k, const int64_t* ids, const uint8_t* valid, const int64_
 }
 
 // ------------------------------------------------------------------------------------------ driver
-// Undo the even | odd order of bf16 accumulators (AVX-512 path) while writing `x * inv` to `dst`.
-void store_row(float* dst, const float* acc, int64_t D, float inv, bool even_odd) {
-  if (!even_odd) {
+// Undo the even | odd order of bf16 accumulators (vector paths: chunks of `chunk` elements, 0 for none) while
+// writing `x * inv` to `dst`.
+void store_row(float* dst, const float* acc, int64_t D, float inv, int chunk) {
+  if (chunk == 0) {
     for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * inv;
     return;
   }
-  for (int64_t c = 0; c < D; c += 32)
-    for (int j = 0; j < 16; ++j) {
+  const int half = chunk / 2;
+  for (int64_t c = 0; c < D; c += chunk)
+    for (int j = 0; j < half; ++j) {
       dst[c + 2 * j] = acc[c + j] * inv;
-      dst[c + 2 * j + 1] = acc[c + 16 + j] * inv;
+      dst[c + 2 * j + 1] = acc[c + half + j] * inv;
     }
 }
 
@@ -1177,6 +1503,8 @@ const char* sb_isa() {
   return "avx512-bf16";
 #elif defined(SB_AVX512)
   return "avx512";
+#elif defined(SB_AVX2)
+  return "avx2";
 #else
   return "portable";
 #endif
@@ -1250,7 +1578,7 @@ int sb_attention(int dtype, int64_t B, int64_t H, int64_t rows_per_kv, int64_t G
         std::fill(o + g * D, o + (g + 1) * D, 0.f);
         l_out[g] = kNegInf;
       } else {
-        store_row(o + g * D, acc.data(), D, 1.f / total_l, kernel.even_odd);
+        store_row(o + g * D, acc.data(), D, 1.f / total_l, kernel.even_odd_chunk);
         l_out[g] = (m + std::log2(total_l)) * kLn2;
       }
       if (probs) {
