@@ -3,8 +3,12 @@ reference: dense and index-driven (selected blocks read in place), bf16 and fp32
 empty rows, LSE, probabilities; exact mergeability with `merge_states`; the build-failure and forced fallbacks."""
 
 import os
+import platform
+import re
 import select
+import shutil
 import signal
+import subprocess
 import threading
 import warnings
 
@@ -342,3 +346,42 @@ def test_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
     stamp = first.stat().st_mtime_ns
     assert cpu_attention._build(compiler) == first and first.stat().st_mtime_ns == stamp
     assert first.parent == tmp_path / "kernels" and not list(first.parent.glob(".cpu_attention-*"))
+
+
+# The kernel's paths and a CPU that takes each (GCC's -march names). A machine builds only its own path, and CI's
+# has no AVX-512, so each path is compiled here for its CPU (syntax and templates, nothing runs): issue 19's machine
+# change once left a whole kernel unbuilt and 10x slower without a failing test.
+ISA_MARCH = {"portable": "x86-64", "avx2": "haswell", "avx512": "skylake-avx512", "avx512-bf16": "sapphirerapids"}
+
+
+def _gxx(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["g++", "-std=c++17", "-fopenmp-simd", *args, str(cpu_attention.SOURCE)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("g++") is None, reason="needs g++ on x86-64")
+@pytest.mark.parametrize("isa", list(ISA_MARCH))
+def test_every_vector_path_compiles_and_is_the_one_its_cpu_takes(isa):
+    march = f"-march={ISA_MARCH[isa]}"
+    built = _gxx("-fsyntax-only", "-w", march)
+    assert built.returncode == 0, built.stderr[-2000:]
+    macros = set(re.findall(r"#define (SB_AVX2|SB_AVX512|__AVX512BF16__) ", _gxx("-E", "-dM", march).stdout))
+    expected = {"portable": set(), "avx2": {"SB_AVX2"}, "avx512": {"SB_AVX512"},
+                "avx512-bf16": {"SB_AVX512", "__AVX512BF16__"}}[isa]
+    assert macros == expected
+
+
+def test_the_build_takes_the_vector_path_this_cpu_has():
+    """AVX-512 (F, BW, DQ) where the CPU has it, else AVX2 with FMA, else the portable loop: a build that fell back to
+    the portable loop on a vector CPU would still pass every parity test, at a tenth of the speed."""
+    lib = cpu_attention.library()
+    flags = set((cpu_attention.cpuinfo_field("flags") or "").split())
+    if lib is None or platform.machine() != "x86_64" or not flags:
+        pytest.skip("needs the kernel built on x86-64 Linux")
+    isa = lib.sb_isa().decode()
+    if {"avx512f", "avx512bw", "avx512dq"} <= flags:
+        assert isa == ("avx512-bf16" if "avx512_bf16" in flags else "avx512")
+    elif {"avx2", "fma"} <= flags:
+        assert isa == "avx2"
+    else:
+        assert isa == "portable"
