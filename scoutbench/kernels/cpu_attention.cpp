@@ -1200,6 +1200,44 @@ void scores_g4(const float* row, const float* both, int64_t width, int64_t num_b
   }
 }
 
+#ifdef SB_AVX2
+// scores_g4 on 8-lane vectors, two blocks at a time (8 independent FMA chains), with a prefetch 16 blocks ahead:
+// 8.4 MB of digests (bench-attn16's layer at 32k) in 0.66-0.69 ms against the compiler-vectorised scores_g4's
+// 0.75-0.84 (Zen 3, 2 threads, alternating processes); without the prefetch 1.33 ms, 8 blocks ahead alike.
+constexpr int64_t kDigestPrefetchBlocks = 16;
+
+template <typename Emit>
+void scores_g4_avx2(const float* row, const float* both, int64_t width, int64_t num_blocks, Emit&& emit) {
+  const int64_t block_bytes = width * static_cast<int64_t>(sizeof(float));
+  int64_t j = 0;
+  for (; j + 2 <= num_blocks; j += 2) {
+    if (j + kDigestPrefetchBlocks + 2 <= num_blocks)
+      prefetch_row(row + (j + kDigestPrefetchBlocks) * width, static_cast<int>(2 * block_bytes));
+    const float* d0 = row + j * width;
+    const float* d1 = d0 + width;
+    __m256 acc[2][4];
+    for (int b = 0; b < 2; ++b)
+      for (int g = 0; g < 4; ++g) acc[b][g] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < width; c += 8) {
+      const __m256 x0 = _mm256_loadu_ps(d0 + c), x1 = _mm256_loadu_ps(d1 + c);
+      for (int g = 0; g < 4; ++g) {
+        const __m256 bg = _mm256_loadu_ps(both + g * width + c);
+        acc[0][g] = _mm256_fmadd_ps(x0, bg, acc[0][g]);
+        acc[1][g] = _mm256_fmadd_ps(x1, bg, acc[1][g]);
+      }
+    }
+    for (int b = 0; b < 2; ++b) {
+      float best = kNegInf;
+      for (int g = 0; g < 4; ++g) best = std::max(best, hsum8(acc[b][g]));
+      emit(j + b, 0.5f * best);
+    }
+  }
+  if (j < num_blocks) scores_g4(row + j * width, both, width, num_blocks - j, [&](int64_t i, float score) {
+    emit(j + i, score);
+  });
+}
+#endif
+
 // Row r's scores, block by block to emit(j, score): q's G heads expanded once to [q | |q|] (both, scratch of
 // G * 2D floats).
 template <typename Emit>
@@ -1215,7 +1253,11 @@ void row_scores(const float* row, const float* q_row, int64_t group, int64_t dim
     }
   }
   if (group == 4 && width % kDigestLanes == 0) {
+#ifdef SB_AVX2
+    scores_g4_avx2(row, both, width, num_blocks, emit);
+#else
     scores_g4(row, both, width, num_blocks, emit);
+#endif
     return;
   }
   for (int64_t j = 0; j < num_blocks; ++j) {
