@@ -37,10 +37,13 @@ def cpu_model() -> str:
 
 
 def device_description(device: torch.device) -> dict[str, Any]:
-    """The result's `device`: its `class` is what the gate matches baselines on (same GPU, or same CPU and threads)."""
+    """The result's `device`: its `class` is what the gate matches baselines on (same GPU, or same CPU model, vector
+    instruction set and threads). The instruction set is in the class because a VM's model name can hide it: Zen 3
+    and Zen 4 guests both read "AMD EPYC", and the CPU kernels run 3-4x apart on them (AVX2 against AVX-512)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         return {"type": "cuda", "name": name, "class": f"cuda:{name}", "index": device.index or 0}
     threads = torch.get_num_threads()
     name = cpu_model()
-    return {"type": "cpu", "name": name, "class": f"cpu:{name}:{threads}t", "threads": threads}
+    isa = torch.backends.cpu.get_cpu_capability()
+    return {"type": "cpu", "name": name, "class": f"cpu:{name}:{isa}:{threads}t", "threads": threads}
