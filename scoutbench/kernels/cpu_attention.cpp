@@ -249,6 +249,34 @@ constexpr int64_t kPrefetchTokens = kStepTokens;
 // V rows (256 bytes) need every prefetch: V only at block heads gave 1.30 on full and sparse bf16 calls; fp32 K and
 // V both only at block heads gave 1.11-1.13.
 constexpr int64_t kFp32VHeadTokens = 8;
+
+// One item's walk, as both vector kernels make it: the K and V cursors of its tokens, and a second pair that runs
+// ahead and prefetches the rows of the tokens before prefetch_until's stop (K always, V as said above); the
+// constructor prefetches the first kPrefetchTokens.
+template <typename T, int D>
+struct PrefetchedRows {
+  Cursor<T> k, v, k_ahead, v_ahead;
+  int64_t begin, end, prefetched;
+
+  PrefetchedRows(const Args& a, const RowView<T>& rv, const Item& item)
+      : k(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin),
+        v(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin),
+        k_ahead(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin),
+        v_ahead(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin),
+        begin(item.begin), end(item.end), prefetched(item.begin) {
+    prefetch_until(begin + kPrefetchTokens);
+  }
+
+  void prefetch_until(int64_t stop) {
+    constexpr bool kBF16 = std::is_same_v<T, uint16_t>;
+    for (stop = std::min(stop, end); prefetched < stop; ++prefetched) {
+      prefetch_row(k_ahead.next_token(), D * sizeof(T));
+      const bool v_stream_start = v_ahead.offset < kFp32VHeadTokens || prefetched < begin + kFp32VHeadTokens;
+      const T* v_row = v_ahead.next_token();
+      if (kBF16 || v_stream_start) prefetch_row(v_row, D * sizeof(T));
+    }
+  }
+};
 #endif
 
 #ifdef SB_AVX512
@@ -430,21 +458,7 @@ void attend_avx512(const Args& a, const Item& item, State st) {
   __m512 lsum[kMaxGroup];
   for (int g = 0; g < G; ++g) lsum[g] = _mm512_setzero_ps();
   float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
-  Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
-  Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  // a second pair of cursors runs kPrefetchTokens ahead and prefetches those tokens' rows
-  Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
-  Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  int64_t prefetched = item.begin;
-  auto prefetch_until = [&](int64_t stop) {
-    for (stop = std::min(stop, item.end); prefetched < stop; ++prefetched) {
-      prefetch_row(kpre.next_token(), D * sizeof(T));
-      const bool v_stream_start = vpre.offset < kFp32VHeadTokens || prefetched < item.begin + kFp32VHeadTokens;
-      const T* v_row = vpre.next_token();
-      if (BF16 || v_stream_start) prefetch_row(v_row, D * sizeof(T));
-    }
-  };
-  prefetch_until(item.begin + kPrefetchTokens);
+  PrefetchedRows<T, D> rows(a, rv, item);
   constexpr int GB = pv_queries(D);
   const int pv_groups = (G + GB - 1) / GB;
   for (int64_t t0 = item.begin; t0 < item.end; t0 += kStepTokens) {
@@ -452,11 +466,13 @@ void attend_avx512(const Args& a, const Item& item, State st) {
     const int tiles = (n + kTile - 1) / kTile;
     // the step's prefetches in equal shares, one before each of its (G + pv_groups) * tiles tile passes
     const int shares = (G + pv_groups) * tiles;
-    auto prefetch_share = [&](int pass) { prefetch_until(t0 + kPrefetchTokens + int64_t{n} * (pass + 1) / shares); };
+    auto prefetch_share = [&](int pass) {
+      rows.prefetch_until(t0 + kPrefetchTokens + int64_t{n} * (pass + 1) / shares);
+    };
     const T* kp[kStepTokens];
     const T* vp[kStepTokens];
-    kc.fill(kp, n);
-    vc.fill(vp, n);
+    rows.k.fill(kp, n);
+    rows.v.fill(vp, n);
     for (int g = 0; g < G; ++g) {
       for (int j = 0; j < tiles; ++j) {
         const int m = std::min(kTile, n - j * kTile);
@@ -663,30 +679,19 @@ void attend_avx2(const Args& a, const Item& item, State st) {
   alignas(32) float probs_step[kMaxGroup][kStepTokens];  // the step's logits, then its probabilities
   float lsum[kMaxGroup] = {};
   float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
-  Cursor<T> kc(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
-  Cursor<T> vc(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  Cursor<T> kpre(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin);
-  Cursor<T> vpre(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin);
-  int64_t prefetched = item.begin;
-  auto prefetch_until = [&](int64_t stop) {
-    for (stop = std::min(stop, item.end); prefetched < stop; ++prefetched) {
-      prefetch_row(kpre.next_token(), D * sizeof(T));
-      const bool v_stream_start = vpre.offset < kFp32VHeadTokens || prefetched < item.begin + kFp32VHeadTokens;
-      const T* v_row = vpre.next_token();
-      if (BF16 || v_stream_start) prefetch_row(v_row, D * sizeof(T));
-    }
-  };
-  prefetch_until(item.begin + kPrefetchTokens);
+  PrefetchedRows<T, D> rows(a, rv, item);
   const int pv_groups = (G + kPv8Queries - 1) / kPv8Queries;
   for (int64_t t0 = item.begin; t0 < item.end; t0 += kStepTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kStepTokens, item.end - t0));
     const int tiles = (n + kTile8 - 1) / kTile8;
     const int shares = (G + pv_groups) * tiles;
-    auto prefetch_share = [&](int pass) { prefetch_until(t0 + kPrefetchTokens + int64_t{n} * (pass + 1) / shares); };
+    auto prefetch_share = [&](int pass) {
+      rows.prefetch_until(t0 + kPrefetchTokens + int64_t{n} * (pass + 1) / shares);
+    };
     const void* kp[kStepTokens];
     const void* vp[kStepTokens];
-    kc.fill(reinterpret_cast<const T**>(kp), n);
-    vc.fill(reinterpret_cast<const T**>(vp), n);
+    rows.k.fill(reinterpret_cast<const T**>(kp), n);
+    rows.v.fill(reinterpret_cast<const T**>(vp), n);
     for (int g = 0; g < G; ++g) {
       for (int j = 0; j < tiles; ++j) {
         const int m = std::min(kTile8, n - j * kTile8);
