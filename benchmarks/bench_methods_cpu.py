@@ -3,7 +3,7 @@
 Methods: FullKV, Quest, InfiniGen, HGCA and ScoutAttention (skipped if its module is not installed), each with its
 defaults (budget 2048, block 32, 2 dense layers, ...). Model: the `bench-attn16` preset of the default
 `scoutbench throughput` run (16 layers, 32 query heads, 8 KV heads, head_dim 128, hidden 256, attention-dominated),
-fp32, batch 1, synthetic prefill (random post-RoPE K/V) at each length.
+fp32, batch 1, synthetic prefill (random K/V) at each length.
 Each method runs through `scoutbench.bench.throughput.run_throughput`, so the numbers are those `scoutbench throughput`
 reports: median step, mean ms per stage (StageTimer records), and the method's own statistics.
 
@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 import torch  # noqa: E402
 
 from scoutbench.bench.throughput import ThroughputConfig, run_throughput
+from scoutbench.engine import SyntheticKVCache
 from scoutbench.methods import ALL_METHODS, METHODS
 from scoutbench.models import load_model
 from scoutbench.timing import STAGES
@@ -63,12 +64,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     loaded = load_model(MODEL, "cpu", torch.float32, seed=0)
     methods = available_methods()
+    shared_kv = SyntheticKVCache()  # the methods at one length decode over one synthetic prefill, drawn once
 
     def run(name: str, length: int, steps: int) -> dict:
         cfg = ThroughputConfig(method=name, model=MODEL, length=length, batch=args.batch, steps=steps,
                                warmup=args.warmup, device="cpu", dtype="float32", prefill="synthetic",
                                command=["bench_methods_cpu"])
-        return run_throughput(cfg, loaded)
+        return run_throughput(cfg, loaded, shared_kv=shared_kv)
 
     run("fullkv", 1024, steps=4)  # process warm-up: the first calls of each kernel are slower
     results = []

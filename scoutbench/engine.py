@@ -14,13 +14,16 @@ ScoutAttention and InfiniGen predict the next layer's query.
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from scoutbench import planning
 from scoutbench.kernels import cpu_attention, cpu_decode
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
@@ -165,57 +168,74 @@ class DecodeEngine:
         return logits
 
     def adopt_prefill(self, layer_inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                      lengths: torch.Tensor) -> None:
+                      lengths: torch.Tensor, on_layer: Callable[[int, int], None] | None = None) -> None:
         """Hand a prefill recorded by another engine (per layer: q_obs, k, v, as `ingest_prefill` got them) to this
         engine's method. The dense prefill is the same for every method, so comparing methods on one prompt needs
-        it once (`generation.generate_texts_shared_prefill`)."""
+        it once (`generation.generate_texts_shared_prefill`, `SyntheticKVCache`)."""
         lengths = lengths.to(self.device)
         for i, (q_obs, k, v) in enumerate(layer_inputs):
             self.method.ingest_prefill(i, q_obs, k, v, lengths)
+            if on_layer is not None:
+                on_layer(i + 1, self.num_layers)
         self._set_positions(lengths)
 
     @torch.no_grad()
     def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = DEFAULT_KV_SKEW,
-                          skew_block: int = 32, on_layer: Callable[[int, int], None] | None = None) -> None:
-        """Skip the prompt's forward pass: fill every layer with random post-RoPE K/V (decode-only benchmarks).
+                          skew_block: int = 32, on_layer: Callable[[int, int], None] | None = None,
+                          shared_kv: SyntheticKVCache | None = None) -> None:
+        """Skip the prompt's forward pass: fill every layer with random K/V (decode-only benchmarks).
 
-        Keys get a realistic RoPE phase structure (random vectors rotated at their positions) and, with
-        `key_skew > 0`, a log-normal magnitude per run of `skew_block` tokens (scale `exp(key_skew * N(0, 1))`):
-        real KV caches have heavy-hitter regions that stay important across decode steps, which is the temporal
-        locality block-sparse offloading relies on; i.i.d. keys (`key_skew=0`) make every step's selection
-        independent, the worst case for ScoutAttention's resident set. Values are standard normal.
+        Keys and values are standard normal; with `key_skew > 0` each run of `skew_block` keys gets a log-normal
+        magnitude (scale `exp(key_skew * N(0, 1))`): real KV caches have heavy-hitter regions that stay important
+        across decode steps, which is the temporal locality block-sparse offloading relies on; i.i.d. keys
+        (`key_skew=0`) make every step's selection independent, the worst case for ScoutAttention's resident set.
+        No RoPE is applied: a standard normal vector rotated by any fixed rotation is again standard normal, so
+        rotating keys and observation queries at their positions would change no statistic, at a read and write
+        of every key per layer. The tensors are filled in fixed pieces, each from its own generator
+        (`_fill_standard_normal_`), in parallel on a CPU.
 
-        One K and one V buffer serve every layer (methods copy what they keep, as the contract says): a fresh tensor
-        per layer faulted its pages in again, 2 x 256 MB per layer of bench-attn16 at 32k.
+        With `shared_kv`, a prefill it holds (same shape, lengths, seed and skew) is ingested from there, and one it
+        admits is kept there for the next method. Otherwise one K and one V buffer serve every layer (methods copy
+        what they keep, as the contract says): a fresh tensor per layer faulted its pages in again, 2 x 256 MB per
+        layer of bench-attn16 at 32k.
         """
         batch = lengths.shape[0]
         seq_len = int(lengths.max())
+        key = (tuple(lengths.tolist()), self.num_layers, self.num_heads, self.num_kv_heads, self.head_dim,
+               self.dtype, self.device, seed, key_skew, skew_block)
+        kept = None if shared_kv is None else shared_kv.lookup(key)
+        if kept is not None:
+            self.adopt_prefill(kept, lengths, on_layer)
+            return
         lengths = lengths.to(self.device)
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        dummy = torch.empty(1, dtype=self.dtype, device=self.device)
-        cos, sin = self.inner.rotary_emb(dummy, torch.arange(seq_len, device=self.device).unsqueeze(0))
         obs_index = self._obs_index(lengths, seq_len)
         kv_shape = (batch, self.num_kv_heads, seq_len, self.head_dim)
-        k = torch.empty(kv_shape, device=self.device, dtype=self.dtype)
-        v = torch.empty_like(k)
+        q_shape = (batch, self.num_heads, obs_index.shape[1], self.head_dim)
+        if shared_kv is not None:
+            shared_kv.clear()
+        layer_bytes = (2 * math.prod(kv_shape) + math.prod(q_shape)) * self.dtype.itemsize
+        keep = shared_kv is not None and shared_kv.admits(self.num_layers * layer_bytes, self.device)
+        layers, k, v = [], None, None
         for i in range(self.num_layers):
-            torch.randn(kv_shape, generator=generator, out=k)
+            if keep or k is None:
+                k = torch.empty(kv_shape, device=self.device, dtype=self.dtype)
+                v = torch.empty_like(k)
+            _fill_standard_normal_(k, generator)
             if key_skew > 0:
                 num_runs = -(-seq_len // skew_block)
                 scale = torch.exp(key_skew * torch.randn((batch, self.num_kv_heads, num_runs, 1), generator=generator,
                                                          device=self.device)).to(self.dtype)
                 k.mul_(scale.repeat_interleave(skew_block, dim=2)[:, :, :seq_len])
-            torch.randn(kv_shape, generator=generator, out=v)
-            w = obs_index.shape[1]
-            q = torch.randn((batch, self.num_heads, w, self.head_dim), generator=generator, device=self.device,
-                            dtype=self.dtype)
-            _rope_(q, cos[0][obs_index].unsqueeze(1), sin[0][obs_index].unsqueeze(1))
-            _rope_(k, cos.unsqueeze(1), sin.unsqueeze(1))
+            _fill_standard_normal_(v, generator)
+            q = torch.randn(q_shape, generator=generator, device=self.device, dtype=self.dtype)
             self.method.ingest_prefill(i, q, k, v, lengths)
-            del q
+            if keep:
+                layers.append((q, k, v))
             if on_layer is not None:
                 on_layer(i + 1, self.num_layers)
-        del k, v
+        if keep:
+            shared_kv.store(key, layers)
         self._set_positions(lengths)
 
     @staticmethod
@@ -306,14 +326,69 @@ def _gather_positions(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(q, 2, idx)
 
 
-def _rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, chunk: int = 4096) -> None:
-    """In-place half-rotation RoPE (Llama/Qwen3 convention) for synthetic keys and queries, in chunks along the
-    sequence so the transient stays small at 64k+ (the synthetic prefill then holds only K and V per layer)."""
-    half = x.shape[-1] // 2
-    for start in range(0, x.shape[-2], chunk):
-        part = x[..., start:start + chunk, :]
-        rotated = torch.cat((-part[..., half:], part[..., :half]), dim=-1)
-        part.mul_(cos[..., start:start + chunk, :]).addcmul_(rotated, sin[..., start:start + chunk, :])
+class SyntheticKVCache:
+    """One synthetic prefill's per-layer `(q_obs, k, v)` (DecodeEngine.prefill_synthetic), kept between the methods of
+    one run on a CPU so that every method after the first ingests the very same tensors instead of drawing them
+    again: random K/V come at about 1.2 GB/s on 2 cores, 4 s of each method's prefill at bench-attn16 32k (4.3 GB).
+
+    It holds one prefill at a time, and only while host memory allows: `admits` keeps a prefill only where it fits
+    in the usable host memory left once the running method has allocated its caches, and `make_room` drops it
+    before a run whose planned memory would not fit beside it. On CUDA nothing is kept: drawing there takes
+    milliseconds, and device memory is the scarce tier.
+    """
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def lookup(self, key: Any) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
+        """The kept layers of the prefill that `key` describes, or None."""
+        return self.layers if self.layers and key == self.key else None
+
+    def admits(self, nbytes: int, device: torch.device) -> bool:
+        """Whether a prefill of `nbytes` on `device` may be kept (call after `clear`, with the run's caches allocated)."""
+        usable = planning.usable_host_bytes()
+        return device.type == "cpu" and usable is not None and nbytes <= usable
+
+    def store(self, key: Any, layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        self.key, self.layers = key, layers
+
+    def make_room(self, need_bytes: int) -> None:
+        """Drop the kept prefill if a run that will allocate `need_bytes` would not fit beside it."""
+        usable = planning.usable_host_bytes()
+        if self.layers and usable is not None and need_bytes > usable:
+            self.clear()
+
+    def clear(self) -> None:
+        self.key, self.layers = None, []
+
+
+# elements per piece of a synthetic K/V tensor, each piece from its own generator: the pieces, hence the values, do not
+# depend on the thread count, and a 32k bench-attn16 tensor (134 MB in fp32) makes 16 of them
+SYNTHETIC_PIECE_ELEMENTS = 1 << 21
+
+
+def _fill_standard_normal_(x: torch.Tensor, generator: torch.Generator) -> None:
+    """Fill contiguous `x` with N(0, 1), one seed per piece drawn from `generator`, the pieces in parallel on a CPU.
+
+    torch's CPU `normal_` runs on one thread (a generator is sequential); at about 0.6 GB/s the random K/V were
+    most of the default benchmark's wall time. Measured on 2 cores: 0.11-0.14 s instead of 0.23-0.26 s for one 134
+    MB tensor.
+    """
+    flat = x.view(-1)
+    pieces = flat.split(SYNTHETIC_PIECE_ELEMENTS)
+    seeds = torch.randint(2**62, (len(pieces),), generator=generator, device=generator.device).tolist()
+
+    def fill(piece: torch.Tensor, piece_seed: int) -> None:
+        piece.normal_(generator=torch.Generator(device=x.device).manual_seed(piece_seed))
+
+    workers = min(torch.get_num_threads(), len(pieces)) if x.device.type == "cpu" else 1
+    if workers <= 1:
+        for piece, piece_seed in zip(pieces, seeds, strict=True):
+            fill(piece, piece_seed)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(fill, pieces, seeds))
 
 
 def register_hf_attention(name: str = "scoutbench_fullkv") -> str:

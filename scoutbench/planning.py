@@ -97,7 +97,7 @@ def prefill_workspace_bytes_per_seq(shape: ModelShape, context_len: int, elem_by
                                     method_prefill_bytes: int = 0) -> int:
     """Device transient of one sequence during the synthetic prefill (DecodeEngine.prefill_synthetic), per layer.
 
-    Random K and V (RoPE is applied in place, in chunks): two `[Hkv, N, D]` tensors; plus the observation-window
+    Random K and V: two `[Hkv, N, D]` tensors; plus the observation-window
     queries handed to the method; plus what the method's `ingest_prefill` holds on top of them
     (`Footprint.prefill_bytes_per_seq`: its prompt-sized copies and fp32 temporaries are chunked, so this is a
     chunk's worth). Transients that do not grow with the batch (HGCA's observed weights, one sequence at a time,
@@ -151,6 +151,12 @@ def available_host_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def usable_host_bytes() -> int | None:
+    """The host memory a run may plan to allocate now: MemAvailable less the planner's reserve (None where unknown)."""
+    free = available_host_bytes()
+    return None if free is None else int(free * (1 - HOST_RESERVE_FRACTION))
 
 
 def device_free_bytes(device: torch.device) -> int:

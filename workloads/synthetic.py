@@ -1,8 +1,8 @@
 """Synthetic decode workloads: prompts of a given length as random token ids, deterministic with a seed.
 
 `prefill="real"` runs the model over the prompt; `prefill="synthetic"` skips it and fills every layer with
-random post-RoPE K/V (with `kv_skew`-controlled heavy-hitter structure) (the paper measures decode instances only, with prefill handled elsewhere), so a 64k decode
-benchmark does not pay for a 64k prefill.
+random K/V (with `kv_skew`-controlled heavy-hitter structure; the paper measures decode instances only, with prefill
+handled elsewhere), so a 64k decode benchmark does not pay for a 64k prefill.
 """
 
 from __future__ import annotations
@@ -78,3 +78,4 @@ class SyntheticWorkload:
 
     def describe(self) -> dict:
         return {"name": "synthetic", "len": self.length, **{k: v for k, v in asdict(self).items() if k != "length"}}
+

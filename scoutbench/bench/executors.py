@@ -48,10 +48,15 @@ Runner = Callable[[Any], dict[str, Any]]  # ThroughputConfig -> result dict (the
 
 
 class ThroughputRunner:
-    """Runs points with `run_throughput`, loading the model once for the whole sweep."""
+    """Runs points with `run_throughput`, loading the model once for the whole sweep. With `share_kv`, consecutive
+    points on one synthetic prefill (a method sweep at one length) draw its K/V once (`SyntheticKVCache`); a Ray
+    worker does not, since the workers on one host would each keep a copy beside the others' runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, share_kv: bool = True) -> None:
+        from scoutbench.engine import SyntheticKVCache
+
         self._loaded: Any = None
+        self._shared_kv = SyntheticKVCache() if share_kv else None
 
     def __call__(self, cfg: Any) -> dict[str, Any]:
         from scoutbench.bench.throughput import run_throughput
@@ -62,7 +67,7 @@ class ThroughputRunner:
             device = resolve_device(cfg.device)
             self._loaded = load_model(cfg.model, device, resolve_dtype(cfg.dtype, device), cfg.seed)
         try:
-            return run_throughput(cfg, self._loaded)
+            return run_throughput(cfg, self._loaded, shared_kv=self._shared_kv)
         finally:
             _release_memory()
 
@@ -90,7 +95,7 @@ def _run_point(cfg: Any) -> tuple[bool, Any]:
     the driver records exactly what the local executor would."""
     global _worker_runner
     if _worker_runner is None:
-        _worker_runner = ThroughputRunner()
+        _worker_runner = ThroughputRunner(share_kv=False)
     try:
         return True, _worker_runner(cfg)
     except Exception as exc:  # noqa: BLE001 - the driver records the point as failed

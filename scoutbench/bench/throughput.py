@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from scoutbench.tiers import tier_fields, wait_fields
 from scoutbench.timing import STAGES
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
+
+if TYPE_CHECKING:  # the engine (and its kernels) is imported where a run starts
+    from scoutbench.engine import SyntheticKVCache
 
 
 @dataclass
@@ -94,19 +97,13 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
     and the host tier the host's. A real prefill needs more transient memory than planned (see
     scoutbench/planning.py); the check is a floor, not a guarantee.
     """
-    from scoutbench.planning import (
-        HOST_RESERVE_FRACTION,
-        available_host_bytes,
-        device_free_bytes,
-        format_bytes,
-    )
+    from scoutbench.planning import device_free_bytes, format_bytes, usable_host_bytes
 
     if cfg.force:
         return
     need = memory_need(cfg, method, loaded, batch)
     device = next(loaded.model.parameters()).device
-    host_free = available_host_bytes()
-    host_usable = None if host_free is None else int(host_free * (1 - HOST_RESERVE_FRACTION))
+    host_usable = usable_host_bytes()
     checks = []
     if device.type == "cuda":
         device_usable = device_free_bytes(device) - torch.cuda.memory_allocated(device)
@@ -212,23 +209,24 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> Res
 
 
 def run_throughput(run: ResolvedRun | ThroughputConfig, loaded: LoadedModel | None = None,
-                   on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+                   on_progress: ProgressCallback | None = None,
+                   shared_kv: SyntheticKVCache | None = None) -> dict[str, Any]:
     """Execute one resolved run (a ThroughputConfig is resolved here first, on `loaded` when given) and return its
     result dict (see docs/results.md).
 
     With `batch="auto"` the batch is the method's planned maximum; an out-of-memory error halves it and retries,
     and the result's `batch_plan` records the plan and every attempt. `on_progress(phase, done, total)` reports
-    prefill layers and decode steps.
+    prefill layers and decode steps. Runs given one `shared_kv` draw a synthetic prefill's K/V once between them.
     """
     if isinstance(run, ThroughputConfig):
         run = resolve_run(run, loaded)
     if run.auto_plan is None:
-        return _run_at_batch(run, run.batch, on_progress)
+        return _run_at_batch(run, run.batch, on_progress, shared_kv)
     from scoutbench.planning import run_with_oom_backoff
 
     plan = run.auto_plan
     result, attempts = run_with_oom_backoff(
-        lambda batch: _run_at_batch(run, batch, on_progress, oom_backoff=True), run.batch)
+        lambda batch: _run_at_batch(run, batch, on_progress, shared_kv, oom_backoff=True), run.batch)
     result["batch_plan"] = {"mode": "auto", "planned": run.batch, "limited_by": plan.limited_by,
                             "gpu_mem_bytes": plan.gpu_mem_bytes, "host_mem_bytes": plan.host_mem_bytes,
                             "device_bytes_per_seq": plan.device_bytes_per_seq,
@@ -253,7 +251,7 @@ def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: Load
 
 
 def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | None,
-                  oom_backoff: bool = False) -> dict[str, Any]:
+                  shared_kv: SyntheticKVCache | None = None, oom_backoff: bool = False) -> dict[str, Any]:
     """One measured run of `run` at `batch`; out-of-memory errors propagate when the caller backs off."""
     cfg, loaded, device, dtype, budget_plan = run.cfg, run.loaded, run.device, run.dtype, run.budget_plan
     requested, method = run.build()
@@ -264,6 +262,8 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     def report(phase: str) -> Callable[[int, int], None] | None:
         return None if on_progress is None else lambda done, total: on_progress(phase, done, total)
 
+    if shared_kv is not None:
+        shared_kv.make_room(sum(memory_need(cfg, method, loaded, batch).values()))
     engine = DecodeEngine(loaded.model, method)
     timer = engine.timer
     timer.nvtx = cfg.nvtx and device.type == "cuda"
@@ -282,7 +282,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
             tokens = logits.argmax(-1)
         else:
             engine.prefill_synthetic(torch.full((workload.batch,), workload.length, dtype=torch.long), cfg.seed,
-                                     key_skew=workload.kv_skew, on_layer=report("prefill"))
+                                     key_skew=workload.kv_skew, on_layer=report("prefill"), shared_kv=shared_kv)
             tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

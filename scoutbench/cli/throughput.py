@@ -159,6 +159,7 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
     starts."""
     from scoutbench.bench.throughput import resolve_run, run_throughput
     from scoutbench.devices import resolve_device, resolve_dtype
+    from scoutbench.engine import SyntheticKVCache
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
@@ -170,13 +171,14 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
         loaded = load_model(first.model, device, dtype, first.seed)
     runs = [resolve_run(cfg, loaded) for cfg in configs]
     results, paths = [], []
+    shared_kv = SyntheticKVCache()  # the methods decode over one synthetic prefill, drawn once
     try:
         with PhaseProgress(console) as progress:
             for index, run in enumerate(runs, 1):
                 cfg = run.cfg
                 where = f"[{index}/{len(runs)}] {cfg.method}"
                 result = run_throughput(run, on_progress=lambda phase, done, total, where=where: progress.update(
-                    f"{where} {phase}", done, total))
+                    f"{where} {phase}", done, total), shared_kv=shared_kv)
                 if single_file is not None:
                     path = write_json_atomic(single_file, result, overwrite=overwrite)
                 else:
@@ -189,6 +191,8 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
         if paths:
             console.print(f"kept {len(paths)} finished result(s): {', '.join(paths)}", highlight=False)
         raise
+    finally:
+        shared_kv.clear()
     return results, paths
 
 
