@@ -131,6 +131,21 @@ def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 3
 
 
+def test_methods_of_one_run_decode_the_prefill_they_would_alone(monkeypatch, capsys, tmp_path):
+    """`--method A --method B` draws the synthetic prefill once (engine.SyntheticKVCache): B's work counters, which
+    follow its selections over that K/V, are those of B run alone."""
+    from scoutbench.analysis.counter_gate import work_counters
+
+    common = ["--model", "tiny-qwen3", "--len", "512", "--steps", "3", "--warmup", "1", "--method-arg", "budget=128",
+              "--method-arg", "block_size=16", "--method-arg", "dense_layers=1"]
+    assert run_cli(monkeypatch, capsys, "throughput", "--method", "quest", "--method", "scout", *common, "-o",
+                   tmp_path / "both")[0] == 0
+    assert run_cli(monkeypatch, capsys, "throughput", "--method", "scout", *common, "-o", tmp_path / "alone")[0] == 0
+    both, alone = (json.loads(next((tmp_path / run).glob("*scout*.json")).read_text()) for run in ("both", "alone"))
+    assert work_counters(both) == work_counters(alone)
+    assert work_counters(both)["cpu_attended_tokens_per_step"] > 0  # selections left the device: the K/V decided
+
+
 def test_single_json_output_refuses_overwrite(monkeypatch, capsys, tmp_path):
     target = tmp_path / "r.json"
     args = ["throughput", "--method", "fullkv", "--model", "tiny-qwen3", "--len", "32", "--steps", "1", "--warmup",

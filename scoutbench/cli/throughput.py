@@ -171,7 +171,9 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
         loaded = load_model(first.model, device, dtype, first.seed)
     runs = [resolve_run(cfg, loaded) for cfg in configs]
     results, paths = [], []
-    shared_kv = SyntheticKVCache()  # the methods decode over one synthetic prefill, drawn once
+    # the methods decode over one synthetic prefill, drawn once (kept only for a second method: keeping it takes
+    # fresh memory for every layer, where a single run reuses one K and one V buffer)
+    shared_kv = SyntheticKVCache() if len(runs) > 1 else None
     try:
         with PhaseProgress(console) as progress:
             for index, run in enumerate(runs, 1):
@@ -192,7 +194,8 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
             console.print(f"kept {len(paths)} finished result(s): {', '.join(paths)}", highlight=False)
         raise
     finally:
-        shared_kv.clear()
+        if shared_kv is not None:
+            shared_kv.clear()
     return results, paths
 
 
