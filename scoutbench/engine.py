@@ -182,8 +182,9 @@ class DecodeEngine:
     @torch.no_grad()
     def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = DEFAULT_KV_SKEW,
                           skew_block: int = 32, on_layer: Callable[[int, int], None] | None = None,
-                          shared_kv: SyntheticKVCache | None = None) -> None:
-        """Skip the prompt's forward pass: fill every layer with random K/V (decode-only benchmarks).
+                          shared_kv: SyntheticKVCache | None = None) -> bool:
+        """Skip the prompt's forward pass: fill every layer with random K/V (decode-only benchmarks). True when they
+        came from `shared_kv` rather than drawn here.
 
         Keys and values are standard normal; with `key_skew > 0` each run of `skew_block` keys gets a log-normal
         magnitude (scale `exp(key_skew * N(0, 1))`): real KV caches have heavy-hitter regions that stay important
@@ -206,7 +207,7 @@ class DecodeEngine:
         kept = None if shared_kv is None else shared_kv.lookup(key)
         if kept is not None:
             self.adopt_prefill(kept, lengths, on_layer)
-            return
+            return True
         lengths = lengths.to(self.device)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         obs_index = self._obs_index(lengths, seq_len)
@@ -237,6 +238,7 @@ class DecodeEngine:
         if keep:
             shared_kv.store(key, layers)
         self._set_positions(lengths)
+        return False
 
     @staticmethod
     def _obs_index(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:

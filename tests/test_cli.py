@@ -143,6 +143,7 @@ def test_methods_of_one_run_decode_the_prefill_they_would_alone(monkeypatch, cap
     assert run_cli(monkeypatch, capsys, "throughput", "--method", "scout", *common, "-o", tmp_path / "alone")[0] == 0
     both, alone = (json.loads(next((tmp_path / run).glob("*scout*.json")).read_text()) for run in ("both", "alone"))
     assert work_counters(both) == work_counters(alone)
+    assert (both["prefill_kv_reused"], alone["prefill_kv_reused"]) == (True, False)
     assert work_counters(both)["cpu_attended_tokens_per_step"] > 0  # selections left the device: the K/V decided
 
 
