@@ -86,3 +86,28 @@ def test_make_room_drops_the_kept_prefill_for_a_run_that_needs_its_memory(tiny_q
 
 def test_nothing_is_kept_off_the_cpu():
     assert not SyntheticKVCache().admits(1, torch.device("meta"))
+
+
+def test_a_run_that_needs_the_kept_memory_gets_it_back(tiny_qwen3, monkeypatch):
+    """A sweep's next point is resolved while the previous point's prefill is kept: where it would not fit beside
+    it, the kept prefill goes (a memory check that counted it would refuse the point), and `--batch auto` always
+    plans without it."""
+    import scoutbench.planning as planning
+    from scoutbench.bench.throughput import ThroughputConfig, memory_need, resolve_run
+    from scoutbench.models import load_model
+
+    loaded = load_model("tiny-qwen3", torch.device("cpu"), torch.float32, 0)
+    cfg = ThroughputConfig(method="fullkv", model="tiny-qwen3", length=256, steps=2, warmup=1, device="cpu",
+                           dtype="float32", prefill="synthetic")
+    need = sum(memory_need(cfg, build_method("fullkv", {}), loaded, 1).values())
+    shared = SyntheticKVCache()
+    _decode(tiny_qwen3, "fullkv", shared)
+    monkeypatch.setattr(planning, "usable_host_bytes", lambda: need - 1 if shared.layers else need + 1)
+    assert resolve_run(cfg, loaded, shared).batch == 1 and shared.layers == []
+
+    monkeypatch.setattr(planning, "usable_host_bytes", lambda: 10**12)
+    _decode(tiny_qwen3, "fullkv", shared)
+    assert resolve_run(cfg, loaded, shared) and shared.layers  # fits beside it: kept
+    auto = ThroughputConfig(**{**cfg.__dict__, "batch": "auto", "gpu_mem": 8 * 2**30})
+    resolve_run(auto, loaded, shared)
+    assert shared.layers == []

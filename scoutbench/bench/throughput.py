@@ -187,10 +187,12 @@ class ResolvedRun:
         return requested, dense_if_budget_covers(requested, self.cfg.context_tokens)[0]
 
 
-def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> ResolvedRun:
+def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
+                shared_kv: SyntheticKVCache | None = None) -> ResolvedRun:
     """Resolve `cfg` into a ResolvedRun: load the model (unless given), check the context window, build the method
     and its budget plan, choose the batch (`auto`: the plan's) and check it against free memory (check_memory),
-    the one memory check of the run."""
+    the one memory check of the run. A prefill kept in `shared_kv` gives its memory back first where the run needs
+    it: always for `--batch auto` (the plan takes what is free), otherwise where the run would not fit beside it."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     if loaded is None:
@@ -199,7 +201,11 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> Res
     requested = build_method(cfg.method, cfg.method_args)
     method, budget_plan = dense_if_budget_covers(requested, cfg.context_tokens)
     try:
+        if shared_kv is not None and cfg.batch == "auto":
+            shared_kv.clear()
         batch, auto_plan = plan_auto_batch(cfg, method, loaded) if cfg.batch == "auto" else (int(cfg.batch), None)
+        if shared_kv is not None:
+            shared_kv.make_room(sum(memory_need(cfg, method, loaded, batch).values()))
         check_memory(cfg, method, loaded, batch, planned=auto_plan is not None)
     finally:
         method.close()
@@ -219,7 +225,7 @@ def run_throughput(run: ResolvedRun | ThroughputConfig, loaded: LoadedModel | No
     prefill layers and decode steps. Runs given one `shared_kv` draw a synthetic prefill's K/V once between them.
     """
     if isinstance(run, ThroughputConfig):
-        run = resolve_run(run, loaded)
+        run = resolve_run(run, loaded, shared_kv)
     if run.auto_plan is None:
         return _run_at_batch(run, run.batch, on_progress, shared_kv)
     from scoutbench.planning import run_with_oom_backoff
