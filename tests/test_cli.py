@@ -441,12 +441,10 @@ def test_result_names_are_claimed_atomically(tmp_path):
     assert (tmp_path / "r.json").read_text() == before and not list(tmp_path.glob(".*.tmp"))
 
 
-def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
+def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path, monkeypatch, capsys):
     """A real SIGKILL while the second method runs: the first method's result is complete on disk, nothing
     partial, and the folder's lock does not outlive the process (a rerun into the folder works)."""
     import signal
-    import subprocess
-    import sys
 
     out = tmp_path / "runs"
     proc, started = throughput_hanging_on_second_method(tmp_path, out, TINY)
@@ -458,9 +456,8 @@ def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     (kept,) = out.glob("*.json")
     assert json.loads(kept.read_text())["method"] == "fullkv" and not list(out.glob(".*.tmp"))
-    rerun = subprocess.run([sys.executable, "-m", "scoutbench", "throughput", "--method", "fullkv", *TINY, "-o",
-                            str(out)], capture_output=True, text=True, timeout=120)
-    assert rerun.returncode == 0, rerun.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", *TINY, "-o", out)
+    assert code == 0, err
     assert len(list(out.glob("*.json"))) == 2
 
 
