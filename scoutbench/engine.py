@@ -348,7 +348,7 @@ class SyntheticKVCache:
         return self.layers if self.layers and key == self.key else None
 
     def admits(self, nbytes: int, device: torch.device) -> bool:
-        """Whether a prefill of `nbytes` on `device` may be kept (call after `clear`, with the run's caches allocated)."""
+        """Whether a prefill of `nbytes` on `device` may be kept (asked after `clear`, the run's caches allocated)."""
         usable = planning.usable_host_bytes()
         return device.type == "cpu" and usable is not None and nbytes <= usable
 

@@ -97,11 +97,10 @@ def prefill_workspace_bytes_per_seq(shape: ModelShape, context_len: int, elem_by
                                     method_prefill_bytes: int = 0) -> int:
     """Device transient of one sequence during the synthetic prefill (DecodeEngine.prefill_synthetic), per layer.
 
-    Random K and V: two `[Hkv, N, D]` tensors; plus the observation-window
-    queries handed to the method; plus what the method's `ingest_prefill` holds on top of them
-    (`Footprint.prefill_bytes_per_seq`: its prompt-sized copies and fp32 temporaries are chunked, so this is a
-    chunk's worth). Transients that do not grow with the batch (HGCA's observed weights, one sequence at a time,
-    at most a few hundred MiB) are covered by the fixed reserve.
+    Random K and V: two `[Hkv, N, D]` tensors; plus the observation-window queries handed to the method; plus what
+    the method's `ingest_prefill` holds on top of them (`Footprint.prefill_bytes_per_seq`: its prompt-sized copies
+    and fp32 temporaries are chunked, so this is a chunk's worth). Transients that do not grow with the batch
+    (HGCA's observed weights, one sequence at a time, at most a few hundred MiB) are covered by the fixed reserve.
     """
     one_kv_tensor = shape.num_kv_heads * context_len * shape.head_dim * elem_bytes
     window = min(OBS_WINDOW, context_len)

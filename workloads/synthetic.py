@@ -78,4 +78,3 @@ class SyntheticWorkload:
 
     def describe(self) -> dict:
         return {"name": "synthetic", "len": self.length, **{k: v for k, v in asdict(self).items() if k != "length"}}
-

@@ -288,8 +288,9 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
             logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size), on_layer=report("prefill"))
             tokens = logits.argmax(-1)
         else:
-            kv_reused = engine.prefill_synthetic(torch.full((workload.batch,), workload.length, dtype=torch.long), cfg.seed,
-                                     key_skew=workload.kv_skew, on_layer=report("prefill"), shared_kv=shared_kv)
+            lengths = torch.full((workload.batch,), workload.length, dtype=torch.long)
+            kv_reused = engine.prefill_synthetic(lengths, cfg.seed, key_skew=workload.kv_skew,
+                                                 on_layer=report("prefill"), shared_kv=shared_kv)
             tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -342,7 +343,8 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         **budget_plan.result_fields(), "dense_layers": dense_layers_of(requested),
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
-        "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device), **summarise_steps(records, workload.batch, device.type),
+        "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
+        **summarise_steps(records, workload.batch, device.type),
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used,
     }
