@@ -220,6 +220,13 @@ void attend_portable(const Args& a, const Item& item, State st) {
 
 using AttendFn = void (*)(const Args&, const Item&, State);
 
+// Where element d of a row sits in the vector paths' bf16 layout: each chunk of `chunk` elements stored as its even
+// elements, then its odd ones (how a shift and a mask widen bf16 pairs). The kernels lay out q by it, and store_row
+// reads the accumulators back by it.
+constexpr int64_t even_odd_slot(int64_t d, int64_t chunk) {
+  return (d / chunk) * chunk + (d % 2) * (chunk / 2) + (d % chunk) / 2;
+}
+
 #if defined(SB_AVX512) || defined(SB_AVX2)
 // ------------------------------------------------------------------------------------------ vector kernels' schedule
 // What the AVX-512 and AVX2 kernels share: the softmax step, the software prefetch and its distance.
@@ -442,10 +449,7 @@ void attend_avx512(const Args& a, const Item& item, State st) {
   alignas(64) float qf[kMaxGroup * D];  // fp32 q; bf16 without AVX512-BF16: each 32-chunk as even | odd
   for (int g = 0; g < G; ++g) {
     for (int d = 0; d < D; ++d) {
-      float x = to_float<T>(q[g * D + d]);
-      int at = d;
-      if constexpr (BF16) at = (d / 32) * 32 + (d % 2) * 16 + (d % 32) / 2;
-      qf[g * D + at] = x;
+      qf[g * D + (BF16 ? even_odd_slot(d, 32) : d)] = to_float<T>(q[g * D + d]);
     }
   }
   const __m512 scale2 = _mm512_set1_ps(a.scale * kLog2e);
@@ -665,9 +669,7 @@ void attend_avx2(const Args& a, const Item& item, State st) {
   alignas(32) float qf[kMaxGroup * D];  // fp32 q; bf16: each 16-chunk as even | odd
   for (int g = 0; g < G; ++g) {
     for (int d = 0; d < D; ++d) {
-      int at = d;
-      if constexpr (BF16) at = (d / 16) * 16 + (d % 2) * 8 + (d % 16) / 2;
-      qf[g * D + at] = to_float<T>(q[g * D + d]);
+      qf[g * D + (BF16 ? even_odd_slot(d, 16) : d)] = to_float<T>(q[g * D + d]);
     }
   }
   const __m256 scale2 = _mm256_set1_ps(a.scale * kLog2e);
@@ -1532,16 +1534,7 @@ void split_row(int64_t k, const int64_t* ids, const uint8_t* valid, const int64_
 // Undo the even | odd order of bf16 accumulators (vector paths: chunks of `chunk` elements, 0 for none) while
 // writing `x * inv` to `dst`.
 void store_row(float* dst, const float* acc, int64_t D, float inv, int chunk) {
-  if (chunk == 0) {
-    for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * inv;
-    return;
-  }
-  const int half = chunk / 2;
-  for (int64_t c = 0; c < D; c += chunk)
-    for (int j = 0; j < half; ++j) {
-      dst[c + 2 * j] = acc[c + j] * inv;
-      dst[c + 2 * j + 1] = acc[c + half + j] * inv;
-    }
+  for (int64_t d = 0; d < D; ++d) dst[d] = acc[chunk ? even_odd_slot(d, chunk) : d] * inv;
 }
 
 }  // namespace
