@@ -216,7 +216,8 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
     resolved = resolve_device(settings.device)
     device = device_description(resolved)
     dtype = str(resolve_dtype(settings.dtype, resolved)).removeprefix("torch.")
-    runner = runner or ThroughputRunner()
+    # a lone point keeps no synthetic prefill for a next one, as a one-method throughput command does not
+    runner = runner or ThroughputRunner(share_kv=len(points) > 1)
     entries: dict[str, dict[str, Any]] = {e["id"]: e for e in (previous or {}).get("points", [])}
     manifest = {**envelope("sweep", command), "updated_at": utc_now(), "preset": preset, "settings": asdict(settings), "points": []}
     order = [p.point_id(settings.model) for p in points]
