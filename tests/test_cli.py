@@ -131,6 +131,48 @@ def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 3
 
 
+def test_a_log_gets_tables_whole(capsys):
+    """A log (CI, `| tee`) is no terminal: rich would assume 80 columns there and print `320.…`."""
+    from rich.table import Table
+
+    from scoutbench.cli.options import rich_console
+
+    table = Table()
+    for column in range(12):
+        table.add_column(f"stage {column}", no_wrap=True)
+    table.add_row(*["1234.56"] * 12)
+    rich_console().print(table)
+    out = capsys.readouterr().out
+    assert "…" not in out and out.count("1234.56") == 12 and max(map(len, out.splitlines())) > 80
+
+
+def test_throughput_table_never_cuts_a_number(monkeypatch, capsys, tmp_path):
+    """The throughput table shows each result's figures whole: in a log, and in an 80-column terminal with the
+    default run's 3-digit steps."""
+    from rich.console import Console
+
+    from scoutbench.cli.throughput import _table
+
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "infinigen",
+                             "--model", "tiny-qwen3", "--len", "64", "--steps", "2", "--warmup", "0", "-o",
+                             str(tmp_path))
+    assert code == 0, err
+    results = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]
+    assert "…" not in out
+    for result in results:
+        row = next(line for line in out.splitlines() if line.split()[:1] == [result["method"]])
+        assert f"{result['decode_step_ms']['median']:.2f}" in row.split(), row
+    for result in results:  # as the default run's: a 32k step on two cores takes hundreds of milliseconds
+        scale = 321.0 / result["decode_step_ms"]["median"]
+        for field in ("decode_step_ms", "latency_breakdown_ms"):
+            result[field] = {k: None if v is None else scale * v for k, v in result[field].items()}
+    terminal = Console(width=80, record=True, file=open(tmp_path / "terminal.txt", "w"))  # noqa: SIM115
+    terminal.print(_table(results))
+    text = terminal.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    assert all(f"{r['decode_step_ms']['median']:.2f}" in text for r in results)
+
+
 def test_methods_of_one_run_decode_the_prefill_they_would_alone(monkeypatch, capsys, tmp_path):
     """`--method A --method B` draws the synthetic prefill once (engine.SyntheticKVCache): B's work counters, which
     follow its selections over that K/V, are those of B run alone."""

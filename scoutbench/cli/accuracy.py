@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args
+from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, rich_console
 from scoutbench.errors import UsageError
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 
@@ -131,7 +131,6 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
 
     Predictions are resumable per method configuration: rerunning the same command skips finished samples.
     """
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from scoutbench.devices import resolve_device, resolve_dtype
@@ -196,7 +195,7 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
             tasks.append(longbench.LongBenchTask(name, records[name], loaded.tokenizer, length_limit,
                                                  source=sources[name]))
 
-    console = Console(stderr=True)
+    console = rich_console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=as_json, disable=as_json) as progress:
         bars = {task.name: progress.add_task(task.name, total=len(task.records)) for task in tasks}
@@ -225,7 +224,7 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
         else:  # nothing was written: the results as computed
             click.echo(json.dumps(results if len(results) > 1 else results[0], indent=2, default=str))
         return
-    stdout = Console()  # the result on stdout, progress and paths on stderr
+    stdout = rich_console()  # the result on stdout, progress and paths on stderr
     if len(results) == 1:
         _print_accuracy_table(stdout, results[0], task_names)
     else:
@@ -307,7 +306,6 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
                      num_prompts, out_file, overwrite, as_json) -> None:
     """A method against FullKV on the same prompts, teacher-forced on FullKV's greedy tokens: top-1 agreement,
     KL(FullKV || method) and final-hidden-state cosine, per step and overall."""
-    from rich.console import Console
     from rich.table import Table
 
     from scoutbench.devices import device_description
@@ -349,4 +347,4 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
                       f"{row['hidden_cosine']:.5f}")
     table.add_row("all", f"{overall['top1_agreement']:.3f}", f"{overall['kl_mean']:.4g}",
                   f"{overall['hidden_cosine']:.5f}", style="bold")
-    Console().print(table)
+    rich_console().print(table)

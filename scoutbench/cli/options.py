@@ -3,9 +3,25 @@ method options mean for each selected method is scoutbench/method_args.py's, the
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from scoutbench.errors import UsageError
+
+# A log that is not a terminal (CI, `| tee`, a file) has no width of its own: rich would assume 80 columns and cut
+# numbers in wide tables to "320.…". Such logs get this fixed width; a table still prints only as wide as it is.
+LOG_WIDTH = 200
+
+
+def rich_console(stderr: bool = False):
+    """The commands' rich console on stdout (results) or stderr (progress, warnings): a terminal's own width, or
+    LOG_WIDTH for a log."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else LOG_WIDTH)
+
 
 # torch.Generator.manual_seed takes a signed 64-bit integer: a larger --seed would overflow deep inside a run
 SEED = click.IntRange(0, 2**63 - 1)

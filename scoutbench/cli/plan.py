@@ -12,6 +12,7 @@ from scoutbench.cli.options import (
     LENGTH,
     expand_methods,
     parse_method_args,
+    rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.units import format_length, parse_bytes
@@ -93,7 +94,6 @@ def _model_config(model: str):
 
 def _print_table(model, dtype, context_len, plans):
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     from scoutbench.planning import format_bytes
@@ -109,6 +109,6 @@ def _print_table(model, dtype, context_len, plans):
     for p in plans:
         table.add_row(p["method"], format_bytes(p["device_bytes_per_seq"]), format_bytes(p["workspace_bytes_per_seq"]),
                       format_bytes(p["host_bytes_per_seq"]), str(p["max_batch"]), p["limited_by"])
-    Console().print(table)
+    rich_console().print(table)
     if first["limited_by"] == "weights":
         click.echo("the weights and the reserve alone do not fit: no batch is possible at this --gpu-mem")

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH
+from scoutbench.cli.options import DTYPE, LENGTH, rich_console
 from scoutbench.units import format_length
 
 
@@ -68,7 +68,6 @@ def _print_table(document: dict) -> None:
     """One row per projection; `len` is the prompt length (the measured run's, or --len). When two rows share
     method, model, len and batch (different measured points projected to one target), a `from` column names each
     row's source point."""
-    from rich.console import Console
     from rich.table import Table
 
     from scoutbench.analysis.projection import needs_source_column
@@ -91,7 +90,7 @@ def _print_table(document: dict) -> None:
                       f"{p['bus_h2d_ms_per_step']:.2f}", p["bound_by"],
                       "-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})",
                       *([p.get("source_point", "")] if with_source else []))
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    rich_console().print(table)
 
 
 @click.command(name="calibrate")

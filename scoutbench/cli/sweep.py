@@ -10,16 +10,8 @@ import sys
 import click
 
 from scoutbench.bench.sweep import PRESETS  # light: no torch at import time
-from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP
+from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP, rich_console
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-
-
-def _console(stderr: bool = False):
-    """Rich console; logs that are not a terminal (CI) get a wide fixed width so tables do not wrap."""
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -151,7 +143,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
                           settings.warmup, settings.seed, settings.prefill)
         build_method(point.method, point.args)
     check_writable(output, single_file=False)  # before the first line of output: an unwritable -o is the whole message
-    err = _console(stderr=True)
+    err = rich_console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
     err.print(f"{title}: {len(points)} points on {settings.model} into {output}", highlight=False)
     resolved_config = {"preset": preset, "scale": scale, "method": list(grid.methods), "len": list(grid.lengths),
@@ -171,7 +163,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     if as_json:
         click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
     else:
-        _console().print(_sweep_table(outcome.manifest))
+        rich_console().print(_sweep_table(outcome.manifest))
         noisy = [p["id"] for p in outcome.manifest["points"] if p.get("step_spread_warning")]
         if noisy:
             err.print(f"warning: {len(noisy)} point(s) too noisy to trust a ratio (step_spread_warning in their "
@@ -228,7 +220,7 @@ def report_command(results, output):
     from scoutbench.analysis.report import build_report
 
     report = build_report(results, output)
-    console = _console()
+    console = rich_console()
     for title, path in report.figures:
         console.print(f"figure  {path}  ({title})", highlight=False)
     console.print(f"summary {report.summary}", highlight=False)
@@ -278,7 +270,7 @@ def gate_command(baseline, current, tolerances, metrics, ratios, force, allow_mi
         return
     tol = parse_tolerances(tolerances)
     ratio_gates = [parse_ratio(spec) for spec in ratios]
-    console = _console()
+    console = rich_console()
     skipped: list[tuple[str, str]] = []
 
     def on_skip(path, why: str) -> None:
@@ -310,7 +302,7 @@ def _counter_gate(baseline, current, tolerances, allow_missing) -> None:
         raise UsageError("--counters compares with a baseline: add --baseline FILE_OR_DIR")
     tolerance = parse_tolerances(tolerances, default=f"{DEFAULT_COUNTER_TOLERANCE}").default
     report = counter_gate(load_side(baseline, "baseline"), load_side(current, "current"), tolerance, allow_missing)
-    console = _console()
+    console = rich_console()
     console.print(_gate_table(report.rows, "work counters against the baseline", ratio_column=True))
     for warning in report.warnings:
         console.print(f"warning: {warning}", highlight=False)

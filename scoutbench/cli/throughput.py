@@ -17,6 +17,7 @@ from scoutbench.cli.options import (
     WARMUP,
     expand_methods,
     parse_method_args,
+    rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.methods import ALL_METHODS, is_reference
@@ -86,8 +87,6 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
     prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
     which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
-    from rich.console import Console
-
     from scoutbench.bench.throughput import ThroughputConfig, check_context_fits
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.errors import UsageError
@@ -129,13 +128,13 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     check_writable(out_path, overwrite)
     if profile_dir is not None:  # before the runs: a trace that cannot be written must not cost a finished run
         check_writable(profile_dir, single_file=False)
-    err = Console(stderr=True)
+    err = rich_console(stderr=True)
     with output_lock(out_path.parent if single_file else out_path):
         results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
     if as_json:
         click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
     else:
-        Console().print(_table(results))
+        rich_console().print(_table(results))
         for result in results:
             if result.get("step_spread_warning"):
                 err.print(f"warning: {result['method']}: {result['step_spread_warning']}", highlight=False)
@@ -245,7 +244,7 @@ def _table(results):
                         f"len {first['workload']['len']}, {batch}"
                         + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",
                   caption=TABLE_CAPTION,
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)  # the default run's fits 80 columns
     table.add_column("method", no_wrap=True)
     if mixed_dense:
         table.add_column("dense", justify="right", no_wrap=True)
