@@ -41,8 +41,9 @@ int main() {
   for (size_t i = 0; i < evict_bytes; ++i) evict[i] = 1;
   std::mt19937_64 rng(1);
   const int lines = 16;
-  const char* names[] = {"loaded (L1)", "loaded, evicted from L1 (L2)", "in DRAM, no prefetch", "prefetched _MM_HINT_T0",
-                         "prefetched _MM_HINT_T1", "prefetched _MM_HINT_T2", "prefetched _MM_HINT_NTA"};
+  const char* names[] = {"loaded (L1)", "loaded, evicted from L1 (L2)", "in DRAM, no prefetch",
+                         "prefetched _MM_HINT_T0", "prefetched _MM_HINT_T1", "prefetched _MM_HINT_T2",
+                         "prefetched _MM_HINT_NTA"};
   volatile uint64_t sink = 0;
   for (int c = 0; c < 7; ++c) {
     std::vector<double> ticks;

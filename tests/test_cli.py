@@ -1,6 +1,7 @@
 """Foundation CLI behaviour: registry, length parsing, bad input -> one line + exit 2, the result schema."""
 
 import dataclasses
+import io
 import json
 
 import pytest
@@ -166,7 +167,7 @@ def test_throughput_table_never_cuts_a_number(monkeypatch, capsys, tmp_path):
         scale = 321.0 / result["decode_step_ms"]["median"]
         for field in ("decode_step_ms", "latency_breakdown_ms"):
             result[field] = {k: None if v is None else scale * v for k, v in result[field].items()}
-    terminal = Console(width=80, record=True, file=open(tmp_path / "terminal.txt", "w"))  # noqa: SIM115
+    terminal = Console(width=80, record=True, file=io.StringIO())
     terminal.print(_table(results))
     text = terminal.export_text()
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
