@@ -13,7 +13,6 @@ hint filled here.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,9 +84,11 @@ int main() {
 
 
 def main() -> None:
-    compiler = next((name for name in ("g++", "c++") if shutil.which(name)), None)
+    from scoutbench.kernels.cpu_attention import _compiler
+
+    compiler = _compiler()  # the kernel's own choice: $CXX, then g++, then c++
     if compiler is None:
-        raise SystemExit("prefetch_hints: no C++ compiler (g++ or c++) on PATH: install one, e.g. apt install g++")
+        raise SystemExit("prefetch_hints: no C++ compiler: set CXX, or install g++ (e.g. apt install g++)")
     with tempfile.TemporaryDirectory() as folder:
         source, binary = Path(folder) / "hints.cpp", Path(folder) / "hints"
         source.write_text(SOURCE)
