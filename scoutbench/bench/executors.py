@@ -52,7 +52,7 @@ class ThroughputRunner:
     points on one synthetic prefill (a method sweep at one length) draw its K/V once (`SyntheticKVCache`); a Ray
     worker does not, since the workers on one host would each keep a copy beside the others' runs."""
 
-    def __init__(self, share_kv: bool = True) -> None:
+    def __init__(self, share_kv: bool) -> None:
         from scoutbench.engine import SyntheticKVCache
 
         self._loaded: Any = None
