@@ -26,7 +26,7 @@ from scoutbench.results import envelope
 from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
-from scoutbench.timing import STAGES
+from scoutbench.timing import LAUNCH_BOUND_FRAC, STAGES, TorchCallCounter
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
@@ -54,6 +54,9 @@ class ThroughputConfig:
     nvml_interval_ms: int = 100
     profile_dir: str | None = None  # --profile: a torch.profiler trace of `profile_steps` extra, untimed steps
     profile_steps: int = 4
+    # extra, untimed steps after the timed ones during which the main thread's torch calls are counted (counting
+    # costs ~2.5 us a call, so it never runs in a timed step); 0: not counted
+    count_steps: int = 8
     nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -61,6 +64,11 @@ class ThroughputConfig:
     def context_tokens(self) -> int:
         """Tokens each sequence's cache holds by the last timed step: prompt + warm-up + timed steps."""
         return self.length + self.warmup + self.steps
+
+    @property
+    def stored_tokens(self) -> int:
+        """Tokens each sequence's storage holds: `context_tokens` plus the untimed counted and profiled steps."""
+        return self.context_tokens + self.count_steps + (self.profile_steps if self.profile_dir is not None else 0)
 
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
@@ -78,7 +86,7 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
 
     dtype = next(loaded.model.parameters()).dtype
     shape = ModelShape.from_config(loaded.model.config)
-    context_len = cfg.context_tokens + (cfg.profile_steps if cfg.profile_dir is not None else 0)
+    context_len = cfg.stored_tokens
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
     workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),
@@ -138,6 +146,37 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
     check_context(cfg.model, window, cfg.context_tokens,
                   f"--len {format_length(cfg.length)} plus {cfg.warmup + cfg.steps} decode steps",
                   "lower --len, or pass --prefill synthetic to time decode at that length")
+
+
+def host_fields(records: list[dict[str, float]], calls_per_step: float | None, counted_steps: int) -> dict[str, Any]:
+    """The host side of the timed steps (docs/results.md, `host` and `launch_bound`): torch calls per step from the
+    counted steps, and on CUDA each step's host issue and wait time. `launch_bound` is null off CUDA (no launches:
+    the host runs the step's work itself) and where no step recorded its host time."""
+    issue = [r["host_issue"] for r in records if "host_issue" in r]
+    issue_frac = [r["host_issue"] / r["total"] for r in records if "host_issue" in r and r["total"] > 0]
+    median = statistics.median
+    host = {
+        "torch_calls_per_step": calls_per_step, "counted_steps": counted_steps,
+        "host_issue_ms": median(issue) if issue else None,
+        "host_wait_ms": median([r["host_wait"] for r in records if "host_wait" in r]) if issue else None,
+        "host_issue_frac": median(issue_frac) if issue_frac else None,
+        "launch_bound_frac": LAUNCH_BOUND_FRAC,
+    }
+    launch_bound = None if not issue_frac else host["host_issue_frac"] >= LAUNCH_BOUND_FRAC
+    return {"host": host, "launch_bound": launch_bound}
+
+
+def count_calls(engine: Any, tokens: torch.Tensor, steps: int) -> tuple[torch.Tensor, float | None]:
+    """Decode `steps` untimed steps with the main thread's torch calls counted; (next tokens, calls per step)."""
+    if steps <= 0:
+        return tokens, None
+    counter = TorchCallCounter()
+    with counter:
+        for _ in range(steps):
+            tokens = engine.decode_step(tokens).argmax(-1)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    return tokens, counter.calls / steps
 
 
 def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:
@@ -275,11 +314,12 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     timer.nvtx = cfg.nvtx and device.type == "cuda"
     total_steps = workload.warmup + workload.steps
     profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
+    calls_per_step = None
     records: list[dict[str, float]] = []
     nvml = nvml_summary = profile = None
     attention_backends.reset()  # also counted when there are no warm-up steps
     try:
-        engine.start(workload.batch, workload.total_tokens + profiled_steps)
+        engine.start(workload.batch, workload.total_tokens + cfg.count_steps + profiled_steps)
         if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
             on_progress("prefill", 0, engine.num_layers)
         start = time.perf_counter()
@@ -312,9 +352,10 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
                 on_progress("decode", index + 1, total_steps)
         stats = method.stats()
         backends_used = attention_backends.snapshot()
-        if nvml is not None:  # the profiled steps below are no part of the measurement
+        if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
+        tokens, calls_per_step = count_calls(engine, tokens, cfg.count_steps)
         if profiled_steps:
             from scoutbench.profiling import profile_decode
 
@@ -345,6 +386,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
         **summarise_steps(records, workload.batch, device.type),
+        **host_fields(records, calls_per_step, cfg.count_steps),
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used,
     }
