@@ -173,8 +173,8 @@ def test_throughput_result_counts_calls_in_untimed_steps_and_marks_launch_bound_
 def test_throughput_table_marks_a_launch_bound_row_and_says_why():
     import io
 
-    from rich.console import Console
     from result_factory import make_result
+    from rich.console import Console
 
     from scoutbench.bench.throughput import host_fields
     from scoutbench.cli.throughput import _table
