@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,7 @@ class Generation:
     log_probs: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     method_stats: dict[str, Any] | None = None  # the method's `stats()` after the last step (teacher forcing)
+    step_ms: list[float] | None = None  # wall time of each decode step (teacher forcing)
 
 
 def _greedy_decode(engine: DecodeEngine, logits: torch.Tensor, max_new_tokens: int, stop_ids: frozenset[int],
@@ -241,16 +243,20 @@ class SharedPrefill:
         (e.g. to switch on a method's trace)."""
         method = spec.build_for(len(self.prompt_ids) + len(token_ids))
         trace = _StepTrace()
+        step_ms = []
         try:
             if observe is not None:
                 observe(method)
             engine = self.engine(method, len(token_ids))
             for token in token_ids:
-                trace.record(engine.decode_step(torch.tensor([token], device=self.device)), engine)
+                start = time.perf_counter()
+                logits = engine.decode_step(torch.tensor([token], device=self.device))
+                step_ms.append((time.perf_counter() - start) * 1e3)
+                trace.record(logits, engine)
             stats = method.stats()
         finally:
             method.close()
-        return Generation(list(token_ids), *trace.stacked(), method_stats=stats)
+        return Generation(list(token_ids), *trace.stacked(), method_stats=stats, step_ms=step_ms)
 
 
 def generate_texts_shared_prefill(model: torch.nn.Module, tokenizer: Any, specs: list[MethodSpec],
