@@ -88,6 +88,8 @@ class MethodContext:
     predict_query: Callable[..., torch.Tensor]
     # host(fn, *args): host work inside a layer's hooks (module docstring: CUDA graphs); runs fn(*args) now when eager
     host: Callable[..., None] = lambda fn, *args: fn(*args)
+    # the step is replayed from CUDA graphs: per-layer hooks read only device tensors (no host lengths for a backend)
+    graphs: bool = False
 
     @property
     def group_size(self) -> int:

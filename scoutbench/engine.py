@@ -22,6 +22,7 @@ import torch
 
 from scoutbench import planning
 from scoutbench.decode_ops import DecodeOps, choose_form
+from scoutbench.graphs import GraphRunner
 from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
@@ -46,15 +47,16 @@ class DecodeEngine:
         self.device, self.dtype = param.device, param.dtype
         self.timer = timer or StageTimer(self.device)
         self.ops: DecodeOps | None = None  # the decode step's model work (decode_ops.py), made by `start`
-        self.graphs: Any = None  # graphs.GraphRunner when the step is replayed from CUDA graphs
+        self.graphs: GraphRunner | None = None  # when the decode steps replay captured CUDA graphs
         self._cos = self._sin = None
         self.positions: torch.Tensor | None = None
         self.positions_host: list[int] = []
         self.step_index = 0
 
     # ------------------------------------------------------------------ setup
-    def start(self, batch: int, max_len: int) -> None:
-        """Bind the method to this model and run shape; storage for `max_len` tokens per sequence."""
+    def start(self, batch: int, max_len: int, cuda_graphs: bool = False) -> None:
+        """Bind the method to this model and run shape; storage for `max_len` tokens per sequence. With
+        `cuda_graphs` (a CUDA device) the decode steps replay captured graphs (scoutbench/graphs.py)."""
         # the method keeps its context, so a bound `self.predict_query` would make engine -> method -> engine a
         # reference cycle: a finished run's KV storage (GBs) then lived on until the next full garbage collection
         predict_query = weakref.WeakMethod(self.predict_query)
@@ -64,10 +66,11 @@ class DecodeEngine:
             head_dim=self.head_dim, scale=self.scale, batch=batch, max_len=max_len, device=self.device,
             dtype=self.dtype, timer=self.timer,
             predict_query=lambda *args, **kwargs: predict_query()(*args, **kwargs),
-            host=lambda *args: host()(*args),
+            host=lambda *args: host()(*args), graphs=cuda_graphs,
         )
         self.ops = DecodeOps(self.model, choose_form(self.device), max_len)
         self.method.bind(ctx)
+        self.graphs = GraphRunner(self, batch) if cuda_graphs else None
         cpu_attention.library()  # built (first use: seconds) or found now, never inside a timed step
         self.step_index = 0
 

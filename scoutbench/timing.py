@@ -81,6 +81,8 @@ class StageTimer:
         self._events: list[Any] = []
         self._next_event = 0
         self.enabled = True
+        # while a step is captured for CUDA graphs (graphs.GraphRunner): stage boundaries end pieces, nothing is timed
+        self.recorder: Any = None
         self.annotate = False  # torch.profiler.record_function per stage
         self.nvtx = False  # NVTX range per stage (CUDA)
 
@@ -101,6 +103,13 @@ class StageTimer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        if self.recorder is not None:
+            self.recorder.enter_stage(name)
+            try:
+                yield
+            finally:
+                self.recorder.exit_stage(name)
+            return
         if not self.enabled:
             yield
             return
@@ -139,6 +148,16 @@ class StageTimer:
             self._open.append((name, start, end, 1.0))
             if parent is not None:
                 self._open.append((parent, start, end, -1.0))
+
+    @contextmanager
+    def piece(self, name: str | None) -> Iterator[None]:
+        """A replayed CUDA graph piece, timed as the stage `name` it was captured in (None: `other`)."""
+        if name is None or not self.enabled:
+            yield
+            return
+        start = self._mark()
+        yield
+        self._open.append((name, start, self._mark(), 1.0))
 
     def begin_step(self) -> None:
         self._open.clear()

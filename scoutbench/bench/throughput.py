@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from scoutbench.devices import device_description, resolve_device, resolve_dtype
-from scoutbench.errors import ScoutbenchError
+from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import build_method
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_layers_of
@@ -57,6 +57,9 @@ class ThroughputConfig:
     # extra, untimed steps after the timed ones during which the main thread's torch calls are counted (counting
     # costs ~2.5 us a call, so it never runs in a timed step); 0: not counted
     count_steps: int = 8
+    # on: decode steps replay piecewise CUDA graphs (scoutbench/graphs.py); off: eager; auto: on where the device
+    # is CUDA
+    cuda_graphs: str = "auto"
     nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -69,6 +72,26 @@ class ThroughputConfig:
     def stored_tokens(self) -> int:
         """Tokens each sequence's storage holds: `context_tokens` plus the untimed counted and profiled steps."""
         return self.context_tokens + self.count_steps + (self.profile_steps if self.profile_dir is not None else 0)
+
+
+CUDA_GRAPH_MODES = ("auto", "on", "off")
+
+
+def use_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """Whether a run replays CUDA graphs: `auto` where the device is CUDA; `on` refuses any other device."""
+    if mode not in CUDA_GRAPH_MODES:
+        raise UsageError(f"--cuda-graphs {mode!r}: use one of {', '.join(CUDA_GRAPH_MODES)}")
+    if mode == "on" and device.type != "cuda":
+        raise UsageError(f"--cuda-graphs on needs a CUDA device (this run's is {device.type}): use --cuda-graphs "
+                         "auto or off")
+    return mode != "off" and device.type == "cuda"
+
+
+def graph_fields(runner: Any, timed_captures: int) -> dict[str, Any]:
+    """The result's `cuda_graphs`: what replayed (graphs.GraphRunner.describe), or eager throughout."""
+    if runner is None:
+        return {"cuda_graphs": {"enabled": False, "captured": False, "failure": None}}
+    return {"cuda_graphs": {**runner.describe(), "captures_in_timed_steps": timed_captures}}
 
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
@@ -234,6 +257,7 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
     it: always for `--batch auto` (the plan takes what is free), otherwise where the run would not fit beside it."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    use_cuda_graphs(cfg.cuda_graphs, device)
     if loaded is None:
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
     check_context_fits(cfg, loaded)
@@ -315,11 +339,13 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     total_steps = workload.warmup + workload.steps
     profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
     calls_per_step = None
+    graphs_on = use_cuda_graphs(cfg.cuda_graphs, device)
+    captures_before_timing = 0
     records: list[dict[str, float]] = []
     nvml = nvml_summary = profile = None
     attention_backends.reset()  # also counted when there are no warm-up steps
     try:
-        engine.start(workload.batch, workload.total_tokens + cfg.count_steps + profiled_steps)
+        engine.start(workload.batch, workload.total_tokens + cfg.count_steps + profiled_steps, cuda_graphs=graphs_on)
         if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
             on_progress("prefill", 0, engine.num_layers)
         start = time.perf_counter()
@@ -341,6 +367,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
             if index == workload.warmup:
                 method.reset_stats()
                 attention_backends.reset()
+                captures_before_timing = len(engine.graphs.schedules) if engine.graphs is not None else 0
                 if device.type == "cuda":
                     nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
             timer.begin_step()
@@ -352,6 +379,8 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
                 on_progress("decode", index + 1, total_steps)
         stats = method.stats()
         backends_used = attention_backends.snapshot()
+        timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
+        graphs = graph_fields(engine.graphs, timed_captures)
         if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
@@ -386,7 +415,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
         **summarise_steps(records, workload.batch, device.type),
-        **host_fields(records, calls_per_step, cfg.count_steps),
+        **host_fields(records, calls_per_step, cfg.count_steps), **graphs,
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used,
     }

@@ -85,9 +85,12 @@ DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` 
 @click.option("--count-steps", default=8, show_default=True, type=click.IntRange(min=0),
               help="Extra, untimed decode steps after the timed ones in which the main thread's torch calls are "
                    "counted (the result's host.torch_calls_per_step); 0: not counted.")
+@click.option("--cuda-graphs", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Replay each decode step from piecewise CUDA graphs (its device work between host points, "
+                   "captured once): auto = on where the device is CUDA.")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
             budget, block_size, dense_layers, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx,
-            count_steps):
+            count_steps, cuda_graphs):
     """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
     prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
     which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
@@ -100,6 +103,9 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
+    from scoutbench.bench.throughput import use_cuda_graphs
+
+    use_cuda_graphs(cuda_graphs, resolved)
     kind = "cuda" if resolved.type == "cuda" else "cpu"
     model = model or DEFAULT_MODELS[kind]
     steps = DEFAULT_STEPS[kind][0] if steps is None else steps
@@ -122,7 +128,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
                                 batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
                                 warmup=warmup, device=device, dtype=dtype, seed=seed, prefill=prefill,
                                 kv_skew=kv_skew, force=force, profile_dir=profile_dir, profile_steps=profile_steps,
-                                nvtx=nvtx, count_steps=count_steps, command=["scoutbench", *sys.argv[1:]])
+                                nvtx=nvtx, count_steps=count_steps, cuda_graphs=cuda_graphs,
+                                command=["scoutbench", *sys.argv[1:]])
                for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
