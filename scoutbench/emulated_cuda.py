@@ -31,10 +31,11 @@ run). It is adversarial where real hardware is lucky:
   Python value, a fresh allocation filled from one, or an input not copied into its static buffer makes replayed
   results differ from eager ones. A replay is device work on the current stream (at once on the default stream,
   queued on another) and one launch: torch function modes do not see its operations. What CUDA refuses in a
-  capture raises its error: host reads and syncs (the capturing thread's; in the "global" mode any thread's), a
-  wait on work outside the capture, device work on a stream outside it, a fork not joined back by the capture's end,
-  a capture on the default stream, a random op with an explicit generator; waits, queries and timing of an event
-  recorded in a capture fail afterwards (a replay does not record it).
+  capture raises its error: host reads and syncs (by capture mode, as CUDA: see `check_capture_sync`), a wait on
+  work outside the capture, device work on a stream outside it, a fork not joined back by the capture's end, a
+  capture on the default stream, a random op with an explicit generator; waits, queries and timing of an event
+  recorded in a capture fail afterwards (a replay does not record it). A kernel reading device memory by address
+  (Triton's interpreter) is refused in a capture: it would run at capture only.
 
 What it cannot see is listed in docs/gpu.md ("What emulation cannot catch").
 """
@@ -146,11 +147,11 @@ class EmulatedStream(torch.Stream):
         return event
 
     def query(self) -> bool:
-        self.runtime.check_capture_sync("stream.query()")
+        self.runtime.check_capture_sync("stream.query()", self)
         return self.done >= self.tail
 
     def synchronize(self) -> None:
-        self.runtime.record_sync("stream.synchronize()")
+        self.runtime.record_sync("stream.synchronize()", self)
         self.runtime.flush(self, self.tail)
 
     def __eq__(self, other: object) -> bool:
@@ -185,13 +186,14 @@ class EmulatedEvent:
                 runtime.timed_events.append(self)  # stamped when the stream's queued work reaches it
 
     def query(self) -> bool:
-        _active().check_capture_sync("event.query()")
+        runtime = _active()
+        runtime.check_capture_sync("event.query()", self.stream or runtime.default_stream)
         _refuse_captured_event(self, "query()")
         return self.stream is None or self.stream.done >= self.position
 
     def synchronize(self) -> None:
         runtime = _active()
-        runtime.check_capture_sync("event.synchronize()")
+        runtime.check_capture_sync("event.synchronize()", self.stream or runtime.default_stream)
         _refuse_captured_event(self, "synchronize()")
         if self.stream is None:
             return
@@ -307,8 +309,9 @@ class EmulatedRuntime:
             self.local.armed = previous
             self.syncs.extend(found)
 
-    def record_sync(self, kind: str) -> None:
-        self.check_capture_sync(kind)
+    def record_sync(self, kind: str, stream: EmulatedStream | None = None) -> None:
+        """Note a host-device sync (`stream`: the one it waits on, the current one by default)."""
+        self.check_capture_sync(kind, stream)
         armed = getattr(self.local, "armed", None)
         if armed is None or self.executing:
             return
@@ -329,13 +332,18 @@ class EmulatedRuntime:
                          "recorded in it, and join it back before the capture ends)")
         return None
 
-    def check_capture_sync(self, kind: str) -> None:
-        """A host-device sync (or an event or stream query) while a capture is underway fails as CUDA fails it:
-        on the capturing thread always, on any other thread in the "global" capture mode."""
+    def check_capture_sync(self, kind: str, stream: EmulatedStream | None = None) -> None:
+        """A host-device sync or an event or stream query while a capture is underway fails as CUDA fails it:
+        always when it waits on a capturing stream (`stream`, the current one by default: a host read copies on
+        it); otherwise it is "potentially unsafe", refused on every thread in the "global" capture mode, on the
+        capturing thread in "thread_local", nowhere in "relaxed"."""
         capture = self.capture
         if capture is None or self.executing:
             return
-        if threading.get_ident() == capture.thread or capture.mode == "global":
+        waits_on_capture = (stream or self.current_stream()) in capture.clocks
+        unsafe_here = capture.mode == "global" or (capture.mode == "thread_local" and
+                                                   threading.get_ident() == capture.thread)
+        if waits_on_capture or unsafe_here:
             capture.refuse(kind)
 
     def check_last_error(self) -> None:
@@ -783,6 +791,12 @@ def _tensor_method(runtime: EmulatedRuntime, func: Any, args: tuple, kwargs: dic
     if func is torch.Tensor.pin_memory:
         raise RuntimeError("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned")
     if func in (torch.Tensor.data_ptr, torch.Tensor.untyped_storage):
+        capture = runtime.capturing(runtime.current_stream())
+        if capture is not None:
+            capture.fail(f"emulated CUDA: {func.__name__}() of a device tensor inside a capture, "
+                         f"{_call_site('').where()}: a kernel that reads device memory by address (Triton's "
+                         "interpreter) would run now, at capture, and no replay would run it; capturing it is not "
+                         "emulated (on a GPU the kernel's launch is captured)")
         return func(tensor._inner)
     if func is torch.Tensor.cpu:
         return _to_host(runtime, tensor, non_blocking=False)
