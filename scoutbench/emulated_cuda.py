@@ -527,8 +527,10 @@ class _Site(SyncSite):
 
 
 def _call_site(kind: str) -> _Site:
+    """The innermost frame outside torch and the emulator, and outside any torch function mode's handler (a call
+    counter pushed above the emulator is not where a call comes from)."""
     for frame in reversed(traceback.extract_stack()[:-1]):
-        if not any(part in frame.filename for part in _OWN_FILES):
+        if frame.name != "__torch_function__" and not any(part in frame.filename for part in _OWN_FILES):
             line = frame.line or linecache.getline(frame.filename, frame.lineno).strip()
             return _Site(kind, frame.filename, frame.lineno or 0, line)
     return _Site(kind, "?", 0, "")

@@ -436,6 +436,16 @@ def test_a_torch_function_mode_on_top_sees_the_capture_and_not_the_replayed_ops(
     assert torch.equal(out.cpu(), expected.cpu()) and torch.equal(cache.cpu(), eager_cache.cpu())
 
 
+def test_a_refusal_names_the_callers_line_not_a_torch_function_modes(cuda):
+    x = torch.ones(4, device="cuda")
+    with CallCounter():
+        first = refused(lambda: x.sum().item())
+    assert "test_emulated_graphs.py" in str(first) and "x.sum().item()" in str(first), str(first)
+    with CallCounter(), cuda.detect_syncs() as found:
+        x.sum().item()
+    assert found[0].filename.endswith("test_emulated_graphs.py") and "x.sum().item()" in found[0].line
+
+
 def test_side_stream_work_is_counted_once_when_issued_not_again_when_it_runs(cuda):
     """Queued device work runs when some thread waits for it; a torch function mode on that thread must not count
     it again (a GPU runs it without any host call)."""
