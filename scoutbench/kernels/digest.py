@@ -151,7 +151,8 @@ class CandidateBlocks:
             return torch.zeros(*scores.shape[:2], 0, dtype=torch.long, device=scores.device)
         masked = scores.masked_fill(self.blocked, float("-inf"))
         if out is not None:
-            return torch.topk(masked, self.k, dim=-1, sorted=True, out=out).indices
+            torch.topk(masked, self.k, dim=-1, sorted=True, out=out)
+            return out[1]
         return torch.topk(masked, self.k, dim=-1, sorted=True).indices
 
 
