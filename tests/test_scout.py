@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -237,6 +238,34 @@ def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt
     method._recall = checked
     scout_run(tiny_qwen3, method, prompt, lengths, tokens)
     assert recalls and sum(recalls) == method.stats()["recall"]["blocks"] > 0
+
+
+def test_the_decode_waits_for_the_cpu_attention_not_the_recall_staging(tiny_qwen3, prompt_300, monkeypatch):
+    """The worker stages a recall after it has handed over its attention result: the layer's wait ends before the
+    staging does (a slow staging here: 50 ms), and the recall is still issued before the layer's next split."""
+    from scoutbench.kernels.block_store import TieredBlockStore
+
+    prompt, lengths, tokens = prompt_300
+    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2)
+    original = TieredBlockStore.stage
+    staged = []
+
+    def slow_stage(store, layer, parity, bh, blocks):
+        time.sleep(0.05)
+        original(store, layer, parity, bh, blocks)
+        staged.append(len(method.trace))  # where in the trace the staging ended
+
+    monkeypatch.setattr(TieredBlockStore, "stage", slow_stage)
+    scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    recalls = [i for i, r in enumerate(method.trace) if r["kind"] == "recall"]
+    assert 0 < len(recalls) <= len(staged) <= len(recalls) + 2  # the last step's may still be pending at the end
+    waits = {(r["layer"], r["step"]): i for i, r in enumerate(method.trace) if r["kind"] == "wait"}
+    for i, end in zip(recalls, staged, strict=False):  # recalls are issued in the order they were staged
+        recall = method.trace[i]
+        assert waits[(recall["layer"], recall["step"])] < end  # the layer's wait ended before its staging did
+        nxt = [j for j, r in enumerate(method.trace) if r["kind"] == "plan" and r["layer"] == recall["layer"]
+               and r["step"] == recall["step"] + 1]
+        assert not nxt or i < nxt[0]  # issued before the layer's next selection
 
 
 @pytest.mark.parametrize("device_blocks", [None, "resident"])
