@@ -187,8 +187,9 @@ class ScoutAttention(SparseLayerMethod):
                 f"(got {self.device_blocks!r})")
         require(self.cpu_workers >= 1, f"cpu_workers must be >= 1 (got {self.cpu_workers})")
         self._profile_intervals: list[int | None] | None = None
+        self._profile_measured_on: dict[str, Any] | None = None
         if self.recall_profile is not None:
-            self._profile_intervals = load_recall_profile(self.recall_profile)
+            self._profile_intervals, self._profile_measured_on = load_recall_profile(self.recall_profile)
         self.trace: list[dict[str, Any]] | None = None  # tests/profiling: per layer-step records (host syncs)
         self._pool: CpuWorkerPool | None = None
 
@@ -635,7 +636,10 @@ class ScoutAttention(SparseLayerMethod):
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
                        "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
                        "per_layer": list(self._recalls),
-                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)]},
+                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)],
+                       # where the intervals come from: the profile's file and what it measured (null: fixed)
+                       "profile": None if self.recall_profile is None else
+                       {"path": self.recall_profile, "measured_on": self._profile_measured_on}},
             "cpu_attention_ms": self._cpu_ms,
             "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,
             "idle_ms": self._idle_ms,
@@ -709,9 +713,9 @@ class ScoutAttention(SparseLayerMethod):
             host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
 
 
-def load_recall_profile(path: str) -> list[int | None]:
+def load_recall_profile(path: str) -> tuple[list[int | None], dict[str, Any] | None]:
     """Per-layer recall intervals from a `scoutbench profile-recall` JSON (`intervals`: one entry per layer,
-    null for dense layers)."""
+    null for dense layers) and what they were measured on (`measured_on`; None in a profile that does not say)."""
     if not os.path.isfile(path):
         raise ValueError(f"recall_profile {path!r} does not exist")
     try:
@@ -724,4 +728,4 @@ def load_recall_profile(path: str) -> list[int | None]:
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"recall_profile {path!r} is not a profile-recall JSON with an 'intervals' list "
                          "of positive integers (null for dense layers)") from None
-    return intervals
+    return intervals, data.get("measured_on")
