@@ -18,7 +18,7 @@ from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.results import LOCK_NAME, load_results
 
 SCOUT_FIELDS = {"budget", "block_size", "pc", "pr", "recall_interval"}
-FIELDS = {"fullkv": set(), "infinigen": {"budget"}, "hgca": {"budget", "block_size"}, "scout": SCOUT_FIELDS,
+FIELDS = {"fullkv": set(), "infinigen": {"budget"}, "infinigen-dynamic": {"budget"}, "hgca": {"budget", "block_size"}, "scout": SCOUT_FIELDS,
           "scout-base": SCOUT_FIELDS, "scout-pc": SCOUT_FIELDS}
 SETTINGS = Settings(model="tiny-qwen3", steps=2, warmup=1, device="cpu", prefill="synthetic")
 POINTS = [SweepPoint("fullkv", length, 1) for length in (1024, 2048, 4096)]
