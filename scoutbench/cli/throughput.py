@@ -20,7 +20,7 @@ from scoutbench.cli.options import (
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.methods import ALL_METHODS, is_reference
+from scoutbench.methods import SPEED_METHODS, is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -35,7 +35,7 @@ DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
 # (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
-DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` adds the ablation variants
+DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); `--method all`: every registered one
 
 
 @click.command(name="throughput")
