@@ -534,6 +534,8 @@ class EmulatedTensor(torch.Tensor):
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        if func is torch._has_compatible_shallow_copy_type:
+            return False  # `Module.to("cuda")`: new device parameters, never host storage swapped for device data
         runtime = _active()
         if func in _HOST_READS:
             runtime.record_sync(_HOST_READS[func])
