@@ -194,7 +194,8 @@ def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, exp
     args = {"budget": 64, "block_size": 16, "dense_layers": 1} if name != "fullkv" else {}
     config = ThroughputConfig(method=name, method_args=args, model="tiny-qwen3", length=256, batch=2, steps=2,
                               warmup=1, device="cpu", dtype="float32", prefill="synthetic")
-    with emulated_cuda() if cuda_present else contextlib.nullcontext():
+    emulate = cuda_present and not torch.cuda.is_available()  # a GPU machine has CUDA present as it is
+    with emulated_cuda() if emulate else contextlib.nullcontext():
         result = run_throughput(config, LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True))
         best_installed = backends.partial_backend(resolve_device("auto"))
     used = result["attention_backends"]
