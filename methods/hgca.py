@@ -180,7 +180,7 @@ class HGCA(SparseLayerMethod):
         self.copy = CopyStream(ctx.device)
         # on a CPU-only run one intra-op thread: HGCA's host part runs beside the main thread's window attention
         # and merge; with torch's 2 threads its steps were slower (bench-attn16 16k, docs/platform.md)
-        self.pool = CpuWorkerPool(1, intra_op_threads=None if ctx.device.type == "cuda" else 1)
+        self.pool = CpuWorkerPool(1, intra_op_threads=1 if ctx.device.type == "cpu" else None, device=ctx.device)
         # per layer: moving-average updates and admissions of migrated tokens, held back until the next CPU
         # attention is queued, and the future of the last one submitted (a migration waits for it)
         self._deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []

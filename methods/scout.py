@@ -242,7 +242,7 @@ class ScoutAttention(SparseLayerMethod):
         self._no_victims = (torch.zeros((B, Hkv, self.k_sel), dtype=torch.long, device=dev),
                             torch.zeros((B, Hkv), dtype=torch.long, device=dev))
         self._plans: dict[int, _Plan] = {}
-        self._pool = CpuWorkerPool(self.cpu_workers)
+        self._pool = CpuWorkerPool(self.cpu_workers, device=ctx.device)
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 

@@ -20,8 +20,8 @@ run). It is adversarial where real hardware is lucky:
   `torch.tensor(data, device=cuda)`, indexing with host or boolean indices, `nonzero`, a host wait on an event or
   stream) on a thread inside `detect_syncs()` are recorded with the source line that caused them.
 - `cudart()` (the functions torch binds) keeps CUDA's per-thread last error: a failed call (see
-  `fail_host_register`) leaves it set and the next device operation raises it, as torch's kernel-launch check does
-  (which also clears it).
+  `fail_host_register` and `host_register_error`) leaves it set and the next device operation raises it, as
+  torch's kernel-launch check does (which also clears it).
 
 What it cannot see is listed in docs/gpu.md ("What emulation cannot catch").
 """
@@ -48,6 +48,11 @@ EMULATED_DEVICE = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 CUDA_SUCCESS = 0
 CUDA_ERROR_MEMORY_ALLOCATION = 2
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+CUDA_ERROR_STRINGS = {CUDA_SUCCESS: "no error", 1: "invalid argument", CUDA_ERROR_MEMORY_ALLOCATION: "out of memory",
+                      CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+                          "part or all of the requested memory range is already mapped",
+                      801: "operation not supported"}  # cudaGetErrorString's texts
 _OWN_FILES = (__file__, os.sep + "torch" + os.sep, os.sep + "contextlib.py", os.sep + "threading.py",
               os.sep + "concurrent" + os.sep, os.sep + "_pytree.py")
 
@@ -210,14 +215,17 @@ class EmulatedCudart:
     def cudaHostRegister(self, pointer: int, nbytes: int, flags: int) -> int:  # noqa: N802 - CUDA's name
         if self.runtime.fail_host_register > 0:
             self.runtime.fail_host_register -= 1
-            self.runtime.local.last_error = CUDA_ERROR_MEMORY_ALLOCATION
-            return CUDA_ERROR_MEMORY_ALLOCATION
+            self.runtime.local.last_error = self.runtime.host_register_error
+            return self.runtime.host_register_error
         self.runtime.register_pinned(pointer, nbytes)
         return CUDA_SUCCESS
 
     def cudaHostUnregister(self, pointer: int) -> int:  # noqa: N802
         self.runtime.unregister_pinned(pointer)
         return CUDA_SUCCESS
+
+    def cudaGetErrorString(self, code: int) -> str:  # noqa: N802
+        return CUDA_ERROR_STRINGS.get(int(code), "unrecognized error code")
 
     # No cudaGetLastError: torch's bindings (torch/csrc/cuda/shared/cudart.cpp) have none either.
 
@@ -246,7 +254,8 @@ class EmulatedRuntime:
         self.streams: list[EmulatedStream] = [self.default_stream]
         self.timed_events: list[EmulatedEvent] = []
         self.syncs: list[SyncSite] = []
-        self.fail_host_register = 0  # the next N cudaHostRegister calls fail (out of memory)
+        self.fail_host_register = 0  # the next N cudaHostRegister calls fail, with host_register_error
+        self.host_register_error = CUDA_ERROR_MEMORY_ALLOCATION
         self.properties = _DeviceProperties(total_memory=memory_bytes)
         self.cudart = EmulatedCudart(self)
         self._pinned: list[tuple[int, int, Any]] = []  # (start, end, StorageWeakRef or None for registered)
@@ -285,8 +294,8 @@ class EmulatedRuntime:
         error = getattr(self.local, "last_error", CUDA_SUCCESS)
         if error != CUDA_SUCCESS:
             self.local.last_error = CUDA_SUCCESS
-            raise RuntimeError(f"CUDA error: out of memory (cudaError {error}, left by an earlier CUDA call and "
-                               "reported by this kernel launch)")
+            raise RuntimeError(f"CUDA error: {CUDA_ERROR_STRINGS.get(error, 'unrecognized error code')} (cudaError "
+                               f"{error}, left by an earlier CUDA call and reported by this kernel launch)")
 
     # -- execution
     def flush(self, stream: EmulatedStream, upto: int) -> None:
@@ -843,7 +852,8 @@ def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
         (cuda, "reset_peak_memory_stats"): lambda device=None: None,
         (cuda, "empty_cache"): lambda: None,
         (torch, "Generator"): _EmulatedGenerator,
-        **({(torch.accelerator, "empty_host_cache"): lambda: None} if hasattr(torch, "accelerator") else {}),
+        **({(torch.accelerator, "empty_host_cache"): lambda: None}
+           if hasattr(getattr(torch, "accelerator", None), "empty_host_cache") else {}),
         **({(torch._C, "_host_emptyCache"): lambda: None} if hasattr(torch._C, "_host_emptyCache") else {}),
     }
 
