@@ -15,7 +15,8 @@ run). It is adversarial where real hardware is lucky:
   after whatever it waited on (`lazy=True`). So a missing wait reads stale data, never a lucky finished copy.
 - A device-to-host copy into pinned memory lands only when it is waited on; a host-to-device copy from pinned memory
   reads its source at once, and that source must not change before the copy is known complete (else
-  `EmulatedCudaHazard`: the host overwrote a buffer a queued copy still reads).
+  `EmulatedCudaHazard`: the host overwrote a buffer a queued copy still reads). A copy from or to a non-contiguous
+  host view is staged through pageable memory, as torch does, pinned or not (`staged_copies`).
 - Host-device synchronisations (`.item()`, `.tolist()`, `.cpu()`, `bool(t)`, a blocking or pageable copy,
   `torch.tensor(data, device=cuda)`, indexing with host or boolean indices, `nonzero`, a host wait on an event or
   stream) on a thread inside `detect_syncs()` are recorded with the source line that caused them.
@@ -262,6 +263,7 @@ class EmulatedRuntime:
         self._source_checks: list[tuple[EmulatedStream, int, torch.Tensor, torch.Tensor, str]] = []
         # bytes copied, by (direction "h2d"/"d2h", stream "default"/"side", dtype): methods' counters are checked on it
         self.transfers: Counter[tuple[str, str, torch.dtype]] = Counter()
+        self.staged_copies: Counter[tuple[str, str]] = Counter()  # through a pageable buffer: see `_staged`
 
     # -- threads
     def current_stream(self) -> EmulatedStream:
@@ -369,10 +371,20 @@ class EmulatedRuntime:
         return out
 
     # -- copies between host and device
+    def _staged(self, direction: str, host: torch.Tensor) -> bool:
+        """A copy whose host side is not contiguous goes through a fresh pageable buffer and a CPU copy (torch's
+        copy_kernel_cuda makes it contiguous first): as slow and as synchronous as pageable memory, pinned or not.
+        Counted in `staged_copies` (bytes by direction and source line), armed or not."""
+        if host.is_contiguous():
+            return False
+        with self.lock:
+            self.staged_copies[direction, _call_site("").where()] += host.numel() * host.element_size()
+        return True
+
     def host_to_device(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
         """dst (device data) <- src (host): now on the default stream, queued on another one."""
         stream = self.current_stream()
-        pinned = self.is_pinned(src)
+        pinned = not self._staged("h2d", src) and self.is_pinned(src)
         self._count("h2d", stream, src)
         if not non_blocking:
             self.record_sync("blocking host-to-device copy")
@@ -391,7 +403,7 @@ class EmulatedRuntime:
         """dst (host) <- src (device data): lands when waited on (pinned, non_blocking), else now with a sync."""
         stream = self.current_stream()
         self._count("d2h", stream, src)
-        if not non_blocking or not self.is_pinned(dst):
+        if self._staged("d2h", dst) or not non_blocking or not self.is_pinned(dst):
             kind = "blocking device-to-host copy" if not non_blocking else \
                 "non_blocking device-to-host copy into pageable memory (synchronous)"
             self.record_sync(kind)

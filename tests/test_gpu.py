@@ -233,6 +233,32 @@ def test_host_tier_is_pinned(models, name):
         method.close()
 
 
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_no_copy_goes_through_pageable_memory(models, cuda_runtime, name):
+    """Every device-host copy of a method's prefill and decode reads or writes its host memory in place: torch
+    stages a copy to or from a non-contiguous host view through a fresh pageable buffer and a CPU copy (HGCA's
+    prefill copied each sequence's prompt into a strided slice of its pinned tier: ~190 ms per 132 MB, 380 copies
+    per run at the check's shape). The emulator sees the staging (`staged_copies`); a GPU cannot say."""
+    from scoutbench.engine import DecodeEngine
+
+    if cuda_runtime is None:
+        pytest.skip("torch's staging is visible only to the emulator")
+    method = _method(name)
+    _, cuda_model = models
+    engine = DecodeEngine(cuda_model, method)
+    cuda_runtime.staged_copies.clear()
+    try:
+        engine.start(2, 1024 + 4)
+        engine.prefill_synthetic(torch.tensor([1024, 1000]))
+        tokens = torch.zeros(2, dtype=torch.long, device=CUDA)
+        for _ in range(3):
+            tokens = engine.decode_step(tokens).argmax(-1)
+        torch.cuda.synchronize()
+        assert not cuda_runtime.staged_copies, dict(cuda_runtime.staged_copies)
+    finally:
+        method.close()
+
+
 # Host syncs a method documents (file, source text of the line): InfiniGen's dynamic fetch count (dynamic_count=True,
 # as in the original) is one `.item()` per sparse layer. Anything else the sync debug mode reports fails the test.
 ALLOWED_SYNCS = {"infinigen": ("methods/infinigen.py", ".mean().item()")}
