@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 METHODS = Registry("method")
 METHODS.register("fullkv", "scoutbench.methods.fullkv:FullKV", "full")
 METHODS.register("quest", "scoutbench.methods.quest:Quest")
+# Quest as its own code runs it (mit-han-lab/Quest): 16-token pages, one selection per query head.
+METHODS.register("quest-official", "scoutbench.methods.quest:Quest", preset={"block_size": 16, "per_query_head": True})
 METHODS.register("infinigen", "scoutbench.methods.infinigen:InfiniGen")
 METHODS.register("hgca", "scoutbench.methods.hgca:HGCA")
 METHODS.register("scout", "scoutbench.methods.scout:ScoutAttention", "scoutattention")

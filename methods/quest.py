@@ -4,9 +4,12 @@ It is ScoutAttention's accuracy reference: the same digests and the same selecti
 official kernel path (mit-han-lab/Quest, `quest/`): the budget counts the tail block, the top `budget // block_size - 1`
 complete blocks by the digest upper bound of the true query are attended together with the tail block (the possibly
 partial block holding the newest token), and a layer whose context fits in the budget runs dense. GQA (the official
-kernel is MHA-only): one selection per KV head, the group's query heads aggregated by max, which keeps the score an
-upper bound for every head of the group. Deviation from the official HF evaluation path, on purpose: no 3-block floor
-and a forced tail, as in the kernels the paper times.
+kernel is MHA-only): by default one selection per KV head, the group's query heads aggregated by max, which keeps the
+score an upper bound for every head of the group (ScoutAttention selects the same way); `per_query_head=True` is the
+official code's own choice, one selection per query head among its KV head's blocks (each head reads its own
+`budget` tokens, so a KV head's group reads up to G times as many). The page size is `block_size`; the official
+code's setting (16-token pages, per-query-head selection) is the registered preset `quest-official`. Deviation from
+the official HF evaluation path, on purpose: no 3-block floor and a forced tail, as in the kernels the paper times.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Quest(FullKV):
     budget: int = 2048  # tokens attended per (sequence, KV head) in a sparse layer, tail block included
     block_size: int = 32
     dense_layers: int = DEFAULT_DENSE_LAYERS  # the first layers stay dense (under 10% sparsity there, Quest §3.4)
+    per_query_head: bool = False  # one selection per query head (the official code) instead of per KV head
 
     def __post_init__(self) -> None:
         require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
@@ -67,8 +71,10 @@ class Quest(FullKV):
         digest_shape = (ctx.batch, ctx.num_kv_heads, rounded // self.block_size, ctx.head_dim)
         sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
         self.digests = DigestTable(sparse, digest_shape, ctx.dtype, ctx.device)
-        self._gathered_k = self._gathered_v = None  # CUDA: flashinfer attends a contiguous gather of the selection
-        if ctx.device.type == "cuda":
+        # CUDA: flashinfer attends a contiguous gather of the selection (per KV head); per query head, the gather of
+        # block_sparse_attention
+        self._gathered_k = self._gathered_v = None
+        if ctx.device.type == "cuda" and not self.per_query_head:
             gather_shape = (ctx.batch, ctx.num_kv_heads, self.page_budget * self.block_size, ctx.head_dim)
             self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
             self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
@@ -129,7 +135,7 @@ class Quest(FullKV):
             block_ids, valid_len = self.select(layer, q)
             self._attended_sum[layer] += valid_len.float().mean()
             self._attended.add(valid_len)
-            if self._gathered_k is None:  # CPU: the selected blocks attended in place
+            if self._gathered_k is None:  # CPU (or per query head): the selected blocks attended by id
                 batch, kv_heads, num_tokens, head_dim = keys.shape
                 blocked = (batch, kv_heads, num_tokens // self.block_size, self.block_size, head_dim)
                 return block_sparse_attention(q, keys.view(blocked), values.view(blocked), block_ids, self.ctx.scale,
@@ -142,14 +148,14 @@ class Quest(FullKV):
     def select(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The blocks a sparse layer attends in this step (after the append), per (sequence, KV head).
 
-        Returns (block_ids `[B, Hkv, page_budget]`, valid_len `[B, Hkv]` in tokens): the selected complete blocks
-        in descending score order, then the tail block, then padding; valid_len counts the selected blocks' tokens
-        plus the tail's, so the valid tokens of a gather of these blocks come first.
+        Returns (block_ids `[B, H, page_budget]`, valid_len `[B, H]` in tokens; H = Hkv, or Hq per query head):
+        the selected complete blocks in descending score order, then the tail block, then padding; valid_len counts
+        the selected blocks' tokens plus the tail's, so the valid tokens of a gather of these blocks come first.
         """
         pages = self.page_budget
         candidates = self._max_candidates
         selectable = CandidateBlocks.build(candidates, self._tail_block, pages - 1, None, q.device)
-        ids, _ = self.digests.select(layer, q, selectable)
+        ids, _ = self.digests.select(layer, q, selectable, self.per_query_head)
         count = selectable.count.expand(ids.shape[:2])
         block_ids = torch.nn.functional.pad(ids, (0, pages - ids.shape[-1]))
         slot = torch.arange(pages, device=q.device)
@@ -191,10 +197,13 @@ class Quest(FullKV):
 
     @classmethod
     def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """Every block digest read to select, then the selected blocks' KV attended on the device."""
+        """Every block digest read to select, then the selected blocks' KV attended on the device (per query head:
+        each query head reads its own selection, G per KV head)."""
         shape = terms.shape
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
         tokens = min(fractions["attended_budget_frac"] * config["budget"], N)
+        selections = m.num_heads // m.num_kv_heads if config.get("per_query_head") else 1  # per KV head
         digests = B * m.num_kv_heads * math.ceil(N / config["block_size"]) * 2 * m.head_dim * e
-        return terms.layer("none", select_bytes=digests, device_kv_bytes=B * tokens * shape.kv_bytes_per_token,
-                           device_tokens=B * m.num_kv_heads * tokens)
+        return terms.layer("none", select_bytes=digests,
+                           device_kv_bytes=B * selections * tokens * shape.kv_bytes_per_token,
+                           device_tokens=B * m.num_kv_heads * selections * tokens)

@@ -49,7 +49,7 @@ class _Plan:
     q: torch.Tensor  # host query of the CPU part [B, Hq, D] (predicted, or the true one)
     split: SplitPlan  # on the host: the selected blocks (CPU ones first), in-flight flags, victims, counts
     event: Any  # completes when `q` and `split` are on the host
-    pool_use: torch.Tensor  # device bool [B, Hkv, k_sel]: pool slots read by the device part
+    pool_use: torch.Tensor  # device bool [B, Hkv, pool_slots]: pool slots read by the device part
     cpu_blocks: torch.Tensor  # device [B, Hkv]: blocks the CPU part attends
     predicted: bool
     recall_periodic: bool = False  # this layer's periodic recall is due after this step's attention
@@ -85,18 +85,21 @@ class ScoutAttention(SparseLayerMethod):
     Storage (`TieredBlockStore`, scoutbench/kernels/block_store.py). Layers `< dense_layers` are FullKV on the
     device. A sparse layer keeps every complete block in host memory (pinned on CUDA), which the CPU kernel reads
     in place; on the device it keeps Quest digests (kmax/kmin of post-RoPE keys) of every complete block and one
-    contiguous region per (sequence, KV head) of `budget // block_size` block slots: `k_sel` pool slots,
-    `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the local blocks and the tail (the
-    partial block with the current token). `BlockTable` records which block sits in which pool slot.
+    contiguous region per (sequence, KV head): `pool_slots` pool slots (`pool_factor` selections of `k_sel`
+    blocks), `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the local blocks and the tail
+    (the partial block with the current token). `BlockTable` records which block sits in which pool slot.
 
     Budget. `budget` counts every attended token, the always-on ones included (Quest convention): per
     (sequence, KV head) the method attends `k_sel = budget // block_size - sink_blocks - local_blocks - 1`
     selected blocks, plus the sink blocks, the local blocks and the tail (the remainder of `budget` modulo
     `block_size` is unused). Only complete blocks that are neither sink nor local can be selected; top-k per
-    (sequence, KV head) with the group's query heads max-aggregated (GQA).
+    (sequence, KV head) with the group's query heads max-aggregated (GQA). The pool is not budget: a pool larger
+    than a selection (`pool_factor > 1`) only keeps more candidate blocks on the device, so that a block the
+    selection drops and picks again a few steps later is still there (the selection churns by about a third of
+    its blocks per step on real text, docs/methods.md); the device still attends only the selected ones.
 
     Prefill. Everything goes to the host tier; digests, sink/local/tail blocks and the initial resident set (the
-    top `k_sel` blocks for the last prompt query) go to the device.
+    top `pool_slots` blocks for the last prompt query) go to the device.
 
     Decode (Algorithm 1), `pc=True`: `before_layer(i)` predicts layer i+1's query from layer i's input
     (`pred_norm="next"`: layer i+1's input norm applied to layer i's residual input; `"self"`: layer i's
@@ -108,7 +111,7 @@ class ScoutAttention(SparseLayerMethod):
     blocks) and the CPU (the others), so the two parts together attend at most `budget` tokens (the paper's
     split). `device_blocks="resident"` is a variant that reads Algorithm 1 line 10 (`A_gpu = GPUAttn(Q^i,
     B_gpu^i)`) literally: the device attends every resident block, selected or not, and the CPU part comes on
-    top, so it attends more than `budget` tokens (up to k_sel blocks more); its stats say so
+    top, so it attends more than `budget` tokens (up to pool_slots blocks more); its stats say so
     (`attended_tokens_per_head.within_budget: false`). The first sparse layer is predicted from layer
     `dense_layers - 1`; with `dense_layers == 0`, layer 0's CPU part runs synchronously with the true query.
     `pc=False` is the parallel co-attention baseline: selection with the true query inside `decode(i)`, the CPU
@@ -155,6 +158,7 @@ class ScoutAttention(SparseLayerMethod):
     pc: bool = True
     pr: bool = True
     recall_interval: int = 8
+    pool_factor: float = 1.0
     beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
     beta_trigger: bool = False
     device_blocks: str = "selected"
@@ -171,6 +175,8 @@ class ScoutAttention(SparseLayerMethod):
         require(self.k_sel >= 1, f"budget {self.budget} leaves no selectable block: need budget >= block_size * "
                 f"(sink_blocks + local_blocks + 2) = {self.block_size * (self.sink_blocks + self.local_blocks + 2)}")
         require(self.recall_interval >= 1, f"recall_interval must be >= 1 (got {self.recall_interval})")
+        require(self.pool_factor >= 1.0, f"pool_factor must be >= 1: the device pool holds at least one selection "
+                f"(got {self.pool_factor})")
         require(0.0 <= self.beta <= 1.0, f"beta must be in [0, 1] (got {self.beta})")
         require(self.pred_norm in PRED_NORMS, f"pred_norm must be one of {', '.join(PRED_NORMS)} "
                 f"(got {self.pred_norm!r})")
@@ -190,6 +196,12 @@ class ScoutAttention(SparseLayerMethod):
         return self.budget // self.block_size - self.sink_blocks - self.local_blocks - 1
 
     @property
+    def pool_slots(self) -> int:
+        """Device pool slots per (sequence, KV head): `pool_factor` selections (at least `k_sel`). The pool is
+        device memory, not budget: each step attends at most `k_sel` of the blocks it holds."""
+        return max(self.k_sel, round(self.pool_factor * self.k_sel))
+
+    @property
     def layer_ahead_active(self) -> bool:
         return self.pc and not self.oracle
 
@@ -197,10 +209,11 @@ class ScoutAttention(SparseLayerMethod):
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
         dense, sparse = self.layer_split(shape)
         n_blocks = math.ceil(context_len / self.block_size)
-        region = self.budget // self.block_size * self.block_size  # device block slots per (sequence, KV head)
+        # device tokens per (sequence, KV head): the pool's slots, the sink slots and the local/tail ring
+        region = (self.pool_slots + self.sink_blocks + self.local_blocks + 1) * self.block_size
         # per sparse layer: digests, the slotted region and its BlockTable (int64 block -> slot, int64 + bool per
         # slot); once: the recall's device staging of k_sel blocks (K and V) and the region's open tokens per slot
-        block_table = shape.num_kv_heads * ((n_blocks + 1) * 8 + (self.k_sel + 1) * 9)
+        block_table = shape.num_kv_heads * ((n_blocks + 1) * 8 + (self.pool_slots + 1) * 9)
         device = dense * context_len * kv + sparse * (
             n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + region * kv + block_table)
         if sparse:
@@ -228,8 +241,8 @@ class ScoutAttention(SparseLayerMethod):
             max(1, int(self._profile_intervals[i])) if self._profile_intervals is not None
             and self._profile_intervals[i] is not None else self.recall_interval
             for i in range(ctx.num_layers)]
-        self.store = TieredBlockStore(self.sparse_layers, B, Hkv, D, self.block_size, ctx.max_len, self.k_sel,
-                                      self.sink_blocks, self.local_blocks, dtype, dev)
+        self.store = TieredBlockStore(self.sparse_layers, B, Hkv, D, self.block_size, ctx.max_len, self.pool_slots,
+                                      self.sink_blocks, self.local_blocks, dtype, dev, recall_blocks=self.k_sel)
         self._parity_free: list[list[Any]] = [[], []]
         if self._cuda:  # pinned transport of the plans (query, split) and of the CPU part's result
             self._q_host = [host_empty((B, H, D), dtype, dev) for _ in range(2)]
@@ -285,9 +298,9 @@ class ScoutAttention(SparseLayerMethod):
         self._prompt_len = lengths_host
         self._prompt_len_device = lengths.to(self.ctx.device)
         self.store.ingest_prompt(layer, k, v, lengths_host)
-        # initial resident set: top-k_sel selectable blocks for the last prompt query
+        # initial resident set: the top pool_slots selectable blocks for the last prompt query (a full pool)
         ids, valid, _ = self._select(layer, q_obs[:, :, -1], self._selectable(self._prompt_len_device,
-                                                                              max(lengths_host)))
+                                                                              max(lengths_host), self.pool_slots))
         self.store.load_resident(layer, ids, self._initial_selection(layer, ids, valid))
 
     def _initial_selection(self, layer: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -369,27 +382,31 @@ class ScoutAttention(SparseLayerMethod):
             self._plans.clear()
 
     # ------------------------------------------------------------------ selection and the CPU part
-    def _selectable(self, positions: torch.Tensor, max_position: int) -> tuple[CandidateBlocks, torch.Tensor]:
-        """The blocks a selection may pick when the new token sits at `positions` (complete blocks `j` with
-        `sink_blocks <= j < tail - local_blocks`), and which of the k_sel selections are valid `[B, Hkv, k_sel]`.
-        The same for every layer of a step: `begin_step` builds them once."""
+    def _selectable(self, positions: torch.Tensor, max_position: int, k: int | None = None
+                    ) -> tuple[CandidateBlocks, torch.Tensor]:
+        """The blocks a selection of `k` (default `k_sel`) may pick when the new token sits at `positions` (complete
+        blocks `j` with `sink_blocks <= j < tail - local_blocks`), and which of the k selections are valid
+        `[B, Hkv, k]`. The same for every layer of a step: `begin_step` builds them once."""
+        k = self.k_sel if k is None else k
         b = self.block_size
         num_scored = max(1, max_position // b)
         limit = (positions // b - self.local_blocks).clamp(min=0)
         excluded = None
         if self.sink_blocks:
             excluded = (torch.arange(num_scored, device=positions.device) < self.sink_blocks)[None, None, :]
-        candidates = CandidateBlocks.build(num_scored, limit, self.k_sel, excluded, positions.device)
+        candidates = CandidateBlocks.build(num_scored, limit, k, excluded, positions.device)
         count = candidates.count.expand(positions.shape[0], self.ctx.num_kv_heads)  # [B, 1]: nothing excluded per head
-        return candidates, self._arange_k[None, None, :] < count[:, :, None]
+        arange = self._arange_k if k == self.k_sel else torch.arange(k, device=positions.device)
+        return candidates, arange[None, None, :] < count[:, :, None]
 
     def _select(self, layer: int, q: torch.Tensor, selectable: tuple[CandidateBlocks, torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
-        padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
+        """The top `k` selectable blocks for query `q` `[B, Hq, D]` (`k`: the width of `selectable`, k_sel in
+        decode). Returns ids `[B, Hkv, k]` (descending score, padding after the valid ones), valid `[B, Hkv, k]`
+        and the scores `[B, Hkv, nB]`."""
         candidates, valid = selectable
         ids, scores = self.store.digests.select(layer, q, candidates)
-        return pad_last(ids, self.k_sel), valid, scores
+        return pad_last(ids, valid.shape[-1]), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
@@ -400,6 +417,8 @@ class ScoutAttention(SparseLayerMethod):
         recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
         if recall_periodic or (self.pr and self.beta_trigger):  # a recall may follow: it needs the eviction order
             victims, available = table.victims(ids, valid, scores)
+            # a recall copies at most the k_sel blocks the CPU computed: the first k_sel victims are all it reads
+            victims, available = victims[..., : self.k_sel], available.clamp(max=self.k_sel)
         else:  # no recall will read them this step
             victims, available = self._no_victims
         fused = None
@@ -414,7 +433,8 @@ class ScoutAttention(SparseLayerMethod):
             split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
                                    valid.sum(-1), available, table.resident_count())
             if self.device_blocks == "resident":  # the variant: every resident block whose copy has landed
-                pool_use = (table.slot_block[..., : self.k_sel] >= 0) & table.slot_ready[..., : self.k_sel]
+                pool = slice(0, self.pool_slots)
+                pool_use = (table.slot_block[..., pool] >= 0) & table.slot_ready[..., pool]
             else:
                 pool_use = table.slot_mask(on_dev, slot)
         self._d2h_bytes += q.numel() * q.element_size() + split.data.numel() * split.data.element_size()
@@ -561,6 +581,7 @@ class ScoutAttention(SparseLayerMethod):
             "blocks_selected_per_head": mean_of(self._sel_sum),
             "blocks_resident_per_head": mean_of(self._res_sum),
             "k_sel": self.k_sel,
+            "pool_slots": self.pool_slots,
             "attended_tokens_per_head": self._attended.stats(self.budget),
             # bytes: what the recalls copied (the staged blocks, K and V); recalled_bytes: the recalled blocks'
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
@@ -592,7 +613,7 @@ class ScoutAttention(SparseLayerMethod):
         B, Hkv = valid.shape[:2]
         selected = [[{int(j) for j, ok in zip(ids[s, h], valid[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
         device = [[{int(j) for j, ok in zip(ids[s, h], on_dev[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
-        pool_blocks = table.slot_block[..., : self.k_sel].cpu()
+        pool_blocks = table.slot_block[..., : self.pool_slots].cpu()
         pool_use = plan.pool_use.cpu()
         pool = [[{int(j) for j, used in zip(pool_blocks[s, h], pool_use[s, h], strict=True) if used}
                  for h in range(Hkv)] for s in range(B)]

@@ -45,6 +45,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
+from scoutbench.timing import METADATA_CALLS
+
 EMULATED_DEVICE = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 CUDA_SUCCESS = 0
@@ -511,15 +513,7 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-_METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
-             torch.Tensor.is_cuda.__get__, torch.Tensor.ndim.__get__, torch.Tensor.layout.__get__,
-             torch.Tensor.requires_grad.__get__, torch.Tensor.is_leaf.__get__, torch.Tensor.itemsize.__get__,
-             torch.Tensor.nbytes.__get__, torch.Tensor.size, torch.Tensor.stride, torch.Tensor.dim,
-             torch.Tensor.numel, torch.Tensor.nelement, torch.Tensor.element_size, torch.Tensor.storage_offset,
-             torch.Tensor.__len__, torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.get_device,
-             torch.Tensor.is_sparse.__get__, torch.Tensor.is_quantized.__get__, torch.Tensor.is_meta.__get__,
-             torch.Tensor.is_cpu.__get__, torch.Tensor._base.__get__,
-             torch.Tensor.is_nested.__get__, torch.Tensor.grad.__get__, torch.Tensor.is_mkldnn.__get__}
+_METADATA = METADATA_CALLS
 _HOST_READS = {torch.Tensor.item: ".item()", torch.Tensor.tolist: ".tolist()", torch.Tensor.__bool__: "bool(tensor)",
                torch.Tensor.__int__: "int(tensor)", torch.Tensor.__float__: "float(tensor)",
                torch.Tensor.__index__: "tensor used as an index", torch.Tensor.numpy: ".numpy()",

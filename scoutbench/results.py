@@ -103,7 +103,6 @@ def env_info() -> dict[str, Any]:
         "torch_cuda": torch.version.cuda, "flashinfer": flashinfer_status(), "triton": triton_status(),
         "partial_attention_backend": partial_backend(resolve_device("auto")),
         "cpu_attention_backend": partial_backend(torch.device("cpu")),  # host-side attention (CPU parts), on every device
-        "cuda_graphs": False,  # the decode loop runs eagerly: Python hooks and host waits are not graph-safe
         "git_commit": git_commit(), "git_dirty": git_dirty(),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's CPU kernels dispatch to

@@ -261,9 +261,10 @@ def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
     loaded = LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)
     method = build_method("scout", {})
     shape = ModelShape.from_config(tiny_qwen3.config)
-    footprint = method.memory_footprint(shape, 4101, 4)
+    stored = 4096 + 1 + 4 + cfg.count_steps  # prompt, warm-up, timed and counted steps
+    footprint = method.memory_footprint(shape, stored, 4)
     need = memory_need(cfg, method, loaded, batch=3)
-    workspace = workspace_bytes_per_seq(shape, 4101, 4, footprint.prefill_bytes_per_seq)
+    workspace = workspace_bytes_per_seq(shape, stored, 4, footprint.prefill_bytes_per_seq)
     assert need == {"device": 3 * (footprint.device_bytes_per_seq + workspace), "host": 3 * footprint.host_bytes_per_seq}
     total = need["device"] + need["host"]
     monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: int(total / 0.8) + 16)

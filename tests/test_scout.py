@@ -419,7 +419,7 @@ def test_ratio_and_byte_counters_match_the_sets(tiny_qwen3, prompt_300):
                 for sel, dev, res in zip(srow, drow, rrow, strict=False):
                     assert dev <= sel and dev <= res  # S4: device part = selected and resident
                     assert len(sel) <= k_sel and len(sel) * b + (1 + 1 + 1) * b <= budget
-                    assert len(res) <= k_sel
+                    assert len(res) <= method.pool_slots
                     cpu_tokens.append(len(sel - dev) * b)
             ratio = sum(cpu_tokens) / len(cpu_tokens) / budget
             assert 0.0 <= ratio <= 1.0  # S7
@@ -509,6 +509,76 @@ def test_memory_footprint_formula():
                                         + staging_and_mask)
     all_dense = ScoutAttention(dense_layers=50).memory_footprint(shape, 1000, 2)
     assert all_dense.host_bytes_per_seq == 0 and all_dense.device_bytes_per_seq == 40 * 1000 * kv
+    # a pool of 3 selections: 2 * k_sel more slots per sparse layer (K/V, their table entries, their open tokens);
+    # the host tier and the recall's staging (one selection) do not change
+    pooled = ScoutAttention(pool_factor=3).memory_footprint(shape, 65536, 2)
+    extra_slots = 2 * k_sel
+    assert pooled.device_bytes_per_seq - fp.device_bytes_per_seq == (
+        38 * (extra_slots * 32 * kv + 8 * extra_slots * 9) + 8 * extra_slots * 8)
+    assert pooled.host_bytes_per_seq == fp.host_bytes_per_seq
+
+
+# ---------------------------------------------------------------------------------------------- the device pool
+def test_pool_factor_sizes_the_pool_not_the_budget():
+    assert ScoutAttention(budget=64, block_size=4).pool_slots == 13 == ScoutAttention(budget=64, block_size=4).k_sel
+    assert ScoutAttention(budget=64, block_size=4, pool_factor=2).pool_slots == 26
+    assert ScoutAttention(budget=64, block_size=4, pool_factor=1.5).pool_slots == 20  # round(19.5): banker's
+    assert ScoutAttention(budget=64, block_size=4, pool_factor=2).k_sel == 13
+    for bad in ("0.5", "0"):
+        with pytest.raises(UsageError, match="pool_factor"):
+            ScoutAttention.from_args({"pool_factor": bad})
+
+
+@pytest.mark.parametrize("pool_factor", [2, 3])
+def test_oracle_with_a_larger_pool_equals_device_only_selection(tiny_qwen3, prompt_300, reference_300, pool_factor):
+    """A pool larger than a selection changes where the selected blocks are attended, never what is attended."""
+    prompt, lengths, tokens = prompt_300
+    reference, ref_sel = reference_300
+    method = ScoutAttention(**REFERENCE_CFG, oracle=True, pr=True, recall_interval=2, pool_factor=pool_factor)
+    ours = scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    assert_logits_close(ours, reference, atol=1e-5)
+    for record in plans(method):
+        assert record["selected"] == ref_sel[(record["layer"], record["step"])]
+    stats = method.stats()
+    assert stats["pool_slots"] == pool_factor * method.k_sel
+    assert stats["attended_tokens_per_head"]["within_budget"] is True
+
+
+def test_a_larger_pool_holds_more_blocks_and_leaves_less_to_the_cpu(tiny_qwen3, prompt_300):
+    """The same selections (oracle), pools of 1 and 3 selections: the larger pool starts full (the top blocks of
+    the last prompt query), keeps more than a selection resident, never more than its slots, evicts only within
+    itself (a recall leaves the CPU's blocks resident), and leaves a smaller share of the budget to the CPU; the
+    device bytes grow by exactly the pool's slots."""
+    prompt, lengths, tokens = prompt_300
+    runs = {}
+    for factor in (1, 3):
+        method = ScoutAttention(**REFERENCE_CFG, oracle=True, pr=True, recall_interval=2, pool_factor=factor)
+        scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+        runs[factor] = method
+        resident = [len(res) for r in plans(method) for row in r["resident"] for res in row]
+        assert max(resident) <= method.pool_slots
+        by_key = {(r["layer"], r["step"]): r for r in plans(method)}
+        for recall in (r for r in method.trace if r["kind"] == "recall"):
+            after = by_key.get((recall["layer"], recall["step"] + 1))
+            for s, h, j in (after and recall["blocks"]) or []:
+                assert j in after["resident"][s][h]
+    small, large = runs[1].stats(), runs[3].stats()
+    assert small["blocks_resident_per_head"] <= runs[1].k_sel < large["blocks_resident_per_head"]
+    assert large["cpu_compute_ratio"]["mean"] < small["cpu_compute_ratio"]["mean"]
+    assert large["recall"]["blocks"] < small["recall"]["blocks"]
+    # 2 * k_sel more slots in each sparse layer (2 of 4), for K and V, every KV head (2), of 4 tokens x 32 fp32
+    k_sel = runs[1].k_sel
+    assert large["device_kv_bytes"] - small["device_kv_bytes"] == 2 * 2 * 2 * (2 * k_sel) * 4 * 32 * 4
+
+
+def test_the_planner_fits_fewer_sequences_as_the_pool_grows():
+    from scoutbench.planning import plan_method
+
+    shape = ModelShape(num_layers=40, num_heads=40, num_kv_heads=8, head_dim=128, hidden_size=5120,
+                       intermediate_size=17408, vocab_size=151936)
+    batches = [plan_method(ScoutAttention(pool_factor=f), shape, 65536, 2, 80 * 1024**3).max_batch
+               for f in (1, 2, 3, 4)]
+    assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1]
 
 
 # ---------------------------------------------------------------------------------------------- profile, cosine

@@ -82,8 +82,15 @@ DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` 
                    "this folder (.trace.json.gz: open it in ui.perfetto.dev or chrome://tracing).")
 @click.option("--profile-steps", default=4, show_default=True, type=STEPS, help="Decode steps in the --profile trace.")
 @click.option("--nvtx", is_flag=True, help="NVTX range per stage on CUDA (for Nsight Systems; costs a little per stage).")
+@click.option("--count-steps", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Extra, untimed decode steps after the timed ones in which the main thread's torch calls are "
+                   "counted (the result's host.torch_calls_per_step); 0: not counted.")
+@click.option("--cuda-graphs", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Replay each decode step from piecewise CUDA graphs (its device work between host points, "
+                   "captured once): auto = on where the device is CUDA.")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
-            budget, block_size, dense_layers, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx):
+            budget, block_size, dense_layers, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx,
+            count_steps, cuda_graphs):
     """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
     prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
     which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
@@ -96,6 +103,9 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
+    from scoutbench.bench.throughput import use_cuda_graphs
+
+    use_cuda_graphs(cuda_graphs, resolved)
     kind = "cuda" if resolved.type == "cuda" else "cpu"
     model = model or DEFAULT_MODELS[kind]
     steps = DEFAULT_STEPS[kind][0] if steps is None else steps
@@ -118,7 +128,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
                                 batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
                                 warmup=warmup, device=device, dtype=dtype, seed=seed, prefill=prefill,
                                 kv_skew=kv_skew, force=force, profile_dir=profile_dir, profile_steps=profile_steps,
-                                nvtx=nvtx, command=["scoutbench", *sys.argv[1:]])
+                                nvtx=nvtx, count_steps=count_steps, cuda_graphs=cuda_graphs,
+                                command=["scoutbench", *sys.argv[1:]])
                for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
@@ -250,16 +261,33 @@ def _summary(result, path):
             "decode_step_ms": result["decode_step_ms"], "step_spread_warning": result.get("step_spread_warning"),
             "dense_layers": result["dense_layers"], "gpu_idle_frac": result["gpu_idle_frac"],
             "main_thread_wait_frac": result["main_thread_wait_frac"], "tiers": result["tiers"],
-            "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
+            "latency_breakdown_ms": result["latency_breakdown_ms"], "host": result["host"],
+            "launch_bound": result["launch_bound"], "path": path}
 
 
 # Table columns: stage groups in ms/step (the JSON keeps every stage).
-STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "proj": ("qkv_proj", "predict", "o_proj"),
-                "mlp": ("mlp",), "other": ("other",)}
+# `model`: the projections, the layer-ahead prediction and the MLP (one column, so that the default run's table
+# with its calls column fits 80 columns)
+STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "model": ("qkv_proj", "predict", "o_proj", "mlp"),
+                "other": ("other",)}
 
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
-                 "±95%: half-width of the median's 95% interval; stages: mean ms per step")
+                 "±95%: half-width of the median's 95% interval; calls: torch calls per step issued by the main "
+                 "thread; stages: mean ms per step")
+LAUNCH_BOUND_MARK = "^"
+LAUNCH_BOUND_NOTE = (f"{LAUNCH_BOUND_MARK}: launch-bound (the host's issue time fills at least "
+                     "{frac:.0%} of the step: the row measures Python and launches, not the method)")
+
+
+def _calls_cell(result) -> str:
+    calls = (result.get("host") or {}).get("torch_calls_per_step")
+    return "-" if calls is None else f"{calls:.0f}"
+
+
+def method_cell(result) -> str:
+    """The method's name, marked when its steps are launch-bound."""
+    return result["method"] + (LAUNCH_BOUND_MARK if result.get("launch_bound") else "")
 
 
 def _ci_cell(step_ms: dict) -> str:
@@ -286,16 +314,19 @@ def _table(results):
     batch = f"batch {first['workload']['batch']}" if len(batches) == 1 else "batch per method (--batch auto)"
     dense = sorted({r.get("dense_layers") for r in results} - {None})  # FullKV has none: dense everywhere
     mixed_dense = len(dense) > 1  # methods compared with different dense layers: say so on every row
+    launch_bound = [r for r in results if r.get("launch_bound")]
+    caption = TABLE_CAPTION + ("; " + LAUNCH_BOUND_NOTE.format(frac=launch_bound[0]["host"]["launch_bound_frac"])
+                               if launch_bound else "")
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
                         f"len {first['workload']['len']}, {batch}"
                         + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",
-                  caption=TABLE_CAPTION,
+                  caption=caption,
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)  # the default run's fits 80 columns
     table.add_column("method", no_wrap=True)
     if mixed_dense:
         table.add_column("dense", justify="right", no_wrap=True)
     wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
-    headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "±95%", "vs full", wait_header)
+    headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "±95%", "vs full", wait_header, "calls")
     for header in (*headers, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
     base = next((r for r in results if is_reference(r["method"])), None)
@@ -303,9 +334,10 @@ def _table(results):
         speedup = "-" if base is None else speedup_text(r["decode_throughput_tok_s"], r["workload"]["batch"],
                                                         base["decode_throughput_tok_s"], base["workload"]["batch"])
         dense_cell = "-" if r.get("dense_layers") is None else str(r["dense_layers"])
-        row = [r["method"], *([dense_cell] if mixed_dense else []), *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
+        row = [method_cell(r), *([dense_cell] if mixed_dense else []),
+               *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
                f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}",
-               _ci_cell(r["decode_step_ms"]), speedup, f"{100 * (wait_frac(r) or 0.0):.1f}"]
+               _ci_cell(r["decode_step_ms"]), speedup, f"{100 * (wait_frac(r) or 0.0):.1f}", _calls_cell(r)]
         breakdown = r["latency_breakdown_ms"]
         row += [f"{sum(breakdown[s] for s in stages):.2f}" for g, stages in STAGE_GROUPS.items() if g != "idle"]
         table.add_row(*row)

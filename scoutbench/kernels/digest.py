@@ -3,7 +3,9 @@
 `U(q, block) = sum_c max(q_c * max_c, q_c * min_c)` bounds `q . k` for every key of the block. It is computed as
 one matmul, `0.5 * ([max + min | max - min] @ [q | |q|])`, which is the same quantity without a
 `[.., G, blocks, D]` temporary. GQA: the query heads of a KV group are aggregated by max, so one selection serves
-the whole group and is still an upper bound for each of its heads. Digests exist only for complete blocks.
+the whole group and is still an upper bound for each of its heads; or, per query head (Quest's own code, which
+is MHA: each query head selects its own blocks of its KV head), one score row per query head. Digests exist only
+for complete blocks.
 """
 
 from __future__ import annotations
@@ -54,19 +56,22 @@ def bound_from_center_radius(q: torch.Tensor, center2: torch.Tensor, radius2: to
     return bound_from_digests(q, torch.cat([center2, radius2], dim=-1))
 
 
-def bound_from_digests(q: torch.Tensor, digests: torch.Tensor) -> torch.Tensor:
+def bound_from_digests(q: torch.Tensor, digests: torch.Tensor, per_query_head: bool = False) -> torch.Tensor:
     """The bound from digests kept as `[max + min | max - min]` (`[B, Hkv, nB, 2D]`, any float dtype; q is cast to
-    it), fp32 `[B, Hkv, nB]`: one matmul with the digests as the streamed row-major operand, what `DigestTable`
-    keeps up to date at block completion, so a call converts nothing. At 32k tokens (1024 blocks, 8 KV heads,
-    fp32, 8 MB per layer) on 2 CPU cores: 0.8 ms per layer, where `q @ center^T` and `|q| @ radius^T` took 1.6.
-    On a CPU in fp32 the compiled kernel of `digest_native` computes the same in one pass where it is built."""
-    if digest_native.supports(q, digests):
+    it), fp32 `[B, Hkv, nB]` (`per_query_head`: `[B, Hq, nB]`, no group max): one matmul with the digests as the
+    streamed row-major operand, what `DigestTable` keeps up to date at block completion, so a call converts
+    nothing. At 32k tokens (1024 blocks, 8 KV heads, fp32, 8 MB per layer) on 2 CPU cores: 0.8 ms per layer, where
+    `q @ center^T` and `|q| @ radius^T` took 1.6. On a CPU in fp32 the compiled kernel of `digest_native` computes
+    the group max in one pass where it is built."""
+    if not per_query_head and digest_native.supports(q, digests):
         return digest_native.bound_scores(q, digests)
     batch, num_heads, head_dim = q.shape
     num_kv_heads = digests.shape[1]
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).to(digests.dtype)
     both = torch.cat([q4, q4.abs()], dim=-1)  # [B, Hkv, G, 2D]
     scores = torch.matmul(digests, both.transpose(-1, -2))  # [B, Hkv, nB, G]
+    if per_query_head:  # query head h of KV head h // G
+        return scores.transpose(-1, -2).reshape(batch, num_heads, -1).float().mul_(0.5)
     return scores.amax(dim=-1).float().mul_(0.5)  # group max
 
 
@@ -157,13 +162,16 @@ class DigestTable:
         """`upper_bound_scores` of q `[B, Hq, D]` against the first `num_blocks` blocks -> `[B, Hkv, num_blocks]`."""
         return bound_from_digests(q, self.digests[layer][:, :, :num_blocks])
 
-    def select(self, layer: int, q: torch.Tensor, candidates: CandidateBlocks) -> tuple[torch.Tensor, torch.Tensor]:
-        """`candidates.top` of q's scores: (ids `[B, Hkv, candidates.k]`, scores `[B, Hkv, nB]`); on a CPU one call
-        of the digest kernel where it is built (the entries past `candidates.count` are padding either way)."""
+    def select(self, layer: int, q: torch.Tensor, candidates: CandidateBlocks, per_query_head: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`candidates.top` of q's scores: (ids `[B, Hkv, candidates.k]`, scores `[B, Hkv, nB]`; `[B, Hq, ..]` per
+        query head); on a CPU one call of the digest kernel where it is built (the entries past `candidates.count`
+        are padding either way)."""
         digests = self.digests[layer][:, :, :candidates.num_blocks]
-        if candidates.k and digest_native.supports(q, digests) and candidates.blocked.device.type == "cpu":
+        if (candidates.k and not per_query_head and digest_native.supports(q, digests)
+                and candidates.blocked.device.type == "cpu"):
             return digest_native.top_blocks(q, digests, candidates.blocked, candidates.k)
-        scores = bound_from_digests(q, digests)
+        scores = bound_from_digests(q, digests, per_query_head)
         return candidates.top(scores), scores
 
     def device_bytes(self) -> int:
