@@ -266,7 +266,7 @@ class ScoutAttention(SparseLayerMethod):
         for free in self._staging_free:
             free.set()
         self._staging_copy: list[Any] = [None, None]
-        self._pool = CpuWorkerPool(self.cpu_workers)
+        self._pool = CpuWorkerPool(self.cpu_workers, device=ctx.device)
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 

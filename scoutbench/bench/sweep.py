@@ -201,7 +201,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
                       preset: str | None, command: list[str] | None, retry_failed: bool,
                       log: Callable[[str], None], executor: Any, config: dict[str, Any] | None = None) -> SweepOutcome:
     from scoutbench.bench.executors import Job, LocalExecutor
-    from scoutbench.bench.throughput import ThroughputConfig
+    from scoutbench.bench.throughput import ThroughputConfig, failed_result
     from scoutbench.devices import device_description, resolve_device, resolve_dtype
     from scoutbench.results import envelope, utc_now, write_json_atomic
 
@@ -371,24 +371,6 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
         args["recall_profile"] = str(path)
         attached.append(SweepPoint(point.method, point.length, point.batch, tuple(sorted(args.items()))))
     return attached
-
-
-def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """A failed point's file: the identifying fields of a result (the method's full config when it can be built,
-    so that gates match it with the baseline's point), `status: failed` and the error."""
-    from scoutbench.methods import build_method
-    from scoutbench.results import envelope
-
-    try:
-        method_config = build_method(cfg.method, cfg.method_args).config()
-    except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
-        method_config = dict(cfg.method_args)
-    return {**envelope("throughput", cfg.command), "status": "failed", "error": error,
-            "method": cfg.method, "method_config": method_config, "method_repr": None,
-            "model": {"name": cfg.model, "dtype": dtype},
-            "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
-                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
-            "device": device}
 
 
 def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> dict[str, Any]:
