@@ -29,6 +29,7 @@ from scoutbench.methods.base import (
     ModelShape,
     StepInfo,
     require,
+    sparse_layer_range,
 )
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
@@ -65,8 +66,8 @@ class Quest(FullKV):
         rounded = math.ceil(ctx.max_len / unit) * unit
         super().bind(dataclasses.replace(ctx, max_len=rounded))
         digest_shape = (ctx.batch, ctx.num_kv_heads, rounded // self.block_size, ctx.head_dim)
-        sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
-        self.digests = DigestTable(sparse, digest_shape, ctx.dtype, ctx.device)
+        self.digests = DigestTable(sparse_layer_range(self.name, self.dense_layers, ctx.num_layers), digest_shape,
+                                   ctx.dtype, ctx.device)
         self._gathered_k = self._gathered_v = None  # CUDA: flashinfer attends a contiguous gather of the selection
         if ctx.device.type == "cuda":
             gather_shape = (ctx.batch, ctx.num_kv_heads, self.page_budget * self.block_size, ctx.head_dim)
@@ -167,7 +168,7 @@ class Quest(FullKV):
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        sparse = shape.num_layers - min(self.dense_layers, shape.num_layers)
+        sparse = len(sparse_layer_range(self.name, self.dense_layers, shape.num_layers))
         digest_bytes_per_block = 2 * shape.num_kv_heads * shape.head_dim * elem_bytes
         device = (shape.num_layers * context_len * kv
                   + sparse * math.ceil(context_len / self.block_size) * digest_bytes_per_block)
@@ -182,7 +183,7 @@ class Quest(FullKV):
     # ------------------------------------------------------------------ work model (project, gate --counters)
     @classmethod
     def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
-        return min(int(config.get("dense_layers", 0)), num_layers)
+        return sparse_layer_range(cls.name, int(config.get("dense_layers", 0)), num_layers).start
 
     @classmethod
     def measure_work(cls, run: RunRecord) -> dict[str, float]:

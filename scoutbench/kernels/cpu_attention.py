@@ -139,8 +139,8 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
     folder, rebuilt_because = provide(cache_dir() / f"{SOURCE.stem}-{key}",
-                                            functools.partial(_compile, compiler, deadline),
-                                            lock_timeout_s=max(deadline - time.monotonic(), 0.0))
+                                      functools.partial(_compile, compiler, deadline),
+                                      lock_timeout_s=max(deadline - time.monotonic(), 0.0))
     if rebuilt_because is not None:
         warnings.warn(f"scoutbench: the cached CPU kernel in {folder} did not verify ({rebuilt_because}); rebuilt it",
                       RuntimeWarning, stacklevel=3)
