@@ -3,7 +3,6 @@ from their results, and regression gates for CI. Heavy imports stay inside the c
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
@@ -103,7 +102,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import PRESETS as MODEL_PRESETS
     from scoutbench.models import preset_config
-    from scoutbench.results import check_writable
+    from scoutbench.results import check_writable, json_text
     from scoutbench.units import parse_bytes, parse_length
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
@@ -170,7 +169,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         err.print(f"kept the finished points in {output}; rerun the same command to resume", highlight=False)
         raise
     if as_json:
-        click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
+        click.echo(json_text({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}))
     else:
         rich_console().print(_sweep_table(outcome.manifest))
         noisy = [p["id"] for p in outcome.manifest["points"] if p.get("step_spread_warning")]

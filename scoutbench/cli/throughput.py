@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import build_method
-    from scoutbench.results import check_writable, output_lock
+    from scoutbench.results import check_writable, json_text, output_lock
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
@@ -132,7 +131,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     with output_lock(out_path.parent if single_file else out_path):
         results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
     if as_json:
-        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
+        click.echo(json_text([_summary(r, p) for r, p in zip(results, paths, strict=True)]))
     else:
         rich_console().print(_table(results))
         for result in results:
