@@ -55,6 +55,16 @@ def dense_layers_of(method: AttentionMethod) -> int | None:
     return getattr(method, DENSE_LAYERS_FIELD, None)
 
 
+def sparse_layer_range(name: str, dense_layers: int, num_layers: int) -> range:
+    """The layers of a `num_layers` model that a method keeping its first `dense_layers` dense runs sparse. None
+    of them is refused (exit 2): the run would be FullKV's work recorded under the sparse method's name, budget
+    and `sparse: true`."""
+    if dense_layers >= num_layers:
+        raise UsageError(f"{name}: dense_layers {dense_layers} keeps all {num_layers} layers of the model dense, so "
+                         f"nothing would run sparse; use --dense-layers below {num_layers}, or --method fullkv")
+    return range(dense_layers, num_layers)
+
+
 @dataclass
 class StepInfo:
     """Where the new token of each sequence goes. `positions` lives on the compute device; the host copy
@@ -238,7 +248,7 @@ class AttentionMethod:
     @classmethod
     def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
         """Layers of a step that run dense on the device."""
-        return min(int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers)
+        return sparse_layer_range(cls.name, int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers).start
 
     @classmethod
     def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:

@@ -31,6 +31,7 @@ from scoutbench.methods.base import (
     ModelShape,
     StepInfo,
     require,
+    sparse_layer_range,
 )
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
@@ -70,7 +71,7 @@ class Quest(FullKV):
         batch, device, block, pages = ctx.batch, ctx.device, self.block_size, self.page_budget
         num_blocks = rounded // block
         digest_shape = (batch, ctx.num_kv_heads, num_blocks, ctx.head_dim)
-        self._sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
+        self._sparse = sparse_layer_range(self.name, self.dense_layers, ctx.num_layers)
         self.digests = DigestTable(self._sparse, digest_shape, ctx.dtype, device)
         # the step's plan, written in place by begin_step (what every sparse layer and a captured graph read): the
         # candidates (complete blocks before the tail), the tail block and its tokens, the order that puts the tail
@@ -204,7 +205,7 @@ class Quest(FullKV):
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        sparse = shape.num_layers - min(self.dense_layers, shape.num_layers)
+        sparse = len(sparse_layer_range(self.name, self.dense_layers, shape.num_layers))
         digest_bytes_per_block = 2 * shape.num_kv_heads * shape.head_dim * elem_bytes
         device = (shape.num_layers * context_len * kv
                   + sparse * math.ceil(context_len / self.block_size) * digest_bytes_per_block)
@@ -219,7 +220,7 @@ class Quest(FullKV):
     # ------------------------------------------------------------------ work model (project, gate --counters)
     @classmethod
     def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
-        return min(int(config.get("dense_layers", 0)), num_layers)
+        return sparse_layer_range(cls.name, int(config.get("dense_layers", 0)), num_layers).start
 
     @classmethod
     def measure_work(cls, run: RunRecord) -> dict[str, float]:

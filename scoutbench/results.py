@@ -119,6 +119,12 @@ def env_info() -> dict[str, Any]:
     return info
 
 
+def json_text(obj: Any, indent: int | None = 2) -> str:
+    """`obj` as strict JSON text for stdout (`--json`), as the result files are written: a non-finite float as the
+    string "nan"/"inf"/"-inf", never the `NaN`/`Infinity` that Python's json writes and other readers refuse."""
+    return json.dumps(_jsonable(obj), indent=indent, allow_nan=False, default=str)
+
+
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)  # "inf"/"nan": strict JSON has no infinities (as vLLM does)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args
@@ -134,7 +132,7 @@ def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, 
     """Cosine similarity of the predicted next-layer query vs the true one, per layer (paper Table 1).
     Entry i of per_layer is the prediction of layer i+1 from layer i's input."""
     from scoutbench.bench.cosine import query_cosine
-    from scoutbench.results import check_writable, write_json_atomic
+    from scoutbench.results import check_writable, json_text, write_json_atomic
 
     length_tokens = parse_length(length)
     _check_positive("--steps", steps)
@@ -147,7 +145,7 @@ def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, 
     if output is not None:
         write_json_atomic(output, result, overwrite=overwrite)
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json_text(result))
         return
     other = "self" if pred_norm == "next" else "next"
     click.echo(f"{result['model']}: len {result['len']}, {result['steps']} decode steps, "

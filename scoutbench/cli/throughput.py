@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -99,7 +98,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import build_method
-    from scoutbench.results import check_writable, output_lock
+    from scoutbench.results import check_writable, json_text, output_lock
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
@@ -144,7 +143,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
         results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
     finished = [(r, p) for r, p in zip(results, paths, strict=True) if r["status"] == "ok"]
     if as_json:
-        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
+        click.echo(json_text([_summary(r, p) for r, p in zip(results, paths, strict=True)]))
     elif finished:
         rich_console().print(_table([r for r, _ in finished]))
         for result, _ in finished:
