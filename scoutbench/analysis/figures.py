@@ -442,10 +442,30 @@ def _breakdown_figure(report: Report, writer: FigureWriter) -> None:
         writer.save(fig, names[group], f"{title} ({where})")
 
 
+def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
+    """Groups of runs of one method family that differ only in its ablation fields (ScoutAttention: pc/pr), with
+    at least two variants, in the order the method declares (the paper's)."""
+    from scoutbench.methods import ablation_order, method_class
+
+    groups: dict[tuple, list[Point]] = defaultdict(list)
+    for p in points:
+        if p.variant is None:
+            continue
+        cls = method_class(p.method)
+        rest = json.dumps({k: v for k, v in p.config.items() if k not in cls.ablation_fields}, sort_keys=True,
+                          default=str)
+        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest, cls.name)].append(p)
+    out = {}
+    for group, members in sorted(groups.items(), key=lambda item: str(item[0])):
+        by_variant = {p.variant: p for p in members}
+        if len(by_variant) > 1:
+            out[group] = [by_variant[v] for v in ablation_order(members[0].method) if v in by_variant]
+    return out
+
+
 def _ablation_figure(report: Report, writer: FigureWriter) -> None:
     import matplotlib.pyplot as plt
 
-    from scoutbench.analysis.report import ablation_groups
     from scoutbench.methods import ABLATION_METHODS, method_class
 
     stem = "ablation"

@@ -12,7 +12,6 @@ median over the repeats (as the gate does). A file a point's run was given or ma
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -30,6 +29,7 @@ from scoutbench.analysis.figures import (
     FIGURE_FORMATS,
     FIGURE_STEMS,
     FigureWriter,
+    ablation_groups,
     draw_all,
 )
 from scoutbench.analysis.gate import (
@@ -253,27 +253,6 @@ def _method_rank(method: str) -> int:
     from scoutbench.methods import display_rank
 
     return display_rank(method)
-
-
-def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
-    """Groups of runs of one method family that differ only in its ablation fields (ScoutAttention: pc/pr), with
-    at least two variants, in the order the method declares (the paper's)."""
-    from scoutbench.methods import ablation_order, method_class
-
-    groups: dict[tuple, list[Point]] = defaultdict(list)
-    for p in points:
-        if p.variant is None:
-            continue
-        cls = method_class(p.method)
-        rest = json.dumps({k: v for k, v in p.config.items() if k not in cls.ablation_fields}, sort_keys=True,
-                          default=str)
-        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest, cls.name)].append(p)
-    out = {}
-    for group, members in sorted(groups.items(), key=lambda item: str(item[0])):
-        by_variant = {p.variant: p for p in members}
-        if len(by_variant) > 1:
-            out[group] = [by_variant[v] for v in ablation_order(members[0].method) if v in by_variant]
-    return out
 
 
 # ---- markdown -------------------------------------------------------------------------------------------------
