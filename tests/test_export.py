@@ -9,6 +9,7 @@ import shutil
 import statistics
 import sys
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
@@ -265,3 +266,20 @@ def test_a_file_given_twice_is_one_result(sweep_dir, tmp_path, monkeypatch, caps
                              "-o", tmp_path / "r.jsonl")
     assert code == 0, err
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("fmt,missing", [("vllm", "step_ms"), ("pytorch", "decode_time_s"), ("sglang", "prefill_ms")])
+def test_a_result_without_what_a_format_reads_is_listed_not_a_traceback(sweep_dir, tmp_path, monkeypatch, capsys,
+                                                                         fmt, missing):
+    """A throughput result without `step_ms` (an older or hand-made file) ended `export --format vllm` in a
+    KeyError traceback."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for result in _results(sweep_dir):
+        kept = {k: v for k, v in result.items() if k != "_path"}
+        if result["method"] == "scout":
+            del kept[missing]
+        (folder / Path(result["_path"]).name).write_text(json.dumps(kept))
+    code, out, err = run_cli(monkeypatch, capsys, "export", folder, "--format", fmt, "-o", tmp_path / "out")
+    assert code == 0 and out.count("wrote ") == 1, err
+    assert "scout_tiny-qwen3" in err and f"no {missing} as" in err and "Traceback" not in err

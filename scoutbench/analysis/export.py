@@ -39,9 +39,30 @@ VLLM_PERCENTILES = (10, 25, 50, 75, 90, 99)  # the ones `vllm bench latency` rep
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def collect(paths: Iterable[str | Path], kinds: tuple[str, ...] | None = None) -> tuple[list[dict], list[str]]:
-    """Results under `paths` (files, folders, sweep folders), ok ones of `kinds` (all kinds when None), and what was
-    left out and why. Files that are not scoutbench results are listed, never fatal."""
+# what each per-result format reads of a throughput result beyond what every ok one has (results.result_problem)
+FORMAT_FIELDS = {"sglang": ("decode_time_s", "workload.steps", "prefill_ms"),
+                 "vllm": ("step_ms", "decode_time_s"), "pytorch": ("step_ms", "decode_time_s")}
+
+
+def format_problem(result: dict[str, Any], fmt: str | None) -> str | None:
+    """Why `result` cannot be written as `fmt` (a field the format reads is missing or not numbers), or None."""
+    synthetic = (result.get("workload") or {}).get("prefill") == "synthetic"
+    for name in FORMAT_FIELDS.get(fmt or "", ()):
+        if name == "prefill_ms" and synthetic:  # a synthetic prefill's time is not SGLang's prefill
+            continue
+        section, _, field = name.rpartition(".")
+        value = (result.get(section) if isinstance(result.get(section), dict) else {}).get(field) if section \
+            else result.get(name)
+        numbers = value if isinstance(value, list) and value else [value]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+            return f"no {name} as {'a list of numbers' if name == 'step_ms' else 'a number'}, which {fmt} reads"
+    return None
+
+
+def collect(paths: Iterable[str | Path], kinds: tuple[str, ...] | None = None,
+            fmt: str | None = None) -> tuple[list[dict], list[str]]:
+    """Results under `paths` (files, folders, sweep folders), ok ones of `kinds` (all kinds when None) that have what
+    `fmt` reads, and what was left out and why. Files that are not scoutbench results are listed, never fatal."""
     skipped: list[str] = []
     found = load_results(paths, on_skip=lambda file, why: skipped.append(f"{file}: {why}"))
     chosen = []
@@ -55,6 +76,8 @@ def collect(paths: Iterable[str | Path], kinds: tuple[str, ...] | None = None) -
             skipped.append(f"{result['_path']}: a {result.get('kind')} result ({'/'.join(kinds)} only here)")
         elif result.get("status", "ok") != "ok":
             skipped.append(f"{result['_path']}: status {result.get('status')} ({result.get('error')})")
+        elif (problem := format_problem(result, fmt)) is not None:
+            skipped.append(f"{result['_path']}: {problem}")
         else:
             chosen.append(result)
     return chosen, skipped
@@ -198,7 +221,7 @@ def run_args(result: dict[str, Any]) -> dict[str, Any]:
     workload, model = result["workload"], result["model"]
     return {"method": result["method"], "method_config": result.get("method_config"), "model": model["name"],
             "dtype": model.get("dtype"), "input_len": workload["len"], "batch_size": workload["batch"],
-            "num_iters": workload["steps"], "num_iters_warmup": workload["warmup"], "seed": workload.get("seed"),
+            "num_iters": workload.get("steps"), "num_iters_warmup": workload.get("warmup"), "seed": workload.get("seed"),
             "prefill": workload.get("prefill"), "device": (result.get("device") or {}).get("class"),
             "scoutbench_version": result.get("scoutbench_version"),
             "git_commit": (result.get("env") or {}).get("git_commit")}

@@ -36,7 +36,7 @@ def command(results, fmt, output, overwrite, mlflow_target, experiment, wandb_pr
     if (fmt is None) != (output is None):
         raise UsageError("--format and -o go together: the format to write and where")
     kinds = None if fmt in (None, "csv") else ("throughput",)
-    chosen, skipped = collect(results, kinds)
+    chosen, skipped = collect(results, kinds, fmt)
     for line in skipped:
         click.echo(f"skipped {line}", err=True)
     if fmt is not None:
