@@ -97,6 +97,13 @@ def ablation_variant(name: str, config: dict[str, Any]) -> str | None:
     return cls.ablation_variant({**cls.defaults(), **METHODS.preset(name), **config})
 
 
+def artefact_fields(name: str) -> tuple[str, ...]:
+    """The config fields of `name`'s method that name a per-point file (`AttentionMethod.artefact_fields`); empty
+    for an unknown name."""
+    cls = method_class(name)
+    return () if cls is None else tuple(cls.artefact_fields)
+
+
 def ablation_order(name: str) -> list[str]:
     """The variants of `name`'s method in the order its ablation figure shows them (empty when it has none)."""
     cls = method_class(name)

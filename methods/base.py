@@ -160,6 +160,10 @@ class AttentionMethod:
     # the figure shows them; empty for a method without variants.
     ablation_fields: ClassVar[tuple[str, ...]] = ()
     ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {}
+    # Fields that name a file made for one point from its other fields (ScoutAttention's `recall_profile`, which a
+    # sweep profiles into its folder): the point's other fields already say what ran, so reports neither label
+    # nor split series by them.
+    artefact_fields: ClassVar[tuple[str, ...]] = ()
     # The shape-free fractions the work model measures (`measure_work`), with the value each takes when a result
     # does not say (MeasuredWork accepts exactly these).
     work_fractions: ClassVar[dict[str, float]] = {}

@@ -147,6 +147,7 @@ class ScoutAttention(SparseLayerMethod):
     ablation_fields: ClassVar[tuple[str, ...]] = ("pc", "pr")
     ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {
         (False, False): "co-attention", (True, False): "+PC", (False, True): "+PR", (True, True): "+PC+PR"}
+    artefact_fields: ClassVar[tuple[str, ...]] = ("recall_profile",)
     work_fractions: ClassVar[dict[str, float]] = {
         "cpu_budget_frac": 0.0,  # share of the budget attended on the CPU
         "recall_budget_frac": 0.0,  # tokens recalled per (sequence, KV head, sparse layer, step) / budget
