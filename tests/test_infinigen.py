@@ -16,6 +16,7 @@ from method_harness import (
 
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
+from scoutbench.kernels.backends import page_aligned
 from scoutbench.methods.base import ModelShape
 from scoutbench.methods.infinigen import InfiniGen
 
@@ -97,12 +98,14 @@ def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_he
     lengths, fetch = [30, 5], 8  # the short sequence has fewer cached tokens than the fetch count
     method, ctx, keys, values, generator = _bound_infinigen(lengths, num_kv_heads, budget=fetch + 1)
     group = ctx.num_heads // num_kv_heads
-    for layer in range(1, ctx.num_layers):  # layers 1 and 2 are sparse; with no layer ahead, they fetch now
+    for layer in range(1, ctx.num_layers):  # layers 1 and 2 are sparse, each fetched in the hook of the one before
         q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
         k_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
         v_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
         ids, n = method.speculate(layer, q)
         assert n == fetch  # budget - 1, whatever the scores
+        ctx.predict_query = lambda target, hidden, normed, q=q: q  # the layer-ahead prediction: here exact
+        method.before_layer(layer - 1, None, None)
         out = method.decode(layer, q, k_new, v_new)
         for b, length in enumerate(lengths):
             for h in range(num_kv_heads):
@@ -162,8 +165,11 @@ def test_method_args_and_footprint():
     device = [*method.dense.keys, *method.dense.values, *method.partial_keys.values()]
     host = [*method.host_k.values(), *method.host_v.values()]
     footprint = method.memory_footprint(shape, ctx.max_len, elem_bytes=4)
-    # the double-buffered fetch targets (K and V) exist on CUDA only: a CPU run reads the host tier in place
-    cuda_fetch = 2 * method.capacity * 2 * ctx.num_kv_heads * ctx.head_dim * 4
+    # the double-buffered fetch targets (K and V of the fetched tokens and the current one, in 16-token pages) and
+    # the speculated ids (int64, both slots) and scores (fp32) exist on CUDA only: a CPU run reads the host tier in
+    # place
+    width = page_aligned(method.capacity + 1)
+    cuda_fetch = 2 * width * 2 * ctx.num_kv_heads * ctx.head_dim * 4 + method.capacity * ctx.num_kv_heads * (2 * 8 + 4)
     assert method._fetched is None
     assert footprint.device_bytes_per_seq == sum(t.numel() * t.element_size() for t in device) // ctx.batch + cuda_fetch
     cuda_staging = 2 * method.capacity * (2 * ctx.num_kv_heads * ctx.head_dim * 4 + ctx.num_kv_heads * 8)
