@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,7 +151,7 @@ class InfiniGen(SparseLayerMethod):
         if on_cuda:
             self._bind_fetch(arena)
         self.copy = CopyStream(ctx.device)
-        self.pool = CpuWorkerPool(1)
+        self.pool = CpuWorkerPool(1, device=ctx.device)
         self._pending: dict[int, Any] = {}  # layer -> future of its fetch (host functions only)
         self._appended: dict[int, Any] = {i: None for i in self.sparse_layers}  # event of the last host append
         self._last_store: Any = None  # future of the step's last host append (the worker issues them in order)
@@ -185,7 +186,6 @@ class InfiniGen(SparseLayerMethod):
         self._current = current * 2 if shared else current
         self._lengths = lengths * 2 if shared else lengths
         self._mean_count = [torch.zeros((), dtype=torch.float32, device=ctx.device) for _ in range(2)]
-        self._host_current: list[int] = [0] * batch  # the current token's slot per sequence, where the host knows it
 
     def reset_stats(self) -> None:
         self._attended = AttendedTokens()
@@ -242,12 +242,11 @@ class InfiniGen(SparseLayerMethod):
         if self._fetched is not None and not self.dynamic_count:
             # where each sequence's current token goes: after its fetched tokens (min(position, n) of them)
             torch.clamp(step.positions, max=self.capacity, out=self._current[0])
-            self._lengths[0].update(self._current[0], [min(p, self.capacity) for p in step.positions_host])
+            self._lengths[0].update(self._current[0] + 1, [min(p, self.capacity) + 1 for p in step.positions_host])
         if self._fetched is None and not self.dynamic_count:
             self._cpu_valid = None if step.uniform else step.positions.clamp(max=self._fetch_count)
         if not self.dynamic_count:  # the counters of every sparse layer's fetch, known now
-            for layer in self.sparse_layers:
-                self._count_fetch(layer, self._fetch_count)
+            self._count_fetch(self.sparse_layers, self._fetch_count)
         self._d2h_bytes += len(self.sparse_layers) * ctx.batch * ctx.kv_bytes_per_token()  # new K/V to the host
         self._steps += 1
 
@@ -261,16 +260,17 @@ class InfiniGen(SparseLayerMethod):
             self._last_store.result()
             self._last_store = None
 
-    def _count_fetch(self, layer: int, n: int) -> None:
-        """The counters of layer `layer`'s fetch of n tokens per (sequence, KV head) in this step."""
+    def _count_fetch(self, layers: Sequence[int], n: int) -> None:
+        """The counters of a fetch of n tokens per (sequence, KV head) in each of `layers` in this step."""
         ctx = self.ctx
-        rows = ctx.batch * ctx.num_kv_heads
-        self._layer_count[layer] = n
-        self._fetched_tokens[layer] += n
+        for layer in layers:
+            self._layer_count[layer] = n
+            self._fetched_tokens[layer] += n
+        rows = ctx.batch * ctx.num_kv_heads * len(layers)
         self._d2h_bytes += rows * n * 8  # the token ids, to the worker
         self._h2d_bytes += 2 * rows * n * ctx.head_dim * ctx.dtype.itemsize  # fetched K and V
         # the speculated tokens a sequence really has, and the current one
-        self._attended.add_host([min(p, n) + 1 for p in self.step.positions_host], ctx.num_kv_heads)
+        self._attended.add_host([min(p, n) + 1 for p in self.step.positions_host], ctx.num_kv_heads, len(layers))
 
     # ------------------------------------------------------------------ decode: the layers
     def before_layer(self, layer, hidden, normed):
@@ -283,16 +283,16 @@ class InfiniGen(SparseLayerMethod):
         if self._fetched is None:  # CPU: decode reads the tokens in place
             ids, n = self.speculate(layer, q)
             if self.dynamic_count:
-                self._count_fetch(layer, n)
+                self._count_fetch([layer], n)
             self._selected[layer] = (ids, n)
             return
         slot = layer % 2
         self._speculate_on_device(layer, q, slot)
         if self.dynamic_count:
+            # the attended lengths of the fetch target (on the host: set by _start_fetch, which knows n)
+            self._lengths[slot].update(self._current[slot] + 1, None)
             with self.ctx.timer.stage("idle"):  # the host waits for the count: the GPU's idle time
                 self.ctx.host(self._start_fetch, layer)
-            # the attended lengths of the fetch target (the host's copy of them set by _start_fetch, when eager)
-            self._lengths[slot].update(self._current[slot], self._host_current)
         else:
             self.ctx.host(self._start_fetch, layer)
 
@@ -360,8 +360,8 @@ class InfiniGen(SparseLayerMethod):
             # The method's one host sync: n sizes the fetch (the original calls .item() at the same point)
             mean_count = self._mean_count[slot].item()
             n = max(1, min(int(mean_count), self.capacity, max(self.step.positions_host)))
-            self._count_fetch(layer, n)
-            self._host_current = [min(p, n) for p in self.step.positions_host]
+            self._count_fetch([layer], n)
+            self._lengths[slot].set_host([min(p, n) + 1 for p in self.step.positions_host])
         # the speculation is queued on the compute stream, after layer `layer - 2`'s attention that last read the
         # fetch target of this slot
         ready = torch.cuda.current_stream(self.ctx.device).record_event()

@@ -15,13 +15,14 @@ run). It is adversarial where real hardware is lucky:
   after whatever it waited on (`lazy=True`). So a missing wait reads stale data, never a lucky finished copy.
 - A device-to-host copy into pinned memory lands only when it is waited on; a host-to-device copy from pinned memory
   reads its source at once, and that source must not change before the copy is known complete (else
-  `EmulatedCudaHazard`: the host overwrote a buffer a queued copy still reads).
+  `EmulatedCudaHazard`: the host overwrote a buffer a queued copy still reads). A copy from or to a non-contiguous
+  host view is staged through pageable memory, as torch does, pinned or not (`staged_copies`).
 - Host-device synchronisations (`.item()`, `.tolist()`, `.cpu()`, `bool(t)`, a blocking or pageable copy,
   `torch.tensor(data, device=cuda)`, indexing with host or boolean indices, `nonzero`, a host wait on an event or
   stream) on a thread inside `detect_syncs()` are recorded with the source line that caused them.
 - `cudart()` (the functions torch binds) keeps CUDA's per-thread last error: a failed call (see
-  `fail_host_register`) leaves it set and the next device operation raises it, as torch's kernel-launch check does
-  (which also clears it).
+  `fail_host_register` and `host_register_error`) leaves it set and the next device operation raises it, as
+  torch's kernel-launch check does (which also clears it).
 - CUDA graphs (`torch.cuda.CUDAGraph`, `torch.cuda.graph`, `graph_pool_handle`, `is_current_stream_capturing`):
   capture records and does not run, as on a GPU. Each device operation issued on a capturing stream is recorded
   with its device tensors by identity and its Python scalars (and host scalar tensors) by value; its outputs are
@@ -31,10 +32,11 @@ run). It is adversarial where real hardware is lucky:
   Python value, a fresh allocation filled from one, or an input not copied into its static buffer makes replayed
   results differ from eager ones. A replay is device work on the current stream (at once on the default stream,
   queued on another) and one launch: torch function modes do not see its operations. What CUDA refuses in a
-  capture raises its error: host reads and syncs (the capturing thread's; in the "global" mode any thread's), a
-  wait on work outside the capture, device work on a stream outside it, a fork not joined back by the capture's end,
-  a capture on the default stream, a random op with an explicit generator; waits, queries and timing of an event
-  recorded in a capture fail afterwards (a replay does not record it).
+  capture raises its error: host reads and syncs (by capture mode, as CUDA: see `check_capture_sync`), a wait on
+  work outside the capture, device work on a stream outside it, a fork not joined back by the capture's end, a
+  capture on the default stream, a random op with an explicit generator; waits, queries and timing of an event
+  recorded in a capture fail afterwards (a replay does not record it). A kernel reading device memory by address
+  (Triton's interpreter) is refused in a capture: it would run at capture only.
 
 What it cannot see is listed in docs/gpu.md ("What emulation cannot catch").
 """
@@ -66,6 +68,11 @@ EMULATED_DEVICE = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 CUDA_SUCCESS = 0
 CUDA_ERROR_MEMORY_ALLOCATION = 2
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+CUDA_ERROR_STRINGS = {CUDA_SUCCESS: "no error", 1: "invalid argument", CUDA_ERROR_MEMORY_ALLOCATION: "out of memory",
+                      CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+                          "part or all of the requested memory range is already mapped",
+                      801: "operation not supported"}  # cudaGetErrorString's texts
 _OWN_FILES = (__file__, os.sep + "torch" + os.sep, os.sep + "contextlib.py", os.sep + "threading.py",
               os.sep + "concurrent" + os.sep, os.sep + "_pytree.py")
 
@@ -148,11 +155,11 @@ class EmulatedStream(torch.Stream):
         return event
 
     def query(self) -> bool:
-        self.runtime.check_capture_sync("stream.query()")
+        self.runtime.check_capture_sync("stream.query()", self)
         return self.done >= self.tail
 
     def synchronize(self) -> None:
-        self.runtime.record_sync("stream.synchronize()")
+        self.runtime.record_sync("stream.synchronize()", self)
         self.runtime.flush(self, self.tail)
 
     def __eq__(self, other: object) -> bool:
@@ -187,13 +194,14 @@ class EmulatedEvent:
                 runtime.timed_events.append(self)  # stamped when the stream's queued work reaches it
 
     def query(self) -> bool:
-        _active().check_capture_sync("event.query()")
+        runtime = _active()
+        runtime.check_capture_sync("event.query()", self.stream or runtime.default_stream)
         _refuse_captured_event(self, "query()")
         return self.stream is None or self.stream.done >= self.position
 
     def synchronize(self) -> None:
         runtime = _active()
-        runtime.check_capture_sync("event.synchronize()")
+        runtime.check_capture_sync("event.synchronize()", self.stream or runtime.default_stream)
         _refuse_captured_event(self, "synchronize()")
         if self.stream is None:
             return
@@ -243,14 +251,17 @@ class EmulatedCudart:
     def cudaHostRegister(self, pointer: int, nbytes: int, flags: int) -> int:  # noqa: N802 - CUDA's name
         if self.runtime.fail_host_register > 0:
             self.runtime.fail_host_register -= 1
-            self.runtime.local.last_error = CUDA_ERROR_MEMORY_ALLOCATION
-            return CUDA_ERROR_MEMORY_ALLOCATION
+            self.runtime.local.last_error = self.runtime.host_register_error
+            return self.runtime.host_register_error
         self.runtime.register_pinned(pointer, nbytes)
         return CUDA_SUCCESS
 
     def cudaHostUnregister(self, pointer: int) -> int:  # noqa: N802
         self.runtime.unregister_pinned(pointer)
         return CUDA_SUCCESS
+
+    def cudaGetErrorString(self, code: int) -> str:  # noqa: N802
+        return CUDA_ERROR_STRINGS.get(int(code), "unrecognized error code")
 
     # No cudaGetLastError: torch's bindings (torch/csrc/cuda/shared/cudart.cpp) have none either.
 
@@ -279,7 +290,8 @@ class EmulatedRuntime:
         self.streams: list[EmulatedStream] = [self.default_stream]
         self.timed_events: list[EmulatedEvent] = []
         self.syncs: list[SyncSite] = []
-        self.fail_host_register = 0  # the next N cudaHostRegister calls fail (out of memory)
+        self.fail_host_register = 0  # the next N cudaHostRegister calls fail, with host_register_error
+        self.host_register_error = CUDA_ERROR_MEMORY_ALLOCATION
         self.properties = _DeviceProperties(total_memory=memory_bytes)
         self.cudart = EmulatedCudart(self)
         self._pinned: list[tuple[int, int, Any]] = []  # (start, end, StorageWeakRef or None for registered)
@@ -288,6 +300,7 @@ class EmulatedRuntime:
         self.transfers: Counter[tuple[str, str, torch.dtype]] = Counter()
         self.capture: _Capture | None = None  # the CUDA graph capture underway (one at a time, as torch allows)
         self.graph_stream: EmulatedStream | None = None  # `torch.cuda.graph`'s own capture stream
+        self.staged_copies: Counter[tuple[str, str]] = Counter()  # through a pageable buffer: see `_staged`
 
     # -- threads
     def current_stream(self) -> EmulatedStream:
@@ -309,8 +322,9 @@ class EmulatedRuntime:
             self.local.armed = previous
             self.syncs.extend(found)
 
-    def record_sync(self, kind: str) -> None:
-        self.check_capture_sync(kind)
+    def record_sync(self, kind: str, stream: EmulatedStream | None = None) -> None:
+        """Note a host-device sync (`stream`: the one it waits on, the current one by default)."""
+        self.check_capture_sync(kind, stream)
         armed = getattr(self.local, "armed", None)
         if armed is None or self.executing:
             return
@@ -331,13 +345,18 @@ class EmulatedRuntime:
                          "recorded in it, and join it back before the capture ends)")
         return None
 
-    def check_capture_sync(self, kind: str) -> None:
-        """A host-device sync (or an event or stream query) while a capture is underway fails as CUDA fails it:
-        on the capturing thread always, on any other thread in the "global" capture mode."""
+    def check_capture_sync(self, kind: str, stream: EmulatedStream | None = None) -> None:
+        """A host-device sync or an event or stream query while a capture is underway fails as CUDA fails it:
+        always when it waits on a capturing stream (`stream`, the current one by default: a host read copies on
+        it); otherwise it is "potentially unsafe", refused on every thread in the "global" capture mode, on the
+        capturing thread in "thread_local", nowhere in "relaxed"."""
         capture = self.capture
         if capture is None or self.executing:
             return
-        if threading.get_ident() == capture.thread or capture.mode == "global":
+        waits_on_capture = (stream or self.current_stream()) in capture.clocks
+        unsafe_here = capture.mode == "global" or (capture.mode == "thread_local" and
+                                                   threading.get_ident() == capture.thread)
+        if waits_on_capture or unsafe_here:
             capture.refuse(kind)
 
     def check_last_error(self) -> None:
@@ -345,8 +364,8 @@ class EmulatedRuntime:
         error = getattr(self.local, "last_error", CUDA_SUCCESS)
         if error != CUDA_SUCCESS:
             self.local.last_error = CUDA_SUCCESS
-            raise RuntimeError(f"CUDA error: out of memory (cudaError {error}, left by an earlier CUDA call and "
-                               "reported by this kernel launch)")
+            raise RuntimeError(f"CUDA error: {CUDA_ERROR_STRINGS.get(error, 'unrecognized error code')} (cudaError "
+                               f"{error}, left by an earlier CUDA call and reported by this kernel launch)")
 
     # -- execution
     def flush(self, stream: EmulatedStream, upto: int) -> None:
@@ -422,10 +441,20 @@ class EmulatedRuntime:
         return out
 
     # -- copies between host and device
+    def _staged(self, direction: str, host: torch.Tensor) -> bool:
+        """A copy whose host side is not contiguous goes through a fresh pageable buffer and a CPU copy (torch's
+        copy_kernel_cuda makes it contiguous first): as slow and as synchronous as pageable memory, pinned or not.
+        Counted in `staged_copies` (bytes by direction and source line), armed or not."""
+        if host.is_contiguous():
+            return False
+        with self.lock:
+            self.staged_copies[direction, _call_site("").where()] += host.numel() * host.element_size()
+        return True
+
     def host_to_device(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
         """dst (device data) <- src (host): now on the default stream, queued on another one."""
         stream = self.current_stream()
-        pinned = self.is_pinned(src)
+        pinned = not self._staged("h2d", src) and self.is_pinned(src)
         capture = self.capturing(stream)
         if capture is not None:
             if not (non_blocking and pinned):
@@ -458,7 +487,7 @@ class EmulatedRuntime:
             capture.record(stream, functools.partial(dst.copy_, src), "d2h", host=dst, device=src)
             return
         self._count("d2h", stream, src)
-        if not non_blocking or not self.is_pinned(dst):
+        if self._staged("d2h", dst) or not non_blocking or not self.is_pinned(dst):
             kind = "blocking device-to-host copy" if not non_blocking else \
                 "non_blocking device-to-host copy into pageable memory (synchronous)"
             self.record_sync(kind)
@@ -519,8 +548,10 @@ class _Site(SyncSite):
 
 
 def _call_site(kind: str) -> _Site:
+    """The innermost frame outside torch and the emulator, and outside any torch function mode's handler (a call
+    counter pushed above the emulator is not where a call comes from)."""
     for frame in reversed(traceback.extract_stack()[:-1]):
-        if not any(part in frame.filename for part in _OWN_FILES):
+        if frame.name != "__torch_function__" and not any(part in frame.filename for part in _OWN_FILES):
             line = frame.line or linecache.getline(frame.filename, frame.lineno).strip()
             return _Site(kind, frame.filename, frame.lineno or 0, line)
     return _Site(kind, "?", 0, "")
@@ -606,6 +637,8 @@ class EmulatedTensor(torch.Tensor):
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        if func is torch._has_compatible_shallow_copy_type:
+            return False  # `Module.to("cuda")`: new device parameters, never host storage swapped for device data
         runtime = _active()
         if func in _HOST_READS:
             runtime.record_sync(_HOST_READS[func])
@@ -777,6 +810,12 @@ def _tensor_method(runtime: EmulatedRuntime, func: Any, args: tuple, kwargs: dic
     if func is torch.Tensor.pin_memory:
         raise RuntimeError("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned")
     if func in (torch.Tensor.data_ptr, torch.Tensor.untyped_storage):
+        capture = runtime.capturing(runtime.current_stream())
+        if capture is not None:
+            capture.fail(f"emulated CUDA: {func.__name__}() of a device tensor inside a capture, "
+                         f"{_call_site('').where()}: a kernel that reads device memory by address (Triton's "
+                         "interpreter) would run now, at capture, and no replay would run it; capturing it is not "
+                         "emulated (on a GPU the kernel's launch is captured)")
         return func(tensor._inner)
     if func is torch.Tensor.cpu:
         return _to_host(runtime, tensor, non_blocking=False)
@@ -1285,7 +1324,8 @@ def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
             ("CUDAGraph", EmulatedCUDAGraph), ("graph", _EmulatedGraphContext), ("graph_pool_handle", graph_pool_handle),
             ("is_current_stream_capturing", _is_current_stream_capturing),
             ("make_graphed_callables", _make_graphed_callables))},
-        **({(torch.accelerator, "empty_host_cache"): lambda: None} if hasattr(torch, "accelerator") else {}),
+        **({(torch.accelerator, "empty_host_cache"): lambda: None}
+           if hasattr(getattr(torch, "accelerator", None), "empty_host_cache") else {}),
         **({(torch._C, "_host_emptyCache"): lambda: None} if hasattr(torch._C, "_host_emptyCache") else {}),
     }
 

@@ -39,11 +39,11 @@ def capture(piece, *args, **kwargs):
     return graph, out
 
 
-def refused(piece, *args) -> RuntimeError:
+def refused(piece, *args, **kwargs) -> RuntimeError:
     """The error a capture of `piece` raised first (torch.cuda.graph's capture_end then reports the capture as
     invalidated, with that error as its context, as CUDA and torch do)."""
     with pytest.raises(RuntimeError, match=INVALIDATED) as raised:
-        capture(piece, *args)
+        capture(piece, *args, **kwargs)
     first = raised.value.__context__
     assert isinstance(first, RuntimeError), raised.value
     return first
@@ -166,6 +166,16 @@ def test_a_failed_capture_leaves_the_capture_stream_current_as_torch_does(cuda):
     assert torch.cuda.current_stream() is not default
     good, _ = capture(lambda t: t + 1, x)  # a new capture works
     assert good.num_ops == 1
+
+
+@pytest.mark.parametrize("access", ["data_ptr", "untyped_storage"])
+def test_a_kernel_reading_device_memory_by_address_is_refused(cuda, access):
+    """Triton's interpreter reads and writes a device tensor's memory by address, bypassing the emulator: inside a
+    capture it would run once, at capture, and never on replay, so the emulator refuses it instead."""
+    x = torch.ones(4, device="cuda")
+    first = refused(lambda: getattr(x, access)())
+    assert f"{access}() of a device tensor inside a capture" in str(first)
+    assert getattr(x, access)() is not None  # outside a capture: as before
 
 
 def test_random_ops_with_a_generator_are_refused_and_default_draws_repeat_afresh(cuda):
@@ -350,6 +360,28 @@ def test_another_threads_sync_fails_only_in_the_global_capture_mode(cuda, mode):
         assert not errors and torch.equal(out.cpu(), torch.full((4,), 2.0))
 
 
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_the_capture_mode_decides_whether_the_capturing_thread_may_query_outside_events(cuda, mode):
+    """Querying an event recorded outside the capture is potentially unsafe: refused in "global" and
+    "thread_local", allowed in "relaxed" (its answer is then baked into the captured Python); a host read copies on
+    the capturing stream and is refused in every mode."""
+    x = torch.ones(4, device="cuda")
+    outside = torch.cuda.current_stream().record_event()
+
+    def query():
+        return x + float(outside.query())
+
+    if mode == "relaxed":
+        graph, out = capture(query, capture_error_mode=mode)
+        graph.replay()
+        assert torch.equal(out.cpu(), torch.full((4,), 2.0))
+    else:
+        first = refused(query, capture_error_mode=mode)
+        assert NOT_PERMITTED in str(first) and "event.query()" in str(first)
+    first = refused(lambda: x.sum().item(), capture_error_mode=mode)
+    assert NOT_PERMITTED in str(first) and ".item()" in str(first)
+
+
 def test_graph_api_checks_as_torch(cuda):
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="without a preceding successful capture"):
@@ -402,6 +434,16 @@ def test_a_torch_function_mode_on_top_sees_the_capture_and_not_the_replayed_ops(
         expected = norm_piece(static_x, weight, eager_cache, static_index)
     assert captured_calls >= graph.num_ops and replay_calls == 0
     assert torch.equal(out.cpu(), expected.cpu()) and torch.equal(cache.cpu(), eager_cache.cpu())
+
+
+def test_a_refusal_names_the_callers_line_not_a_torch_function_modes(cuda):
+    x = torch.ones(4, device="cuda")
+    with CallCounter():
+        first = refused(lambda: x.sum().item())
+    assert "test_emulated_graphs.py" in str(first) and "x.sum().item()" in str(first), str(first)
+    with CallCounter(), cuda.detect_syncs() as found:
+        x.sum().item()
+    assert found[0].filename.endswith("test_emulated_graphs.py") and "x.sum().item()" in found[0].line
 
 
 def test_side_stream_work_is_counted_once_when_issued_not_again_when_it_runs(cuda):

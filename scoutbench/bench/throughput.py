@@ -34,6 +34,11 @@ if TYPE_CHECKING:  # the engine (and its kernels) is imported where a run starts
     from scoutbench.engine import SyntheticKVCache
 
 
+# an offloading method's host arena is its planned host bytes within this fraction (alignment, per-layer staging;
+# tests/test_plan.py): what a buffer kept for several runs reserves on top of the largest plan
+HOST_PLAN_SLACK = 0.02
+
+
 @dataclass
 class ThroughputConfig:
     method: str = "fullkv"
@@ -87,11 +92,12 @@ def use_cuda_graphs(mode: str, device: torch.device) -> bool:
     return mode != "off" and device.type == "cuda"
 
 
-def graph_fields(runner: Any, timed_captures: int) -> dict[str, Any]:
-    """The result's `cuda_graphs`: what replayed (graphs.GraphRunner.describe), or eager throughout."""
-    if runner is None:
-        return {"cuda_graphs": {"enabled": False, "captured": False, "failure": None}}
-    return {"cuda_graphs": {**runner.describe(), "captures_in_timed_steps": timed_captures}}
+def graph_fields(engine: Any, timed_captures: int) -> dict[str, Any]:
+    """The result's `cuda_graphs`: what replayed (graphs.GraphRunner.describe), or eager throughout and why."""
+    if engine.graphs is None:
+        return {"cuda_graphs": {"enabled": engine.graphs_failure is not None, "captured": False,
+                                "failure": engine.graphs_failure}}
+    return {"cuda_graphs": {**engine.graphs.describe(), "captures_in_timed_steps": timed_captures}}
 
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
@@ -123,35 +129,42 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
     A batch the tool chose (`planned`: --batch auto) is checked exactly like one the user gave: the plan sizes it
     for --gpu-mem/--host-mem, which may be more than this machine has free (on a CPU both tiers are host memory).
 
-    On a CPU both tiers are host memory and must fit together in MemAvailable less the planner's host reserve.
-    On CUDA the device tier must fit the device's free memory (the loaded weights are already counted as used)
-    and the host tier the host's. A real prefill needs more transient memory than planned (see
-    scoutbench/planning.py); the check is a floor, not a guarantee.
+    The host tier must fit the host memory less the planner's reserve: an explicit --host-mem where given (a
+    machine whose RAM grows on demand reports less MemAvailable than it can have: the user's figure is the one
+    that holds), else MemAvailable. On CUDA the device tier must fit the device's free memory (the loaded weights
+    are already counted as used); on a CPU it is host memory too, and with MemAvailable both tiers together must
+    fit. A real prefill needs more transient memory than planned (see scoutbench/planning.py); the check is a
+    floor, not a guarantee.
     """
-    from scoutbench.planning import device_free_bytes, format_bytes, usable_host_bytes
+    from scoutbench.planning import HOST_RESERVE_FRACTION, device_free_bytes, format_bytes, usable_host_bytes
 
     if cfg.force:
         return
     need = memory_need(cfg, method, loaded, batch)
     device = next(loaded.model.parameters()).device
-    host_usable = usable_host_bytes()
-    checks = []
+    machine_usable = usable_host_bytes()
+    given_usable = None if cfg.host_mem is None else int(cfg.host_mem * (1 - HOST_RESERVE_FRACTION))
+    free = "free less the planner's reserve"
+    checks = []  # (what, bytes needed, bytes usable, where the usable bytes come from)
     if device.type == "cuda":
         device_usable = device_free_bytes(device) - torch.cuda.memory_allocated(device)
-        checks.append(("device memory", need["device"], device_usable))
-        if host_usable is not None:
-            checks.append(("host memory", need["host"], host_usable))
-    elif host_usable is not None:
-        checks.append(("host memory", need["device"] + need["host"], host_usable))
-    for what, needed, usable in checks:
+        checks.append(("device memory", need["device"], device_usable, free))
+    elif given_usable is not None and machine_usable is not None:  # the CPU's "device" tier: this machine's RAM
+        checks.append(("host memory", need["device"], machine_usable, free))
+    if given_usable is not None:
+        checks.append(("host memory", need["host"], given_usable, "--host-mem less the planner's reserve"))
+    elif machine_usable is not None:
+        on_host = need["host"] + (need["device"] if device.type != "cuda" else 0)
+        checks.append(("host memory", on_host, machine_usable, free))
+    for what, needed, usable, basis in checks:
         if needed > usable:
             chosen = "--batch auto's planned " if planned else ""
             fix = ("lower --gpu-mem / --host-mem to what this machine has, or give --batch" if planned
                    else "lower --len or --batch (see `scoutbench plan`)")
             raise ScoutbenchError(
                 f"{cfg.method}: {chosen}batch {batch} at len {format_length(cfg.length)} needs about "
-                f"{format_bytes(needed)} of {what} but only {format_bytes(max(usable, 0))} is usable (free less "
-                f"the planner's reserve); {fix}, or pass --force to try anyway")
+                f"{format_bytes(needed)} of {what} but only {format_bytes(max(usable, 0))} is usable ({basis}); "
+                f"{fix}, or pass --force to try anyway")
 
 
 def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> None:
@@ -242,6 +255,16 @@ class ResolvedRun:
     def method(self) -> str:
         return self.cfg.method
 
+    @property
+    def host_bytes(self) -> int:
+        """The host tier the run's plan holds (memory_need); its arena is within HOST_PLAN_SLACK of it."""
+        requested, method = self.build()
+        try:
+            return memory_need(self.cfg, method, self.loaded, self.batch)["host"]
+        finally:
+            method.close()
+            requested.close()
+
     def build(self) -> tuple[AttentionMethod, AttentionMethod]:
         """Fresh instances for one attempt (each attempt of --batch auto binds its own): the method as configured
         (its config is the result's) and the one that decodes (FullKV when the budget plan says dense)."""
@@ -319,6 +342,21 @@ def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: Load
     return auto_batch(*planning_args), plan_method(*planning_args)
 
 
+def failed_result(cfg: ThroughputConfig, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """A failed run's file: the identifying fields of a result (the method's full config when it can be built,
+    so that gates match it with the baseline's point), `status: failed` and the error (docs/results.md)."""
+    try:
+        method_config = build_method(cfg.method, cfg.method_args).config()
+    except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
+        method_config = dict(cfg.method_args)
+    return {**envelope("throughput", cfg.command), "status": "failed", "error": error,
+            "method": cfg.method, "method_config": method_config, "method_repr": None,
+            "model": {"name": cfg.model, "dtype": dtype},
+            "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
+                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
+            "device": device}
+
+
 def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | None,
                   shared_kv: SyntheticKVCache | None = None, oom_backoff: bool = False) -> dict[str, Any]:
     """One measured run of `run` at `batch`; out-of-memory errors propagate when the caller backs off."""
@@ -380,7 +418,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         stats = method.stats()
         backends_used = attention_backends.snapshot()
         timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
-        graphs = graph_fields(engine.graphs, timed_captures)
+        graphs = graph_fields(engine, timed_captures)
         if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from scoutbench.cli.options import (
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.methods import ALL_METHODS, is_reference
+from scoutbench.methods import SPEED_METHODS, is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -35,7 +34,7 @@ DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
 # (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
-DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` adds the ablation variants
+DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); `--method all`: every registered one
 
 
 @click.command(name="throughput")
@@ -99,7 +98,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import build_method
-    from scoutbench.results import check_writable, output_lock
+    from scoutbench.results import check_writable, json_text, output_lock
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
@@ -142,14 +141,22 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     err = rich_console(stderr=True)
     with output_lock(out_path.parent if single_file else out_path):
         results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
+    finished = [(r, p) for r, p in zip(results, paths, strict=True) if r["status"] == "ok"]
     if as_json:
-        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
-    else:
-        rich_console().print(_table(results))
-        for result in results:
+        click.echo(json_text([_summary(r, p) for r, p in zip(results, paths, strict=True)]))
+    elif finished:
+        rich_console().print(_table([r for r, _ in finished]))
+        for result, _ in finished:
             if result.get("step_spread_warning"):
                 err.print(f"warning: {result['method']}: {result['step_spread_warning']}", highlight=False)
+    if not as_json:
         err.print(f"results: {', '.join(paths)}", highlight=False)
+    failed = [r for r in results if r["status"] != "ok"]
+    if failed:
+        from scoutbench.errors import ScoutbenchError
+
+        raise ScoutbenchError(f"{len(failed)} of {len(results)} methods failed ({', '.join(r['method'] for r in failed)}); "
+                              "their result files hold each error, the others finished")
 
 
 def _parse_batch(text: str) -> int | str:
@@ -164,33 +171,66 @@ def _parse_batch(text: str) -> int | str:
 
 
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
-    """Run each method and write its result as soon as it finishes: an interruption or a later method's failure
-    keeps every finished result. Every run is resolved (and its memory checked, once) before the first one
-    starts."""
-    from scoutbench.bench.throughput import resolve_run, run_throughput
-    from scoutbench.devices import resolve_device, resolve_dtype
+    """Run each method and write its result as soon as it finishes: an interruption keeps every finished result.
+    Every run is resolved (and its memory checked, once) before the first one starts; a method that is refused
+    there or fails while it runs gets a failed result (its error, `status: failed`) and the next method runs
+    (where every method is refused, nothing runs and the first refusal is the error).
+    On CUDA the methods' host tiers take one kept, registered buffer in turn (offload.keep_host_memory): fresh
+    host memory and its registration are paid once, not once per method."""
+    import contextlib
+
+    from scoutbench.bench.executors import point_error
+    from scoutbench.bench.throughput import HOST_PLAN_SLACK, failed_result, resolve_run, run_throughput
+    from scoutbench.devices import device_description, resolve_device, resolve_dtype
     from scoutbench.engine import SyntheticKVCache
+    from scoutbench.kernels.offload import keep_host_memory
     from scoutbench.models import load_model
+    from scoutbench.planning import format_bytes
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
 
     first = configs[0]
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
+
+    def failed(cfg, exc):
+        console.print(f"{cfg.method}: failed: {point_error(exc)}", highlight=False)
+        return failed_result(cfg, point_error(exc), device_description(device), str(dtype).removeprefix("torch."))
+
     with console.status(f"loading {first.model} ..."):
         loaded = load_model(first.model, device, dtype, first.seed)
-    runs = [resolve_run(cfg, loaded) for cfg in configs]
+    runs, refusals = [], []
+    for cfg in configs:
+        try:
+            runs.append(resolve_run(cfg, loaded))
+        except Exception as exc:  # noqa: BLE001 - the method's failed result below; Ctrl-C is no Exception
+            runs.append(exc)
+            refusals.append(exc)
+    if len(refusals) == len(runs):  # nothing would run: the (first) refusal is the command's one-line error
+        raise refusals[0]
+    runs = [failed(cfg, run) if isinstance(run, Exception) else run for cfg, run in zip(configs, runs, strict=True)]
     results, paths = [], []
     # the methods decode over one synthetic prefill, drawn once (kept only for a second method: keeping it takes
     # fresh memory for every layer, where a single run reuses one K and one V buffer)
     shared_kv = SyntheticKVCache() if len(runs) > 1 else None
+    keep = contextlib.nullcontext()
+    host_bytes = max((run.host_bytes for run in runs if not isinstance(run, dict)), default=0)
+    if device.type == "cuda" and len(runs) > 1 and host_bytes:
+        keep = keep_host_memory(device, reserve_bytes=int(host_bytes * (1 + HOST_PLAN_SLACK)))
     try:
-        with PhaseProgress(console) as progress:
-            for index, run in enumerate(runs, 1):
-                cfg = run.cfg
+        with keep as kept, PhaseProgress(console) as progress:
+            if kept is not None:
+                console.print(f"host memory kept for the offloading methods: {format_bytes(kept.nbytes)} (filled in "
+                              f"{kept.fill_s:.1f} s, registered in {kept.register_s:.1f} s)", highlight=False)
+            for index, (cfg, run) in enumerate(zip(configs, runs, strict=True), 1):
                 where = f"[{index}/{len(runs)}] {cfg.method}"
-                result = run_throughput(run, on_progress=lambda phase, done, total, where=where: progress.update(
-                    f"{where} {phase}", done, total), shared_kv=shared_kv)
+                result = run
+                if not isinstance(run, dict):
+                    try:
+                        result = run_throughput(run, on_progress=lambda phase, done, total, where=where:
+                                                progress.update(f"{where} {phase}", done, total), shared_kv=shared_kv)
+                    except Exception as exc:  # noqa: BLE001 - as above: the next method runs
+                        result = failed(cfg, exc)
                 if single_file is not None:
                     path = write_json_atomic(single_file, result, overwrite=overwrite)
                 else:
@@ -210,7 +250,12 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
 
 
 def _summary(result, path):
-    return {"method": result["method"], "model": result["model"]["name"], "len": result["workload"]["len"],
+    if result["status"] != "ok":
+        return {"method": result["method"], "status": result["status"], "error": result["error"],
+                "model": result["model"]["name"], "len": result["workload"]["len"],
+                "batch": result["workload"]["batch"], "path": path}
+    return {"method": result["method"], "status": "ok", "model": result["model"]["name"],
+            "len": result["workload"]["len"],
             "batch": result["workload"]["batch"], "decode_throughput_tok_s": result["decode_throughput_tok_s"],
             "decode_step_ms": result["decode_step_ms"], "step_spread_warning": result.get("step_spread_warning"),
             "dense_layers": result["dense_layers"], "gpu_idle_frac": result["gpu_idle_frac"],
