@@ -126,6 +126,9 @@ class InfiniGen(SparseLayerMethod):
         self._host_arena = arena = HostArena(specs, ctx.device)
         self.host_k = {i: arena["k", i] for i in self.sparse_layers}
         self.host_v = {i: arena["v", i] for i in self.sparse_layers}
+        # CPU: the host tier `[N, B, Hkv, D]` seen as blocks of one token `[B, Hkv, N, 1, D]`, attended in place
+        self._host_blocks = {i: tuple(tier[i].permute(1, 2, 0, 3).unsqueeze(3) for tier in (self.host_k, self.host_v))
+                             for i in self.sparse_layers}
         self.partial_keys = device_zeros({i: ((batch, kv_heads, ctx.max_len, channels), ctx.dtype)
                                           for i in self.sparse_layers}, ctx.device)
         # views made once: the keys transposed for the scores, and [B, Hkv, max_len, 1, r] where a new token's
@@ -435,8 +438,8 @@ class InfiniGen(SparseLayerMethod):
         self._appended[layer] = event  # copies on one stream: the last event covers them all
 
     def _decode_in_place(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The CPU path: the speculated tokens attended in place in the host tier `[N, B, Hkv, D]`, seen as blocks
-        of one token `[B, Hkv, N, 1, D]`, and the current token, merged by LSE."""
+        """The CPU path: the speculated tokens attended in place in the host tier, and the current token, merged
+        by LSE."""
         ctx, step = self.ctx, self.step
         ids, n = self._selected.pop(layer)
         with ctx.timer.stage("attn_device"):
@@ -446,9 +449,7 @@ class InfiniGen(SparseLayerMethod):
             valid = self._cpu_valid
             if self.dynamic_count and not step.uniform:  # a short sequence has fewer tokens
                 valid = step.positions.clamp(max=n)
-            blocks_k = self.host_k[layer].permute(1, 2, 0, 3).unsqueeze(3)
-            blocks_v = self.host_v[layer].permute(1, 2, 0, 3).unsqueeze(3)
-            fetched = block_sparse_attention(q, blocks_k, blocks_v, ids, ctx.scale, valid)
+            fetched = block_sparse_attention(q, *self._host_blocks[layer], ids, ctx.scale, valid)
             current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
         with ctx.timer.stage("merge"):
             return merge_states(fetched, current).o.to(q.dtype)
