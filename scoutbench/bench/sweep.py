@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scoutbench.bench.executors import Runner, ThroughputRunner, point_error
-from scoutbench.errors import UsageError
+from scoutbench.bench.executors import Runner, ThroughputRunner
+from scoutbench.errors import UsageError, error_text
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
 from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
 from scoutbench.tiers import wait_frac
@@ -252,7 +252,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
         jobs.append(Job(point_id, where, cfg))
     for job, result in (executor or LocalExecutor()).run(jobs, runner, log):
         if not isinstance(result, dict):
-            result = failed_result(job.cfg, point_error(result), device, dtype)
+            result = failed_result(job.cfg, error_text(result), device, dtype)
         write_json_atomic(out / f"{job.point_id}.json", result, overwrite=True)
         entries[job.point_id] = _entry(job.point_id, by_id[job.point_id], result)
         outcome.ran += 1
