@@ -20,7 +20,7 @@ and per layer, from the method's trace; `device_bytes_per_seq` is the planner's 
 
     python benchmarks/real_text_sweep.py --data-dir ../shared/longbench/records --dataset gov_report \\
         --dataset qmsum --dataset narrativeqa --dataset samsum -o results/real-text-sweep
-    python benchmarks/real_text_sweep.py --table results/real-text-sweep      # the markdown tables
+    python benchmarks/real_text_sweep.py --table results/real-text-sweep --figure docs/real_text_sweep.png
 
 Resumable: a finished file is kept when it was made with the same settings (model, dtype, length, budget, dense
 layers, steps, record, prompt and configuration) and refused otherwise; files are written atomically, so a kill
@@ -218,6 +218,113 @@ def finished(path: Path, settings: dict[str, Any]) -> bool:
     return True
 
 
+# ---------------------------------------------------------------------------------------------- tables, figure
+def load_sweep(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """The finished results of a sweep folder: configuration label -> record -> result."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        sweep = result.get("real_text_sweep")
+        if sweep:
+            out.setdefault(sweep["settings"]["config"], {})[sweep["settings"]["record"]] = result
+    order = [c.label for c in configurations()]
+    return dict(sorted(out.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
+
+
+def _setting(result: dict[str, Any]) -> str:
+    """What a row ran: the registered method and the fields that differ from its defaults (budget, dense layers
+    and every other field are the sweep's)."""
+    config, method = result["method_config"], result["method"]
+    defaults = METHODS.load(method).defaults()
+    shown = {k: v for k, v in config.items() if k not in ("budget", "dense_layers") and defaults.get(k) != v}
+    return f"`{method}` " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "defaults")
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def tables(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Markdown: one row per configuration, means over the records; then top-1 / KL / CPU ratio per record."""
+    records = sorted({record for by_record in runs.values() for record in by_record})
+    lines = ["| configuration | setting | records | CPU compute ratio | selection churn / step | recalled MB | "
+             "device MB / sequence | top-1 vs FullKV | KL vs FullKV |", "|---" * 9 + "|"]
+    for label, by_record in runs.items():
+        results = list(by_record.values())
+        sweeps = [r["real_text_sweep"] for r in results]
+        ratios = [((r["method_stats"].get("cpu_compute_ratio") or {}).get("mean")) for r in results]
+        churn = [s["selection"]["churn_mean"] for s in sweeps if s["selection"]]
+        recall = [(r["method_stats"].get("recall") or {}).get("recalled_bytes") for r in results]
+        lines.append(
+            f"| {label} | {_setting(results[0])} | {len(results)} | "
+            f"{_fmt(statistics.fmean(ratios) if None not in ratios else None)} | "
+            f"{_fmt(statistics.fmean(churn) if churn else None)} | "
+            f"{_fmt(statistics.fmean(recall) / 1e6 if None not in recall else None, 1)} | "
+            f"{_fmt(statistics.fmean(s['device_bytes_per_seq'] for s in sweeps) / 1e6, 0)} | "
+            f"{_fmt(statistics.fmean(s['top1_agreement'] for s in sweeps))} | "
+            f"{_fmt(statistics.fmean(s['kl_mean'] for s in sweeps))} |")
+    lines += ["", "Per record: top-1 / KL (CPU compute ratio)", "",
+              "| configuration | " + " | ".join(records) + " |", "|---" * (len(records) + 1) + "|"]
+    for label, by_record in runs.items():
+        cells = []
+        for record in records:
+            result = by_record.get(record)
+            if result is None:
+                cells.append("-")
+                continue
+            sweep = result["real_text_sweep"]
+            ratio = (result["method_stats"].get("cpu_compute_ratio") or {}).get("mean")
+            cells.append(f"{sweep['top1_agreement']:.3f} / {sweep['kl_mean']:.2f}"
+                         + (f" ({ratio:.3f})" if ratio is not None else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figure(runs: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+    """ScoutAttention's CPU compute ratio per step and per layer (block 32, pools of 1-4 selections, with and
+    without recall; mean over the records) and every configuration's top-1 agreement against its device bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_layer, accuracy) = plt.subplots(1, 3, figsize=(16, 4.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for pool in (1, 2, 3, 4):
+        for recall, style in (("pr", "-"), ("nopr", ":")):
+            by_record = runs.get(f"scout-b32-pool{pool}x-{recall}")
+            if not by_record:
+                continue
+            selections = [r["real_text_sweep"]["selection"] for r in by_record.values()]
+            steps = [statistics.fmean(v) for v in zip(*(s["cpu_compute_ratio_per_step"] for s in selections),
+                                                      strict=False)]
+            name = f"pool {pool}x{'' if recall == 'pr' else ', no recall'}"
+            by_step.plot(range(len(steps)), steps, style, color=colors[pool - 1], label=name)
+            if recall == "pr":
+                layers = sorted(selections[0]["cpu_compute_ratio_per_layer"], key=int)
+                by_layer.plot([int(x) for x in layers], [statistics.fmean(s["cpu_compute_ratio_per_layer"][x]
+                                                                          for s in selections) for x in layers],
+                              "o-", color=colors[pool - 1], label=name, markersize=3)
+    by_step.axhline(0.082, color="gray", lw=0.8, ls="--", label="paper: 8.2%")
+    by_step.set(xlabel="decode step", ylabel="CPU compute ratio", title="ScoutAttention, block 32, per step")
+    by_layer.set(xlabel="layer", ylabel="CPU compute ratio", title="per layer, recall every 8 steps")
+    for label, by_record in runs.items():
+        sweeps = [r["real_text_sweep"] for r in by_record.values()]
+        x = statistics.fmean(s["device_bytes_per_seq"] for s in sweeps) / 1e6
+        y = statistics.fmean(s["top1_agreement"] for s in sweeps)
+        accuracy.scatter(x, y, s=12, color=colors[["scout", "quest", "infinigen", "hgca", "fullkv"].index(
+            label.split("-")[0])])
+        accuracy.annotate(label, (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    accuracy.set(xscale="log", xlabel="device MB per sequence (log)", ylabel="top-1 agreement with FullKV",
+                 title="every configuration, mean over records")
+    for axis in (by_step, by_layer):
+        axis.legend(fontsize=7)
+        axis.set_ylim(bottom=0)
+    fig.suptitle("qwen2.5-1.5b, real LongBench records at 16k, budget 2048, teacher-forced on FullKV's tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-1.5b")
@@ -233,7 +340,15 @@ def main() -> None:
     parser.add_argument("--config", action="append", help="configuration labels to run (default: all)")
     parser.add_argument("--cache", help="prefill cache folder (default $SCOUTBENCH_CACHE/prefill)")
     parser.add_argument("-o", "--output", default="results/real-text-sweep")
+    parser.add_argument("--table", metavar="FOLDER", help="print the markdown tables of a sweep folder, run nothing")
+    parser.add_argument("--figure", metavar="PNG", help="with --table: also draw the figure")
     args = parser.parse_args()
+    if args.table:
+        runs = load_sweep(Path(args.table))
+        print(tables(runs))
+        if args.figure:
+            figure(runs, Path(args.figure))
+        return
     args.budget = parse_length(args.budget, "--budget")
     configs = [c for c in configurations() if not args.config or c.label in args.config]
     unknown = set(args.config or ()) - {c.label for c in configs}

@@ -55,6 +55,16 @@ def dense_layers_of(method: AttentionMethod) -> int | None:
     return getattr(method, DENSE_LAYERS_FIELD, None)
 
 
+def sparse_layer_range(name: str, dense_layers: int, num_layers: int) -> range:
+    """The layers of a `num_layers` model that a method keeping its first `dense_layers` dense runs sparse. None
+    of them is refused (exit 2): the run would be FullKV's work recorded under the sparse method's name, budget
+    and `sparse: true`."""
+    if dense_layers >= num_layers:
+        raise UsageError(f"{name}: dense_layers {dense_layers} keeps all {num_layers} layers of the model dense, so "
+                         f"nothing would run sparse; use --dense-layers below {num_layers}, or --method fullkv")
+    return range(dense_layers, num_layers)
+
+
 @dataclass
 class StepInfo:
     """Where the new token of each sequence goes. `positions` lives on the compute device; the host copy
@@ -150,6 +160,10 @@ class AttentionMethod:
     # the figure shows them; empty for a method without variants.
     ablation_fields: ClassVar[tuple[str, ...]] = ()
     ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {}
+    # Fields that name a file made for one point from its other fields (ScoutAttention's `recall_profile`, which a
+    # sweep profiles into its folder): the point's other fields already say what ran, so reports neither label
+    # nor split series by them.
+    artefact_fields: ClassVar[tuple[str, ...]] = ()
     # The shape-free fractions the work model measures (`measure_work`), with the value each takes when a result
     # does not say (MeasuredWork accepts exactly these).
     work_fractions: ClassVar[dict[str, float]] = {}
@@ -238,7 +252,7 @@ class AttentionMethod:
     @classmethod
     def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
         """Layers of a step that run dense on the device."""
-        return min(int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers)
+        return sparse_layer_range(cls.name, int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers).start
 
     @classmethod
     def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
@@ -287,16 +301,19 @@ class AttendedTokens:
         self._device_sum: torch.Tensor | None = None
         self._device_max: torch.Tensor | None = None
 
-    def add(self, counts: torch.Tensor) -> None:
-        total, most = counts.sum(), counts.max()
+    def add(self, counts: torch.Tensor, layers: int = 1) -> None:
+        """Counts `[B, H]` of one layer, or of each of `layers` layers that attended the same in this step."""
+        total, most = counts.sum() * layers, counts.max()
         self._device_sum = total if self._device_sum is None else self._device_sum + total
         self._device_max = most if self._device_max is None else torch.maximum(self._device_max, most)
-        self._rows += counts.numel()
+        self._rows += counts.numel() * layers
 
-    def add_host(self, per_sequence: list[int], kv_heads: int) -> None:
-        self._host_sum += sum(per_sequence) * kv_heads
+    def add_host(self, per_sequence: list[int], kv_heads: int, layers: int = 1) -> None:
+        if not layers:
+            return
+        self._host_sum += sum(per_sequence) * kv_heads * layers
         self._host_max = max(self._host_max, max(per_sequence))
-        self._rows += len(per_sequence) * kv_heads
+        self._rows += len(per_sequence) * kv_heads * layers
 
     def stats(self, budget: int | None) -> dict[str, Any]:
         """`attended_tokens_per_head` of a method's stats: mean, max, the budget, and whether max <= budget."""

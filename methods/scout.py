@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -54,14 +54,15 @@ class _Plan:
     predicted: bool
     recall_periodic: bool = False  # this layer's periodic recall is due after this step's attention
     wait_events: tuple = ()  # events the worker waits for before reusing this parity's host buffers
-    future: Future | None = None
+    attention: Future = field(default_factory=Future)  # the CPU part's result (_CpuResult): what decode waits for
+    future: Future | None = None  # the whole task: then its recall, staged (_Recall or None)
     result: Any = None
 
 
 @dataclass
 class _Recall:
     """The blocks a recall copies into the pool, in (row, rank) order (on CUDA staged by the worker in this plan's
-    parity buffers, rows [0, n)): host rows read, pool slots written."""
+    parity's staging buffers, rows [0, n)): host rows read, pool slots written."""
 
     bh: torch.Tensor  # [n] (sequence, KV head) row b * Hkv + h
     slots: torch.Tensor  # [n] pool slot of each recalled block
@@ -75,7 +76,6 @@ class _CpuResult:
     ms: float
     count_means: tuple[float, ...]  # the split's counts (n_cpu, n_selected, n_available, n_resident), mean per row
     recall_due: bool = False  # periodic, or the reactive trigger fired
-    recall: _Recall | None = None  # what the due recall copies (None: nothing to copy)
 
 
 @dataclass
@@ -126,8 +126,11 @@ class ScoutAttention(SparseLayerMethod):
     part attends its blocks in place in the host tier (no gather), so on a recall step the worker also stages the
     recalled blocks (only those): on CUDA from the host tier into this parity's staging buffer, from which the recall
     copies them into the pool on a copy stream with an event; on a CPU the recall copies them from the host tier
-    into the pool in one pass. A recalled slot is readable only after its copy event has completed, and
-    victims are never selected or in-flight blocks, so the layer's next use never reads a half-copied slot.
+    into the pool in one pass. The staging comes after the CPU part's result is handed over (`_Plan.attention`):
+    `decode` waits for attention results only, and issues the copy of a recall once its staging is done (at a later
+    layer's wait, at the latest before the layer's next selection). A recalled slot is readable only after its copy
+    event has completed, and victims are never selected or in-flight blocks, so the layer's next use never reads a
+    half-copied slot.
 
     CPU compute ratio = tokens attended on the CPU / `budget` per layer, averaged over (sequence, KV head).
     `stats()` reports it (mean and per layer) with the tokens attended per (sequence, KV head) in the sparse
@@ -144,6 +147,7 @@ class ScoutAttention(SparseLayerMethod):
     ablation_fields: ClassVar[tuple[str, ...]] = ("pc", "pr")
     ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {
         (False, False): "co-attention", (True, False): "+PC", (False, True): "+PR", (True, True): "+PC+PR"}
+    artefact_fields: ClassVar[tuple[str, ...]] = ("recall_profile",)
     work_fractions: ClassVar[dict[str, float]] = {
         "cpu_budget_frac": 0.0,  # share of the budget attended on the CPU
         "recall_budget_frac": 0.0,  # tokens recalled per (sequence, KV head, sparse layer, step) / budget
@@ -184,8 +188,9 @@ class ScoutAttention(SparseLayerMethod):
                 f"(got {self.device_blocks!r})")
         require(self.cpu_workers >= 1, f"cpu_workers must be >= 1 (got {self.cpu_workers})")
         self._profile_intervals: list[int | None] | None = None
+        self._profile_measured_on: dict[str, Any] | None = None
         if self.recall_profile is not None:
-            self._profile_intervals = load_recall_profile(self.recall_profile)
+            self._profile_intervals, self._profile_measured_on = load_recall_profile(self.recall_profile)
         self.trace: list[dict[str, Any]] | None = None  # tests/profiling: per layer-step records (host syncs)
         self._pool: CpuWorkerPool | None = None
 
@@ -255,6 +260,13 @@ class ScoutAttention(SparseLayerMethod):
         self._no_victims = (torch.zeros((B, Hkv, self.k_sel), dtype=torch.long, device=dev),
                             torch.zeros((B, Hkv), dtype=torch.long, device=dev))
         self._plans: dict[int, _Plan] = {}
+        # recalls whose staging may still run; per parity, whether its staging buffers are free (the recall staged
+        # there has been issued) and the copy that last read them
+        self._pending_recalls: list[_Plan] = []
+        self._staging_free = [threading.Event() for _ in range(2)]
+        for free in self._staging_free:
+            free.set()
+        self._staging_copy: list[Any] = [None, None]
         self._pool = CpuWorkerPool(self.cpu_workers, device=ctx.device)
         self._since = [0] * ctx.num_layers
         self.reset_stats()
@@ -286,6 +298,8 @@ class ScoutAttention(SparseLayerMethod):
             for plan in getattr(self, "_plans", {}).values():
                 if plan.future is not None:
                     plan.future.cancel()
+            for free in self._staging_free:  # a worker waiting to stage must not hold the shutdown
+                free.set()
             self._pool.close()
             self._pool = None
         if hasattr(self, "store"):
@@ -346,11 +360,14 @@ class ScoutAttention(SparseLayerMethod):
             device_state = self._device_partial(layer, q, plan)
         if inline:
             with timer.stage("idle"):
-                plan.result = self._run_cpu(plan)
+                self._issue_recalls(wait=True)  # this thread stages now: no staging buffer may stay taken
+                plan.future = Future()
+                plan.future.set_result(self._run_cpu(plan))
+                plan.result = plan.attention.result()
         else:
             with timer.stage("idle"):
                 t0 = time.perf_counter()
-                plan.result = plan.future.result()
+                plan.result = plan.attention.result()
                 self._idle_ms += (time.perf_counter() - t0) * 1e3
             self._log_event("wait", layer)
         result: _CpuResult = plan.result
@@ -410,6 +427,7 @@ class ScoutAttention(SparseLayerMethod):
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
+        self._issue_recalls(wait_layer=layer)  # the layer's last recall lands before its next split
         table = self.store.tables[layer]
         table.poll()
         ids, valid, scores = self._select(layer, q, self._step_selectable)
@@ -460,9 +478,22 @@ class ScoutAttention(SparseLayerMethod):
         self._plans[plan.layer] = plan
         self._log_event("submit", plan.layer)
 
-    def _run_cpu(self, plan: _Plan) -> _CpuResult:
+    def _run_cpu(self, plan: _Plan) -> _Recall | None:
         """The CPU part (worker thread): attend the non-resident selected blocks in place in the host tier with the
-        plan's query (the kernel reads them by block id), then, on a recall step, stage the recalled blocks."""
+        plan's query (the kernel reads them by block id) and hand the result over (`plan.attention`), then, on a
+        recall step, stage the recalled blocks (returned; None when nothing is recalled)."""
+        try:
+            result = self._attend_cpu(plan)
+            recall = self._recall_of(plan) if result.recall_due and result.width else None
+        except BaseException as exc:
+            plan.attention.set_exception(exc)
+            raise
+        plan.attention.set_result(result)
+        if recall is not None:
+            self._stage(plan, recall)
+        return recall
+
+    def _attend_cpu(self, plan: _Plan) -> _CpuResult:
         plan.event.synchronize()
         for event in plan.wait_events:
             event.synchronize()
@@ -486,15 +517,14 @@ class ScoutAttention(SparseLayerMethod):
             self._out_o[plan.parity].copy_(state.o)
             self._out_lse[plan.parity].copy_(state.lse)
             state = PartialState(self._out_o[plan.parity], self._out_lse[plan.parity])
-        recall = self._stage_recall(plan) if recall_due else None
         ms = (time.perf_counter() - t0) * 1e3
         self._log_event("cpu", plan.layer)
-        return _CpuResult(state, width, ms, means, recall_due, recall)
+        return _CpuResult(state, width, ms, means, recall_due)
 
-    def _stage_recall(self, plan: _Plan) -> _Recall | None:
-        """The blocks a recall copies (worker thread): the ones the CPU just computed, minus in-flight ones, most
-        important first, as many as the row has free slots or victims; staged for `_recall` (`TieredBlockStore.stage`:
-        on CUDA gathered from the host tier into this parity's staging buffers). None when no block qualifies."""
+    def _recall_of(self, plan: _Plan) -> _Recall | None:
+        """The blocks a recall copies (worker thread, before the result is handed over: the main thread reuses
+        the plan's buffers once it has it): the ones the CPU just computed, minus in-flight ones, most important
+        first, as many as the row has free slots or victims. None when no block qualifies."""
         k = self.k_sel
         split = plan.split.rows()
         ids, victims, n_cpu, available = split.ids, split.victims, split.n_cpu, split.n_available
@@ -504,9 +534,18 @@ class ScoutAttention(SparseLayerMethod):
         bh, kk = take.nonzero(as_tuple=True)
         if bh.numel() == 0:
             return None
-        blocks = ids[bh, kk]
-        self.store.stage(plan.layer, plan.parity, bh, blocks)
-        return _Recall(bh, victims[bh, rank[bh, kk]], blocks)
+        return _Recall(bh, victims[bh, rank[bh, kk]], ids[bh, kk])
+
+    def _stage(self, plan: _Plan, recall: _Recall) -> None:
+        """Stage a recall (worker thread; `TieredBlockStore.stage`: on CUDA gathered from the host tier into this
+        parity's staging buffers) once the recall staged there before has been issued and its copy has read them."""
+        free = self._staging_free[plan.parity]
+        free.wait()
+        free.clear()
+        copy_event = self._staging_copy[plan.parity]
+        if copy_event is not None:
+            copy_event.synchronize()
+        self.store.stage(plan.layer, plan.parity, recall.bh, recall.blocks)
 
     # ------------------------------------------------------------------ device part
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -526,21 +565,32 @@ class ScoutAttention(SparseLayerMethod):
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
         self._since[layer] += 1
-        if not result.recall_due:  # decided with the plan (periodic) or by the worker (reactive trigger)
-            return
-        self._since[layer] = 0
-        if result.recall is None:
-            return
-        self._recall(layer, plan, result.recall)
+        if result.recall_due:  # decided with the plan (periodic) or by the worker (reactive trigger)
+            self._since[layer] = 0
+            self._pending_recalls.append(plan)
+        self._issue_recalls()
+
+    def _issue_recalls(self, wait: bool = False, wait_layer: int | None = None) -> None:
+        """Issue the pending recalls whose staging is done, in order; wait for those of `wait_layer` and the ones
+        before them (every one with `wait`): a staging may wait for an earlier recall's issue."""
+        waited = [i for i, plan in enumerate(self._pending_recalls) if wait or plan.layer == wait_layer]
+        pending = []
+        for i, plan in enumerate(self._pending_recalls):
+            if (waited and i <= waited[-1]) or plan.future.done():
+                recall = plan.future.result()
+                if recall is not None:
+                    self._recall(plan.layer, plan, recall)
+            else:
+                pending.append(plan)
+        self._pending_recalls = pending
 
     def _recall(self, layer: int, plan: _Plan, recall: _Recall) -> None:
         """Copy the blocks the worker staged (`_stage_recall`) into their pool slots and record them in the table."""
         b, Hkv, D = self.block_size, self.ctx.num_kv_heads, self.ctx.head_dim
         bh, blocks = recall.bh, recall.blocks
         n = bh.numel()
-        event = self.store.load_staged(layer, plan.parity, bh, recall.slots, blocks, self._copy)
-        if event is not None:
-            self._parity_free[plan.parity].append(event)  # the copy reads this parity's staging buffers
+        self._staging_copy[plan.parity] = self.store.load_staged(layer, plan.parity, bh, recall.slots, blocks, self._copy)
+        self._staging_free[plan.parity].set()  # the next staging there waits for this copy's event
         element_size = self.store.host_k[layer].element_size()
         self._recalls[layer] += 1
         # the recalled blocks (K and V) go to the device, plus the destination rows and the table's row/slot/block
@@ -587,7 +637,10 @@ class ScoutAttention(SparseLayerMethod):
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
                        "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
                        "per_layer": list(self._recalls),
-                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)]},
+                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)],
+                       # where the intervals come from: the profile's file and what it measured (null: fixed)
+                       "profile": None if self.recall_profile is None else
+                       {"path": self.recall_profile, "measured_on": self._profile_measured_on}},
             "cpu_attention_ms": self._cpu_ms,
             "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,
             "idle_ms": self._idle_ms,
@@ -661,9 +714,9 @@ class ScoutAttention(SparseLayerMethod):
             host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
 
 
-def load_recall_profile(path: str) -> list[int | None]:
+def load_recall_profile(path: str) -> tuple[list[int | None], dict[str, Any] | None]:
     """Per-layer recall intervals from a `scoutbench profile-recall` JSON (`intervals`: one entry per layer,
-    null for dense layers)."""
+    null for dense layers) and what they were measured on (`measured_on`; None in a profile that does not say)."""
     if not os.path.isfile(path):
         raise ValueError(f"recall_profile {path!r} does not exist")
     try:
@@ -676,4 +729,4 @@ def load_recall_profile(path: str) -> list[int | None]:
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"recall_profile {path!r} is not a profile-recall JSON with an 'intervals' list "
                          "of positive integers (null for dense layers)") from None
-    return intervals
+    return intervals, data.get("measured_on")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,7 +119,7 @@ class GraphRunner:
         self.timer.recorder = self
         self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
         try:
-            with self._calls:
+            with self._calls, torch.cuda.stream(self.stream):  # the capturing stream is current throughout
                 self._begin_piece()
                 schedule.logits = self.engine.forward_step(self.tokens)
                 self._end_piece()
@@ -137,13 +138,13 @@ class GraphRunner:
 
     def _begin_piece(self) -> None:
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(self.stream):
-            self._graph.capture_begin(pool=self.pool)
+        self._graph.capture_begin(pool=self.pool)
         self._calls_at_begin = self._calls.calls
 
     def _end_piece(self) -> None:
         graph, self._graph = self._graph, None
-        with torch.cuda.stream(self.stream):
+        with warnings.catch_warnings():  # a piece with no device work is dropped below, not an error
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
             graph.capture_end()
         if self._calls.calls > self._calls_at_begin:
             self._schedule.items.append(_Piece(graph, self._stages[-1] if self._stages else None))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -237,6 +238,34 @@ def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt
     method._recall = checked
     scout_run(tiny_qwen3, method, prompt, lengths, tokens)
     assert recalls and sum(recalls) == method.stats()["recall"]["blocks"] > 0
+
+
+def test_the_decode_waits_for_the_cpu_attention_not_the_recall_staging(tiny_qwen3, prompt_300, monkeypatch):
+    """The worker stages a recall after it has handed over its attention result: the layer's wait ends before the
+    staging does (a slow staging here: 50 ms), and the recall is still issued before the layer's next split."""
+    from scoutbench.kernels.block_store import TieredBlockStore
+
+    prompt, lengths, tokens = prompt_300
+    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2)
+    original = TieredBlockStore.stage
+    staged = []
+
+    def slow_stage(store, layer, parity, bh, blocks):
+        time.sleep(0.05)
+        original(store, layer, parity, bh, blocks)
+        staged.append(len(method.trace))  # where in the trace the staging ended
+
+    monkeypatch.setattr(TieredBlockStore, "stage", slow_stage)
+    scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    recalls = [i for i, r in enumerate(method.trace) if r["kind"] == "recall"]
+    assert 0 < len(recalls) <= len(staged) <= len(recalls) + 2  # the last step's may still be pending at the end
+    waits = {(r["layer"], r["step"]): i for i, r in enumerate(method.trace) if r["kind"] == "wait"}
+    for i, end in zip(recalls, staged, strict=False):  # recalls are issued in the order they were staged
+        recall = method.trace[i]
+        assert waits[(recall["layer"], recall["step"])] < end  # the layer's wait ended before its staging did
+        nxt = [j for j, r in enumerate(method.trace) if r["kind"] == "plan" and r["layer"] == recall["layer"]
+               and r["step"] == recall["step"] + 1]
+        assert not nxt or i < nxt[0]  # issued before the layer's next selection
 
 
 @pytest.mark.parametrize("device_blocks", [None, "resident"])
@@ -593,6 +622,20 @@ def test_drift_curve_and_interval_choice():
     assert choose_interval(curve, 0.26) == 2
     assert choose_interval(curve, 0.01) == 1
     assert choose_interval(curve, 1.0) == 3
+    assert drift_curve(masks, block_size=4, budget=32, pool_blocks=4) == curve  # a pool of one selection
+
+
+def test_a_pool_of_two_selections_keeps_an_alternating_selection():
+    """The selection alternates between two disjoint sets A, B: a pool of one selection misses the other set
+    at every odd lag; a pool of two holds both once both have been selected (from origin 1 on)."""
+    from scoutbench.bench.recall import drift_curve
+
+    masks = [torch.zeros(1, 1, 10, dtype=torch.bool) for _ in range(4)]
+    for t, mask in enumerate(masks):
+        mask[0, 0, (0, 1, 2, 3) if t % 2 == 0 else (5, 6, 7, 8)] = True
+    block = 4 / 32  # one block of 4 tokens over the budget
+    assert drift_curve(masks, 4, 32) == pytest.approx([4 * block, 0.0, 4 * block])
+    assert drift_curve(masks, 4, 32, pool_blocks=8) == pytest.approx([4 / 3 * block, 0.0, 4 * block])
 
 
 def test_profile_recall_writes_a_profile_scout_accepts(tmp_path, tiny_qwen3):
@@ -616,6 +659,41 @@ def test_profile_recall_writes_a_profile_scout_accepts(tmp_path, tiny_qwen3):
     with pytest.raises(UsageError):
         run_engine(tiny_qwen3, ScoutAttention(budget=64, block_size=4, recall_profile=str(wrong)), prompt, lengths,
                    [torch.tensor([1])])
+
+
+def test_profile_recall_on_real_records_says_what_it_measured(smollm2, tmp_path, monkeypatch, capsys):
+    """`profile-recall --dataset` profiles real LongBench records (each on its own, curves averaged), records
+    which in the profile, and a run that uses the profile reports it."""
+    from cli_runner import run_cli
+
+    from scoutbench.bench.recall import profile_recall
+    from scoutbench.workloads import longbench
+
+    data = "tests/data/longbench"
+    out = tmp_path / "profile.json"
+    monkeypatch.setattr("scoutbench.models.load_model", lambda *a, **k: smollm2)
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "profile-recall", "--model", "smollm2-135m", "--dataset",
+                                   "qasper", "--data-dir", data, "--limit", "2", "--len", "320", "--steps", "3",
+                                   "--budget", "128", "--block-size", "8", "--method-arg", "pool_factor=2",
+                                   "--device", "cpu", "--dtype", "fp32", "-o", out)
+    assert code == 0, stderr
+    profile = json.loads(out.read_text())
+    measured = profile["measured_on"]
+    rows, source = longbench.load_task_data("qasper", data)
+    assert measured["prompts"] == "longbench" and measured["dataset"] == "qasper"
+    assert [r["_id"] for r in measured["records"]] == [row["_id"] for row in rows[:2]]
+    assert measured["data_source"] == source and all(r["tokens"] <= 320 for r in measured["records"])
+    assert profile["pool_slots"] == 2 * profile["k_sel"] and "measured on longbench (qasper: 2" in stdout
+    method = ScoutAttention(budget=128, block_size=8, recall_profile=str(out))
+    prompt, lengths = ragged_prompt(smollm2.model.config.vocab_size, [200], seed=0)
+    run_engine(smollm2.model, method, prompt, lengths, [torch.tensor([1])])
+    assert method.stats()["recall"]["profile"] == {"path": str(out), "measured_on": measured}
+    random = profile_recall("smollm2-135m", 200, 2, 0.3, device="cpu", method_args={"budget": "128", "block_size": "8"},
+                            loaded=smollm2)
+    assert random["measured_on"]["prompts"] == "random tokens"
+    code, _, stderr = run_cli(monkeypatch, capsys, "profile-recall", "--dataset", "qasper", "--prefill", "synthetic",
+                              "-o", tmp_path / "x.json")
+    assert code == 2 and "drop --prefill synthetic" in stderr
 
 
 def test_query_cosine(tiny_qwen3, identity_layers_model):

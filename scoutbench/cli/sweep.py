@@ -3,7 +3,6 @@ from their results, and regression gates for CI. Heavy imports stay inside the c
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
@@ -100,7 +99,10 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.errors import ScoutbenchError, UsageError
     from scoutbench.methods import build_method
-    from scoutbench.results import check_writable
+    from scoutbench.methods.base import ModelShape
+    from scoutbench.models import PRESETS as MODEL_PRESETS
+    from scoutbench.models import preset_config
+    from scoutbench.results import check_writable, json_text
     from scoutbench.units import parse_bytes, parse_length
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
@@ -138,10 +140,16 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
     points = expand(grid, defaults=frozenset(flag for flag, given in ((BUDGET, budgets), (BLOCK_SIZE, block_sizes))
                                              if not given))  # a preset's sizes
-    for point in points:  # every usage error before the first point runs
-        SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,
-                          settings.warmup, settings.seed, settings.prefill)
-        build_method(point.method, point.args)
+    # every usage error before the first point runs, each distinct workload and method checked once; the layers a
+    # method keeps dense are checked against a preset's shape here (other models: when the point loads it)
+    shape = ModelShape.from_config(preset_config(settings.model)) if settings.model in MODEL_PRESETS else None
+    for length, batch in dict.fromkeys((p.length, p.batch) for p in points):
+        SyntheticWorkload(length, 1 if batch == "auto" else batch, settings.steps, settings.warmup, settings.seed,
+                          settings.prefill)
+    for name, args in dict.fromkeys((p.method, p.method_args) for p in points):
+        method = build_method(name, dict(args))
+        if shape is not None:
+            method.memory_footprint(shape, grid.lengths[0], 2)
     check_writable(output, single_file=False)  # before the first line of output: an unwritable -o is the whole message
     err = rich_console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
@@ -161,7 +169,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         err.print(f"kept the finished points in {output}; rerun the same command to resume", highlight=False)
         raise
     if as_json:
-        click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
+        click.echo(json_text({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}))
     else:
         rich_console().print(_sweep_table(outcome.manifest))
         noisy = [p["id"] for p in outcome.manifest["points"] if p.get("step_spread_warning")]
@@ -213,16 +221,22 @@ def _sweep_table(manifest: dict):
 
 @click.command(name="report")
 @click.argument("results", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, help="Folder for the PNG figures and summary.md.")
-def report_command(results, output):
-    """PNG figures (throughput vs length, batch scaling, block size, latency breakdown, ablation) and a markdown
-    summary from result files or folders of any runs. Lists what it skipped and why."""
+@click.option("-o", "--output", required=True, help="Folder for the figures and summary.md.")
+@click.option("--figure-format", "figure_format", default="png,pdf", show_default=True, metavar="FORMATS",
+              help="Comma-separated figure formats: png (300 dpi), pdf and svg (vector, fonts embedded as text).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the report already in the output folder (its figures and summary.md, as a whole).")
+def report_command(results, output, figure_format, overwrite):
+    """Figures for a paper (throughput vs length, batch scaling, block size, latency breakdown, ablation, accuracy
+    vs budget; PNG and vector) and a markdown summary from result files or folders of any runs. Lists what it
+    skipped and why."""
+    from scoutbench.analysis.figures import parse_formats
     from scoutbench.analysis.report import build_report
 
-    report = build_report(results, output)
+    report = build_report(results, output, overwrite=overwrite, formats=parse_formats(figure_format))
     console = rich_console()
-    for title, path in report.figures:
-        console.print(f"figure  {path}  ({title})", highlight=False)
+    for title, files in report.figures:
+        console.print(f"figure  {', '.join(str(f) for f in files)}  ({title})", highlight=False, soft_wrap=True)
     console.print(f"summary {report.summary}", highlight=False)
     for what, why in report.skipped:
         console.print(f"skipped {what}: {why}", highlight=False, soft_wrap=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from scoutbench.cli.options import (
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.methods import ALL_METHODS, is_reference
+from scoutbench.methods import SPEED_METHODS, is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
@@ -34,7 +33,7 @@ DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
 # (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
-DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` adds the ablation variants
+DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); `--method all`: every registered one
 
 
 @click.command(name="throughput")
@@ -98,7 +97,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import build_method
-    from scoutbench.results import check_writable, output_lock
+    from scoutbench.results import check_writable, json_text, output_lock
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
@@ -143,7 +142,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
         results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
     finished = [(r, p) for r, p in zip(results, paths, strict=True) if r["status"] == "ok"]
     if as_json:
-        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
+        click.echo(json_text([_summary(r, p) for r, p in zip(results, paths, strict=True)]))
     elif finished:
         rich_console().print(_table([r for r, _ in finished]))
         for result, _ in finished:
