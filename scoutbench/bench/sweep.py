@@ -425,24 +425,6 @@ def _is_profile_for(path: Path, key: list[Any]) -> bool:
             and data.get("sweep_profile_key") == key and isinstance(data.get("intervals"), list))
 
 
-def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """A failed point's file: the identifying fields of a result (the method's full config when it can be built,
-    so that gates match it with the baseline's point), `status: failed` and the error."""
-    from scoutbench.methods import build_method
-    from scoutbench.results import envelope
-
-    try:
-        method_config = build_method(cfg.method, cfg.method_args).config()
-    except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
-        method_config = dict(cfg.method_args)
-    return {**envelope("throughput", cfg.command), "status": "failed", "error": error,
-            "method": cfg.method, "method_config": method_config, "method_repr": None,
-            "model": {"name": cfg.model, "dtype": dtype},
-            "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
-                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
-            "device": device}
-
-
 def _entry(point_id: str, point: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]:
     """The manifest's line of a point (`SweepPoint.describe()`) and its result (None: pending)."""
     entry = {"id": point_id, "file": f"{point_id}.json", **point,
