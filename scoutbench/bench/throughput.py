@@ -9,14 +9,14 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from scoutbench.devices import device_description, resolve_device, resolve_dtype
-from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.errors import ScoutbenchError, UsageError, error_text
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import build_method
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_layers_of
@@ -331,6 +331,71 @@ def run_throughput(run: ResolvedRun | ThroughputConfig, loaded: LoadedModel | No
                             "host_bytes_per_seq": plan.host_bytes_per_seq,
                             "workspace_bytes_per_seq": plan.workspace_bytes_per_seq, "attempts": attempts}
     return result
+
+
+def result_file_name(cfg: ThroughputConfig, result: dict[str, Any]) -> str:
+    """A result's file name in a folder of results (the batch that ran: `--batch auto` records its own)."""
+    return (f"throughput_{result['method']}_{cfg.model.replace('/', '--')}_len{format_length(cfg.length)}"
+            f"_b{result['workload']['batch']}.json")
+
+
+def run_methods(configs: list[ThroughputConfig], loaded: LoadedModel, log: Callable[[str], None] = lambda line: None,
+                progress: Callable[[str], ProgressCallback] | None = None
+                ) -> Iterator[tuple[ThroughputConfig, dict[str, Any]]]:
+    """Run the configs (methods) on one loaded model in order, yielding each one's result as it finishes.
+
+    Every run is resolved (its memory checked, once) before the first one starts. A method refused there, or
+    failing while it runs, yields a failed result (`failed_result`, its error logged) and the next method runs;
+    where every method is refused nothing runs and the first refusal is raised. The methods decode over one
+    synthetic prefill, drawn once (kept only for a second method: keeping it takes fresh memory for every layer,
+    where a single run reuses one K and one V buffer). On CUDA their host tiers take one kept, registered buffer
+    in turn: the process's where one is kept (offload.keep_host_memory: the GPU check), else one reserved here at
+    the largest planned host tier: fresh host memory and its registration are paid once, not once per method.
+    `progress(where)` gives a run's progress callback (`where`: "[2/5] scout")."""
+    import contextlib
+
+    from scoutbench.engine import SyntheticKVCache
+    from scoutbench.kernels.offload import keep_host_memory, kept_host_memory
+    from scoutbench.planning import format_bytes
+
+    device = next(loaded.model.parameters()).device
+    dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+
+    def failed(cfg: ThroughputConfig, exc: Exception) -> dict[str, Any]:
+        log(f"{cfg.method}: failed: {error_text(exc)}")
+        return failed_result(cfg, error_text(exc), device_description(device), dtype_name)
+
+    runs: list[ResolvedRun | Exception] = []
+    for cfg in configs:
+        try:
+            runs.append(resolve_run(cfg, loaded))
+        except Exception as exc:  # noqa: BLE001 - the method's failed result below; Ctrl-C is no Exception
+            runs.append(exc)
+    if all(isinstance(run, Exception) for run in runs):
+        raise runs[0]
+    keep: Any = contextlib.nullcontext()
+    host_bytes = max((run.host_bytes for run in runs if isinstance(run, ResolvedRun)), default=0)
+    if device.type == "cuda" and len(runs) > 1 and host_bytes and kept_host_memory() is None:
+        keep = keep_host_memory(device, reserve_bytes=int(host_bytes * (1 + HOST_PLAN_SLACK)))
+    shared_kv = SyntheticKVCache() if len(runs) > 1 else None
+    try:
+        with keep as kept:
+            if kept is not None:
+                log(f"host memory kept for the offloading methods: {format_bytes(kept.nbytes)} (filled in "
+                    f"{kept.fill_s:.1f} s, registered in {kept.register_s:.1f} s)")
+            for index, (cfg, run) in enumerate(zip(configs, runs, strict=True), 1):
+                if isinstance(run, Exception):
+                    yield cfg, failed(cfg, run)
+                    continue
+                on_progress = None if progress is None else progress(f"[{index}/{len(runs)}] {cfg.method}")
+                try:
+                    result = run_throughput(run, on_progress=on_progress, shared_kv=shared_kv)
+                except Exception as exc:  # noqa: BLE001 - as above: the next method runs
+                    result = failed(cfg, exc)
+                yield cfg, result
+    finally:
+        if shared_kv is not None:
+            shared_kv.clear()
 
 
 def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel) -> tuple[int, Any]:
