@@ -166,3 +166,34 @@ def test_a_model_folder_whose_config_transformers_rejects_is_one_line(config, tm
         code, out, err = run_cli(monkeypatch, capsys, *command, "--model", folder)
         line = _one_line(err)
         assert code == 2 and str(folder) in line and ("Validation error" in line or "validation error" in line), err
+
+
+# ---- a file name that is not UTF-8 ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def latin1_folder(tmp_path) -> Path:
+    """A folder named `café` in Latin-1 (byte 0xe9: not UTF-8), holding the CI baseline's two results."""
+    import os
+
+    folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))
+    try:
+        folder.mkdir()
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this filesystem takes only UTF-8 names")
+    for path in BASELINE.glob("*_bench-attn16_*.json"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "not-a-result.json").write_text('{"x": 1}', encoding="utf-8")  # named in report's skipped list
+    return folder
+
+
+def test_text_outputs_naming_a_non_utf8_path_are_written(latin1_folder, tmp_path, monkeypatch, capsys):
+    """`export --format csv` of results under a non-UTF-8 folder name was a traceback (UnicodeEncodeError); so were
+    `report` (its summary lists the files it skipped) and `sweep -o` there (its sweep_config.yaml names the folder)."""
+    code, out, err = run_cli(monkeypatch, capsys, "export", latin1_folder, "--format", "csv", "-o", tmp_path / "r.csv")
+    assert code == 0, err
+    assert "caf\\udce9" in (tmp_path / "r.csv").read_text(encoding="utf-8")  # valid UTF-8, the byte still named
+    code, out, err = run_cli(monkeypatch, capsys, "report", latin1_folder, "-o", tmp_path / "report")
+    assert code == 0 and "caf\\udce9" in (tmp_path / "report" / "summary.md").read_text(encoding="utf-8"), err
+    code, out, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--steps", "1",
+                             "--warmup", "0", "--device", "cpu", "-o", latin1_folder / "sweep")
+    assert code == 0 and (latin1_folder / "sweep" / "sweep_config.yaml").read_text(encoding="utf-8"), err

@@ -170,7 +170,9 @@ def pytorch_records(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------------------- writing
 def write_text(path: Path, text: str, overwrite: bool) -> Path:
-    """Whole file or nothing (temp file + rename); an existing file only with `overwrite`."""
+    """Whole file or nothing (temp file + rename); an existing file only with `overwrite`. UTF-8 always: a byte of a
+    file name that is not UTF-8 (0xe9 of a Latin-1 `café`, which Python holds as the lone surrogate U+DCE9) is
+    written as `\udce9`, where encoding it failed (a traceback)."""
     if path.exists() and not overwrite:
         raise UsageError(f"{path} exists; pass --overwrite to replace it or choose another -o")
     if path.is_dir():
@@ -178,7 +180,7 @@ def write_text(path: Path, text: str, overwrite: bool) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as handle:
             handle.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)

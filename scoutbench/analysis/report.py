@@ -203,7 +203,7 @@ def build_report(paths: Iterable[str | Path], out_dir: str | Path) -> Report:
         _breakdown_figure(report, out)
         _ablation_figure(report, out)
     report.summary = out / "summary.md"
-    report.summary.write_text(summary_markdown(report, out), encoding="utf-8")
+    report.summary.write_text(summary_markdown(report, out), encoding="utf-8", errors="backslashreplace")
     return report
 
 
