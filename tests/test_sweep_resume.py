@@ -92,17 +92,17 @@ def _run(folder: Path, model: FolderModel, index: int, grid: list[SweepPoint], k
     real_write = results.write_json_atomic
     written = []
 
-    def write(path, obj, overwrite=False):
+    def write(path, obj, overwrite=False, **kwargs):
         path = Path(path)
         if path.name != MANIFEST and path.suffix == ".json" and len(written) == kill_at:
             if phase == "writing":
                 (path.parent / f".{path.name}.k1ll3d.tmp").write_text('{"schema_version": 2, "kind"')
                 raise Killed
-            real_write(path, obj, overwrite)
+            real_write(path, obj, overwrite, **kwargs)
             raise Killed
         if path.name != MANIFEST:
             written.append(path)
-        return real_write(path, obj, overwrite)
+        return real_write(path, obj, overwrite, **kwargs)
 
     accepted = model.accepts(index)
     killed = False
