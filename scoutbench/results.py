@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from scoutbench import __version__
-from scoutbench.devices import cpu_model, resolve_device
 from scoutbench.errors import ScoutbenchError, UsageError
 
 # 2: every result kind carries the same envelope (`envelope`); projections and sweep manifests gained `command`
@@ -51,29 +50,57 @@ def envelope(kind: str, command: list[str] | None = None, **env_extra: Any) -> d
             "env": {**env_info(), **env_extra}}
 
 
-def _git(*args: str) -> str | None:
+# the package's own folder: `<checkout>/scoutbench` when scoutbench runs from its repository (a clone, an editable
+# install), `.../site-packages/scoutbench` when installed, possibly inside someone else's repository (a `.venv/`)
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _git(*args: str, cwd: Path | None = None) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(["git", *args], cwd=cwd or PACKAGE_DIR, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
 
 
+def _own_checkout() -> bool:
+    """True when the package is scoutbench's own source in its repository: tracked by git, at `scoutbench/` below
+    the repository's root. Installed into another repository (a virtual environment inside a user's checkout),
+    the package is neither, and that repository's commit is not scoutbench's."""
+    prefix = _git("rev-parse", "--show-prefix")
+    return prefix is not None and prefix.strip() == "scoutbench/" and \
+        _git("ls-files", "--error-unmatch", "--", Path(__file__).name) is not None
+
+
 def git_commit() -> str | None:
-    """The commit of the checkout scoutbench runs from, if it is one (an installed wheel has none: then the
-    package version is the provenance)."""
+    """The commit of scoutbench's own checkout when the package runs from one (an installed wheel has none, in or
+    out of another repository: then the package version is the provenance)."""
+    if not _own_checkout():
+        return None
     out = _git("rev-parse", "HEAD")
     return out.strip() or None if out is not None else None
 
 
 def git_dirty() -> bool | None:
-    """True when tracked files differ from that commit (the code that ran is not the commit's); None outside a
-    checkout. Untracked files (results, caches) do not count."""
+    """True when tracked files differ from that commit (the code that ran is not the commit's); None outside
+    scoutbench's own checkout. Untracked files (results, caches) do not count."""
     if git_commit() is None:
         return None
     out = _git("status", "--porcelain", "--untracked-files=no")
     return None if out is None else bool(out.strip())
+
+
+def workdir_git(cwd: Path | None = None) -> dict[str, Any] | None:
+    """The repository the command ran in (the working directory's), when it is not scoutbench's own checkout:
+    `{"commit", "dirty"}` of the user's experiment code; None outside a repository."""
+    folder = Path.cwd() if cwd is None else cwd
+    top = _git("rev-parse", "--show-toplevel", cwd=folder)
+    if top is None or (_own_checkout() and Path(top.strip()) == PACKAGE_DIR.parent):
+        return None
+    commit = _git("rev-parse", "HEAD", cwd=folder)
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=folder)
+    return {"commit": commit.strip() or None if commit is not None else None,
+            "dirty": None if status is None else bool(status.strip())}
 
 
 @functools.cache
@@ -93,6 +120,7 @@ def env_info() -> dict[str, Any]:
     import torch
     import transformers
 
+    from scoutbench.devices import cpu_model, resolve_device
     from scoutbench.kernels import cpu_attention
     from scoutbench.kernels.backends import flashinfer_status, partial_backend, triton_status
     from scoutbench.telemetry import nvml_device_info
@@ -103,8 +131,7 @@ def env_info() -> dict[str, Any]:
         "torch_cuda": torch.version.cuda, "flashinfer": flashinfer_status(), "triton": triton_status(),
         "partial_attention_backend": partial_backend(resolve_device("auto")),
         "cpu_attention_backend": partial_backend(torch.device("cpu")),  # host-side attention (CPU parts), on every device
-        "cuda_graphs": False,  # the decode loop runs eagerly: Python hooks and host waits are not graph-safe
-        "git_commit": git_commit(), "git_dirty": git_dirty(),
+        "git_commit": git_commit(), "git_dirty": git_dirty(), "workdir_git": workdir_git(),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's CPU kernels dispatch to
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),

@@ -39,6 +39,44 @@ def test_help_imports_no_torch(command):
     assert heavy == "HEAVY:", f"`scoutbench {command} --help` imported {heavy.removeprefix('HEAVY:')}"
 
 
+RUN_PROBE = textwrap.dedent("""
+    import sys
+
+    class NoTorch:  # torch (and what would pull it in) is not importable: a command that needs it fails
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "transformers"):
+                raise ImportError(f"{name} imported by a command documented as torch-free")
+
+    sys.meta_path.insert(0, NoTorch())
+    sys.argv = ["scoutbench", *sys.argv[1:]]
+    from scoutbench.cli import main
+    main()
+""")
+
+
+def _torch_free_commands(folder: Path) -> list[list[str]]:
+    return [["export", str(folder), "--format", "csv", "-o", str(folder.parent / "out.csv")],
+            ["export", str(folder), "--format", "vllm", "-o", str(folder.parent / "vllm")],
+            ["gate", "--current", str(folder), "--ratio", "scout/fullkv>=1.5"],
+            ["gate", "--baseline", str(folder), "--current", str(folder)],
+            ["accuracy", "--dataset", "list"]]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_commands_documented_torch_free_run_without_torch(index, tmp_path):
+    """docs/results.md says export, gate (but --counters) and `accuracy --dataset list` import no torch: each
+    imported it through results.py's device helpers, and the dataset list through the passkey workload."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from result_factory import SCOUT_CONFIG, make_result, write_results
+
+    folder = write_results(tmp_path / "runs", [make_result("fullkv", 40.0),
+                                               make_result("scout", 80.0, config=SCOUT_CONFIG)])
+    args = _torch_free_commands(folder)[index]
+    proc = subprocess.run([sys.executable, "-c", RUN_PROBE, *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0, f"scoutbench {' '.join(args)}: {proc.stderr[-2000:]}"
+
+
 # ---------------------------------------------------------------------------------------------- GGUF cache lock
 def test_concurrent_first_uses_convert_once(tmp_path, monkeypatch):
     """Two first uses at once: the filelock makes the second wait for the first and find the folder complete."""

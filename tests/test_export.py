@@ -5,8 +5,11 @@ import copy
 import importlib.util
 import json
 import re
+import shutil
 import statistics
 import sys
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
@@ -95,18 +98,23 @@ def test_vllm_and_pytorch_formats(sweep_dir, tmp_path, monkeypatch, capsys):
         name = export.run_name(result)
         latency = json.loads((tmp_path / "vllm" / f"{name}.json").read_text())
         seconds = [ms / 1e3 for ms in result["step_ms"]]
-        assert list(latency) == ["avg_latency", "std_latency", "latencies", "percentiles"]
+        assert list(latency) == ["avg_latency", "std_latency", "latencies", "percentiles", "scoutbench"]
+        assert latency["scoutbench"]["latency"].startswith("one decode step of the whole batch, in seconds")
+        assert latency["scoutbench"]["method"] == result["method"]
         assert latency["latencies"] == pytest.approx(seconds)
         assert latency["avg_latency"] == pytest.approx(statistics.fmean(seconds))
         assert latency["std_latency"] == pytest.approx(statistics.pstdev(seconds))  # numpy's np.std
         assert list(latency["percentiles"]) == ["10", "25", "50", "75", "90", "99"]
         assert latency["percentiles"]["50"] == pytest.approx(result["decode_step_ms"]["median"] / 1e3)
         records = json.loads((tmp_path / "pytorch" / f"{name}.pytorch.json").read_text())
-        assert [r["metric"]["name"] for r in records] == ["latency", "decode_throughput_tok_s"]
+        assert [r["metric"]["name"] for r in records] == ["decode_step_latency_s", "decode_throughput_tok_s"]
         for record in records:  # vllm/benchmarks/lib/utils.py: convert_to_pytorch_benchmark_format
             assert set(record) == {"benchmark", "model", "metric"}
             assert set(record["metric"]) == {"name", "benchmark_values", "extra_info"}
             assert record["model"]["name"] == "tiny-qwen3"
+            # the method is in what a dashboard keys a series by, not only inside extra_info
+            assert record["benchmark"]["name"] == f"scoutbench decode: {result['method']}"
+            assert record["benchmark"]["mode"] == "inference" and record["benchmark"]["dtype"] == "float32"
             assert record["benchmark"]["extra_info"]["args"]["method"] == result["method"]
         assert records[0]["metric"]["benchmark_values"] == pytest.approx(seconds)
         assert records[1]["metric"]["benchmark_values"] == [result["decode_throughput_tok_s"]]
@@ -156,6 +164,14 @@ def test_mlflow_logs_local_runs_offline(sweep_dir, tmp_path, monkeypatch, capsys
         artifact = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path / run.info.run_id))
         with open(artifact) as handle:
             assert json.load(handle)["method_repr"] == result["method_repr"]
+        # the run's time is when the result was measured, not the export's
+        measured_ms = int(datetime.fromisoformat(result["created_at"]).timestamp() * 1000)
+        assert run.info.start_time == measured_ms == run.info.end_time
+
+    # a second export of the same results logs no duplicate runs
+    code, out, err = run_cli(monkeypatch, capsys, "export", sweep_dir, "--mlflow", store, "--experiment", "ci")
+    assert code == 0 and "0 run(s)" in out and "2 result(s) logged there before" in out, out + err
+    assert len(client.search_runs([experiment.experiment_id])) == 2
 
 
 def test_wandb_writes_offline_runs(sweep_dir, tmp_path, monkeypatch, capsys):
@@ -172,6 +188,10 @@ def test_wandb_writes_offline_runs(sweep_dir, tmp_path, monkeypatch, capsys):
         assert export.run_name(result).encode() in content
         assert json.dumps(result["decode_throughput_tok_s"]).encode() in content
     assert b"decode_step_ms.median" in content and b"scoutbench-ci" in content
+    code, out, err = run_cli(monkeypatch, capsys, "export", sweep_dir, "--wandb", "scoutbench-ci",
+                             "--wandb-dir", tmp_path / "wb")
+    assert code == 0 and "2 result(s) logged there before" in out, out + err
+    assert len(list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))) == 2  # no duplicate runs
 
 
 def _log_mlflow(tmp):
@@ -203,3 +223,63 @@ def test_missing_optional_package_is_a_one_line_install_hint(module, call, hint,
     monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError, as when it is not installed
     with pytest.raises(ScoutbenchError, match=rf'pip install "{re.escape(hint)}"$'):
         call(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "pytorch"])
+def test_two_folders_with_the_same_file_names_keep_every_result(sweep_dir, tmp_path, monkeypatch, capsys, fmt):
+    """Two sweeps of one grid share their file names: 4 results in gave 2 files out (exit 0 with --overwrite);
+    without it, a half-written export and exit 2 blaming a file the export itself had just written."""
+    shutil.copytree(sweep_dir, tmp_path / "runA")
+    shutil.copytree(sweep_dir, tmp_path / "runB")
+    out = tmp_path / fmt
+    code, stdout, err = run_cli(monkeypatch, capsys, "export", tmp_path / "runA", tmp_path / "runB", "--format", fmt,
+                                "-o", out)
+    assert code == 0, err
+    written = sorted(p.name for p in out.iterdir())
+    assert len(written) == 4 and stdout.count("wrote ") == 4
+    assert all(name.startswith(("runA__", "runB__")) for name in written), written
+
+    # again without --overwrite: refused before anything is touched; with it: the same 4 files
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    code, _, err = run_cli(monkeypatch, capsys, "export", tmp_path / "runA", tmp_path / "runB", "--format", fmt,
+                           "-o", out)
+    assert code == 2 and err.count("error:") == 1 and "--overwrite" in err
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    code, _, err = run_cli(monkeypatch, capsys, "export", tmp_path / "runA", tmp_path / "runB", "--format", fmt,
+                           "-o", out, "--overwrite")
+    assert code == 0 and sorted(p.name for p in out.iterdir()) == written, err
+
+
+def test_an_existing_file_refuses_the_whole_export_before_writing(sweep_dir, tmp_path, monkeypatch, capsys):
+    results = _results(sweep_dir)
+    taken = tmp_path / "out" / f"{export.run_name(results[1])}.json"
+    taken.parent.mkdir()
+    taken.write_text("mine")
+    code, _, err = run_cli(monkeypatch, capsys, "export", sweep_dir, "--format", "vllm", "-o", tmp_path / "out")
+    assert code == 2 and str(taken) in err
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [taken.name] and taken.read_text() == "mine"
+
+
+def test_a_file_given_twice_is_one_result(sweep_dir, tmp_path, monkeypatch, capsys):
+    one = sorted(sweep_dir.glob("fullkv_*.json"))[0]
+    code, out, err = run_cli(monkeypatch, capsys, "export", sweep_dir, one, "--format", "sglang",
+                             "-o", tmp_path / "r.jsonl")
+    assert code == 0, err
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("fmt,missing", [("vllm", "step_ms"), ("pytorch", "decode_time_s"), ("sglang", "prefill_ms")])
+def test_a_result_without_what_a_format_reads_is_listed_not_a_traceback(sweep_dir, tmp_path, monkeypatch, capsys,
+                                                                         fmt, missing):
+    """A throughput result without `step_ms` (an older or hand-made file) ended `export --format vllm` in a
+    KeyError traceback."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for result in _results(sweep_dir):
+        kept = {k: v for k, v in result.items() if k != "_path"}
+        if result["method"] == "scout":
+            del kept[missing]
+        (folder / Path(result["_path"]).name).write_text(json.dumps(kept))
+    code, out, err = run_cli(monkeypatch, capsys, "export", folder, "--format", fmt, "-o", tmp_path / "out")
+    assert code == 0 and out.count("wrote ") == 1, err
+    assert "scout_tiny-qwen3" in err and f"no {missing} as" in err and "Traceback" not in err

@@ -235,3 +235,20 @@ def test_point_key_of_malformed_sections_names_what_it_can():
                      "max_length": 4096})
     assert (key.kind, key.method, key.model, key.dtype, key.length, key.batch) == (
         "projection", "scout", "?", "?", 4096, None)
+
+
+def test_a_file_a_sweep_made_beside_its_points_matches_by_name_not_by_folder(tmp_path, monkeypatch, capsys):
+    """A preset sweep profiles ScoutAttention's recall intervals into its own folder, and the point's config names
+    that path: the same sweep in a baseline and a current folder was MISSING + new, never compared. A profile given
+    from elsewhere (another file) is still another point."""
+    def scout(folder, profile):
+        return make_result("scout", 200.0, config={**SCOUT_CONFIG, "recall_profile": str(folder / profile)})
+
+    base, cur = pair(tmp_path, [scout(tmp_path / "base", "recall_profile-ab12.json")],
+                     [scout(tmp_path / "cur", "recall_profile-ab12.json")])
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur)
+    assert code == 0 and "gate passed (2 comparisons" in out and str(tmp_path) not in out, out
+
+    other = write_results(tmp_path / "other", [scout(tmp_path / "elsewhere", "recall_profile-ab12.json")])
+    code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", other)
+    assert code == 1 and "MISSING" in out, out

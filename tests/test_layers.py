@@ -100,7 +100,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("core", {"scoutbench.engine", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
               "scoutbench.devices", "scoutbench.planning", "scoutbench.method_args", "scoutbench.telemetry",
               "scoutbench.profiling", "scoutbench.progress", "scoutbench.tiers", "scoutbench.step_stats",
-              "scoutbench.emulated_cuda"}),
+              "scoutbench.emulated_cuda", "scoutbench.decode_ops", "scoutbench.graphs"}),
     ("workloads", {"scoutbench.workloads"}),
     ("analysis", {"scoutbench.analysis"}),
     ("bench and eval", {"scoutbench.bench", "scoutbench.eval"}),

@@ -4,6 +4,9 @@ hash), data (file sha256, hub commit, per-prompt hashes), GPU (driver, UUID, pow
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 import types
 import zipfile
@@ -33,9 +36,10 @@ def test_env_records_commit_dirty_flag_cpu_capability_and_torch_report():
 def test_dirty_flag_counts_tracked_changes(monkeypatch, status, dirty):
     calls = []
 
-    def fake_git(*args):
+    def fake_git(*args, cwd=None):
         calls.append(args)
-        return "a" * 40 + "\n" if args[0] == "rev-parse" else status
+        answers = {"--show-prefix": "scoutbench/\n", "HEAD": "a" * 40 + "\n", "--error-unmatch": "results.py\n"}
+        return next((answer for arg, answer in answers.items() if arg in args), status)
 
     monkeypatch.setattr(results, "_git", fake_git)
     assert results.git_dirty() is dirty
@@ -43,8 +47,42 @@ def test_dirty_flag_counts_tracked_changes(monkeypatch, status, dirty):
 
 
 def test_outside_a_checkout_commit_and_dirty_are_null(monkeypatch):
-    monkeypatch.setattr(results, "_git", lambda *args: None)
-    assert results.git_commit() is None and results.git_dirty() is None
+    monkeypatch.setattr(results, "_git", lambda *args, cwd=None: None)
+    assert results.git_commit() is None and results.git_dirty() is None and results.workdir_git() is None
+
+
+def _git(folder, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=folder, check=True,
+                   capture_output=True)
+
+
+def test_installed_inside_a_users_repository_records_no_commit_of_that_repository(tmp_path):
+    """Installed into a `.venv/` inside someone's checkout, every result recorded that repository's commit and
+    dirty flag as scoutbench's. The package installed there (a copy of it, run in a fresh interpreter) records
+    none of its own, and the user's repository separately, as the working directory's."""
+    repo = tmp_path / "my-experiments"
+    site = repo / ".venv" / "lib" / "site-packages"
+    shutil.copytree(Path(results.__file__).parent, site / "scoutbench", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".gitignore").write_text(".venv/\n")
+    (repo / "train.py").write_text("print('v1')\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "experiments")
+    (repo / "train.py").write_text("print('v2')\n")  # the user's repository is dirty; scoutbench's is not theirs
+    user_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    probe = ("import json; from scoutbench import results as r; "
+             "print(json.dumps([r.__file__, r.git_commit(), r.git_dirty(), r.workdir_git()]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=repo, env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True, check=True).stdout
+    path, commit, dirty, workdir = json.loads(out)
+    assert path.startswith(str(site))
+    assert commit is None and dirty is None
+    assert workdir == {"commit": user_commit, "dirty": True}
+
+
+def test_in_its_own_checkout_the_working_repository_is_not_recorded_twice(monkeypatch):
+    monkeypatch.chdir(Path(results.__file__).resolve().parent.parent)
+    assert results.git_commit() is not None and results.workdir_git() is None
 
 
 # ---------------------------------------------------------------------------------------------- GPU via NVML

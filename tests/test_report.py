@@ -45,22 +45,23 @@ def test_report_on_a_results_folder(tmp_path):
 
     report = build_report([folder, tmp_path / "more"], tmp_path / "out")
 
-    names = sorted(p.name for p in (tmp_path / "out").iterdir())
-    expected = {"ablation.png", "batch_scaling.png", "block_size.png", "latency_breakdown.png", "summary.md",
-                "throughput_vs_length.png"}
-    assert set(names) == expected
-    for name in expected - {"summary.md"}:
-        assert (tmp_path / "out" / name).read_bytes()[:8] == PNG_MAGIC
+    names = sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith("."))
+    stems = {"ablation", "batch_scaling", "block_size", "latency_breakdown_len4k-b1", "latency_breakdown_len8k-b1",
+             "latency_breakdown_len8k-b2", "latency_breakdown_len16k-b1", "throughput_vs_length"}
+    assert set(names) == {f"{stem}.{fmt}" for stem in stems for fmt in ("png", "pdf")} | {"summary.md"}
+    for stem in stems:
+        assert (tmp_path / "out" / f"{stem}.png").read_bytes()[:8] == PNG_MAGIC
+        assert (tmp_path / "out" / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
 
     summary = (tmp_path / "out" / "summary.md").read_text()
     # speed-ups over FullKV in the same (model, length, batch): 80/40 at 4k, 70/20 at 8k (median of 19, 20, 25)
-    assert "| scout block_size=32 | tiny-qwen3 | float32 | 4k | 1 | 80.00 |" in summary
+    assert "| scout block_size=32 | tiny-qwen3 | float32 | 4k | 1 | 80.00 | 12.50 | - |" in summary
     assert "| 2.00x |" in summary and "| 3.50x |" in summary and "| 4.00x |" in summary
     # ablation speed-ups relative to the parallel co-attention baseline, step to step as in the paper
     assert "| co-attention | 50.00 | 1.00x | - |" in summary
     assert "| +PC | 69.50 | 1.39x | 1.39x |" in summary
     assert "| +PC+PR | 83.40 | 1.67x | 1.20x |" in summary
-    assert "| scout | smollm2-135m | qasper.score | 41.50 |" in summary
+    assert "| scout | - | smollm2-135m | qasper.score | 41.50 |" in summary
     assert "out of memory at batch 2" in summary
 
     skipped = dict(report.skipped)
@@ -77,9 +78,9 @@ def test_report_cli_says_what_it_skipped(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["scoutbench", "report", str(folder), "-o", str(tmp_path / "out")])
     main()
     out = capsys.readouterr().out
-    assert "latency_breakdown.png" in out
-    assert "skipped throughput_vs_length.png: no model/batch has results at two or more lengths" in out
-    assert "skipped ablation.png" in out
+    assert "latency_breakdown.png, " in out and "latency_breakdown.pdf" in out
+    assert "skipped throughput_vs_length: no model/batch has results at two or more lengths" in out
+    assert "skipped ablation" in out
     assert (tmp_path / "out" / "summary.md").exists()
 
 
@@ -93,7 +94,9 @@ def test_auto_batch_methods_share_one_figure(tmp_path):
                auto(make_result("scout", 200.0, length=4096, batch=16, config=SCOUT_CONFIG)),
                auto(make_result("scout", 150.0, length=8192, batch=16, config=SCOUT_CONFIG))]
     report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out")
-    assert [path.name for _, path in report.figures] == ["throughput_vs_length.png", "latency_breakdown.png"]
+    assert [files[0].name for _, files in report.figures] == ["throughput_vs_length.png",
+                                                              "latency_breakdown_len4k.png",
+                                                              "latency_breakdown_len8k.png"]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| scout | tiny-qwen3 | float32 | 8k | auto (16) | 150.00 |" in summary
     assert "| 7.50x (0.94x/seq) |" in summary  # 150 / 20 at 8k, each at its own batch; per sequence 9.4 vs 10
@@ -107,3 +110,141 @@ def test_vs_fullkv_pairs_a_method_that_keeps_dense_layers_with_fullkv(tmp_path):
     fullkv["dense_layers"], scout["dense_layers"] = None, 2
     build_report([write_results(tmp_path / "runs", [fullkv, scout])], tmp_path / "out")
     assert "| 3.50x |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_real_ablation_and_block_size_presets_render_every_variant(monkeypatch, capsys, tmp_path):
+    """The presets' ScoutAttention points carry a per-point recall profile (a file path in method_config): the
+    ablation lost +PC+PR and the block sizes split into three one-bar series labelled with file paths, while
+    hand-made results (no profile) passed. End to end: the real sweeps, then `report`, read back from the SVGs."""
+    from cli_runner import run_cli
+
+    common = ("--scale", "cpu", "--model", "tiny-qwen3", "--len", "2k", "--steps", "6", "--warmup", "1",
+              "--device", "cpu")
+    for preset in ("ablation", "block-size"):
+        code, out, err = run_cli(monkeypatch, capsys, "sweep", "--preset", preset, *common, "-o", tmp_path / preset)
+        assert code == 0, out + err
+        code, out, err = run_cli(monkeypatch, capsys, "report", tmp_path / preset, "-o", tmp_path / f"{preset}-report",
+                                 "--figure-format", "svg,png")
+        assert code == 0, out + err
+
+    ablation = (tmp_path / "ablation-report" / "ablation.svg").read_text()
+    assert all(f">{variant}<" in ablation for variant in ("co-attention", "+PC", "+PC+PR"))
+    summary = (tmp_path / "ablation-report" / "summary.md").read_text()
+    assert [line.split("|")[2].strip() for line in summary.splitlines()
+            if line.startswith("| tiny-qwen3, float32, len 2k, batch 1")] == ["co-attention", "+PC", "+PC+PR"]
+
+    block_size = (tmp_path / "block-size-report" / "block_size.svg").read_text()
+    assert all(f">{size}<" in block_size for size in ("16", "32", "64"))
+    assert "recall" not in block_size and str(tmp_path) not in block_size  # one series, no legend of file paths
+    assert not any(str(tmp_path) in line for line in summary.splitlines() if line.startswith("| scout"))
+
+
+def _report_cli(monkeypatch, capsys, *args):
+    from cli_runner import run_cli
+
+    return run_cli(monkeypatch, capsys, "report", *args)
+
+
+def test_a_report_folder_is_replaced_as_a_whole_only_with_overwrite(tmp_path, monkeypatch, capsys):
+    """A second report into a folder kept the first one's figures beside the new summary (a throughput_vs_length
+    figure of results no longer reported), and report had no --overwrite rule unlike every other command."""
+    out = tmp_path / "out"
+    both = write_results(tmp_path / "both", [make_result("fullkv", 40.0, length=4096),
+                                             make_result("fullkv", 20.0, length=8192)])
+    code, _, err = _report_cli(monkeypatch, capsys, both, "-o", out)
+    assert code == 0, err
+    (out / "notes.txt").write_text("mine")
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert "throughput_vs_length.png" in before
+
+    one = write_results(tmp_path / "one", [make_result("fullkv", 40.0, length=4096)])
+    code, _, err = _report_cli(monkeypatch, capsys, one, "-o", out)
+    assert code == 2 and err.count("\n") == 1 and "already holds a report" in err and "--overwrite" in err, err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # nothing touched
+
+    code, _, err = _report_cli(monkeypatch, capsys, one, "-o", out, "--overwrite")
+    assert code == 0, err
+    names = {f.name for f in out.iterdir()}
+    assert not any(name.startswith("throughput_vs_length") for name in names)  # the earlier figure is gone
+    assert {"summary.md", "latency_breakdown.png", "latency_breakdown.pdf", "notes.txt"} <= names
+    assert "1 throughput points" in (out / "summary.md").read_text()
+
+
+def test_a_report_that_fails_leaves_the_earlier_one_as_it_was(tmp_path, monkeypatch):
+    from scoutbench.analysis import report as report_module
+
+    folder = write_results(tmp_path / "runs", [make_result("fullkv", 40.0)])
+    build_report([folder], tmp_path / "out")
+    before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
+
+    def broken(report, writer):
+        writer.save(__import__("matplotlib.pyplot").pyplot.figure(), "ablation", "half-way")
+        raise RuntimeError("renderer failed")
+
+    monkeypatch.setattr(report_module, "draw_all", broken)
+    try:
+        build_report([folder], tmp_path / "out", overwrite=True)
+    except RuntimeError:
+        pass
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before  # no staging folder either
+
+
+def test_legends_name_methods_as_papers_do():
+    """Legends said `fullkv dense_layers=None` and `scout-pc pc=True`; now the paper's names, and a field only
+    where it tells a method's own series apart."""
+    from scoutbench.analysis.figures import legend_labels
+    from scoutbench.analysis.gate import point_key
+    from scoutbench.analysis.report import Point
+
+    fullkv = make_result("fullkv", 40.0)
+    fullkv["dense_layers"] = None
+    runs = [fullkv]
+    for budget in (1024, 2048):
+        scout = make_result("scout", 80.0, config={**SCOUT_CONFIG, "budget": budget})
+        scout["dense_layers"] = 2
+        runs.append(scout)
+    pc = make_result("scout-pc", 70.0, config={**SCOUT_CONFIG, "pc": True, "pr": False})
+    pc["dense_layers"] = 2
+    runs.append(pc)
+    points = [Point(point_key(r), [r]) for r in runs]
+    assert [legend_labels(points)[p.key] for p in points] == [
+        "FullKV", "ScoutAttention, budget 1k", "ScoutAttention, budget 2k", "ScoutAttention (+PC)"]
+
+
+def test_error_bars_are_the_stored_interval_of_the_median_step():
+    from scoutbench.analysis.figures import figure_value
+    from scoutbench.analysis.gate import point_key
+    from scoutbench.analysis.report import Point
+
+    run = make_result("fullkv", 40.0, batch=2)
+    run["decode_step_ms"].update({"median": 50.0, "ci95_low": 40.0, "ci95_high": 80.0})
+    assert figure_value(Point(point_key(run), [run])) == (40.0, (25.0, 50.0))  # 2 x 1000 / (50, 80, 40) ms
+    run["decode_step_ms"].update({"ci95_low": None, "ci95_high": None})  # under 6 steps: no interval, no bar
+    assert figure_value(Point(point_key(run), [run])) == (40.0, None)
+    run["decode_step_ms"].update({"ci95_low": 60.0, "ci95_high": 80.0})  # not around its median: not drawn
+    assert figure_value(Point(point_key(run), [run]))[1] is None
+
+
+def _png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_several_sweeps_give_one_breakdown_per_point_of_bounded_size_and_one_colour_per_method(tmp_path):
+    """Several sweeps reported together made one 3264-px breakdown of every point; each figure is now one
+    (model, length, batch) at a paper's figure size, and a method has the same colour in every figure."""
+    from scoutbench.analysis.figures import method_color
+
+    results = [make_result(method, tok_s, length=length, batch=batch, config=config)
+               for length in (4096, 8192, 16384) for batch in (1, 2)
+               for method, tok_s, config in (("fullkv", 40.0, {}), ("quest", 60.0, {"budget": 1024}),
+                                             ("hgca", 70.0, {"budget": 1024}), ("scout", 90.0, SCOUT_CONFIG))]
+    report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out", formats=("png",))
+    breakdowns = [files[0] for title, files in report.figures if title.startswith("Decode latency breakdown")]
+    assert len(breakdowns) == 6
+    for png in breakdowns:
+        width, height = _png_size(png)
+        assert width <= 7.5 * 300 + 100 and height <= 5 * 300, png
+    assert len({method_color(m) for m in ("fullkv", "quest", "infinigen", "hgca", "scout-base", "scout-pc",
+                                          "scout-pr", "scout")}) == 8
+    assert method_color("full") == method_color("fullkv")

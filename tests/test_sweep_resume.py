@@ -230,13 +230,13 @@ def test_a_recall_profile_is_reused_only_when_it_records_its_configuration(tmp_p
         calls.append(args)
         return {"kind": "scout_recall_profile", "intervals": [None, None, 3, 5]}
 
-    points = [SweepPoint("scout", 1024, 1)]
-    (attached,) = attach_recall_profiles(points, BASE, tmp_path, profiler=profiler)
+    points, real = [SweepPoint("scout", 1024, 1)], replace(BASE, prefill="real")  # a synthetic prefill: none
+    (attached,) = attach_recall_profiles(points, real, tmp_path, profiler=profiler)
     profile = Path(attached.args["recall_profile"])
-    assert len(calls) == 1 and attach_recall_profiles(points, BASE, tmp_path, profiler=profiler) == [attached]
+    assert len(calls) == 1 and attach_recall_profiles(points, real, tmp_path, profiler=profiler) == [attached]
     assert len(calls) == 1
     profile.write_text(profile.read_text()[:40])  # truncated
-    assert attach_recall_profiles(points, BASE, tmp_path, profiler=profiler) == [attached] and len(calls) == 2
+    assert attach_recall_profiles(points, real, tmp_path, profiler=profiler) == [attached] and len(calls) == 2
     assert json.loads(profile.read_text())["intervals"] == [None, None, 3, 5]
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from scoutbench.errors import UsageError
-from scoutbench.models import encode_prompt
 
 TASKS = ("passkey", "passkey-multi")
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -90,6 +89,10 @@ class PasskeyTask:
                 "answer_prefix": answer_prefix}
 
     def _encode(self, context: str, question: str, answer_prefix: str) -> list[int]:
+        from scoutbench.models import (
+            encode_prompt,  # here: `accuracy --dataset list` reads TASKS without torch
+        )
+
         return encode_prompt(self.tokenizer, f"{INSTRUCTION}{context}\n\n{question}", chat=True,
                              assistant_prefix=answer_prefix)
 

@@ -22,6 +22,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from scoutbench.errors import ScoutbenchError, UsageError
@@ -117,6 +118,27 @@ def shared_settings(key: PointKey) -> str:
     return _canonical({k: v for k, v in json.loads(key.settings).items() if k not in _PER_METHOD_SETTINGS})
 
 
+def config_identity(result: dict[str, Any]) -> dict[str, Any]:
+    """The method config as part of a point's identity: a value that names a file in the result's own folder (the
+    recall profile a sweep profiles beside its points) is named relative to that folder, so the same sweep run
+    into two folders has the same points."""
+    config = _section(result, "method_config")
+    path = result.get("_path")
+    if not isinstance(path, str):
+        return config
+    folder = Path(path).parent
+    return {k: Path(v).name if isinstance(v, str) and _in_folder(Path(v), folder) else v for k, v in config.items()}
+
+
+def _in_folder(file: Path, folder: Path) -> bool:
+    if file.parent == folder:
+        return True
+    try:
+        return file.resolve().parent == folder.resolve()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop or a value no path can be made of
+        return False
+
+
 def point_key(result: dict[str, Any]) -> PointKey:
     model = _section(result, "model")
     workload = _section(result, "workload")
@@ -124,7 +146,7 @@ def point_key(result: dict[str, Any]) -> PointKey:
     batch = "auto" if _section(result, "batch_plan").get("mode") == "auto" else workload.get("batch")
     return PointKey(
         kind=str(result.get("kind", "?")), method=canonical_method(str(result.get("method", "?"))),
-        config=_canonical(result.get("method_config") or {}),
+        config=_canonical(config_identity(result)),
         model=str(model.get("name", "?")), dtype=str(model.get("dtype", "?")),
         length=length if isinstance(length, int) and not isinstance(length, bool) else None,
         batch=batch if isinstance(batch, (int, str)) and not isinstance(batch, bool) else None,
@@ -165,8 +187,7 @@ def varying_fields(results: list[dict[str, Any]], exclude: Iterable[str] = ()) -
     """Per method, the config fields whose value is not the same in every result of that method."""
     values: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for r in results:
-        config = r.get("method_config") if isinstance(r.get("method_config"), dict) else {}
-        for k, v in config.items():
+        for k, v in config_identity(r).items():
             values[canonical_method(str(r.get("method")))][k].add(_canonical(v))
     skip = set(exclude)
     return {m: {k for k, seen in fields.items() if len(seen) > 1 and k not in skip} for m, fields in values.items()}
@@ -536,8 +557,8 @@ def point_labels(results: list[dict[str, Any]]) -> dict[PointKey, str]:
     labels = {}
     for r in results:
         method = canonical_method(str(r.get("method")))
-        config = r.get("method_config") if isinstance(r.get("method_config"), dict) else {}
-        labels[point_key(r)] = method_label(method, config, varying.get(method, ()), point_settings(r), settings)
+        labels[point_key(r)] = method_label(method, config_identity(r), varying.get(method, ()), point_settings(r),
+                                            settings)
     return labels
 
 

@@ -1,46 +1,53 @@
-"""`scoutbench report`: the paper's performance figures and a markdown summary from any mix of result files.
+"""`scoutbench report`: the paper's figures and a markdown summary from any mix of result files.
 
-Figures (PNG, headless matplotlib): throughput vs input length per method (paper Figure 8), throughput vs batch
-size (Figure 9), ScoutAttention throughput vs block size (Figure 10), stacked latency breakdown with idle time
-(Figure 11) and the ablation bars with speed-up labels (Figure 12). A figure is drawn wherever the results have
-the points it needs; everything that is not used (unreadable files, failed points, other kinds, metrics that are
-not measurements, figures without enough points) is listed with the reason, so an empty-looking report explains
-itself. Repeats of one point are merged: every number shown is the median over the repeats (as the gate does).
+Figures (`analysis/figures.py`): throughput vs input length per method (paper Figure 8), throughput vs batch size
+(Figure 9), ScoutAttention throughput vs block size (Figure 10), stacked latency breakdown with idle time (Figure
+11), the ablation bars with speed-up labels (Figure 12) and accuracy vs token budget, as PNG and vector files. A
+figure is drawn wherever the results have the points it needs; everything that is not used (unreadable files,
+failed points, other kinds, metrics that are not measurements, figures without enough points) is listed with the
+reason, so an empty-looking report explains itself. Repeats of one point are merged: every number shown is the
+median over the repeats (as the gate does). A file a point's run was given or made for it (a method's
+`artefact_fields`: ScoutAttention's recall profile) neither labels nor splits a series.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import re
+import shutil
 import statistics
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scoutbench.analysis.figures import (
+    DEFAULT_FIGURE_FORMATS,
+    FIGURE_FORMATS,
+    FIGURE_STEMS,
+    FigureWriter,
+    ablation_groups,
+    draw_all,
+)
 from scoutbench.analysis.gate import (
     PointKey,
+    as_number,
     batch_order,
-    batch_text,
     canonical_method,
     device_class,
-    method_label,
     metric_problem,
     metric_values,
     point_key,
     point_labels,
     shared_settings,
-    varying_fields,
 )
-from scoutbench.errors import require_module
+from scoutbench.errors import UsageError, require_module
 from scoutbench.methods import is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
-
-STAGE_COLORS = {"qkv_proj": "#4c72b0", "predict": "#8172b3", "attn_device": "#55a868", "idle": "#c44e52",
-                "merge": "#937860", "o_proj": "#64b5cd", "mlp": "#dd8452", "other": "#b0b0b0"}
 
 
 @dataclass
@@ -122,7 +129,7 @@ class Report:
     failed: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
     merged: list[tuple[str, str]] = field(default_factory=list)  # (file, which point's median it is part of)
-    figures: list[tuple[str, Path]] = field(default_factory=list)  # (title, file)
+    figures: list[tuple[str, list[Path]]] = field(default_factory=list)  # (title, its file in each format)
     summary: Path | None = None
 
 
@@ -146,12 +153,23 @@ def collect(paths: Iterable[str | Path]) -> Report:
         elif (problem := _measurement_problem(result)) is not None:
             report.skipped.append((result["_path"], problem))
         else:
-            ok.append(result)
+            ok.append(_without_artefacts(result))
     report.points = _median_runs(ok, report)
     labels = point_labels([r for p in report.points for r in p.runs])
     for p in report.points:
         p.label = labels[p.key]
     return report
+
+
+def _without_artefacts(result: dict[str, Any]) -> dict[str, Any]:
+    """The result as the report compares it: its method config without the fields that name a per-point file."""
+    from scoutbench.methods import artefact_fields
+
+    config = result.get("method_config")
+    if not isinstance(config, dict):
+        return result
+    artefacts = artefact_fields(canonical_method(str(result.get("method"))))
+    return {**result, "method_config": {k: v for k, v in config.items() if k not in artefacts}}
 
 
 def _measurement_problem(result: dict[str, Any]) -> str | None:
@@ -182,185 +200,53 @@ def _median_runs(results: list[dict[str, Any]], report: Report) -> list[Point]:
     return points
 
 
-# ---- figures --------------------------------------------------------------------------------------------------
+# ---- the report ------------------------------------------------------------------------------------------------
 
-def build_report(paths: Iterable[str | Path], out_dir: str | Path) -> Report:
-    from scoutbench.results import check_writable
+def build_report(paths: Iterable[str | Path], out_dir: str | Path, overwrite: bool = False,
+                 formats: tuple[str, ...] = DEFAULT_FIGURE_FORMATS) -> Report:
+    """Figures (in `formats`) and summary.md of the results under `paths`, written into `out_dir`. A folder that
+    holds an earlier report is refused unless `overwrite`; then the earlier report's files are replaced as a
+    whole, so no figure of the previous results stays beside the new summary. Everything is drawn into a staging
+    folder first: a failure leaves the earlier report as it was."""
+    from scoutbench.results import check_writable, output_lock
 
-    require_module("matplotlib", "report", "scoutbench report (its PNG figures)")
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require_module("matplotlib", "report", "scoutbench report (its figures)")
     out = Path(out_dir)
     check_writable(out, single_file=False)  # an unwritable folder: exit 1, as for every other command's -o
-    report = collect(paths)
-    if not report.points:
-        report.skipped.append(("figures", "no successful throughput results"))
-    else:
-        _line_figure(report, out, "length", "throughput_vs_length", "Decode throughput vs input length")
-        _line_figure(report, out, "batch", "batch_scaling", "Decode throughput vs batch size")
-        _block_size_figure(report, out)
-        _breakdown_figure(report, out)
-        _ablation_figure(report, out)
+    _refuse_earlier_report(out, overwrite)
+    with output_lock(out):
+        _refuse_earlier_report(out, overwrite)  # a report that finished while this one waited for nothing
+        report = collect(paths)
+        staging = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
+        try:
+            draw_all(report, FigureWriter(report, staging, formats))
+            (staging / "summary.md").write_text(summary_markdown(report), encoding="utf-8", errors="backslashreplace")
+            for earlier in report_files(out):
+                earlier.unlink()
+            for made in sorted(staging.iterdir()):
+                os.replace(made, out / made.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    report.figures = [(title, [out / f.name for f in files]) for title, files in report.figures]
     report.summary = out / "summary.md"
-    report.summary.write_text(summary_markdown(report, out), encoding="utf-8", errors="backslashreplace")
     return report
 
 
-def _groups(points: list[Point], fields: tuple[str, ...]) -> dict[tuple, list[Point]]:
-    groups: dict[tuple, list[Point]] = defaultdict(list)
-    for p in points:
-        groups[tuple(_field(p, f) for f in fields)].append(p)
-    return dict(sorted(groups.items(), key=lambda item: str(item[0])))
+_REPORT_FILE = re.compile(rf"^(?:{'|'.join(map(re.escape, FIGURE_STEMS))})(?:_[^/]*)?\.(?:{'|'.join(FIGURE_FORMATS)})$")
 
 
-def _field(p: Point, name: str) -> Any:
-    return {"model": p.key.model, "dtype": p.key.dtype, "length": p.key.length, "batch": p.key.batch,
-            "device": p.device, "method": p.method}[name]
+def report_files(folder: Path) -> list[Path]:
+    """The files of a report in `folder`: summary.md and the figures (by their stems and formats)."""
+    if not folder.is_dir():
+        return []
+    return sorted(f for f in folder.iterdir() if f.is_file() and (f.name == "summary.md" or _REPORT_FILE.match(f.name)))
 
 
-def _describe(fields: tuple[str, ...], values: tuple) -> str:
-    parts = []
-    for name, value in zip(fields, values, strict=True):
-        parts.append(f"len {format_length(value)}" if name == "length" else f"batch {value}" if name == "batch"
-                     else str(value))
-    return ", ".join(parts)
-
-
-def _file_names(stem: str, groups: list[tuple]) -> dict[tuple, str]:
-    """`stem.png` for one group; otherwise a suffix made of the group fields that differ between groups."""
-    if len(groups) == 1:
-        return {groups[0]: f"{stem}.png"}
-    differing = [i for i in range(len(groups[0])) if len({g[i] for g in groups}) > 1]
-    names = {}
-    for g in groups:
-        suffix = "_".join(str(g[i]) for i in differing)
-        names[g] = f"{stem}_{re.sub(r'[^A-Za-z0-9.=-]+', '-', suffix).strip('-')}.png"
-    return names
-
-
-def _save(report: Report, fig: Any, out: Path, name: str, title: str) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(out / name, dpi=120)
-    plt.close(fig)
-    report.figures.append((title, out / name))
-
-
-def _line_figure(report: Report, out: Path, axis: str, stem: str, title: str) -> None:
-    """Throughput against `axis` (length or batch), one line per method, for each fixed rest of the point."""
-    import matplotlib.pyplot as plt
-
-    fixed = ("model", "dtype", "batch" if axis == "length" else "length", "device")
-    plotted = [p for p in report.points if isinstance(_field(p, axis), int)]  # batch "auto" has no x position
-    groups = {g: ps for g, ps in _groups(plotted, fixed).items() if len({_field(p, axis) for p in ps}) > 1}
-    if not groups:
-        what = "lengths" if axis == "length" else "batch sizes"
-        report.skipped.append((f"{stem}.png", f"no model/{fixed[2]} has results at two or more {what}"))
-        return
-    names = _file_names(stem, list(groups))
-    for group, points in groups.items():
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for label, series in _series(points).items():
-            series.sort(key=lambda p: _field(p, axis))
-            xs = [_field(p, axis) for p in series]
-            ax.plot(xs, [p.tok_s for p in series], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ticks = sorted({_field(p, axis) for p in points})
-        ax.set_xticks(ticks, [format_length(t) if axis == "length" else str(t) for t in ticks])
-        ax.minorticks_off()
-        ax.set_xlabel("input length (tokens)" if axis == "length" else "batch size")
-        ax.set_ylabel("decode throughput (tok/s)")
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{title}\n{_describe(fixed, group)}", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        _save(report, fig, out, names[group], f"{title} ({_describe(fixed, group)})")
-
-
-def _series(points: list[Point], exclude: str | None = None) -> dict[str, list[Point]]:
-    series: dict[str, list[Point]] = defaultdict(list)
-    if exclude is None:
-        for p in points:
-            series[p.label].append(p)
-        return dict(series)
-    varying = varying_fields([p.result for p in points], exclude=[exclude])
-    for p in points:
-        series[method_label(p.method, p.config, varying.get(p.method, ()))].append(p)
-    return dict(series)
-
-
-def _block_size_figure(report: Report, out: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    stem, title = "block_size", "Decode throughput vs block size"
-    fixed = ("model", "dtype", "length", "batch", "device")
-    with_blocks = [p for p in report.points if isinstance(p.config.get("block_size"), int)
-                   and not isinstance(p.config.get("block_size"), bool)]
-    groups = {g: ps for g, ps in _groups(with_blocks, fixed).items()
-              if len({p.config["block_size"] for p in ps}) > 1}
-    if not groups:
-        report.skipped.append((f"{stem}.png", "no point has results at two or more block sizes"))
-        return
-    names = _file_names(stem, list(groups))
-    for group, points in groups.items():
-        series = _series(points, exclude="block_size")
-        sizes = sorted({p.config["block_size"] for p in points})
-        width = 0.8 / len(series)
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for i, (label, members) in enumerate(series.items()):
-            by_size = {p.config["block_size"]: p.tok_s for p in members}
-            xs = [j + i * width for j, s in enumerate(sizes) if s in by_size]
-            bars = ax.bar(xs, [by_size[s] for s in sizes if s in by_size], width, label=label)
-            ax.bar_label(bars, fmt="%.1f", fontsize=7)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [str(s) for s in sizes])
-        ax.set_xlabel("block size (tokens)")
-        ax.set_ylabel("decode throughput (tok/s)")
-        ax.set_title(f"{title}\n{_describe(fixed, group)}", fontsize=10)
-        ax.legend(fontsize=8)
-        _save(report, fig, out, names[group], f"{title} ({_describe(fixed, group)})")
-
-
-def _breakdown_figure(report: Report, out: Path) -> None:
-    """Stacked per-stage latency per point; the idle share (GPU stalled on the CPU or on copies) is labelled."""
-    import matplotlib.pyplot as plt
-
-    from scoutbench.timing import STAGES
-
-    stem, title = "latency_breakdown", "Decode latency breakdown per step"
-    fixed = ("model", "dtype", "device")
-    usable = [p for p in report.points if p.breakdown_ms() is not None]
-    if not usable:
-        report.skipped.append((f"{stem}.png", "no result has latency_breakdown_ms"))
-        return
-    groups = _groups(usable, fixed)
-    names = _file_names(stem, list(groups))
-    for group, points in groups.items():
-        points.sort(key=lambda p: (p.key.length or 0, batch_order(p.key.batch), _method_rank(p.method), p.label))
-        several = len({(p.key.length, p.key.batch) for p in points}) > 1
-        labels = [p.label.replace(" ", "\n") + (f"\n{format_length(p.key.length)} {batch_text(p.key.batch)}"
-                                                if several else "") for p in points]
-        fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(points) + 2), 4.6))
-        bottoms = [0.0] * len(points)
-        breakdowns = [p.breakdown_ms() or {} for p in points]
-        for stage in STAGES:
-            values = [breakdown.get(stage, 0.0) for breakdown in breakdowns]
-            ax.bar(range(len(points)), values, 0.6, bottom=bottoms, label=stage, color=STAGE_COLORS.get(stage),
-                   hatch="//" if stage == "idle" else None)
-            bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-        for i, p in enumerate(points):
-            idle = 100 * float(p.wait_frac or 0.0)
-            word = "idle" if p.on_gpu else "wait"  # CPU: the main thread's wait
-            ax.annotate(f"{word} {idle:.0f}%", (i, bottoms[i]), ha="center", va="bottom", fontsize=7,
-                        xytext=(0, 2), textcoords="offset points")
-        ax.set_xticks(range(len(points)), labels, fontsize=7)
-        ax.set_ylabel("ms per decode step")
-        ax.set_title(f"{title}\n{_describe(fixed, group)}", fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        ax.set_xlim(-0.8, len(points) - 0.2)
-        ax.margins(y=0.1)
-        _save(report, fig, out, names[group], f"{title} ({_describe(fixed, group)})")
+def _refuse_earlier_report(out: Path, overwrite: bool) -> None:
+    earlier = report_files(out)
+    if earlier and not overwrite:
+        names = ", ".join(f.name for f in earlier[:3]) + (f" and {len(earlier) - 3} more" if len(earlier) > 3 else "")
+        raise UsageError(f"{out} already holds a report ({names}); pass --overwrite to replace it or choose another -o")
 
 
 def _method_rank(method: str) -> int:
@@ -369,71 +255,22 @@ def _method_rank(method: str) -> int:
     return display_rank(method)
 
 
-def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
-    """Groups of runs of one method family that differ only in its ablation fields (ScoutAttention: pc/pr), with
-    at least two variants, in the order the method declares (the paper's)."""
-    from scoutbench.methods import ablation_order, method_class
-
-    groups: dict[tuple, list[Point]] = defaultdict(list)
-    for p in points:
-        if p.variant is None:
-            continue
-        cls = method_class(p.method)
-        rest = json.dumps({k: v for k, v in p.config.items() if k not in cls.ablation_fields}, sort_keys=True,
-                          default=str)
-        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest, cls.name)].append(p)
-    out = {}
-    for group, members in sorted(groups.items(), key=lambda item: str(item[0])):
-        by_variant = {p.variant: p for p in members}
-        if len(by_variant) > 1:
-            out[group] = [by_variant[v] for v in ablation_order(members[0].method) if v in by_variant]
-    return out
-
-
-def _ablation_figure(report: Report, out: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    from scoutbench.methods import ABLATION_METHODS, method_class
-
-    stem = "ablation"
-    groups = ablation_groups(report.points)
-    if not groups:
-        report.skipped.append((f"{stem}.png", f"no point has two or more of {' / '.join(ABLATION_METHODS)}"))
-        return
-    keys = [group[:5] for group in groups]
-    if len(set(keys)) < len(keys):  # same point, different other fields (e.g. budgets): number them
-        keys = [key + (str(i),) for i, key in enumerate(keys, 1)]
-    names = _file_names(stem, keys)
-    for (group, members), key in zip(groups.items(), keys, strict=True):
-        name = names[key]
-        cls = method_class(members[0].method)
-        title = f"Ablation: {cls.display_name or cls.name} optimisations"
-        base = members[0].tok_s
-        fig, ax = plt.subplots(figsize=(5.2, 4.2))
-        bars = ax.bar([p.variant for p in members], [p.tok_s for p in members], 0.6, color="#4c72b0")
-        ax.bar_label(bars, [f"{p.tok_s / base:.2f}x" for p in members], fontsize=9)
-        ax.set_ylabel("decode throughput (tok/s)")
-        where = _describe(("model", "dtype", "length", "batch", "device"), group[:5])
-        ax.set_title(f"{title} (speed-up vs {members[0].variant})\n{where}", fontsize=10)
-        ax.margins(y=0.15)
-        _save(report, fig, out, name, f"{title} ({where})")
-
-
 # ---- markdown -------------------------------------------------------------------------------------------------
 
-def summary_markdown(report: Report, out: Path) -> str:
+def summary_markdown(report: Report) -> str:
     lines = ["# scoutbench report", "",
              f"{len(report.points)} throughput points, {len(report.accuracy)} accuracy results, "
              f"{len(report.projections)} projections, "
              f"{len(report.failed)} failed, {len(report.skipped)} items skipped.", ""]
     if report.points:
         lines += ["## Throughput", "",
-                  "tok/s is batch x timed steps / timed decode time (the mean step); step ms is the median step. "
-                  "`vs fullkv` compares total throughput with FullKV's at the same point; where the two ran at "
-                  "different batches (`--batch auto`), it also gives the per-sequence ratio (`/seq`). Repeats are "
-                  "merged: every number is the median over the `runs`.", "",
-                  "| method | model | dtype | len | batch | tok/s (mean step) | step ms (median) | idle/wait % "
-                  "| vs fullkv | runs | device |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "tok/s is batch x timed steps / timed decode time (the mean step); step ms is the median step, "
+                  "with its 95% interval where the run stored one (the figures plot the median step's throughput "
+                  "and this interval as error bars). `vs fullkv` compares total throughput with FullKV's at the "
+                  "same point; where the two ran at different batches (`--batch auto`), it also gives the "
+                  "per-sequence ratio (`/seq`). Repeats are merged: every number is the median over the `runs`.", "",
+                  "| method | model | dtype | len | batch | tok/s (mean step) | step ms (median) | step ms 95% CI "
+                  "| idle/wait % | vs fullkv | runs | device |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         fullkv = {_comparison_group(p): p for p in report.points if is_reference(p.method)}
         for p in sorted(report.points, key=lambda p: (p.key.model, p.key.dtype, p.key.length or 0,
                                                       batch_order(p.key.batch), _method_rank(p.method), p.label)):
@@ -441,14 +278,14 @@ def summary_markdown(report: Report, out: Path) -> str:
             idle = p.wait_frac
             speedup = speedup_text(p.tok_s, p.batch_used, base.tok_s, base.batch_used) if base else "-"
             lines.append(f"| {p.label} | {p.key.model} | {p.key.dtype} | {format_length(p.key.length)} "
-                         f"| {_batch_cell(p)} | {p.tok_s:.2f} | {p.step_ms:.2f} "
+                         f"| {_batch_cell(p)} | {p.tok_s:.2f} | {p.step_ms:.2f} | {_interval_cell(p)} "
                          f"| {_num(None if idle is None else 100 * idle, '.1f')} "
                          f"| {speedup} | {len(p.runs)} | {p.device} |")
         lines.append("")
     groups = ablation_groups(report.points)
     if groups:
-        lines += ["## Ablation (the variants of paper Figure 12; CPU-only points are not the paper's figure)", "", "| point | variant | tok/s | speed-up | step-to-step |",
-                  "|---|---|---|---|---|"]
+        lines += ["## Ablation (the variants of paper Figure 12; CPU-only points are not the paper's figure)", "",
+                  "| point | variant | tok/s | speed-up | step-to-step |", "|---|---|---|---|---|"]
         for group, members in groups.items():
             where = _describe(("model", "dtype", "length", "batch", "device"), group[:5])
             for i, p in enumerate(members):
@@ -457,11 +294,12 @@ def summary_markdown(report: Report, out: Path) -> str:
                              f"| {step_up} |")
         lines.append("")
     if report.accuracy:
-        lines += ["## Accuracy", "", "| method | model | metric | value |", "|---|---|---|---|"]
+        lines += ["## Accuracy", "", "| method | budget | model | metric | value |", "|---|---|---|---|---|"]
         for r in report.accuracy:
+            budget = (r.get("method_config") if isinstance(r.get("method_config"), dict) else {}).get("budget")
             for metric, (value, _) in sorted(metric_values(r).items()):
-                lines.append(f"| {canonical_method(str(r.get('method')))} | {(r.get('model') or {}).get('name')} "
-                             f"| {metric} | {value:.2f} |")
+                lines.append(f"| {canonical_method(str(r.get('method')))} | {'-' if budget is None else budget} "
+                             f"| {(r.get('model') or {}).get('name')} | {metric} | {value:.2f} |")
         lines.append("")
     if report.projections:
         from scoutbench.analysis.projection import projection_markdown
@@ -471,8 +309,11 @@ def summary_markdown(report: Report, out: Path) -> str:
             lines += projection_markdown(document) + [""]
     if report.figures:
         lines += ["## Figures", ""]
-        for title, path in report.figures:
-            lines += [f"### {title}", "", f"![{title}]({path.relative_to(out).as_posix()})", ""]
+        for title, files in report.figures:
+            shown = next((f for f in files if f.suffix == ".png"), None)
+            lines += [f"### {title}", ""]
+            lines += [f"![{title}]({shown.name})", ""] if shown is not None else []
+            lines += [" ".join(f"[{f.suffix.lstrip('.').upper()}]({f.name})" for f in files), ""]
     if report.failed:
         lines += ["## Failed points", "", "| method | model | len | batch | error |", "|---|---|---|---|---|"]
         for r in report.failed:
@@ -486,6 +327,26 @@ def summary_markdown(report: Report, out: Path) -> str:
     if report.merged:
         lines += ["## Repeats merged", ""] + [f"- `{what}`: {why}" for what, why in report.merged] + [""]
     return "\n".join(lines)
+
+
+def _describe(fields: tuple[str, ...], values: tuple) -> str:
+    parts = []
+    for name, value in zip(fields, values, strict=True):
+        parts.append(f"len {format_length(value)}" if name == "length" else f"batch {value}" if name == "batch"
+                     else str(value))
+    return ", ".join(parts)
+
+
+def _interval_cell(p: Point) -> str:
+    """`4.70-5.59`: the median step's 95% interval (the median over the repeats of each end), `-` without one."""
+    lows, highs = [], []
+    for run in p.runs:
+        step = run.get("decode_step_ms") or {}
+        low, high = as_number(step.get("ci95_low")), as_number(step.get("ci95_high"))
+        if low is not None and high is not None and math.isfinite(low) and math.isfinite(high) and low <= high:
+            lows.append(low)
+            highs.append(high)
+    return f"{statistics.median(lows):.2f}-{statistics.median(highs):.2f}" if lows else "-"
 
 
 def _comparison_group(p: Point) -> tuple:

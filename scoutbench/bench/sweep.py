@@ -250,7 +250,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, p
                       command: list[str] | None, retry_failed: bool, log: Callable[[str], None], executor: Any,
                       config: dict[str, Any] | None = None) -> SweepOutcome:
     from scoutbench.bench.executors import Job, LocalExecutor
-    from scoutbench.bench.throughput import ThroughputConfig
+    from scoutbench.bench.throughput import ThroughputConfig, failed_result
     from scoutbench.devices import device_description, resolve_device, resolve_dtype
     from scoutbench.results import envelope, utc_now, write_json_atomic
 
@@ -404,9 +404,15 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
     not the fixed fallback interval. One `scoutbench profile-recall` per distinct ScoutAttention configuration
     (budget, block size, other fields), on the sweep's model at its shortest length, written into the sweep folder
     as `recall_profile-<hash>.json` (kept: a rerun reuses it, so point ids and results stay stable). Points that
-    set `recall_profile` themselves, or run without periodic recall, are left as they are."""
+    set `recall_profile` themselves, or run without periodic recall, are left as they are, and so is every point of
+    a synthetic prefill: its random keys churn with no drift to profile (the profile picked interval 1 in every
+    layer), so ScoutAttention keeps its fixed interval there, and its results say so (`recall.profile: null`)."""
     from scoutbench.methods import build_method
     from scoutbench.results import write_json_atomic
+
+    if settings.prefill == "synthetic":
+        log("no recall profile: a synthetic prefill has no drift to profile; ScoutAttention keeps its fixed interval")
+        return points
 
     shortest = min(p.length for p in points) if points else 0
     attached: list[SweepPoint] = []

@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "Official LongBench score of a prediction file or folder (eval.py), without torch."),
     "fidelity": ("scoutbench.cli.accuracy:fidelity_command", "A method against FullKV, teacher-forced."),
     "sweep": ("scoutbench.cli.sweep:command", "Grid of throughput points and the paper's figure presets."),
-    "report": ("scoutbench.cli.sweep:report_command", "PNG figures and a markdown summary of results."),
+    "report": ("scoutbench.cli.sweep:report_command", "Figures (PNG, PDF, SVG) and a markdown summary of results."),
     "gate": ("scoutbench.cli.sweep:gate_command", "Fail on performance regressions against a baseline."),
     "project": ("scoutbench.cli.project:command", "Project measured runs onto other hardware and shapes (timeline)."),
     "calibrate": ("scoutbench.cli.project:calibrate_command", "Measure this machine's hardware profile."),

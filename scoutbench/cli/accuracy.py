@@ -131,6 +131,9 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
 
     Predictions are resumable per method configuration: rerunning the same command skips finished samples.
     """
+    if "list" in datasets:  # before the imports below: listing the datasets loads no torch
+        _list_datasets(as_json)
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from scoutbench.devices import resolve_device, resolve_dtype
@@ -140,9 +143,6 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
     from scoutbench.results import check_writable, json_text, output_lock, utc_now
     from scoutbench.workloads import longbench, passkey
 
-    if "list" in datasets:
-        _list_datasets(as_json)
-        return
     # every option is checked before the model loads (a minute for a real model) and before any data is read
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")

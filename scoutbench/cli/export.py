@@ -36,7 +36,7 @@ def command(results, fmt, output, overwrite, mlflow_target, experiment, wandb_pr
     if (fmt is None) != (output is None):
         raise UsageError("--format and -o go together: the format to write and where")
     kinds = None if fmt in (None, "csv") else ("throughput",)
-    chosen, skipped = collect(results, kinds)
+    chosen, skipped = collect(results, kinds, fmt)
     for line in skipped:
         click.echo(f"skipped {line}", err=True)
     if fmt is not None:
@@ -45,10 +45,12 @@ def command(results, fmt, output, overwrite, mlflow_target, experiment, wandb_pr
     if mlflow_target is not None:
         from scoutbench.analysis.loggers import log_mlflow
 
-        runs = log_mlflow(chosen, mlflow_target, experiment)
-        click.echo(f"mlflow: {len(runs)} run(s) in experiment {experiment!r} at {mlflow_target}")
+        runs, already = log_mlflow(chosen, mlflow_target, experiment)
+        click.echo(f"mlflow: {len(runs)} run(s) in experiment {experiment!r} at {mlflow_target}"
+                   + (f"; {already} result(s) logged there before, not again" if already else ""))
     if wandb_project is not None:
         from scoutbench.analysis.loggers import log_wandb
 
-        runs = log_wandb(chosen, wandb_project, wandb_dir, wandb_mode)
-        click.echo(f"wandb ({wandb_mode}): {len(runs)} run(s) in project {wandb_project!r} under {wandb_dir}")
+        runs, already = log_wandb(chosen, wandb_project, wandb_dir, wandb_mode)
+        click.echo(f"wandb ({wandb_mode}): {len(runs)} run(s) in project {wandb_project!r} under {wandb_dir}"
+                   + (f"; {already} result(s) logged there before, not again" if already else ""))

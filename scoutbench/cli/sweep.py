@@ -221,16 +221,22 @@ def _sweep_table(manifest: dict):
 
 @click.command(name="report")
 @click.argument("results", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, help="Folder for the PNG figures and summary.md.")
-def report_command(results, output):
-    """PNG figures (throughput vs length, batch scaling, block size, latency breakdown, ablation) and a markdown
-    summary from result files or folders of any runs. Lists what it skipped and why."""
+@click.option("-o", "--output", required=True, help="Folder for the figures and summary.md.")
+@click.option("--figure-format", "figure_format", default="png,pdf", show_default=True, metavar="FORMATS",
+              help="Comma-separated figure formats: png (300 dpi), pdf and svg (vector, fonts embedded as text).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the report already in the output folder (its figures and summary.md, as a whole).")
+def report_command(results, output, figure_format, overwrite):
+    """Figures for a paper (throughput vs length, batch scaling, block size, latency breakdown, ablation, accuracy
+    vs budget; PNG and vector) and a markdown summary from result files or folders of any runs. Lists what it
+    skipped and why."""
+    from scoutbench.analysis.figures import parse_formats
     from scoutbench.analysis.report import build_report
 
-    report = build_report(results, output)
+    report = build_report(results, output, overwrite=overwrite, formats=parse_formats(figure_format))
     console = rich_console()
-    for title, path in report.figures:
-        console.print(f"figure  {path}  ({title})", highlight=False)
+    for title, files in report.figures:
+        console.print(f"figure  {', '.join(str(f) for f in files)}  ({title})", highlight=False, soft_wrap=True)
     console.print(f"summary {report.summary}", highlight=False)
     for what, why in report.skipped:
         console.print(f"skipped {what}: {why}", highlight=False, soft_wrap=True)
