@@ -175,7 +175,7 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
                                                      local_files_only=local_only).to(device)
-    except (OSError, ValueError) as exc:
+    except CONFIG_ERRORS as exc:
         hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, not in the "
                 "Hugging Face cache, and the hub is unreachable (offline)" if local_only and not is_local
                 else first_line(exc))
@@ -193,10 +193,23 @@ def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) 
     return LoadedModel(model.eval(), name, "local" if is_local else "hub", False, tokenizer)
 
 
+# what loading a model or its config raises for files it cannot use: OS errors, malformed JSON, and transformers'
+# config validation (huggingface_hub's StrictDataclassError, a plain Exception, or TypeError/ValueError/KeyError)
+CONFIG_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, TypeError, KeyError)
+try:
+    from huggingface_hub.errors import StrictDataclassError
+
+    CONFIG_ERRORS += (StrictDataclassError,)
+except ImportError:  # an older huggingface_hub: no strict config dataclasses, so none of their errors
+    pass
+
+
 def first_line(exc: BaseException) -> str:
-    """An exception's first line without its closing full stop, to be embedded in a sentence of ours."""
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__).rstrip(". ")
+    """An exception's first line without its closing full stop, to be embedded in a sentence of ours; a first line
+    that only announces the next ("Validation error for field 'hidden_size':") gets the next one too."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return text.rstrip(". ")
 
 
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub itself accepts for HF_HUB_OFFLINE

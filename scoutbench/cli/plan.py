@@ -76,7 +76,7 @@ def _positive_bytes(text: str, flag: str) -> int:
 def _model_config(model: str):
     """A preset's config, or config.json of a local folder; never weights."""
     from scoutbench.errors import UsageError
-    from scoutbench.models import PRESETS, check_architecture, first_line, preset_config
+    from scoutbench.models import CONFIG_ERRORS, PRESETS, check_architecture, first_line, preset_config
 
     if model in PRESETS:
         return preset_config(model)
@@ -85,7 +85,7 @@ def _model_config(model: str):
 
         try:
             config = AutoConfig.from_pretrained(model)
-        except (OSError, ValueError) as exc:
+        except CONFIG_ERRORS as exc:
             raise UsageError(f"cannot read {model}/config.json: {first_line(exc)}") from None
         check_architecture(config, model)
         return config
