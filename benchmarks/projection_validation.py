@@ -13,6 +13,12 @@
         real=results/projection/qwen2.5-0.5b-longbench-8k-b512 [--fetch-granularity token]
 
     Each LABEL=PATH[,PATH] is one column (bare paths: one column), with its distance to the paper's figure.
+
+(c) the paper's setup, one row per ScoutAttention device pool: a real-text sweep (benchmarks/real_text_sweep.py:
+    every pool size with and without recall, the baselines beside it, median of the records' fractions) projected
+    as in (b). The pool moves ScoutAttention's batch (device memory per sequence) and its CPU share together:
+
+    python benchmarks/projection_validation.py pool --runs results/real-text-sweep
 """
 
 from __future__ import annotations
@@ -119,6 +125,72 @@ def paper_table(sources: dict[str, list[str]], fetch_granularity: str) -> list[s
     return lines
 
 
+POOL_COLUMNS = (  # (quantity, the paper's figure as printed, as a number, kind)
+    ("scout / fullkv, 64k, max batch", "5.1x", 5.1, "x"),
+    ("scout / best baseline, 64k, max batch", "up to 2.1x", 2.1, "x"),
+    ("idle: scout, 32k, batch 40", "6%", 0.06, "%"),
+    ("PR: scout / no recall, 32k, max batch", "1.20x", 1.20, "x"),
+    ("scout batch 16 -> 32, 32k", "1.78x", 1.78, "x"),
+)
+
+
+def sweep_label(projection) -> str | None:
+    """A real-text sweep point's name in the pool table (what it ran, from its own config), None for the rest:
+    ScoutAttention at blocks of 32 by pool and recall, InfiniGen by fetch, FullKV and HGCA."""
+    config, method = projection.measured.config, projection.measured.family
+    if method == "scout":
+        if config.get("block_size") != 32 or not config.get("pc", True):
+            return None
+        return f"scout-pool{config.get('pool_factor', 1):g}x-{'pr' if config.get('pr', True) else 'nopr'}"
+    if method == "infinigen":
+        return "infinigen-dynamic" if config.get("dynamic_count") else "infinigen"
+    return method if method in ("fullkv", "hgca") else None
+
+
+def pool_table(runs: list[str], fetch_granularity: str) -> list[str]:
+    """One row per ScoutAttention pool size: the CPU share it carries, its max batch at 64k and the paper's ratios."""
+    results = load_results(runs)
+    hw = load_hardware("paper")
+
+    def project(length: int, batch: int | str) -> dict[str, object]:
+        target = Target(length=length, batch=batch, fetch_granularity=fetch_granularity, **PAPER)
+        out = {}
+        for p in project_results(results, hw, target):
+            label = sweep_label(p)
+            if label is not None:
+                out[label] = p
+        return out
+
+    def tok_s(p) -> float:
+        return p.step.throughput_tok_s
+
+    k = 1024
+    at64, at32, at40 = project(64 * k, "auto"), project(32 * k, "auto"), project(32 * k, 40)
+    b16, b32 = project(32 * k, 16), project(32 * k, 32)
+    baselines = [name for name in ("infinigen", "infinigen-dynamic", "hgca") if name in at64]
+    pools = sorted({label.split("-")[1] for label in at64 if label.startswith("scout-")}, key=lambda x: float(x[4:-1]))
+    header = ("| device pool | CPU share (recall every 8) | recalled / budget per step | scout batch at 64k | "
+              + " | ".join(f"{name} (paper {shown})" for name, shown, _, _ in POOL_COLUMNS) + " |")
+    lines = [header, "|---" * (4 + len(POOL_COLUMNS)) + "|"]
+    for pool in pools:
+        scout, without = f"scout-{pool}-pr", f"scout-{pool}-nopr"
+        best = max(tok_s(at64[name]) for name in baselines)
+        values = [tok_s(at64[scout]) / tok_s(at64["fullkv"]), tok_s(at64[scout]) / best,
+                  at40[scout].step.idle_frac,
+                  tok_s(at32[scout]) / tok_s(at32[without]) if without in at32 else None,
+                  tok_s(b32[scout]) / tok_s(b16[scout])]
+        cells = [f"{100 * v:.0f}%" if kind == "%" else f"{v:.2f}x" if v is not None else "-"
+                 for v, (_, _, _, kind) in zip(values, POOL_COLUMNS, strict=True)]
+        measured = at64[scout].measured
+        lines.append(f"| {pool[4:]} | {measured.cpu_budget_frac:.3f} | {measured.recall_budget_frac:.3f} | "
+                     f"{at64[scout].batch} ({at64[scout].batch_limited_by}) | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Baselines at 64k, max batch: " + ", ".join(
+        f"{name} {tok_s(at64[name]):.0f} tok/s at batch {at64[name].batch} ({100 * at64[name].step.idle_frac:.0f}% "
+        "idle)" for name in ("fullkv", *baselines)) + ".")
+    return lines
+
+
 def parse_sources(items: list[str]) -> dict[str, list[str]]:
     """`LABEL=PATH[,PATH...]` items (one projected column each); bare paths form one column, `projected`."""
     sources: dict[str, list[str]] = {}
@@ -132,7 +204,7 @@ def parse_sources(items: list[str]) -> dict[str, list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", choices=["local", "paper"])
+    parser.add_argument("which", choices=["local", "paper", "pool"])
     parser.add_argument("--runs", nargs="+", required=True,
                         help="result files or folders; paper: LABEL=PATH[,PATH] items give one column each")
     parser.add_argument("--profiles", nargs="*", default=[], help="calibrated profiles (local)")
@@ -142,6 +214,8 @@ def main() -> None:
         if not args.profiles:
             parser.error("local needs --profiles from `scoutbench calibrate -o`")
         lines = local_table(args.runs, args.profiles)
+    elif args.which == "pool":
+        lines = pool_table(args.runs, args.fetch_granularity)
     else:
         lines = paper_table(parse_sources(args.runs), args.fetch_granularity)
     print("\n".join(lines))

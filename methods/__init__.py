@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 METHODS = Registry("method")
 METHODS.register("fullkv", "scoutbench.methods.fullkv:FullKV", "full")
 METHODS.register("quest", "scoutbench.methods.quest:Quest")
+# Quest as its own code runs it (mit-han-lab/Quest): 16-token pages, one selection per query head.
+METHODS.register("quest-official", "scoutbench.methods.quest:Quest", preset={"block_size": 16, "per_query_head": True})
 METHODS.register("infinigen", "scoutbench.methods.infinigen:InfiniGen")
+# InfiniGen with its own fetch count (tokens within alpha of the max), where `infinigen` fetches budget - 1 tokens.
+METHODS.register("infinigen-dynamic", "scoutbench.methods.infinigen:InfiniGen", preset={"dynamic_count": True})
 METHODS.register("hgca", "scoutbench.methods.hgca:HGCA")
 METHODS.register("scout", "scoutbench.methods.scout:ScoutAttention", "scoutattention")
 # ScoutAttention ablation variants (paper Figure 12): parallel co-attention, +PC, +PR (+PC+PR = scout).
@@ -30,9 +34,13 @@ METHODS.register("scout-pr", "scoutbench.methods.scout:ScoutAttention", preset={
 # The distinct algorithms (tests, benchmarks and `scoutbench throughput` without --method run these; `--method all`
 # adds the ablation variants).
 ALL_METHODS = ["fullkv", "quest", "infinigen", "hgca", "scout"]
+# What speed comparisons run by default (`scoutbench throughput` without --method): every algorithm, and InfiniGen
+# both ways, its fixed fetch (budget - 1 tokens a step: its slowest, its most accurate) and its own dynamic count.
+SPEED_METHODS = ["fullkv", "quest", "infinigen", "infinigen-dynamic", "hgca", "scout"]
 # What the paper's figures compare (Figures 8, 9 and 11: Quest keeps every token on the device, it is not one of the
-# offloading systems compared), the method they are about (Figure 10) and its ablation (Figure 12).
-COMPARED_METHODS = ["fullkv", "infinigen", "hgca", "scout"]
+# offloading systems compared; InfiniGen both ways), the method they are about (Figure 10) and its ablation
+# (Figure 12).
+COMPARED_METHODS = ["fullkv", "infinigen", "infinigen-dynamic", "hgca", "scout"]
 PROPOSED_METHOD = "scout"
 ABLATION_METHODS = ["scout-base", "scout-pc", "scout"]
 

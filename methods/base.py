@@ -4,7 +4,7 @@ The engine (scoutbench/engine.py) runs the layer loop and calls, per run and per
 
     bind(ctx)                                   once: allocate storage for ctx.batch x ctx.max_len tokens
     ingest_prefill(layer, q_obs, k, v, lengths) once per layer: the prompt's post-RoPE K/V (and recent queries)
-    begin_step(step)                            per decode step: positions of the new tokens
+    begin_step(step)                            per decode step: positions of the new tokens (the step's plan)
       before_layer(layer, hidden, normed)       per layer, before its attention (layer-ahead hook)
       decode(layer, q, k, v) -> o               per layer: append k/v, return attention output [B, Hq, D]
     end_step()                                  per decode step
@@ -13,6 +13,15 @@ The engine (scoutbench/engine.py) runs the layer loop and calls, per run and per
 
 Hyper-parameters are dataclass fields, validated in __post_init__; `repr(method)` is the full constructor call
 and goes into every result, as kvpress does.
+
+CUDA graphs (scoutbench/graphs.py). `begin_step` and `end_step` always run eagerly: they are the step's plan, where
+host arithmetic (positions, block boundaries, what is due) becomes device metadata written in place. The per-layer
+hooks (`before_layer`, `decode`) are what a graph captures: their Python runs once, at capture, and only the device
+work it issued is replayed, so per step they may read only device tensors (no Python int that changes per step, no
+host read) and keep no Python bookkeeping. Host work among them (a hand-off to the CPU worker, a wait for its result,
+a recall, a statistic) goes through `ctx.host(fn, *args)`: run at once when eager, and at every replay between the
+captured pieces with graphs; `fn` communicates with the device code through buffers, never by return value.
+`graph_key()` names the variant of the step's device work this step needs (None: one for every step).
 """
 
 from __future__ import annotations
@@ -46,6 +55,16 @@ def dense_layers_of(method: AttentionMethod) -> int | None:
     return getattr(method, DENSE_LAYERS_FIELD, None)
 
 
+def sparse_layer_range(name: str, dense_layers: int, num_layers: int) -> range:
+    """The layers of a `num_layers` model that a method keeping its first `dense_layers` dense runs sparse. None
+    of them is refused (exit 2): the run would be FullKV's work recorded under the sparse method's name, budget
+    and `sparse: true`."""
+    if dense_layers >= num_layers:
+        raise UsageError(f"{name}: dense_layers {dense_layers} keeps all {num_layers} layers of the model dense, so "
+                         f"nothing would run sparse; use --dense-layers below {num_layers}, or --method fullkv")
+    return range(dense_layers, num_layers)
+
+
 @dataclass
 class StepInfo:
     """Where the new token of each sequence goes. `positions` lives on the compute device; the host copy
@@ -77,6 +96,10 @@ class MethodContext:
     # predict_query(target_layer, hidden, normed) -> rotated query [B, Hq, D] of `target_layer` for the current
     # token, computed from another layer's input (the layer-ahead prediction of ScoutAttention and InfiniGen).
     predict_query: Callable[..., torch.Tensor]
+    # host(fn, *args): host work inside a layer's hooks (module docstring: CUDA graphs); runs fn(*args) now when eager
+    host: Callable[..., None] = lambda fn, *args: fn(*args)
+    # the step is replayed from CUDA graphs: per-layer hooks read only device tensors (no host lengths for a backend)
+    graphs: bool = False
 
     @property
     def group_size(self) -> int:
@@ -167,6 +190,11 @@ class AttentionMethod:
     def end_step(self) -> None:
         pass
 
+    def graph_key(self) -> Any:
+        """Which captured variant of the step's device work this step replays (called after `begin_step`); steps
+        with equal keys issue the same device work from the same buffers. None: every step is alike."""
+        return None
+
     def stats(self) -> dict[str, Any]:
         return {}
 
@@ -224,7 +252,7 @@ class AttentionMethod:
     @classmethod
     def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
         """Layers of a step that run dense on the device."""
-        return min(int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers)
+        return sparse_layer_range(cls.name, int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers).start
 
     @classmethod
     def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
@@ -273,16 +301,19 @@ class AttendedTokens:
         self._device_sum: torch.Tensor | None = None
         self._device_max: torch.Tensor | None = None
 
-    def add(self, counts: torch.Tensor) -> None:
-        total, most = counts.sum(), counts.max()
+    def add(self, counts: torch.Tensor, layers: int = 1) -> None:
+        """Counts `[B, H]` of one layer, or of each of `layers` layers that attended the same in this step."""
+        total, most = counts.sum() * layers, counts.max()
         self._device_sum = total if self._device_sum is None else self._device_sum + total
         self._device_max = most if self._device_max is None else torch.maximum(self._device_max, most)
-        self._rows += counts.numel()
+        self._rows += counts.numel() * layers
 
-    def add_host(self, per_sequence: list[int], kv_heads: int) -> None:
-        self._host_sum += sum(per_sequence) * kv_heads
+    def add_host(self, per_sequence: list[int], kv_heads: int, layers: int = 1) -> None:
+        if not layers:
+            return
+        self._host_sum += sum(per_sequence) * kv_heads * layers
         self._host_max = max(self._host_max, max(per_sequence))
-        self._rows += len(per_sequence) * kv_heads
+        self._rows += len(per_sequence) * kv_heads * layers
 
     def stats(self, budget: int | None) -> dict[str, Any]:
         """`attended_tokens_per_head` of a method's stats: mean, max, the budget, and whether max <= budget."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels.attention import decode_attention
+from scoutbench.kernels.attention import StepLengths, decode_attention
 from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.offload import device_zeros
 from scoutbench.methods.base import (
@@ -25,7 +25,10 @@ from scoutbench.methods.work_model import LayerTerms, LayerWork
 
 @dataclass
 class FullKV(AttentionMethod):
-    """Vanilla decode attention. The cache is preallocated for the whole run (no per-step growth)."""
+    """Vanilla decode attention. The cache is preallocated for the whole run (no per-step growth); a step's new
+    token is written at each sequence's device position and attention reads each row's leading tokens by the step's
+    lengths (StepLengths, written once per step), so a layer is three calls and a captured graph of it serves every
+    step."""
 
     name = "fullkv"
     display_name = "FullKV"
@@ -51,6 +54,7 @@ class FullKV(AttentionMethod):
         self.keys = [cache["k", layer] for layer in layers]
         self.values = [cache["v", layer] for layer in layers]
         self._batch_index = torch.arange(ctx.batch, device=ctx.device)
+        self._step_lengths = StepLengths(ctx.batch, shape[2], ctx.dtype, ctx.device, with_host=not ctx.graphs)
         self._attended = AttendedTokens()
 
     def reset_stats(self) -> None:
@@ -63,9 +67,7 @@ class FullKV(AttentionMethod):
 
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
-        self._span = max(step.positions_host) + 1
-        self._valid_len = None if step.uniform else step.positions + 1
-        self._valid_host = None if step.uniform else [p + 1 for p in step.positions_host]
+        self._step_lengths.update(step.positions + 1, [p + 1 for p in step.positions_host])
         self._count_attended(step)
 
     def _count_attended(self, step: StepInfo) -> None:
@@ -73,17 +75,11 @@ class FullKV(AttentionMethod):
         self._attended.add_host([p + 1 for p in step.positions_host], self.ctx.num_kv_heads)
 
     def decode(self, layer, q, k, v):
-        step = self.step
         keys, values = self.keys[layer], self.values[layer]
         with self.ctx.timer.stage("attn_device"):
-            if step.uniform:
-                keys[:, :, step.positions_host[0]].copy_(k)
-                values[:, :, step.positions_host[0]].copy_(v)
-            else:
-                keys[self._batch_index, :, step.positions] = k
-                values[self._batch_index, :, step.positions] = v
-            return decode_attention(q, keys[:, :, : self._span], values[:, :, : self._span], self.ctx.scale,
-                                    self._valid_len, self._valid_host)
+            keys[self._batch_index, :, self.step.positions] = k
+            values[self._batch_index, :, self.step.positions] = v
+            return decode_attention(q, keys, values, self.ctx.scale, lengths=self._step_lengths)
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         return Footprint(shape.num_layers * page_aligned(context_len) * shape.kv_bytes_per_token_layer(elem_bytes), 0)

@@ -180,7 +180,7 @@ class HGCA(SparseLayerMethod):
         self.copy = CopyStream(ctx.device)
         # on a CPU-only run one intra-op thread: HGCA's host part runs beside the main thread's window attention
         # and merge; with torch's 2 threads its steps were slower (bench-attn16 16k, docs/platform.md)
-        self.pool = CpuWorkerPool(1, intra_op_threads=None if ctx.device.type == "cuda" else 1)
+        self.pool = CpuWorkerPool(1, intra_op_threads=1 if ctx.device.type == "cpu" else None, device=ctx.device)
         # per layer: moving-average updates and admissions of migrated tokens, held back until the next CPU
         # attention is queued, and the future of the last one submitted (a migration waits for it)
         self._deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
@@ -219,7 +219,11 @@ class HGCA(SparseLayerMethod):
         self._split_device = torch.tensor(self.split, device=self.ctx.device)
         for b, (n, split) in enumerate(zip(lengths_host, self.split, strict=True)):
             for host, window, source in ((self.host_k, self.window_k, k), (self.host_v, self.window_v, v)):
-                host[layer][b, :, :split].copy_(source[b, :, :split])
+                # one copy per KV head: a head's first `split` rows are contiguous in the host tier, a sequence's
+                # are not (rows of `host_capacity` per head), and torch stages a copy into a strided host view
+                # through a fresh pageable buffer and a CPU copy (~190 ms per 132 MB at the paper's shape)
+                for head in range(source.shape[1]):
+                    host[layer][b, head, :split].copy_(source[b, head, :split])
                 window[layer][b, :, : n - split].copy_(source[b, :, split:n])
         self.observed_weights(q_obs[:, :, -self.observed_queries:], k, lengths, out=self.ema[layer])
 

@@ -125,7 +125,7 @@ class InfiniGen(SparseLayerMethod):
         # host row of token 0 of each (sequence, KV head) in the token-major host cache
         self._row_offset = torch.arange(batch * kv_heads, device=ctx.device).view(batch, kv_heads, 1)
         self.copy = CopyStream(ctx.device)
-        self.pool = CpuWorkerPool(1)
+        self.pool = CpuWorkerPool(1, device=ctx.device)
         self._pending: dict[int, tuple[Any, int]] = {}  # layer -> (future of its fetch, n)
         self._appended: dict[int, Any] = {i: None for i in self.sparse_layers}  # event of the last host append
         self.reset_stats()

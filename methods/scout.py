@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -49,19 +49,20 @@ class _Plan:
     q: torch.Tensor  # host query of the CPU part [B, Hq, D] (predicted, or the true one)
     split: SplitPlan  # on the host: the selected blocks (CPU ones first), in-flight flags, victims, counts
     event: Any  # completes when `q` and `split` are on the host
-    pool_use: torch.Tensor  # device bool [B, Hkv, k_sel]: pool slots read by the device part
+    pool_use: torch.Tensor  # device bool [B, Hkv, pool_slots]: pool slots read by the device part
     cpu_blocks: torch.Tensor  # device [B, Hkv]: blocks the CPU part attends
     predicted: bool
     recall_periodic: bool = False  # this layer's periodic recall is due after this step's attention
     wait_events: tuple = ()  # events the worker waits for before reusing this parity's host buffers
-    future: Future | None = None
+    attention: Future = field(default_factory=Future)  # the CPU part's result (_CpuResult): what decode waits for
+    future: Future | None = None  # the whole task: then its recall, staged (_Recall or None)
     result: Any = None
 
 
 @dataclass
 class _Recall:
     """The blocks a recall copies into the pool, in (row, rank) order (on CUDA staged by the worker in this plan's
-    parity buffers, rows [0, n)): host rows read, pool slots written."""
+    parity's staging buffers, rows [0, n)): host rows read, pool slots written."""
 
     bh: torch.Tensor  # [n] (sequence, KV head) row b * Hkv + h
     slots: torch.Tensor  # [n] pool slot of each recalled block
@@ -75,7 +76,6 @@ class _CpuResult:
     ms: float
     count_means: tuple[float, ...]  # the split's counts (n_cpu, n_selected, n_available, n_resident), mean per row
     recall_due: bool = False  # periodic, or the reactive trigger fired
-    recall: _Recall | None = None  # what the due recall copies (None: nothing to copy)
 
 
 @dataclass
@@ -85,18 +85,21 @@ class ScoutAttention(SparseLayerMethod):
     Storage (`TieredBlockStore`, scoutbench/kernels/block_store.py). Layers `< dense_layers` are FullKV on the
     device. A sparse layer keeps every complete block in host memory (pinned on CUDA), which the CPU kernel reads
     in place; on the device it keeps Quest digests (kmax/kmin of post-RoPE keys) of every complete block and one
-    contiguous region per (sequence, KV head) of `budget // block_size` block slots: `k_sel` pool slots,
-    `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the local blocks and the tail (the
-    partial block with the current token). `BlockTable` records which block sits in which pool slot.
+    contiguous region per (sequence, KV head): `pool_slots` pool slots (`pool_factor` selections of `k_sel`
+    blocks), `sink_blocks` sink slots and a ring of `local_blocks + 1` slots holding the local blocks and the tail
+    (the partial block with the current token). `BlockTable` records which block sits in which pool slot.
 
     Budget. `budget` counts every attended token, the always-on ones included (Quest convention): per
     (sequence, KV head) the method attends `k_sel = budget // block_size - sink_blocks - local_blocks - 1`
     selected blocks, plus the sink blocks, the local blocks and the tail (the remainder of `budget` modulo
     `block_size` is unused). Only complete blocks that are neither sink nor local can be selected; top-k per
-    (sequence, KV head) with the group's query heads max-aggregated (GQA).
+    (sequence, KV head) with the group's query heads max-aggregated (GQA). The pool is not budget: a pool larger
+    than a selection (`pool_factor > 1`) only keeps more candidate blocks on the device, so that a block the
+    selection drops and picks again a few steps later is still there (the selection churns by about a third of
+    its blocks per step on real text, docs/methods.md); the device still attends only the selected ones.
 
     Prefill. Everything goes to the host tier; digests, sink/local/tail blocks and the initial resident set (the
-    top `k_sel` blocks for the last prompt query) go to the device.
+    top `pool_slots` blocks for the last prompt query) go to the device.
 
     Decode (Algorithm 1), `pc=True`: `before_layer(i)` predicts layer i+1's query from layer i's input
     (`pred_norm="next"`: layer i+1's input norm applied to layer i's residual input; `"self"`: layer i's
@@ -108,7 +111,7 @@ class ScoutAttention(SparseLayerMethod):
     blocks) and the CPU (the others), so the two parts together attend at most `budget` tokens (the paper's
     split). `device_blocks="resident"` is a variant that reads Algorithm 1 line 10 (`A_gpu = GPUAttn(Q^i,
     B_gpu^i)`) literally: the device attends every resident block, selected or not, and the CPU part comes on
-    top, so it attends more than `budget` tokens (up to k_sel blocks more); its stats say so
+    top, so it attends more than `budget` tokens (up to pool_slots blocks more); its stats say so
     (`attended_tokens_per_head.within_budget: false`). The first sparse layer is predicted from layer
     `dense_layers - 1`; with `dense_layers == 0`, layer 0's CPU part runs synchronously with the true query.
     `pc=False` is the parallel co-attention baseline: selection with the true query inside `decode(i)`, the CPU
@@ -123,8 +126,11 @@ class ScoutAttention(SparseLayerMethod):
     part attends its blocks in place in the host tier (no gather), so on a recall step the worker also stages the
     recalled blocks (only those): on CUDA from the host tier into this parity's staging buffer, from which the recall
     copies them into the pool on a copy stream with an event; on a CPU the recall copies them from the host tier
-    into the pool in one pass. A recalled slot is readable only after its copy event has completed, and
-    victims are never selected or in-flight blocks, so the layer's next use never reads a half-copied slot.
+    into the pool in one pass. The staging comes after the CPU part's result is handed over (`_Plan.attention`):
+    `decode` waits for attention results only, and issues the copy of a recall once its staging is done (at a later
+    layer's wait, at the latest before the layer's next selection). A recalled slot is readable only after its copy
+    event has completed, and victims are never selected or in-flight blocks, so the layer's next use never reads a
+    half-copied slot.
 
     CPU compute ratio = tokens attended on the CPU / `budget` per layer, averaged over (sequence, KV head).
     `stats()` reports it (mean and per layer) with the tokens attended per (sequence, KV head) in the sparse
@@ -156,6 +162,7 @@ class ScoutAttention(SparseLayerMethod):
     pc: bool = True
     pr: bool = True
     recall_interval: int = 8
+    pool_factor: float = 1.0
     beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
     beta_trigger: bool = False
     device_blocks: str = "selected"
@@ -172,6 +179,8 @@ class ScoutAttention(SparseLayerMethod):
         require(self.k_sel >= 1, f"budget {self.budget} leaves no selectable block: need budget >= block_size * "
                 f"(sink_blocks + local_blocks + 2) = {self.block_size * (self.sink_blocks + self.local_blocks + 2)}")
         require(self.recall_interval >= 1, f"recall_interval must be >= 1 (got {self.recall_interval})")
+        require(self.pool_factor >= 1.0, f"pool_factor must be >= 1: the device pool holds at least one selection "
+                f"(got {self.pool_factor})")
         require(0.0 <= self.beta <= 1.0, f"beta must be in [0, 1] (got {self.beta})")
         require(self.pred_norm in PRED_NORMS, f"pred_norm must be one of {', '.join(PRED_NORMS)} "
                 f"(got {self.pred_norm!r})")
@@ -179,8 +188,9 @@ class ScoutAttention(SparseLayerMethod):
                 f"(got {self.device_blocks!r})")
         require(self.cpu_workers >= 1, f"cpu_workers must be >= 1 (got {self.cpu_workers})")
         self._profile_intervals: list[int | None] | None = None
+        self._profile_measured_on: dict[str, Any] | None = None
         if self.recall_profile is not None:
-            self._profile_intervals = load_recall_profile(self.recall_profile)
+            self._profile_intervals, self._profile_measured_on = load_recall_profile(self.recall_profile)
         self.trace: list[dict[str, Any]] | None = None  # tests/profiling: per layer-step records (host syncs)
         self._pool: CpuWorkerPool | None = None
 
@@ -191,6 +201,12 @@ class ScoutAttention(SparseLayerMethod):
         return self.budget // self.block_size - self.sink_blocks - self.local_blocks - 1
 
     @property
+    def pool_slots(self) -> int:
+        """Device pool slots per (sequence, KV head): `pool_factor` selections (at least `k_sel`). The pool is
+        device memory, not budget: each step attends at most `k_sel` of the blocks it holds."""
+        return max(self.k_sel, round(self.pool_factor * self.k_sel))
+
+    @property
     def layer_ahead_active(self) -> bool:
         return self.pc and not self.oracle
 
@@ -198,10 +214,11 @@ class ScoutAttention(SparseLayerMethod):
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
         dense, sparse = self.layer_split(shape)
         n_blocks = math.ceil(context_len / self.block_size)
-        region = self.budget // self.block_size * self.block_size  # device block slots per (sequence, KV head)
+        # device tokens per (sequence, KV head): the pool's slots, the sink slots and the local/tail ring
+        region = (self.pool_slots + self.sink_blocks + self.local_blocks + 1) * self.block_size
         # per sparse layer: digests, the slotted region and its BlockTable (int64 block -> slot, int64 + bool per
         # slot); once: the recall's device staging of k_sel blocks (K and V) and the region's open tokens per slot
-        block_table = shape.num_kv_heads * ((n_blocks + 1) * 8 + (self.k_sel + 1) * 9)
+        block_table = shape.num_kv_heads * ((n_blocks + 1) * 8 + (self.pool_slots + 1) * 9)
         device = dense * context_len * kv + sparse * (
             n_blocks * 2 * shape.num_kv_heads * shape.head_dim * elem_bytes + region * kv + block_table)
         if sparse:
@@ -229,8 +246,8 @@ class ScoutAttention(SparseLayerMethod):
             max(1, int(self._profile_intervals[i])) if self._profile_intervals is not None
             and self._profile_intervals[i] is not None else self.recall_interval
             for i in range(ctx.num_layers)]
-        self.store = TieredBlockStore(self.sparse_layers, B, Hkv, D, self.block_size, ctx.max_len, self.k_sel,
-                                      self.sink_blocks, self.local_blocks, dtype, dev)
+        self.store = TieredBlockStore(self.sparse_layers, B, Hkv, D, self.block_size, ctx.max_len, self.pool_slots,
+                                      self.sink_blocks, self.local_blocks, dtype, dev, recall_blocks=self.k_sel)
         self._parity_free: list[list[Any]] = [[], []]
         if self._cuda:  # pinned transport of the plans (query, split) and of the CPU part's result
             self._q_host = [host_empty((B, H, D), dtype, dev) for _ in range(2)]
@@ -243,7 +260,14 @@ class ScoutAttention(SparseLayerMethod):
         self._no_victims = (torch.zeros((B, Hkv, self.k_sel), dtype=torch.long, device=dev),
                             torch.zeros((B, Hkv), dtype=torch.long, device=dev))
         self._plans: dict[int, _Plan] = {}
-        self._pool = CpuWorkerPool(self.cpu_workers)
+        # recalls whose staging may still run; per parity, whether its staging buffers are free (the recall staged
+        # there has been issued) and the copy that last read them
+        self._pending_recalls: list[_Plan] = []
+        self._staging_free = [threading.Event() for _ in range(2)]
+        for free in self._staging_free:
+            free.set()
+        self._staging_copy: list[Any] = [None, None]
+        self._pool = CpuWorkerPool(self.cpu_workers, device=ctx.device)
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 
@@ -274,6 +298,8 @@ class ScoutAttention(SparseLayerMethod):
             for plan in getattr(self, "_plans", {}).values():
                 if plan.future is not None:
                     plan.future.cancel()
+            for free in self._staging_free:  # a worker waiting to stage must not hold the shutdown
+                free.set()
             self._pool.close()
             self._pool = None
         if hasattr(self, "store"):
@@ -286,9 +312,9 @@ class ScoutAttention(SparseLayerMethod):
         self._prompt_len = lengths_host
         self._prompt_len_device = lengths.to(self.ctx.device)
         self.store.ingest_prompt(layer, k, v, lengths_host)
-        # initial resident set: top-k_sel selectable blocks for the last prompt query
+        # initial resident set: the top pool_slots selectable blocks for the last prompt query (a full pool)
         ids, valid, _ = self._select(layer, q_obs[:, :, -1], self._selectable(self._prompt_len_device,
-                                                                              max(lengths_host)))
+                                                                              max(lengths_host), self.pool_slots))
         self.store.load_resident(layer, ids, self._initial_selection(layer, ids, valid))
 
     def _initial_selection(self, layer: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -334,11 +360,14 @@ class ScoutAttention(SparseLayerMethod):
             device_state = self._device_partial(layer, q, plan)
         if inline:
             with timer.stage("idle"):
-                plan.result = self._run_cpu(plan)
+                self._issue_recalls(wait=True)  # this thread stages now: no staging buffer may stay taken
+                plan.future = Future()
+                plan.future.set_result(self._run_cpu(plan))
+                plan.result = plan.attention.result()
         else:
             with timer.stage("idle"):
                 t0 = time.perf_counter()
-                plan.result = plan.future.result()
+                plan.result = plan.attention.result()
                 self._idle_ms += (time.perf_counter() - t0) * 1e3
             self._log_event("wait", layer)
         result: _CpuResult = plan.result
@@ -370,30 +399,35 @@ class ScoutAttention(SparseLayerMethod):
             self._plans.clear()
 
     # ------------------------------------------------------------------ selection and the CPU part
-    def _selectable(self, positions: torch.Tensor, max_position: int) -> tuple[CandidateBlocks, torch.Tensor]:
-        """The blocks a selection may pick when the new token sits at `positions` (complete blocks `j` with
-        `sink_blocks <= j < tail - local_blocks`), and which of the k_sel selections are valid `[B, Hkv, k_sel]`.
-        The same for every layer of a step: `begin_step` builds them once."""
+    def _selectable(self, positions: torch.Tensor, max_position: int, k: int | None = None
+                    ) -> tuple[CandidateBlocks, torch.Tensor]:
+        """The blocks a selection of `k` (default `k_sel`) may pick when the new token sits at `positions` (complete
+        blocks `j` with `sink_blocks <= j < tail - local_blocks`), and which of the k selections are valid
+        `[B, Hkv, k]`. The same for every layer of a step: `begin_step` builds them once."""
+        k = self.k_sel if k is None else k
         b = self.block_size
         num_scored = max(1, max_position // b)
         limit = (positions // b - self.local_blocks).clamp(min=0)
         excluded = None
         if self.sink_blocks:
             excluded = (torch.arange(num_scored, device=positions.device) < self.sink_blocks)[None, None, :]
-        candidates = CandidateBlocks.build(num_scored, limit, self.k_sel, excluded, positions.device)
+        candidates = CandidateBlocks.build(num_scored, limit, k, excluded, positions.device)
         count = candidates.count.expand(positions.shape[0], self.ctx.num_kv_heads)  # [B, 1]: nothing excluded per head
-        return candidates, self._arange_k[None, None, :] < count[:, :, None]
+        arange = self._arange_k if k == self.k_sel else torch.arange(k, device=positions.device)
+        return candidates, arange[None, None, :] < count[:, :, None]
 
     def _select(self, layer: int, q: torch.Tensor, selectable: tuple[CandidateBlocks, torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Top-k_sel selectable blocks for query `q` `[B, Hq, D]`. Returns ids `[B, Hkv, k_sel]` (descending score,
-        padding after the valid ones), valid `[B, Hkv, k_sel]` and the scores `[B, Hkv, nB]`."""
+        """The top `k` selectable blocks for query `q` `[B, Hq, D]` (`k`: the width of `selectable`, k_sel in
+        decode). Returns ids `[B, Hkv, k]` (descending score, padding after the valid ones), valid `[B, Hkv, k]`
+        and the scores `[B, Hkv, nB]`."""
         candidates, valid = selectable
         ids, scores = self.store.digests.select(layer, q, candidates)
-        return pad_last(ids, self.k_sel), valid, scores
+        return pad_last(ids, valid.shape[-1]), valid, scores
 
     def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
         """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
+        self._issue_recalls(wait_layer=layer)  # the layer's last recall lands before its next split
         table = self.store.tables[layer]
         table.poll()
         ids, valid, scores = self._select(layer, q, self._step_selectable)
@@ -401,6 +435,8 @@ class ScoutAttention(SparseLayerMethod):
         recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
         if recall_periodic or (self.pr and self.beta_trigger):  # a recall may follow: it needs the eviction order
             victims, available = table.victims(ids, valid, scores)
+            # a recall copies at most the k_sel blocks the CPU computed: the first k_sel victims are all it reads
+            victims, available = victims[..., : self.k_sel], available.clamp(max=self.k_sel)
         else:  # no recall will read them this step
             victims, available = self._no_victims
         fused = None
@@ -415,7 +451,8 @@ class ScoutAttention(SparseLayerMethod):
             split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
                                    valid.sum(-1), available, table.resident_count())
             if self.device_blocks == "resident":  # the variant: every resident block whose copy has landed
-                pool_use = (table.slot_block[..., : self.k_sel] >= 0) & table.slot_ready[..., : self.k_sel]
+                pool = slice(0, self.pool_slots)
+                pool_use = (table.slot_block[..., pool] >= 0) & table.slot_ready[..., pool]
             else:
                 pool_use = table.slot_mask(on_dev, slot)
         self._d2h_bytes += q.numel() * q.element_size() + split.data.numel() * split.data.element_size()
@@ -441,9 +478,22 @@ class ScoutAttention(SparseLayerMethod):
         self._plans[plan.layer] = plan
         self._log_event("submit", plan.layer)
 
-    def _run_cpu(self, plan: _Plan) -> _CpuResult:
+    def _run_cpu(self, plan: _Plan) -> _Recall | None:
         """The CPU part (worker thread): attend the non-resident selected blocks in place in the host tier with the
-        plan's query (the kernel reads them by block id), then, on a recall step, stage the recalled blocks."""
+        plan's query (the kernel reads them by block id) and hand the result over (`plan.attention`), then, on a
+        recall step, stage the recalled blocks (returned; None when nothing is recalled)."""
+        try:
+            result = self._attend_cpu(plan)
+            recall = self._recall_of(plan) if result.recall_due and result.width else None
+        except BaseException as exc:
+            plan.attention.set_exception(exc)
+            raise
+        plan.attention.set_result(result)
+        if recall is not None:
+            self._stage(plan, recall)
+        return recall
+
+    def _attend_cpu(self, plan: _Plan) -> _CpuResult:
         plan.event.synchronize()
         for event in plan.wait_events:
             event.synchronize()
@@ -467,15 +517,14 @@ class ScoutAttention(SparseLayerMethod):
             self._out_o[plan.parity].copy_(state.o)
             self._out_lse[plan.parity].copy_(state.lse)
             state = PartialState(self._out_o[plan.parity], self._out_lse[plan.parity])
-        recall = self._stage_recall(plan) if recall_due else None
         ms = (time.perf_counter() - t0) * 1e3
         self._log_event("cpu", plan.layer)
-        return _CpuResult(state, width, ms, means, recall_due, recall)
+        return _CpuResult(state, width, ms, means, recall_due)
 
-    def _stage_recall(self, plan: _Plan) -> _Recall | None:
-        """The blocks a recall copies (worker thread): the ones the CPU just computed, minus in-flight ones, most
-        important first, as many as the row has free slots or victims; staged for `_recall` (`TieredBlockStore.stage`:
-        on CUDA gathered from the host tier into this parity's staging buffers). None when no block qualifies."""
+    def _recall_of(self, plan: _Plan) -> _Recall | None:
+        """The blocks a recall copies (worker thread, before the result is handed over: the main thread reuses
+        the plan's buffers once it has it): the ones the CPU just computed, minus in-flight ones, most important
+        first, as many as the row has free slots or victims. None when no block qualifies."""
         k = self.k_sel
         split = plan.split.rows()
         ids, victims, n_cpu, available = split.ids, split.victims, split.n_cpu, split.n_available
@@ -485,9 +534,18 @@ class ScoutAttention(SparseLayerMethod):
         bh, kk = take.nonzero(as_tuple=True)
         if bh.numel() == 0:
             return None
-        blocks = ids[bh, kk]
-        self.store.stage(plan.layer, plan.parity, bh, blocks)
-        return _Recall(bh, victims[bh, rank[bh, kk]], blocks)
+        return _Recall(bh, victims[bh, rank[bh, kk]], ids[bh, kk])
+
+    def _stage(self, plan: _Plan, recall: _Recall) -> None:
+        """Stage a recall (worker thread; `TieredBlockStore.stage`: on CUDA gathered from the host tier into this
+        parity's staging buffers) once the recall staged there before has been issued and its copy has read them."""
+        free = self._staging_free[plan.parity]
+        free.wait()
+        free.clear()
+        copy_event = self._staging_copy[plan.parity]
+        if copy_event is not None:
+            copy_event.synchronize()
+        self.store.stage(plan.layer, plan.parity, recall.bh, recall.blocks)
 
     # ------------------------------------------------------------------ device part
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -507,21 +565,32 @@ class ScoutAttention(SparseLayerMethod):
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
         self._since[layer] += 1
-        if not result.recall_due:  # decided with the plan (periodic) or by the worker (reactive trigger)
-            return
-        self._since[layer] = 0
-        if result.recall is None:
-            return
-        self._recall(layer, plan, result.recall)
+        if result.recall_due:  # decided with the plan (periodic) or by the worker (reactive trigger)
+            self._since[layer] = 0
+            self._pending_recalls.append(plan)
+        self._issue_recalls()
+
+    def _issue_recalls(self, wait: bool = False, wait_layer: int | None = None) -> None:
+        """Issue the pending recalls whose staging is done, in order; wait for those of `wait_layer` and the ones
+        before them (every one with `wait`): a staging may wait for an earlier recall's issue."""
+        waited = [i for i, plan in enumerate(self._pending_recalls) if wait or plan.layer == wait_layer]
+        pending = []
+        for i, plan in enumerate(self._pending_recalls):
+            if (waited and i <= waited[-1]) or plan.future.done():
+                recall = plan.future.result()
+                if recall is not None:
+                    self._recall(plan.layer, plan, recall)
+            else:
+                pending.append(plan)
+        self._pending_recalls = pending
 
     def _recall(self, layer: int, plan: _Plan, recall: _Recall) -> None:
         """Copy the blocks the worker staged (`_stage_recall`) into their pool slots and record them in the table."""
         b, Hkv, D = self.block_size, self.ctx.num_kv_heads, self.ctx.head_dim
         bh, blocks = recall.bh, recall.blocks
         n = bh.numel()
-        event = self.store.load_staged(layer, plan.parity, bh, recall.slots, blocks, self._copy)
-        if event is not None:
-            self._parity_free[plan.parity].append(event)  # the copy reads this parity's staging buffers
+        self._staging_copy[plan.parity] = self.store.load_staged(layer, plan.parity, bh, recall.slots, blocks, self._copy)
+        self._staging_free[plan.parity].set()  # the next staging there waits for this copy's event
         element_size = self.store.host_k[layer].element_size()
         self._recalls[layer] += 1
         # the recalled blocks (K and V) go to the device, plus the destination rows and the table's row/slot/block
@@ -562,12 +631,16 @@ class ScoutAttention(SparseLayerMethod):
             "blocks_selected_per_head": mean_of(self._sel_sum),
             "blocks_resident_per_head": mean_of(self._res_sum),
             "k_sel": self.k_sel,
+            "pool_slots": self.pool_slots,
             "attended_tokens_per_head": self._attended.stats(self.budget),
             # bytes: what the recalls copied (the staged blocks, K and V); recalled_bytes: the recalled blocks'
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
                        "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
                        "per_layer": list(self._recalls),
-                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)]},
+                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)],
+                       # where the intervals come from: the profile's file and what it measured (null: fixed)
+                       "profile": None if self.recall_profile is None else
+                       {"path": self.recall_profile, "measured_on": self._profile_measured_on}},
             "cpu_attention_ms": self._cpu_ms,
             "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,
             "idle_ms": self._idle_ms,
@@ -593,7 +666,7 @@ class ScoutAttention(SparseLayerMethod):
         B, Hkv = valid.shape[:2]
         selected = [[{int(j) for j, ok in zip(ids[s, h], valid[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
         device = [[{int(j) for j, ok in zip(ids[s, h], on_dev[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
-        pool_blocks = table.slot_block[..., : self.k_sel].cpu()
+        pool_blocks = table.slot_block[..., : self.pool_slots].cpu()
         pool_use = plan.pool_use.cpu()
         pool = [[{int(j) for j, used in zip(pool_blocks[s, h], pool_use[s, h], strict=True) if used}
                  for h in range(Hkv)] for s in range(B)]
@@ -641,9 +714,9 @@ class ScoutAttention(SparseLayerMethod):
             host_gather_bytes=recall_bytes, h2d_async=Transfer(recall_bytes, 2 if recall_bytes else 0))
 
 
-def load_recall_profile(path: str) -> list[int | None]:
+def load_recall_profile(path: str) -> tuple[list[int | None], dict[str, Any] | None]:
     """Per-layer recall intervals from a `scoutbench profile-recall` JSON (`intervals`: one entry per layer,
-    null for dense layers)."""
+    null for dense layers) and what they were measured on (`measured_on`; None in a profile that does not say)."""
     if not os.path.isfile(path):
         raise ValueError(f"recall_profile {path!r} does not exist")
     try:
@@ -656,4 +729,4 @@ def load_recall_profile(path: str) -> list[int | None]:
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"recall_profile {path!r} is not a profile-recall JSON with an 'intervals' list "
                          "of positive integers (null for dense layers)") from None
-    return intervals
+    return intervals, data.get("measured_on")

@@ -10,7 +10,15 @@ from typing import Any
 
 import torch
 
-from scoutbench.methods.base import AttentionMethod, MethodContext, ModelShape, StepInfo, require
+from scoutbench.methods.base import (
+    AttentionMethod,
+    MethodContext,
+    ModelShape,
+    StepInfo,
+    dense_layers_of,
+    require,
+    sparse_layer_range,
+)
 from scoutbench.methods.fullkv import FullKV
 
 
@@ -31,9 +39,8 @@ class SparseLayerMethod(AttentionMethod):
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
-        dense = min(self.dense_layers, ctx.num_layers)
-        self.dense = FullKV.for_layers(ctx, dense)
-        self.sparse_layers = range(dense, ctx.num_layers)
+        self.sparse_layers = sparse_layer_range(self.name, self.dense_layers, ctx.num_layers)
+        self.dense = FullKV.for_layers(ctx, self.sparse_layers.start)
 
     def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        lengths: torch.Tensor) -> None:
@@ -62,8 +69,8 @@ class SparseLayerMethod(AttentionMethod):
 
     def layer_split(self, shape: ModelShape) -> tuple[int, int]:
         """(dense, sparse) layers of `shape` (memory planning)."""
-        dense = min(self.dense_layers, shape.num_layers)
-        return dense, shape.num_layers - dense
+        sparse = sparse_layer_range(self.name, self.dense_layers, shape.num_layers)
+        return sparse.start, len(sparse)
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,8 @@ _WARNED: set[tuple[str, int, int]] = set()
 
 def plan_budget(method: AttentionMethod, context_tokens: int) -> BudgetPlan:
     budget = getattr(method, "budget", None)
-    if budget is None:
-        return BudgetPlan(None, context_tokens, None, False)
+    if budget is None:  # FullKV (dense), or a sparse method without a token budget (HGCA's fraction policy)
+        return BudgetPlan(None, context_tokens, None, dense_layers_of(method) is not None)
     return BudgetPlan(budget, context_tokens, min(budget, context_tokens), budget < context_tokens)
 
 

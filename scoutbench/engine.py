@@ -1,12 +1,10 @@
 """The decode engine: an explicit layer loop over a Hugging Face decoder, with attention delegated to a method.
 
 Per layer: input norm -> q/k/v projections -> q/k norm (Qwen3) -> RoPE -> method attention -> o_proj ->
-residual -> post-attention norm -> MLP -> residual; then final norm -> lm_head. Every op is the HF module's own,
-in HF's order and layout, so with the same attention function the logits are bit-identical to `model(...)`
-(tests/test_engine.py), with one exception on a CPU: a decode step's work around attention (the attention prologue,
-RMSNorms, plain `nn.Linear`s and a gated MLP's) goes through `kernels/cpu_decode` for the HF modules it knows, one
-call where HF made ~45 torch ops and at the memory rate where torch's sgemv read weights at half of it; its sums
-round differently (within fp32 rounding of HF's). `SCOUTBENCH_CPU_ATTENTION=torch` restores HF's modules.
+residual -> post-attention norm -> MLP -> residual; then final norm -> lm_head. The prefill runs HF's modules in
+HF's order and layout. A decode step's work around attention runs in one of the forms of `decode_ops`: the CPU
+kernel's, a fused torch form with few calls per layer (CUDA), or HF's modules (`SCOUTBENCH_DECODE_OPS=hf`), with
+which and the same attention function the logits are bit-identical to `model(...)` (tests/test_engine.py).
 
 Before a layer's attention the engine offers the method the layer's residual input (`before_layer`), which is where
 ScoutAttention and InfiniGen predict the next layer's query.
@@ -24,7 +22,9 @@ from typing import Any
 import torch
 
 from scoutbench import planning
-from scoutbench.kernels import cpu_attention, cpu_decode
+from scoutbench.decode_ops import DecodeOps, choose_form
+from scoutbench.graphs import GraphRunner
+from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
@@ -44,95 +44,65 @@ class DecodeEngine:
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = attn.head_dim
         self.scale = attn.scaling
-        self.has_qk_norm = hasattr(attn, "q_norm")
-        # per layer, the modules of a prologue `cpu_decode` reproduces, or None: resolved once, not on every call
-        self._fusable = [self._fusable_prologue(layer.self_attn) for layer in self.layers]
-        modeling = sys.modules[type(attn).__module__]
-        self._apply_rope = modeling.apply_rotary_pos_emb
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.timer = timer or StageTimer(self.device)
+        self.ops: DecodeOps | None = None  # the decode step's model work (decode_ops.py), made by `start`
+        self.graphs: GraphRunner | None = None  # when the decode steps replay captured CUDA graphs
+        self.graphs_failure: str | None = None  # why graphs were asked for and not used
         self._cos = self._sin = None
         self.positions: torch.Tensor | None = None
         self.positions_host: list[int] = []
         self.step_index = 0
 
     # ------------------------------------------------------------------ setup
-    def start(self, batch: int, max_len: int) -> None:
-        """Bind the method to this model and run shape; storage for `max_len` tokens per sequence."""
+    def start(self, batch: int, max_len: int, cuda_graphs: bool = False) -> None:
+        """Bind the method to this model and run shape; storage for `max_len` tokens per sequence. With
+        `cuda_graphs` (a CUDA device) the decode steps replay captured graphs (scoutbench/graphs.py)."""
         # the method keeps its context, so a bound `self.predict_query` would make engine -> method -> engine a
         # reference cycle: a finished run's KV storage (GBs) then lived on until the next full garbage collection
         predict_query = weakref.WeakMethod(self.predict_query)
+        host = weakref.WeakMethod(self.host)
         ctx = MethodContext(
             num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim, scale=self.scale, batch=batch, max_len=max_len, device=self.device,
             dtype=self.dtype, timer=self.timer,
             predict_query=lambda *args, **kwargs: predict_query()(*args, **kwargs),
+            host=lambda *args: host()(*args), graphs=cuda_graphs,
         )
+        self.ops = DecodeOps(self.model, choose_form(self.device), max_len)
         self.method.bind(ctx)
+        self.graphs, self.graphs_failure = None, None
+        if cuda_graphs:
+            try:
+                self.graphs = GraphRunner(self, batch)
+            except Exception as exc:  # noqa: BLE001 - graphs unavailable here (a torch without them): eager, and why
+                self.graphs_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                print(f"scoutbench: warning: CUDA graphs unavailable ({self.graphs_failure}); decoding eagerly",
+                      file=sys.stderr)
         cpu_attention.library()  # built (first use: seconds) or found now, never inside a timed step
         self.step_index = 0
 
-    # ------------------------------------------------------------------ projections
-    def _qkv(self, layer: torch.nn.Module, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """HF's attention prologue: [B, L, hidden] -> q [B, Hq, L, D], k/v [B, Hkv, L, D], RoPE applied."""
-        attn = layer.self_attn
-        shape = (*normed.shape[:-1], -1, self.head_dim)
-        q = _linear(attn.q_proj, normed).view(shape)
-        k = _linear(attn.k_proj, normed).view(shape)
-        if self.has_qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        v = _linear(attn.v_proj, normed).view(shape).transpose(1, 2)
-        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        return q, k, v
+    def host(self, fn: Callable[..., None], *args: Any) -> None:
+        """Host work inside the decode step (a hand-off to the CPU worker, a wait, a recall): run now, or with
+        CUDA graphs recorded as a point between captured pieces and run there at every replay
+        (`MethodContext.host`)."""
+        if self.graphs is not None and self.graphs.capturing:
+            self.graphs.host(fn, args)
+        else:
+            fn(*args)
 
     def predict_query(self, target_layer: int, hidden: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
-        """Rotated query of `target_layer` for the current token, from another layer's input `[B, hidden]`.
+        """Rotated query `[B, Hq, D]` of `target_layer` for the current token, from another layer's input
+        `[B, hidden]`.
 
         With `normed=None` the target layer's own input norm is applied to `hidden` (the default prediction
         Q_pred^{i+1} = RoPE(q_norm(W_Q^{i+1} Norm_{i+1}(h^i)))); otherwise `normed` is used as is.
         """
-        layer = self.layers[target_layer]
-        attn = layer.self_attn
-        x = (_norm(layer.input_layernorm, hidden) if normed is None else normed).reshape(hidden.shape[0], 1, -1)
-        fused = self._fused_prologue(target_layer, x, with_kv=False)
-        if fused is not None:
-            return fused[0]
-        q = _linear(attn.q_proj, x).view(x.shape[0], 1, -1, self.head_dim)
-        if self.has_qk_norm:
-            q = attn.q_norm(q)
-        q = q.transpose(1, 2)
-        q, _ = self._apply_rope(q, q[:, :1], self._cos, self._sin)
-        return q[:, :, 0]
-
-    def _fusable_prologue(self, attn: torch.nn.Module
-                          ) -> tuple[torch.nn.Module, tuple[torch.nn.Module, torch.nn.Module] | None] | None:
-        """(attention, its q/k norms or None) for one of `ROPE_ATTENTIONS` with plain linears (and `RMS_NORMS` q/k
-        norms of one eps), else None: the HF modules `cpu_decode.attention_prologue` reproduces."""
-        if type(attn).__name__ not in ROPE_ATTENTIONS:
-            return None
-        if any(type(p) is not torch.nn.Linear for p in (attn.q_proj, attn.k_proj, attn.v_proj)):
-            return None
-        if not self.has_qk_norm:
-            return attn, None
-        q_norm, k_norm = attn.q_norm, attn.k_norm
-        if not (type(q_norm).__name__ in RMS_NORMS and type(k_norm).__name__ in RMS_NORMS
-                and q_norm.variance_epsilon == k_norm.variance_epsilon):
-            return None
-        return attn, (q_norm, k_norm)
-
-    def _fused_prologue(self, layer: int, normed: torch.Tensor, with_kv: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-        """q `[B, Hq, D]` (and k, v `[B, Hkv, D]`) of layer `layer`'s decode step through
-        `cpu_decode.attention_prologue`; None where it does not serve (the caller runs HF's modules)."""
-        fusable = self._fusable[layer]
-        if fusable is None:
-            return None
-        attn, norms = fusable
-        qk_norm = None if norms is None else (norms[0].weight, norms[1].weight, norms[0].variance_epsilon)
-        return cpu_decode.attention_prologue(normed, attn.q_proj, (attn.k_proj, attn.v_proj) if with_kv else None,
-                                             self.num_heads, self.num_kv_heads, self.head_dim, qk_norm, self._cos,
-                                             self._sin)
+        ops = self.ops
+        if normed is None:
+            normed = ops.norm(self.layers[target_layer].input_layernorm, hidden)
+        return ops.query(target_layer, normed, self._cos, self._sin)
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -153,7 +123,7 @@ class DecodeEngine:
         obs_index = self._obs_index(lengths, seq_len)
         for i, layer in enumerate(self.layers):
             residual = x
-            q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
+            q, k, v = self.ops.hf_prologue(layer, layer.input_layernorm(x), cos, sin)
             self.method.ingest_prefill(i, _gather_positions(q, obs_index), k, v, lengths)
             o = prefill_attention(q, k, v, self.scale).transpose(1, 2)
             o = o.reshape(batch, seq_len, -1).contiguous()
@@ -255,70 +225,45 @@ class DecodeEngine:
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One decode step for every sequence: tokens `[B]` -> next-token logits `[B, vocab]`."""
-        method, timer = self.method, self.timer
-        batch = tokens.shape[0]
+        """One decode step for every sequence: tokens `[B]` -> next-token logits `[B, vocab]`.
+
+        The method's `begin_step` (its per-step plan: host arithmetic, device metadata written in place) and
+        `end_step` run eagerly; the layer loop between them (`forward_step`) runs eagerly or, with CUDA graphs,
+        as the replay of its captured pieces (scoutbench/graphs.py). `self.positions` is updated in place: the
+        captured pieces read that buffer."""
+        method = self.method
         step = StepInfo(self.positions, list(self.positions_host), self.step_index)
         method.begin_step(step)
-        x = self.inner.embed_tokens(tokens.view(batch, 1))
-        self._cos, self._sin = self.inner.rotary_emb(x, self.positions.view(batch, 1))
+        logits = self.forward_step(tokens) if self.graphs is None else self.graphs.step(tokens, method.graph_key())
+        method.end_step()
+        self.positions.add_(1)
+        self.positions_host = [p + 1 for p in self.positions_host]
+        self.step_index += 1
+        return logits
+
+    def forward_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The layer loop of a decode step: tokens `[B]` -> logits `[B, vocab]`. Everything per step that it reads
+        comes from device tensors (tokens, positions, the method's metadata), so that a captured replay of it is
+        that step (tests/test_graphs.py)."""
+        method, timer, ops = self.method, self.timer, self.ops
+        x = self.inner.embed_tokens(tokens)  # [B, hidden]
+        self._cos, self._sin = ops.rotary(self.positions)
         for i, layer in enumerate(self.layers):
             residual = x
             with timer.stage("qkv_proj"):
-                normed = _norm(layer.input_layernorm, x)
+                normed = ops.norm(layer.input_layernorm, x)
             if method.layer_ahead:
                 with timer.stage("predict"):
-                    method.before_layer(i, x[:, 0], normed[:, 0])
+                    method.before_layer(i, x, normed)
             with timer.stage("qkv_proj"):
-                fused = self._fused_prologue(i, normed, with_kv=True)
-                if fused is None:
-                    q, k, v = (t[:, :, 0] for t in self._qkv(layer, normed, self._cos, self._sin))
-                else:
-                    q, k, v = fused
+                q, k, v = ops.prologue(i, normed, self._cos, self._sin)
             o = method.decode(i, q, k, v)
             with timer.stage("o_proj"):
-                x = residual + _linear(layer.self_attn.o_proj, o.reshape(batch, 1, -1).contiguous())
+                x = ops.residual_linear(residual, layer.self_attn.o_proj, o)
             with timer.stage("mlp"):
-                x = x + _mlp(layer.mlp, _norm(layer.post_attention_layernorm, x))
-        method.end_step()
-        logits = _linear(self.model.lm_head, _norm(self.inner.norm, x))[:, 0]
-        self.positions = self.positions + 1
-        self.positions_host = [p + 1 for p in self.positions_host]
-        self.step_index += 1
-        self.last_hidden = x[:, 0]
-        return logits
-
-
-# HF's modules whose forward `kernels/cpu_decode` reproduces (a decode step on a CPU takes the kernel for them):
-# MLPs that are exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, LlamaRMSNorm and its copies, and attentions
-# whose prologue is q/k/v projections, optional q/k RMSNorms and rotate-half RoPE with the model's cos/sin
-GATED_MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
-RMS_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
-ROPE_ATTENTIONS = frozenset({"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"})
-
-
-def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)`; a plain `nn.Linear` through `cpu_decode` (which hands what it does not serve to `F.linear`)."""
-    if type(module) is torch.nn.Linear:
-        return cpu_decode.linear(x, module.weight, module.bias)
-    return module(x)
-
-
-def _norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)`; one of `RMS_NORMS` through `cpu_decode` where it serves the call."""
-    if type(module).__name__ in RMS_NORMS:
-        out = cpu_decode.rms_norm(x, module.weight, module.variance_epsilon)
-        if out is not None:
-            return out
-    return module(x)
-
-
-def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`mlp(x)`; one of `GATED_MLPS` computed as its forward does, with its linears through `_linear`. Any other
-    MLP runs as its module."""
-    if type(mlp).__name__ in GATED_MLPS:
-        return _linear(mlp.down_proj, mlp.act_fn(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
-    return mlp(x)
+                x = ops.mlp_residual(layer, x)
+        self.last_hidden = x
+        return ops.linear(self.model.lm_head, ops.norm(self.inner.norm, x))
 
 
 def _gather_positions(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

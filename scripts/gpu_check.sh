@@ -4,7 +4,7 @@
 # under its own time limit; the limits add up to at most 8 minutes (checked below, before anything runs):
 #   preflight    machine, packages against pyproject's floors (carried wheels in .whl/ if one is missing or old)
 #   plan         `scoutbench plan` at the check's shape: each method's max batch and its limit; the equal batch
-#   profile      ScoutAttention's per-layer recall intervals (the paper profiles them offline)
+#   profile      none: the prefill is synthetic (no drift to profile), ScoutAttention keeps its fixed interval
 #   max_batch    each method at its planned maximum batch (--batch auto), ScoutAttention first, one process
 #   equal_batch  every method at one equal batch (the smallest planned maximum), ScoutAttention first
 #   tests        tests/test_gpu.py and the backend/kernel tests on CUDA
@@ -139,13 +139,10 @@ EQUAL=$("$PY" -c 'import json, sys; plans = json.load(open(sys.argv[1])); print(
 echo "host-memory cap: $HOST_MEM (the offloading methods pin their host tier in it; $(grep MemTotal /proc/meminfo))"
 echo "equal batch: $EQUAL (the smallest planned maximum batch of: $METHODS)"
 
-# -- ScoutAttention's recall profile (batch 1, 16 steps); without it scout uses its fixed interval
+# -- no recall profile: the comparisons' prefill is synthetic, whose keys churn with no drift to profile (on it
+#    profile-recall picks interval 1 in every layer), so ScoutAttention keeps its fixed interval and the table says so
 SCOUT_ARGS=()
-if [[ " $METHODS " == *" scout "* ]]; then
-    run_phase profile "$PY" -m scoutbench profile-recall --model "$MODEL" --len "$LEN" --steps 16 --prefill synthetic \
-        --device cuda "${DTYPE[@]}" "${BUDGET[@]}" -o "$RAW/recall_profile.json" --overwrite \
-        && SCOUT_ARGS=(--method-arg "recall_profile=$RAW/recall_profile.json")
-fi
+run_phase profile echo "skipped: a synthetic prefill has no drift to profile; ScoutAttention keeps its fixed interval"
 
 # -- the two comparisons, one process each (the model loads once), ScoutAttention first
 THROUGHPUT=("$PY" -m scoutbench throughput $(printf -- '--method %s ' $METHODS) --model "$MODEL" --len "$LEN"

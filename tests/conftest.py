@@ -11,7 +11,7 @@ else:
 def pytest_collection_modifyitems(config, items):
     if torch is not None and torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs CUDA")
+    skip = pytest.mark.skip(reason="needs a real CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -48,6 +48,7 @@ class EmulatedRun:
     config: dict[str, Any] = field(default_factory=dict)  # the method's fields
     copied: dict = field(default_factory=dict)  # bytes over the timed steps by (direction, stream kind, dtype)
     step_ms: list[float] = field(default_factory=list)
+    graphs: dict[str, Any] | None = None  # GraphRunner.describe() of a run with CUDA graphs
 
     def max_diff(self) -> list[float]:
         return [float((a - b).abs().max()) for a, b in zip(self.cpu_logits, self.cuda_logits, strict=True)]
@@ -77,12 +78,14 @@ def teacher_tokens(model: torch.nn.Module, method: AttentionMethod, prompt: torc
 def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMethod], prompt: torch.Tensor,
                  lengths: torch.Tensor, steps: int, *, timed_steps: bool = True, lazy: bool = True,
                  reference: tuple | None = None, on_runtime: Callable[[Any], None] | None = None,
-                 side_item_delay_s: float = 0.0) -> EmulatedRun:
+                 side_item_delay_s: float = 0.0, cuda_graphs: bool = False) -> EmulatedRun:
     """Decode `steps` tokens with the method's CPU path and then its CUDA path on emulated CUDA.
 
     `timed_steps`: each step between the StageTimer's begin/end (CUDA events, one synchronize at the end, as the
     throughput runner does); otherwise no host sync at all between steps but the read of the logits (as a
-    generation loop). `reference` reuses a CPU run of `teacher_tokens`. Syncs are recorded inside decode_step."""
+    generation loop). `reference` reuses a CPU run of `teacher_tokens`. Syncs are recorded inside decode_step.
+    `cuda_graphs`: the steps replay captured graphs (the first eager, the second captured); `graphs` then holds the
+    runner's record."""
     cpu_logits, tokens, cpu_stats = reference or teacher_tokens(model, make_method(), prompt, lengths, steps)
     with emulated_cuda(lazy=lazy, side_item_delay_s=side_item_delay_s) as runtime:
         if on_runtime is not None:
@@ -90,7 +93,7 @@ def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMeth
         cuda_model = to_emulated_device(copy.deepcopy(model))
         method = make_method()
         engine = DecodeEngine(cuda_model, method)
-        engine.start(prompt.shape[0], int(lengths.max()) + steps)
+        engine.start(prompt.shape[0], int(lengths.max()) + steps, cuda_graphs=cuda_graphs)
         backends.USAGE.reset()
         try:
             cuda_logits = [engine.prefill(prompt.to(EMULATED_DEVICE), lengths).cpu()]
@@ -119,7 +122,8 @@ def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMeth
             torch.cuda.synchronize()
             side_items = sum(s.done for s in runtime.streams if not s.is_default) - side_before
             return EmulatedRun(cpu_logits, cuda_logits, syncs, cpu_stats, method.stats(), backends.USAGE.snapshot(),
-                               transfers, side_items, method.config(), copied, step_ms)
+                               transfers, side_items, method.config(), copied, step_ms,
+                               engine.graphs.describe() if engine.graphs is not None else None)
         finally:
             method.close()
 

@@ -221,6 +221,33 @@ def test_fidelity_of_fullkv_against_itself_is_perfect(smollm2):
     assert metrics["overall"]["hidden_cosine"] == pytest.approx(1.0) and len(metrics["per_step"]) == 2
 
 
+def test_a_cached_prefill_is_reused_only_for_the_same_settings_and_prompt(tiny_qwen3, tmp_path, monkeypatch):
+    """`SharedPrefill.cached` saves the prefill once; a rerun with the same settings and prompt decodes from the
+    file (no prefill runs) exactly as from the fresh one, and other settings or another prompt run it again."""
+    from scoutbench.engine import DecodeEngine
+    from scoutbench.eval.fidelity import fullkv_reference, step_agreement
+    from scoutbench.eval.generation import SharedPrefill
+
+    prompt = torch.randint(0, tiny_qwen3.config.vocab_size, (90,), generator=torch.Generator().manual_seed(1)).tolist()
+    path, settings = tmp_path / "prefill.pt", {"model": "tiny-qwen3", "dtype": "fp32"}
+    fresh = SharedPrefill.cached(tiny_qwen3, prompt, path, settings)
+    reference = fullkv_reference(fresh, 4)
+    spec = MethodSpec("quest", {"budget": 32, "block_size": 8})
+    expected = fresh.forced(spec, reference.token_ids[:4])
+    assert expected.method_stats["attended_tokens_per_head"]["within_budget"] is True
+    prefills = []
+    original = DecodeEngine.prefill
+    monkeypatch.setattr(DecodeEngine, "prefill", lambda *a, **k: prefills.append(1) or original(*a, **k))
+    loaded = SharedPrefill.cached(tiny_qwen3, prompt, path, settings)
+    assert not prefills and torch.equal(loaded.logits, fresh.logits)
+    again = loaded.forced(spec, reference.token_ids[:4])
+    assert torch.equal(again.log_probs, expected.log_probs)
+    assert step_agreement(reference, again) == step_agreement(reference, expected)
+    SharedPrefill.cached(tiny_qwen3, prompt, path, {**settings, "dtype": "bf16"})
+    SharedPrefill.cached(tiny_qwen3, prompt[1:], path, {**settings, "dtype": "bf16"})
+    assert len(prefills) == 2 and not list(tmp_path.glob("*.tmp"))
+
+
 def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
     """Random-weight presets get seeded random prompts; Quest covering the whole context matches FullKV."""
     code, out, _ = run_cli(monkeypatch, capsys, "fidelity", "--model", "tiny-llama", "--method", "quest",

@@ -4,6 +4,7 @@ the per-method record of what ran."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -174,23 +175,32 @@ def test_quest_host_lengths_equal_its_device_selection(tiny_qwen3):
         assert torch.equal(valid_len, expected), positions
 
 
+@pytest.mark.parametrize("cuda_present", [False, True])
 @pytest.mark.parametrize("name,expected", [("fullkv", {"cpu:{}"}), ("quest", {"cpu:{}"}),
                                            ("scout", {"cpu:{}"})])
-def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, expected):
+def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, expected, cuda_present):
     """Each call's CPU backend (the compiled kernel or torch's, `cpu_backend`) is counted in the result; scout's
-    device region runs the compiled kernel too, or with torch's kernels a masked one of its own (torch-region)."""
+    device region runs the compiled kernel too, or with torch's kernels a masked one of its own (torch-region).
+    `cuda_present`: the same CPU run on a machine with CUDA (emulated), as the GPU check's tests phase runs it: the
+    env's `partial_attention_backend` is then CUDA's best, not the CPU kernel."""
     expected = {key.format(cpu_backend) for key in expected}
     if name == "scout" and cpu_backend == "torch":
         expected.add("cpu:torch-region")
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
+    from scoutbench.devices import resolve_device
+    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.models import LoadedModel
 
     args = {"budget": 64, "block_size": 16, "dense_layers": 1} if name != "fullkv" else {}
     config = ThroughputConfig(method=name, method_args=args, model="tiny-qwen3", length=256, batch=2, steps=2,
                               warmup=1, device="cpu", dtype="float32", prefill="synthetic")
-    result = run_throughput(config, LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True))
+    emulate = cuda_present and not torch.cuda.is_available()  # a GPU machine has CUDA present as it is
+    with emulated_cuda() if emulate else contextlib.nullcontext():
+        result = run_throughput(config, LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True))
+        best_installed = backends.partial_backend(resolve_device("auto"))
     used = result["attention_backends"]
     assert set(used) == expected and all(count > 0 for count in used.values())
     if name == "fullkv":  # one call per layer and timed step (warm-up calls are not counted)
         assert used == {f"cpu:{cpu_backend}": tiny_qwen3.config.num_hidden_layers * 2}
-    assert result["env"]["partial_attention_backend"] == result["env"]["cpu_attention_backend"] == cpu_attention.backend_name()
+    assert result["env"]["cpu_attention_backend"] == cpu_attention.backend_name()
+    assert result["env"]["partial_attention_backend"] == best_installed  # the machine's, not the CPU kernel

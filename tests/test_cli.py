@@ -261,9 +261,10 @@ def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
     loaded = LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True)
     method = build_method("scout", {})
     shape = ModelShape.from_config(tiny_qwen3.config)
-    footprint = method.memory_footprint(shape, 4101, 4)
+    stored = 4096 + 1 + 4 + cfg.count_steps  # prompt, warm-up, timed and counted steps
+    footprint = method.memory_footprint(shape, stored, 4)
     need = memory_need(cfg, method, loaded, batch=3)
-    workspace = workspace_bytes_per_seq(shape, 4101, 4, footprint.prefill_bytes_per_seq)
+    workspace = workspace_bytes_per_seq(shape, stored, 4, footprint.prefill_bytes_per_seq)
     assert need == {"device": 3 * (footprint.device_bytes_per_seq + workspace), "host": 3 * footprint.host_bytes_per_seq}
     total = need["device"] + need["host"]
     monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: int(total / 0.8) + 16)
@@ -272,6 +273,30 @@ def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
     with pytest.raises(ScoutbenchError, match="needs about"):
         check_memory(cfg, method, loaded, 3)
     check_memory(dataclasses.replace(cfg, force=True), method, loaded, 3)  # --force
+
+
+def test_an_explicit_host_mem_is_what_the_host_check_uses(monkeypatch, tiny_qwen3):
+    """On CUDA (emulated) the host tier is checked against --host-mem where it is given: a VM whose RAM grows on
+    demand reports less MemAvailable than it can have, and every offloading method was refused there (the check
+    read 0.8 x MemAvailable whatever --host-mem said). Without --host-mem, MemAvailable stays the budget."""
+    from emulated import emulated_model
+
+    from scoutbench.bench.throughput import ThroughputConfig, check_memory, memory_need
+    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.methods import build_method
+    from scoutbench.models import LoadedModel
+
+    method = build_method("scout", {})
+    with emulated_cuda():
+        loaded = LoadedModel(emulated_model(tiny_qwen3), "tiny-qwen3", "preset", True)
+        cfg = ThroughputConfig(method="scout", length=4096, steps=4, warmup=1, device="cuda")
+        host = memory_need(cfg, method, loaded, batch=3)["host"]
+        monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: int(host / 0.8) - 16)
+        with pytest.raises(ScoutbenchError, match="of host memory .*free less the planner's reserve"):
+            check_memory(cfg, method, loaded, 3)  # MemAvailable: too little now
+        check_memory(dataclasses.replace(cfg, host_mem=int(host / 0.8) + 16), method, loaded, 3)
+        with pytest.raises(ScoutbenchError, match=r"of host memory .*\(--host-mem less the planner's reserve\)"):
+            check_memory(dataclasses.replace(cfg, host_mem=int(host / 0.8) - 16), method, loaded, 3)
 
 
 def test_prefill_auto_is_synthetic_for_random_weights_and_real_otherwise(tiny_qwen3):
@@ -385,24 +410,48 @@ def test_progress_lines_when_not_a_terminal():
 
 
 def test_each_result_is_written_as_soon_as_its_method_finishes(monkeypatch, capsys, tmp_path):
-    """Ctrl-C (or a failure) during the second method keeps the first one's result."""
+    """Ctrl-C during the second method keeps the first one's result."""
     import scoutbench.bench.throughput as throughput
 
     real = throughput.run_throughput
-    for stop, exit_code in ((KeyboardInterrupt(), 130), (ScoutbenchError("scout: out of host memory"), 1)):
-        out = tmp_path / type(stop).__name__
 
-        def run_then_stop(cfg, *args, stop=stop, **kwargs):
-            if cfg.method == "quest":  # the second method
-                raise stop
-            return real(cfg, *args, **kwargs)
+    def run_then_stop(cfg, *args, **kwargs):
+        if cfg.method == "quest":  # the second method
+            raise KeyboardInterrupt
+        return real(cfg, *args, **kwargs)
 
-        monkeypatch.setattr(throughput, "run_throughput", run_then_stop)
-        code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest", *TINY,
-                               "-o", str(out))
-        assert code == exit_code, err
-        (kept,) = out.glob("*.json")
-        assert json.loads(kept.read_text())["method"] == "fullkv" and "kept 1 finished result" in err
+    monkeypatch.setattr(throughput, "run_throughput", run_then_stop)
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest", *TINY,
+                           "-o", str(tmp_path))
+    assert code == 130, err
+    (kept,) = tmp_path.glob("*.json")
+    assert json.loads(kept.read_text())["method"] == "fullkv" and "kept 1 finished result" in err
+
+
+@pytest.mark.parametrize("where", ["resolve", "run"])
+def test_a_failing_method_writes_a_failed_result_and_the_next_one_runs(monkeypatch, capsys, tmp_path, where):
+    """A method refused before the runs start (its memory check) or failing while it runs gets a failed result
+    with its error, and the other methods still run and are written; the command exits 1 and names it. (A
+    refusal of the second method once ended the command before the first one ran: no result at all.)"""
+    import scoutbench.bench.throughput as throughput
+
+    real = {"resolve": throughput.check_memory, "run": throughput.run_throughput}[where]
+
+    def fail_for_quest(cfg_or_run, *args, **kwargs):
+        if cfg_or_run.method == "quest":
+            raise ScoutbenchError("quest: needs about 9 GiB of host memory but only 1 GiB is usable")
+        return real(cfg_or_run, *args, **kwargs)
+
+    monkeypatch.setattr(throughput, {"resolve": "check_memory", "run": "run_throughput"}[where], fail_for_quest)
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "quest", "--method", "fullkv", *TINY,
+                             "-o", str(tmp_path), "--json")
+    assert code == 1 and "1 of 2 methods failed (quest)" in err, err
+    results = {r["method"]: r for r in map(json.loads, (p.read_text() for p in tmp_path.glob("*.json")))}
+    assert results["fullkv"]["status"] == "ok" and results["fullkv"]["decode_throughput_tok_s"] > 0
+    assert results["quest"]["status"] == "failed" and "9 GiB of host memory" in results["quest"]["error"]
+    assert results["quest"]["method_config"]["budget"] > 0  # identified as a sweep's failed point is
+    summary = {s["method"]: s for s in json.loads(out)}
+    assert summary["quest"]["status"] == "failed" and summary["fullkv"]["status"] == "ok"
 
 
 def test_os_errors_are_one_line_exit_1_and_leave_nothing(monkeypatch, capsys, tmp_path):

@@ -109,28 +109,24 @@ def test_rms_norm_matches_hf_module(tiny_qwen3, dtype, cpu_backend):
 @pytest.mark.parametrize("model_fixture", ["tiny_qwen3", "tiny_llama", "tiny_qwen2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_prologue_matches_hf_modules(model_fixture, dtype, request, cpu_backend):
-    """The fused prologue (one kernel call) against the engine's HF-module prologue, for Qwen3 (q/k norms), Llama and
-    Qwen2 (q/k/v biases), two sequences at different positions; q alone (ScoutAttention's prediction) too."""
-    from scoutbench.engine import DecodeEngine
-    from scoutbench.methods.fullkv import FullKV
+    """The kernel's prologue (one call) against HF's modules, for Qwen3 (q/k norms), Llama and Qwen2 (q/k/v biases),
+    two sequences at different positions; q alone (ScoutAttention's prediction) too."""
+    from scoutbench.decode_ops import DecodeOps
 
     model = copy.deepcopy(request.getfixturevalue(model_fixture)).to(dtype)
-    engine = DecodeEngine(model, FullKV())
-    layer = engine.layers[1]
+    kernel, hf = DecodeOps(model, "cpu-kernel", 512), DecodeOps(model, "hf", 512)
     torch.manual_seed(5)
-    normed = torch.randn(2, 1, model.config.hidden_size).to(dtype)
-    positions = torch.tensor([[17], [301]])
-    engine._cos, engine._sin = engine.inner.rotary_emb(normed, positions)
+    normed = torch.randn(2, model.config.hidden_size).to(dtype)
+    cos, sin = hf.rotary(torch.tensor([17, 301]))
     with torch.no_grad():
-        ref_q, ref_k, ref_v = (t[:, :, 0] for t in engine._qkv(layer, normed, engine._cos, engine._sin))
-        fused = engine._fused_prologue(1, normed, with_kv=True)
-        q_only = engine._fused_prologue(1, normed, with_kv=False)
-    assert fused is not None and q_only is not None and q_only[1] is None
+        ref = hf.prologue(1, normed, cos, sin)
+        fused = kernel.prologue(1, normed, cos, sin)
+        q_only = kernel.query(1, normed, cos, sin)
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
-    for ours, ref in zip(fused, (ref_q, ref_k, ref_v), strict=True):
-        assert ours.dtype == dtype and ours.shape == ref.shape
-        torch.testing.assert_close(ours.float(), ref.float(), **tol)
-    assert torch.equal(q_only[0], fused[0])
+    for ours, want in zip(fused, ref, strict=True):
+        assert ours.dtype == dtype and ours.shape == want.shape
+        torch.testing.assert_close(ours.float(), want.float(), **tol)
+    assert torch.equal(q_only, fused[0])
 
 
 @pytest.mark.parametrize("cpu_backend", ["torch"], indirect=True)

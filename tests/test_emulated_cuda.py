@@ -336,3 +336,49 @@ def test_batch_auto_retries_cleanly_after_a_failed_host_register():
     planned = result["batch_plan"]["planned"]
     assert planned >= 4 and result["device"]["type"] == "cuda"
     assert [(a["batch"], a["status"]) for a in attempts] == [(planned, "oom"), (planned // 2, "ok")], attempts
+
+
+def test_a_host_register_error_that_is_no_memory_shortage_fails_without_halving():
+    """Only cudaErrorMemoryAllocation is out of memory: any other cudaHostRegister error (here memory already
+    registered) failed the same way at every batch, yet was reported as "out of memory", so `--batch auto` halved
+    the batch for nothing and ran a smaller comparison than planned. It is one error naming the code, and CUDA's
+    last error is cleared (the next launch does not fail)."""
+    from scoutbench.bench.throughput import ThroughputConfig, run_throughput
+    from scoutbench.emulated_cuda import CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, emulated_cuda
+    from scoutbench.errors import ScoutbenchError
+    from scoutbench.planning import is_out_of_memory
+
+    args = {**gpu_configs.method_args("scout"), "dense_layers": 1}
+    config = ThroughputConfig(method="scout", method_args=args, model="tiny-qwen3", length=256, batch="auto",
+                              steps=2, warmup=1, device="cuda", dtype="float32", prefill="synthetic",
+                              gpu_mem=2 * 1024**3, host_mem=16 * 1024**2, command=["test"])
+    with emulated_cuda() as runtime:
+        runtime.fail_host_register, runtime.host_register_error = 1, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        with pytest.raises(ScoutbenchError, match="cudaError 712: part or all of the requested memory range is "
+                                                  "already mapped.*not a memory shortage") as raised:
+            run_throughput(config)
+        assert not is_out_of_memory(raised.value) and runtime.fail_host_register == 0
+        torch.zeros(1, device="cuda")  # no stale error left for the next launch
+
+
+def test_a_comparison_takes_fresh_host_memory_once(monkeypatch, capsys, tmp_path):
+    """`throughput` with several offloading methods on CUDA (emulated): their host tiers take one kept buffer in
+    turn, filled (and registered) once, where each method touched fresh memory of its own (on a VM whose RAM
+    grows on demand, 15.8 s per 2 GiB: every offloading method's run was cut while binding)."""
+    from cli_runner import run_cli
+
+    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.kernels import offload
+
+    fills, arenas = [], []
+    fresh, arena_init = offload.fresh_host_buffer, offload.HostArena.__init__
+    monkeypatch.setattr(offload, "fresh_host_buffer", lambda n: (fills.append(n), fresh(n))[1])
+    monkeypatch.setattr(offload.HostArena, "__init__",
+                        lambda self, specs, device: (arena_init(self, specs, device), arenas.append(self.nbytes))[0])
+    with emulated_cuda():
+        code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "scout", "--method", "hgca",
+                                 "--method", "infinigen", "--model", "tiny-qwen3", "--len", "256", "--batch", "2",
+                                 "--steps", "1", "--warmup", "0", "--device", "cuda", "--dtype", "fp32", "--budget",
+                                 "96", "--block-size", "16", "--dense-layers", "1", "-o", tmp_path, "--json")
+    assert code == 0, err
+    assert len(arenas) == 3 and len(fills) == 1 and fills[0] >= max(arenas), (arenas, fills)

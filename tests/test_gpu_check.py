@@ -24,3 +24,5 @@ def test_every_phase_of_the_cpu_dry_run_passes(tmp_path):
     assert phases == {name: "0" for name in PHASES}, phases
     table = (tmp_path / "out" / "gpu_check_table.txt").read_text(encoding="utf-8")
     assert all(f"{method} " in table for method in ("scout", "hgca", "infinigen", "quest", "fullkv"))
+    # no recall profile of the synthetic prefill: ScoutAttention's rows say they ran its fixed interval
+    assert "scout (fixed interval)" in table

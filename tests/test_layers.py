@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # the installed package: scoutbench/, and methods/ and workloads/ as scoutbench.methods / scoutbench.workloads
 PACKAGE_DIRS = {"scoutbench": "scoutbench", "methods": "scoutbench.methods", "workloads": "scoutbench.workloads"}
-FOUNDATION = {"scoutbench.errors", "scoutbench.units", "scoutbench.registry"}
+FOUNDATION = {"scoutbench.errors", "scoutbench.units", "scoutbench.registry", "scoutbench.cache"}
 
 
 def _module_name(path: Path) -> str:
@@ -100,7 +100,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("core", {"scoutbench.engine", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
               "scoutbench.devices", "scoutbench.planning", "scoutbench.method_args", "scoutbench.telemetry",
               "scoutbench.profiling", "scoutbench.progress", "scoutbench.tiers", "scoutbench.step_stats",
-              "scoutbench.emulated_cuda"}),
+              "scoutbench.emulated_cuda", "scoutbench.decode_ops", "scoutbench.graphs"}),
     ("workloads", {"scoutbench.workloads"}),
     ("analysis", {"scoutbench.analysis"}),
     ("bench and eval", {"scoutbench.bench", "scoutbench.eval"}),

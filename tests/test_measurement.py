@@ -6,6 +6,7 @@ import json
 import math
 import random
 import statistics
+import time
 
 import pytest
 import torch
@@ -102,3 +103,93 @@ def test_throughput_table_shows_the_interval_and_the_warning(monkeypatch, capsys
     assert code == 0, err
     assert "±95%" in out and "- !" in out
     assert "warning: fullkv: only 2 timed steps" in err
+
+
+# ---------------------------------------------------------------------------------------------- the host side
+def test_call_counter_counts_this_threads_calls_and_not_metadata():
+    import threading
+
+    from scoutbench.timing import TorchCallCounter
+
+    x = torch.ones(4, 3)
+    counter = TorchCallCounter()
+    with counter:
+        y = x + 1  # 1
+        _ = (y.shape, y.size(0), y.dtype, y.numel(), y.stride())  # metadata: not counted
+        z = torch.nn.functional.softmax(y, dim=-1)  # 1: what softmax calls inside itself is not counted
+        z = z[:, :2].contiguous()  # 2
+        worker = threading.Thread(target=lambda: [x * 2 for _ in range(5)])  # another thread: not counted
+        worker.start()
+        worker.join()
+    assert counter.calls == 4
+
+
+def test_stage_timer_reuses_its_cuda_events_and_times_the_host_side():
+    from scoutbench.emulated_cuda import emulated_cuda
+
+    with emulated_cuda():
+        timer = StageTimer("cuda")
+        pools = []
+        for _ in range(3):
+            timer.begin_step()
+            with timer.stage("attn_device"):
+                pass
+            with timer.stage("idle"):
+                time.sleep(0.02)
+            record = timer.end_step()
+            pools.append(list(timer._events))
+        assert pools[0] == pools[1] == pools[2] and len(pools[0]) == 6  # step start, two per stage, step end
+        assert record["host_wait"] >= 19.0  # the host's wait in `idle` is not issue time
+        assert 0.0 <= record["host_issue"] < record["total"]
+
+
+@pytest.mark.parametrize("issue_ms,launch_bound", [(9.5, True), (5.0, False)])
+def test_launch_bound_when_host_issue_fills_the_step(issue_ms, launch_bound):
+    from scoutbench.bench.throughput import host_fields
+
+    records = [{"total": 10.0, "host_issue": issue_ms, "host_wait": 0.2} for _ in range(5)]
+    fields = host_fields(records, 1234.0, 8)
+    assert fields["launch_bound"] is launch_bound
+    assert fields["host"]["host_issue_ms"] == issue_ms and fields["host"]["torch_calls_per_step"] == 1234.0
+    cpu = host_fields([{"total": 10.0} for _ in range(5)], 99.0, 8)  # a CPU run: no launches
+    assert cpu["launch_bound"] is None and cpu["host"]["host_issue_ms"] is None
+
+
+def test_throughput_result_counts_calls_in_untimed_steps_and_marks_launch_bound_rows(monkeypatch, capsys, tmp_path):
+    """The counted steps come after the timed ones (counting costs host time); the table marks a launch-bound
+    row (emulated CUDA: the host runs every device op, so every row is launch-bound)."""
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "scout",
+                             "--model", "tiny-qwen3", "--len", "512", "--budget", "192", "--steps", "2",
+                             "--warmup", "1", "--device", "cpu", "--count-steps", "3", "-o", tmp_path)
+    assert code == 0, err
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("throughput_*.json"))]
+    for result in results:
+        assert len(result["step_ms"]) == 2
+        assert result["host"]["counted_steps"] == 3 and result["host"]["torch_calls_per_step"] > 0
+        assert result["launch_bound"] is None  # CPU: no launches
+    assert "calls" in out and "^" not in out
+
+
+def test_throughput_table_marks_a_launch_bound_row_and_says_why():
+    import io
+
+    from result_factory import make_result
+    from rich.console import Console
+
+    from scoutbench.bench.throughput import host_fields
+    from scoutbench.cli.throughput import _table
+
+    results = []
+    for method, issue_ms in (("fullkv", 2.0), ("scout", 9.8)):
+        result = make_result(method, step_ms=10.0)
+        result["decode_step_ms"]["ci95_low"] = None
+        result["workload"]["batch"] = 1
+        result.update({"dense_layers": None, "main_thread_wait_frac": None})
+        result.update(host_fields([{"total": 10.0, "host_issue": issue_ms, "host_wait": 0.0}] * 6, 500.0, 8))
+        results.append(result)
+    terminal = Console(width=200, record=True, file=io.StringIO())
+    terminal.print(_table(results))
+    text = terminal.export_text()
+    rows = {line.split()[0]: line for line in text.splitlines() if line.split()[:1] in (["fullkv"], ["scout^"])}
+    assert set(rows) == {"fullkv", "scout^"} and "500" in rows["scout^"]
+    assert "launch-bound" in text

@@ -92,6 +92,17 @@ def test_scout_without_a_cpu_part_reads_what_quest_reads():
         quest.totals()["device_kv_bytes_per_step"]
 
 
+def test_quest_per_query_head_reads_one_selection_per_query_head():
+    config = {"budget": 512, "block_size": 16, "dense_layers": 1}
+    per_kv = step_work(MeasuredWork("quest", "quest", config), SHAPE).totals()
+    per_q = step_work(MeasuredWork("quest", "quest", {**config, "per_query_head": True}), SHAPE).totals()
+    group = SHAPE.model.num_heads // SHAPE.model.num_kv_heads
+    assert per_q["device_kv_bytes_per_step"] - per_kv["device_kv_bytes_per_step"] == pytest.approx(
+        (group - 1) * (SHAPE.model.num_layers - 1) * SHAPE.batch * 512 * 2 * SHAPE.model.num_kv_heads
+        * SHAPE.model.head_dim * SHAPE.elem_bytes)
+    assert per_q["select_bytes_per_step"] == per_kv["select_bytes_per_step"]
+
+
 def test_overlap_patterns_idle_by_hand():
     config = {"budget": 1024, "block_size": 16, "dense_layers": 0, "pr": False}
     hw = profile(host_attention=1e8)  # the CPU is 10x slower than the device

@@ -29,11 +29,12 @@ def test_budget_covering_the_context_equals_fullkv(model_name, request):
         assert torch.equal(a, b)
 
 
-def _bound_quest(lengths, num_kv_heads, budget=24, block_size=8, seed=0):
+def _bound_quest(lengths, num_kv_heads, budget=24, block_size=8, seed=0, per_query_head=False):
     """A Quest bound to a hand-made context after a random prefill; returns it with the full K/V per layer."""
     generator = torch.Generator().manual_seed(seed)
     ctx = hand_context(batch=len(lengths), max_len=max(lengths) + 1, num_kv_heads=num_kv_heads)
-    method, fullkv = Quest(budget=budget, block_size=block_size, dense_layers=1), FullKV()
+    method = Quest(budget=budget, block_size=block_size, dense_layers=1, per_query_head=per_query_head)
+    fullkv = FullKV()
     method.bind(ctx)
     fullkv.bind(ctx)
     shape = (len(lengths), num_kv_heads, max(lengths), ctx.head_dim)
@@ -58,9 +59,15 @@ def _with_new_token(cache, new, lengths):
 # lengths: [context shorter than a block, long]; [exact multiple of the block after the append, long]
 @pytest.mark.parametrize("lengths", [[5, 70], [63, 40]])
 @pytest.mark.parametrize("num_kv_heads", [4, 2])  # GQA group 1 and 2
-def test_selection_and_sparse_attention(lengths, num_kv_heads, cpu_backend):
-    method, fullkv, ctx, keys, values, generator = _bound_quest(lengths, num_kv_heads)
+@pytest.mark.parametrize("per_query_head", [False, True])
+def test_selection_and_sparse_attention(lengths, num_kv_heads, per_query_head, cpu_backend):
+    """Per KV head, the group's query heads share one selection by their max bound; per query head (the official
+    code's choice), each query head selects and attends its own blocks of its KV head."""
+    method, fullkv, ctx, keys, values, generator = _bound_quest(lengths, num_kv_heads, per_query_head=per_query_head)
     block, pages, group = method.block_size, method.page_budget, ctx.num_heads // num_kv_heads
+    rows = ctx.num_heads if per_query_head else num_kv_heads  # selection rows per sequence
+    per_row = 1 if per_query_head else group  # query heads of a row
+    completed = []  # (layer, sequence, KV head, block, the block's keys): checked once the step has ended
     for layer in range(ctx.num_layers):
         q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
         k_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
@@ -71,39 +78,48 @@ def test_selection_and_sparse_attention(lengths, num_kv_heads, cpu_backend):
             assert torch.equal(out, fullkv.decode(layer, q, k_new, v_new))
             continue
         block_ids, valid_len = method.select(layer, q)
+        assert block_ids.shape[:2] == valid_len.shape == (len(lengths), rows)
         for b, n in enumerate(lengths):
             n += 1
             tail = (n - 1) // block
-            for h in range(num_kv_heads):
+            for r in range(rows):
+                h = r * per_row // group  # the row's KV head
                 # QS2: min(pages, blocks) blocks, the tail among them, no duplicates
-                num_selected = math.ceil(int(valid_len[b, h]) / block)
-                chosen = block_ids[b, h, :num_selected].tolist()
+                num_selected = math.ceil(int(valid_len[b, r]) / block)
+                chosen = block_ids[b, r, :num_selected].tolist()
                 assert num_selected == min(pages, math.ceil(n / block))
                 assert chosen[-1] == tail and len(set(chosen)) == len(chosen)
-                # the selected complete blocks are the top ones by the Quest bound (max over the group's heads)
-                heads = q[b, h * group: (h + 1) * group]
+                # the selected complete blocks are the top ones by the Quest bound (max over the row's heads)
+                heads = q[b, r * per_row: (r + 1) * per_row]
                 bound = [max(float(torch.maximum(qh * k.amax(0), qh * k.amin(0)).sum()) for qh in heads)
                          for k in full_k[b][h][: tail * block].reshape(tail, block, ctx.head_dim)]
                 others = [bound[j] for j in range(tail) if j not in chosen]
                 if others:
                     assert min(bound[j] for j in chosen[:-1]) >= max(others)
-                # the digest of a block the new token completed equals the recomputed one
                 if n % block == 0:
-                    kmax, kmin = full_k[b][h][-block:].amax(0), full_k[b][h][-block:].amin(0)
-                    assert torch.equal(method.digests.center2[layer][b, h, tail], kmax + kmin)
-                    assert torch.equal(method.digests.radius2[layer][b, h, tail], kmax - kmin)
+                    completed.append((layer, b, h, tail, full_k[b][h][-block:]))
                 # QS3: the sparse output equals dense attention with every other key masked
                 token_mask = torch.zeros(n, dtype=torch.bool)
                 for j in chosen:
                     token_mask[j * block: (j + 1) * block] = True
                 logits = heads @ full_k[b][h].T * ctx.scale
                 probs = logits.masked_fill(~token_mask, float("-inf")).softmax(-1)
-                torch.testing.assert_close(out[b, h * group: (h + 1) * group], probs @ full_v[b][h],
+                torch.testing.assert_close(out[b, r * per_row: (r + 1) * per_row], probs @ full_v[b][h],
                                            atol=1e-5, rtol=1e-5)
+    method.end_step()  # the digest of a block the new token completed equals the recomputed one
+    for layer, b, h, tail, keys_of_block in completed:
+        kmax, kmin = keys_of_block.amax(0), keys_of_block.amin(0)
+        assert torch.equal(method.digests.center2[layer][b, h, tail], kmax + kmin)
+        assert torch.equal(method.digests.radius2[layer][b, h, tail], kmax - kmin)
 
 
 def test_method_args_and_validation():
+    from scoutbench.methods import build_method
+
     assert Quest.from_args({"budget": "1k"}).budget == 1024
+    official = build_method("quest-official", {})
+    assert (official.block_size, official.per_query_head, official.budget) == (16, True, 2048)
+    assert build_method("quest-official", {"block_size": "32"}).block_size == 32
     assert Quest.from_args({"block_size": "16", "dense_layers": "0"}) == Quest(block_size=16, dense_layers=0)
     with pytest.raises(UsageError, match="budget"):
         Quest.from_args({"budget": "16", "block_size": "32"})

@@ -804,8 +804,7 @@ def test_a_failed_sweep_point_is_failed_in_the_gate_not_run_with_other_settings(
     """Guards the point identity (the gate judges only what is comparable): a failed sweep point's file lacked the
     workload's kv_skew, so with the settings in the key it would have read as "run with other settings" (MISMATCH)
     instead of FAILED."""
-    from scoutbench.bench.sweep import failed_result
-    from scoutbench.bench.throughput import ThroughputConfig
+    from scoutbench.bench.throughput import ThroughputConfig, failed_result
 
     cfg = ThroughputConfig(method="fullkv", model="tiny-qwen3", length=4096, steps=8, warmup=2, prefill="synthetic")
     failed = failed_result(cfg, "out of memory", {"type": "cpu", "class": "cpu:Test CPU:2t"}, "float32")

@@ -55,7 +55,7 @@ def test_folder_mode_is_eval_py(tmp_path, monkeypatch, capsys):
     _write(tmp_path / "passkey_4096.jsonl", [{"pred": "1", "answers": ["1"]}])
     (tmp_path / "result.json").write_text("{}")
     code, out, err = run_cli(monkeypatch, capsys, "score", str(tmp_path), "--json")
-    assert code == 0 and "skipped (not a LongBench dataset name): passkey_4096.jsonl" in err
+    assert code == 0 and "skipped: passkey_4096.jsonl (not a LongBench dataset name)" in err
     assert out.startswith('{\n    "passage_count": 100.0,')  # indent 4, file-name order
     result = json.loads(out)
     assert list(result) == ["passage_count", "qasper", "qasper_e", "trec"]
@@ -88,3 +88,31 @@ def test_score_never_imports_torch(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"lcc": 100.0}
     assert path.exists()
+
+
+def test_folder_mode_scores_an_accuracy_folder_with_its_fidelity_rows(tmp_path, monkeypatch, capsys):
+    """`score` could not score scoutbench's own accuracy folder after `accuracy --fidelity-steps`: the
+    `<task>.fidelity-N.jsonl` beside the predictions was read as predictions (exit 2)."""
+    from types import SimpleNamespace
+
+    from scoutbench.eval.accuracy import Config
+
+    run = Config(spec=None, method={}, folder=tmp_path)  # where an accuracy run writes, named by its own code
+    task = SimpleNamespace(name="qasper")
+    _write(run.predictions_path(task), QASPER_LINES)
+    _write(run.fidelity_path(task, 32), [{"index": 0, "_id": "a", "steps": 2, "top1": [1.0, 1.0], "kl": [0.0, 0.1],
+                                          "cosine": [1.0, 0.99]}])
+    code, out, err = run_cli(monkeypatch, capsys, "score", str(tmp_path), "--json")
+    assert code == 0 and json.loads(out) == {"qasper": 53.33}, err
+    assert "skipped: qasper.fidelity-32.jsonl (fidelity rows of `accuracy --fidelity-steps`, not predictions)" in err
+
+
+def test_folder_mode_refuses_two_prediction_files_of_one_dataset(tmp_path, monkeypatch, capsys):
+    """eval.py's rule (the dataset is the name before the first ".") gave qasper.jsonl and qasper.v2.jsonl one
+    entry, whichever was listed last, silently."""
+    _write(tmp_path / "qasper.jsonl", QASPER_LINES)
+    _write(tmp_path / "qasper.v2.jsonl", QASPER_LINES[:1])
+    code, out, err = run_cli(monkeypatch, capsys, "score", str(tmp_path))
+    assert code == 2 and err.strip() == (f"error: {tmp_path}: qasper.jsonl and qasper.v2.jsonl are both predictions "
+                                         "of qasper; keep one of them in the folder, or score each file with "
+                                         "--dataset"), err

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -239,6 +240,34 @@ def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt
     assert recalls and sum(recalls) == method.stats()["recall"]["blocks"] > 0
 
 
+def test_the_decode_waits_for_the_cpu_attention_not_the_recall_staging(tiny_qwen3, prompt_300, monkeypatch):
+    """The worker stages a recall after it has handed over its attention result: the layer's wait ends before the
+    staging does (a slow staging here: 50 ms), and the recall is still issued before the layer's next split."""
+    from scoutbench.kernels.block_store import TieredBlockStore
+
+    prompt, lengths, tokens = prompt_300
+    method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2)
+    original = TieredBlockStore.stage
+    staged = []
+
+    def slow_stage(store, layer, parity, bh, blocks):
+        time.sleep(0.05)
+        original(store, layer, parity, bh, blocks)
+        staged.append(len(method.trace))  # where in the trace the staging ended
+
+    monkeypatch.setattr(TieredBlockStore, "stage", slow_stage)
+    scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    recalls = [i for i, r in enumerate(method.trace) if r["kind"] == "recall"]
+    assert 0 < len(recalls) <= len(staged) <= len(recalls) + 2  # the last step's may still be pending at the end
+    waits = {(r["layer"], r["step"]): i for i, r in enumerate(method.trace) if r["kind"] == "wait"}
+    for i, end in zip(recalls, staged, strict=False):  # recalls are issued in the order they were staged
+        recall = method.trace[i]
+        assert waits[(recall["layer"], recall["step"])] < end  # the layer's wait ended before its staging did
+        nxt = [j for j, r in enumerate(method.trace) if r["kind"] == "plan" and r["layer"] == recall["layer"]
+               and r["step"] == recall["step"] + 1]
+        assert not nxt or i < nxt[0]  # issued before the layer's next selection
+
+
 @pytest.mark.parametrize("device_blocks", [None, "resident"])
 def test_device_part_reads_the_selected_resident_blocks_by_default(tiny_qwen3, prompt_300, device_blocks):
     """The paper's split (the default): the device part attends the resident blocks of this step's selection,
@@ -419,7 +448,7 @@ def test_ratio_and_byte_counters_match_the_sets(tiny_qwen3, prompt_300):
                 for sel, dev, res in zip(srow, drow, rrow, strict=False):
                     assert dev <= sel and dev <= res  # S4: device part = selected and resident
                     assert len(sel) <= k_sel and len(sel) * b + (1 + 1 + 1) * b <= budget
-                    assert len(res) <= k_sel
+                    assert len(res) <= method.pool_slots
                     cpu_tokens.append(len(sel - dev) * b)
             ratio = sum(cpu_tokens) / len(cpu_tokens) / budget
             assert 0.0 <= ratio <= 1.0  # S7
@@ -509,6 +538,76 @@ def test_memory_footprint_formula():
                                         + staging_and_mask)
     all_dense = ScoutAttention(dense_layers=50).memory_footprint(shape, 1000, 2)
     assert all_dense.host_bytes_per_seq == 0 and all_dense.device_bytes_per_seq == 40 * 1000 * kv
+    # a pool of 3 selections: 2 * k_sel more slots per sparse layer (K/V, their table entries, their open tokens);
+    # the host tier and the recall's staging (one selection) do not change
+    pooled = ScoutAttention(pool_factor=3).memory_footprint(shape, 65536, 2)
+    extra_slots = 2 * k_sel
+    assert pooled.device_bytes_per_seq - fp.device_bytes_per_seq == (
+        38 * (extra_slots * 32 * kv + 8 * extra_slots * 9) + 8 * extra_slots * 8)
+    assert pooled.host_bytes_per_seq == fp.host_bytes_per_seq
+
+
+# ---------------------------------------------------------------------------------------------- the device pool
+def test_pool_factor_sizes_the_pool_not_the_budget():
+    assert ScoutAttention(budget=64, block_size=4).pool_slots == 13 == ScoutAttention(budget=64, block_size=4).k_sel
+    assert ScoutAttention(budget=64, block_size=4, pool_factor=2).pool_slots == 26
+    assert ScoutAttention(budget=64, block_size=4, pool_factor=1.5).pool_slots == 20  # round(19.5): banker's
+    assert ScoutAttention(budget=64, block_size=4, pool_factor=2).k_sel == 13
+    for bad in ("0.5", "0"):
+        with pytest.raises(UsageError, match="pool_factor"):
+            ScoutAttention.from_args({"pool_factor": bad})
+
+
+@pytest.mark.parametrize("pool_factor", [2, 3])
+def test_oracle_with_a_larger_pool_equals_device_only_selection(tiny_qwen3, prompt_300, reference_300, pool_factor):
+    """A pool larger than a selection changes where the selected blocks are attended, never what is attended."""
+    prompt, lengths, tokens = prompt_300
+    reference, ref_sel = reference_300
+    method = ScoutAttention(**REFERENCE_CFG, oracle=True, pr=True, recall_interval=2, pool_factor=pool_factor)
+    ours = scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+    assert_logits_close(ours, reference, atol=1e-5)
+    for record in plans(method):
+        assert record["selected"] == ref_sel[(record["layer"], record["step"])]
+    stats = method.stats()
+    assert stats["pool_slots"] == pool_factor * method.k_sel
+    assert stats["attended_tokens_per_head"]["within_budget"] is True
+
+
+def test_a_larger_pool_holds_more_blocks_and_leaves_less_to_the_cpu(tiny_qwen3, prompt_300):
+    """The same selections (oracle), pools of 1 and 3 selections: the larger pool starts full (the top blocks of
+    the last prompt query), keeps more than a selection resident, never more than its slots, evicts only within
+    itself (a recall leaves the CPU's blocks resident), and leaves a smaller share of the budget to the CPU; the
+    device bytes grow by exactly the pool's slots."""
+    prompt, lengths, tokens = prompt_300
+    runs = {}
+    for factor in (1, 3):
+        method = ScoutAttention(**REFERENCE_CFG, oracle=True, pr=True, recall_interval=2, pool_factor=factor)
+        scout_run(tiny_qwen3, method, prompt, lengths, tokens, trace=True)
+        runs[factor] = method
+        resident = [len(res) for r in plans(method) for row in r["resident"] for res in row]
+        assert max(resident) <= method.pool_slots
+        by_key = {(r["layer"], r["step"]): r for r in plans(method)}
+        for recall in (r for r in method.trace if r["kind"] == "recall"):
+            after = by_key.get((recall["layer"], recall["step"] + 1))
+            for s, h, j in (after and recall["blocks"]) or []:
+                assert j in after["resident"][s][h]
+    small, large = runs[1].stats(), runs[3].stats()
+    assert small["blocks_resident_per_head"] <= runs[1].k_sel < large["blocks_resident_per_head"]
+    assert large["cpu_compute_ratio"]["mean"] < small["cpu_compute_ratio"]["mean"]
+    assert large["recall"]["blocks"] < small["recall"]["blocks"]
+    # 2 * k_sel more slots in each sparse layer (2 of 4), for K and V, every KV head (2), of 4 tokens x 32 fp32
+    k_sel = runs[1].k_sel
+    assert large["device_kv_bytes"] - small["device_kv_bytes"] == 2 * 2 * 2 * (2 * k_sel) * 4 * 32 * 4
+
+
+def test_the_planner_fits_fewer_sequences_as_the_pool_grows():
+    from scoutbench.planning import plan_method
+
+    shape = ModelShape(num_layers=40, num_heads=40, num_kv_heads=8, head_dim=128, hidden_size=5120,
+                       intermediate_size=17408, vocab_size=151936)
+    batches = [plan_method(ScoutAttention(pool_factor=f), shape, 65536, 2, 80 * 1024**3).max_batch
+               for f in (1, 2, 3, 4)]
+    assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1]
 
 
 # ---------------------------------------------------------------------------------------------- profile, cosine
@@ -523,6 +622,20 @@ def test_drift_curve_and_interval_choice():
     assert choose_interval(curve, 0.26) == 2
     assert choose_interval(curve, 0.01) == 1
     assert choose_interval(curve, 1.0) == 3
+    assert drift_curve(masks, block_size=4, budget=32, pool_blocks=4) == curve  # a pool of one selection
+
+
+def test_a_pool_of_two_selections_keeps_an_alternating_selection():
+    """The selection alternates between two disjoint sets A, B: a pool of one selection misses the other set
+    at every odd lag; a pool of two holds both once both have been selected (from origin 1 on)."""
+    from scoutbench.bench.recall import drift_curve
+
+    masks = [torch.zeros(1, 1, 10, dtype=torch.bool) for _ in range(4)]
+    for t, mask in enumerate(masks):
+        mask[0, 0, (0, 1, 2, 3) if t % 2 == 0 else (5, 6, 7, 8)] = True
+    block = 4 / 32  # one block of 4 tokens over the budget
+    assert drift_curve(masks, 4, 32) == pytest.approx([4 * block, 0.0, 4 * block])
+    assert drift_curve(masks, 4, 32, pool_blocks=8) == pytest.approx([4 / 3 * block, 0.0, 4 * block])
 
 
 def test_profile_recall_writes_a_profile_scout_accepts(tmp_path, tiny_qwen3):
@@ -546,6 +659,41 @@ def test_profile_recall_writes_a_profile_scout_accepts(tmp_path, tiny_qwen3):
     with pytest.raises(UsageError):
         run_engine(tiny_qwen3, ScoutAttention(budget=64, block_size=4, recall_profile=str(wrong)), prompt, lengths,
                    [torch.tensor([1])])
+
+
+def test_profile_recall_on_real_records_says_what_it_measured(smollm2, tmp_path, monkeypatch, capsys):
+    """`profile-recall --dataset` profiles real LongBench records (each on its own, curves averaged), records
+    which in the profile, and a run that uses the profile reports it."""
+    from cli_runner import run_cli
+
+    from scoutbench.bench.recall import profile_recall
+    from scoutbench.workloads import longbench
+
+    data = "tests/data/longbench"
+    out = tmp_path / "profile.json"
+    monkeypatch.setattr("scoutbench.models.load_model", lambda *a, **k: smollm2)
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "profile-recall", "--model", "smollm2-135m", "--dataset",
+                                   "qasper", "--data-dir", data, "--limit", "2", "--len", "320", "--steps", "3",
+                                   "--budget", "128", "--block-size", "8", "--method-arg", "pool_factor=2",
+                                   "--device", "cpu", "--dtype", "fp32", "-o", out)
+    assert code == 0, stderr
+    profile = json.loads(out.read_text())
+    measured = profile["measured_on"]
+    rows, source = longbench.load_task_data("qasper", data)
+    assert measured["prompts"] == "longbench" and measured["dataset"] == "qasper"
+    assert [r["_id"] for r in measured["records"]] == [row["_id"] for row in rows[:2]]
+    assert measured["data_source"] == source and all(r["tokens"] <= 320 for r in measured["records"])
+    assert profile["pool_slots"] == 2 * profile["k_sel"] and "measured on longbench (qasper: 2" in stdout
+    method = ScoutAttention(budget=128, block_size=8, recall_profile=str(out))
+    prompt, lengths = ragged_prompt(smollm2.model.config.vocab_size, [200], seed=0)
+    run_engine(smollm2.model, method, prompt, lengths, [torch.tensor([1])])
+    assert method.stats()["recall"]["profile"] == {"path": str(out), "measured_on": measured}
+    random = profile_recall("smollm2-135m", 200, 2, 0.3, device="cpu", method_args={"budget": "128", "block_size": "8"},
+                            loaded=smollm2)
+    assert random["measured_on"]["prompts"] == "random tokens"
+    code, _, stderr = run_cli(monkeypatch, capsys, "profile-recall", "--dataset", "qasper", "--prefill", "synthetic",
+                              "-o", tmp_path / "x.json")
+    assert code == 2 and "drop --prefill synthetic" in stderr
 
 
 def test_query_cosine(tiny_qwen3, identity_layers_model):

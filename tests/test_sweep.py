@@ -3,6 +3,7 @@ interrupt (Ctrl-C) or a SIGKILL mid-point without partial or corrupt files."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.results import LOCK_NAME, load_results
 
 SCOUT_FIELDS = {"budget", "block_size", "pc", "pr", "recall_interval"}
-FIELDS = {"fullkv": set(), "infinigen": {"budget"}, "hgca": {"budget", "block_size"}, "scout": SCOUT_FIELDS,
+FIELDS = {"fullkv": set(), "infinigen": {"budget"}, "infinigen-dynamic": {"budget"}, "hgca": {"budget", "block_size"}, "scout": SCOUT_FIELDS,
           "scout-base": SCOUT_FIELDS, "scout-pc": SCOUT_FIELDS}
 SETTINGS = Settings(model="tiny-qwen3", steps=2, warmup=1, device="cpu", prefill="synthetic")
 POINTS = [SweepPoint("fullkv", length, 1) for length in (1024, 2048, 4096)]
@@ -242,9 +243,9 @@ def test_report_lists_malformed_files_as_skipped(tmp_path, monkeypatch, capsys):
 
 
 def test_presets_run_scout_with_a_profiled_recall_interval_per_configuration(tmp_path):
-    """Paper presets use per-layer recall intervals profiled offline (paper section 3.4): one profile per distinct
-    ScoutAttention configuration, kept in the sweep folder and reused by a rerun; methods without periodic recall
-    (FullKV, scout-base/-pc) and points that name their own profile are left as they are."""
+    """Paper presets on a real prefill use per-layer recall intervals profiled offline (paper section 3.4): one
+    profile per distinct ScoutAttention configuration, kept in the sweep folder and reused by a rerun; methods
+    without periodic recall (FullKV, scout-base/-pc) and points that name their own profile are left as they are."""
     from scoutbench.bench.sweep import attach_recall_profiles
 
     calls = []
@@ -257,7 +258,8 @@ def test_presets_run_scout_with_a_profiled_recall_interval_per_configuration(tmp
     own.write_text(json.dumps({"intervals": [None, None, 2, 2]}))
     points = expand(Grid(("fullkv", "scout-base", "scout-pc", "scout"), (2048, 1024), (1,), budgets=(256, 512)))
     points.append(SweepPoint("scout", 1024, 1, (("recall_profile", str(own)),)))
-    attached = attach_recall_profiles(points, SETTINGS, tmp_path, profiler=profiler)
+    real = dataclasses.replace(SETTINGS, prefill="real")
+    attached = attach_recall_profiles(points, real, tmp_path, profiler=profiler)
     # profiled at the sweep's shortest length, once per budget (the only field that differs)
     assert sorted(calls) == [("tiny-qwen3", 1024, 256, 32), ("tiny-qwen3", 1024, 512, 32)]
     profiled = [p for p in attached if p.method == "scout" and p.args["recall_profile"] != str(own)]
@@ -270,24 +272,25 @@ def test_presets_run_scout_with_a_profiled_recall_interval_per_configuration(tmp
         assert str(tmp_path) not in point.point_id("tiny-qwen3")
     untouched = [p for p in attached if p.method != "scout"] + [attached[-1]]
     assert untouched == [p for p in points if p.method != "scout"] + [points[-1]]
-    assert attach_recall_profiles(points, SETTINGS, tmp_path, profiler=profiler) == attached and len(calls) == 2
+    assert attach_recall_profiles(points, real, tmp_path, profiler=profiler) == attached and len(calls) == 2
+    # a synthetic prefill has no drift to profile: nothing is profiled, every point keeps its fixed interval
+    assert attach_recall_profiles(points, SETTINGS, tmp_path / "synthetic", profiler=profiler) == points
+    assert len(calls) == 2
 
 
-def test_preset_sweep_profiles_recall_with_the_real_profiler(monkeypatch, capsys, tmp_path):
-    """End to end through `scoutbench sweep --preset ablation`: the profile file is written by profile-recall and
-    the scout point's result records it."""
+def test_preset_sweep_on_a_synthetic_prefill_keeps_the_fixed_recall_interval(monkeypatch, capsys, tmp_path):
+    """End to end through `scoutbench sweep --preset ablation` (synthetic prefill): no profile is made, the log
+    says why, and the scout point's result says its intervals are the fixed one."""
     out = tmp_path / "ablation"
     code, stdout, stderr = run_cli(monkeypatch, capsys, "sweep", "--preset", "ablation", "--scale", "cpu", "--model",
                                    "tiny-qwen3", "--len", "2k", "--budget", "512", "--steps", "2", "--warmup", "1",
                                    "--device", "cpu", "-o", out)
     assert code == 0, stdout + stderr
-    assert "profiling recall intervals for scout" in stderr
-    profiles = list(out.glob("recall_profile-*.json"))
-    assert len(profiles) == 1
-    profile = json.loads(profiles[0].read_text())
-    assert profile["kind"] == "scout_recall_profile" and len(profile["intervals"]) == 4
-    scout = json.loads(next(out.glob("scout_tiny-qwen3_*recall_profile-*.json")).read_text())
-    assert scout["method_config"]["recall_profile"] == str(profiles[0])
+    assert "no recall profile: a synthetic prefill has no drift to profile" in stderr
+    assert not list(out.glob("recall_profile-*.json"))
+    scout = json.loads(next(out.glob("scout_tiny-qwen3_*.json")).read_text())
+    assert scout["method_config"]["recall_profile"] is None and scout["method_stats"]["recall"]["profile"] is None
+    assert set(scout["method_stats"]["recall"]["intervals"][2:]) == {8}
 
 
 def test_old_schema_manifest_is_refused(tmp_path):

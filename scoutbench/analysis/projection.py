@@ -31,6 +31,7 @@ cores: the CPU part then also slows the device part while it runs (`host.shares_
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -109,11 +110,22 @@ def load_hardware(name_or_path: str) -> Hardware:
     return parse_hardware(data, str(path))
 
 
-def parse_hardware(data: dict[str, Any], path: str = "") -> Hardware:
-    """Validate a profile: every required number present, positive, and with a non-empty `source`."""
+def _positive_number(value: Any) -> bool:
+    """A finite number above 0: JSON's `true` is no number of bytes, and `Infinity` (which Python's json reads) no
+    rate: either made every projection from it meaningless, and --json print non-JSON."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
+
+
+def parse_hardware(data: Any, path: str = "") -> Hardware:
+    """Validate a profile: a JSON object whose every required number is present, finite, positive, and has a
+    non-empty `source`."""
     values: dict[str, float] = {}
     sources: dict[str, str] = {}
     where = path or "hardware profile"
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: a hardware profile is a JSON object of sections (device, bus, host), not "
+                         f"{type(data).__name__}; start from a built-in one or `scoutbench calibrate -o FILE`")
     for section, required in _REQUIRED.items():
         body = data.get(section)
         if not isinstance(body, dict):
@@ -122,8 +134,10 @@ def parse_hardware(data: dict[str, Any], path: str = "") -> Hardware:
             entry = body.get(key)
             if entry is None and key not in required:
                 continue
-            if not (isinstance(entry, dict) and isinstance(entry.get("value"), (int, float)) and entry["value"] > 0):
-                raise UsageError(f"{where}: {section}.{key} needs {{\"value\": a positive number, \"source\": ...}}")
+            if not (isinstance(entry, dict) and _positive_number(entry.get("value"))):
+                got = json.dumps(entry.get("value") if isinstance(entry, dict) else entry)
+                raise UsageError(f"{where}: {section}.{key} needs {{\"value\": a positive finite number, "
+                                 f"\"source\": ...}}, got {got}")
             if not str(entry.get("source", "")).strip():
                 raise UsageError(f"{where}: {section}.{key} has no source; say where the number comes from")
             values[f"{section}.{key}"] = float(entry["value"])
@@ -256,11 +270,17 @@ class Projection:
     measured_step_ms: float | None = None  # the run's own median step, when projected at its own shape
     prompt_len: int = 0  # the prompt length the row stands for: the measured run's --len, or the target --len
     source: str = ""  # the measured point it was projected from (gate.PointKey.describe, with what varies)
+    max_batch: int = 0  # the largest batch the profile's memory holds (planning); above it the step cannot run
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.batch <= self.max_batch
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "method_config": self.method_config, "model": self.model,
                 "len": self.prompt_len or self.length, "context_len": self.length, "source_point": self.source,
-                "batch": self.batch, "batch_limited_by": self.batch_limited_by,
+                "batch": self.batch, "batch_limited_by": self.batch_limited_by, "max_batch": self.max_batch,
+                "fits_memory": self.fits_memory,
                 "decode_throughput_tok_s": self.step.throughput_tok_s, "decode_step_ms": self.step.step_ms,
                 "latency_breakdown_ms": self.step.stages_ms, "gpu_idle_frac": self.step.idle_frac,
                 "cpu_ms_per_step": self.step.cpu_ms, "bus_h2d_ms_per_step": self.step.bus_h2d_ms,
@@ -326,20 +346,24 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
         work = _median_work(works)
         shape, model_name = target_shape(first, target)
         limited_by = None
+        fits, memory = _auto_batch(first["method"], work.config, target, shape, hw)
+        if fits < 1:
+            raise UsageError(f"{first['method']}: not one sequence of {shape.context_len} tokens of "
+                             f"{model_name} fits on {hw.name} ({memory} memory)")
         if target.batch == "auto":
-            batch, limited_by = _auto_batch(first["method"], work.config, target, shape, hw)
-            if batch < 1:
-                raise UsageError(f"{first['method']}: not one sequence of {shape.context_len} tokens of "
-                                 f"{model_name} fits on {hw.name} ({limited_by} memory)")
-            shape = Shape(shape.model, shape.context_len, batch, shape.elem_bytes, shape.tied_embeddings)
+            limited_by = memory
+            shape = Shape(shape.model, shape.context_len, fits, shape.elem_bytes, shape.tied_embeddings)
         steps = step_work(work, shape, target.budget, target.block_size, target.fetch_granularity)
         step = project_step(steps, hw, shape.batch, first["method"])
+        if not (math.isfinite(step.step_ms) and step.step_ms > 0):  # e.g. a rate so small that a time overflows
+            raise UsageError(f"{hw.path or hw.name}: its numbers give {first['method']} a step of {step.step_ms} ms; "
+                             "check the profile's rates and sizes (SI units: bytes, bytes/s, FLOP/s, seconds)")
         measured = _measured_step_ms(runs, hw) if target == Target(fetch_granularity=target.fetch_granularity) \
             else None
         prompt_len = target.length or int(first["workload"]["len"])
         out.append(Projection(first["method"], work.config, model_name, shape.context_len, shape.batch, limited_by,
                               step, steps.totals(), work, [str(r.get("_path", "")) for r in runs], measured,
-                              prompt_len, key.describe(labels.get(key))))
+                              prompt_len, key.describe(labels.get(key)), fits))
     return sorted(out, key=lambda p: (p.model, p.length, p.batch, p.method, p.source))
 
 

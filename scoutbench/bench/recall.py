@@ -2,11 +2,18 @@
 
 Procedure. Decode `steps` tokens with periodic recall off and record, per layer and step, the selected block set
 `S_t` of every (sequence, KV head). A recall issued after layer l's attention at step m leaves the pool holding
-`S_m` (it copies every selected block that was not resident, and the pool has room for a whole selection), so at
-step m + k the layer's CPU compute ratio is `|S_{m+k} \\ S_m| * block_size / budget`. Averaging over every origin m
-and over (sequence, KV head) gives the drift curve `d_l(k)`: the ratio k steps after a recall. The interval of layer
-l is the largest I such that `d_l(k) <= beta` for every k <= I (at least 1; at most steps - 1, the longest lag
-measured). The expected ratio under that interval is the mean of `d_l(1..I)`.
+`S_m` (it copies every selected block that was not resident) and, in a pool larger than a selection
+(`pool_factor`), the blocks selected most recently before it (the recall evicts the least important blocks outside
+the selection; the profile takes recency for importance), `P_m`; so at step m + k the layer's CPU compute ratio is
+`|S_{m+k} \\ P_m| * block_size / budget`. Averaging over every origin m and over (sequence, KV head) gives the
+drift curve `d_l(k)`: the ratio k steps after a recall. The interval of layer l is the largest I such that
+`d_l(k) <= beta` for every k <= I (at least 1; at most steps - 1, the longest lag measured). The expected ratio
+under that interval is the mean of `d_l(1..I)`.
+
+What it decodes: random token prompts (`--prefill real`: the model runs on them; `synthetic`: random K/V, whose
+selection churns without the drift of real attention, so its intervals describe no real workload), or real
+LongBench records (each prompt prefilled and decoded on its own, the curves averaged over the records). The JSON's
+`measured_on` says which (the records' ids and the data's source), and a run that uses the profile reports it.
 
 The output JSON holds `intervals` (one entry per layer, null for dense layers), which
 `ScoutAttention(recall_profile=FILE)` reads, plus the drift curves and the no-recall ratio per step (Figure 6a).
@@ -15,6 +22,7 @@ The output JSON holds `intervals` (one entry per layer, null for dense layers), 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,15 +51,25 @@ def selection_masks(trace: list[dict[str, Any]], num_layers: int) -> dict[int, l
     return out
 
 
-def drift_curve(masks: list[torch.Tensor], block_size: int, budget: int) -> list[float]:
+def drift_curve(masks: list[torch.Tensor], block_size: int, budget: int, pool_blocks: int | None = None
+                ) -> list[float]:
     """`d(k)` for k = 1 .. len(masks) - 1: mean over origins m and (sequence, KV head) of
-    `|S_{m+k} \\ S_m| * block_size / budget`."""
-    stacked = torch.stack(masks).float()  # [T, B, Hkv, nB]
+    `|S_{m+k} \\ P_m| * block_size / budget`, where the pool after a recall at m, `P_m`, holds the `pool_blocks`
+    blocks selected most recently up to m (`S_m` first; ties: lower block id), or exactly `S_m` (None)."""
+    stacked = torch.stack(masks)  # [T, B, Hkv, nB] bool
     steps = stacked.shape[0]
+    if pool_blocks is None:
+        pool = stacked
+    else:  # the most recent selection time of every block (-1: never), then the pool_blocks latest
+        times = torch.arange(steps).view(-1, 1, 1, 1)
+        latest = torch.where(stacked, times, -1).cummax(0).values
+        order = latest.float() - torch.arange(stacked.shape[-1]) / (stacked.shape[-1] + 1)  # ties: lower id
+        top = order.topk(min(pool_blocks, stacked.shape[-1]), dim=-1).indices
+        pool = torch.zeros_like(stacked).scatter_(-1, top, True) & (latest >= 0)
     curve = []
     for lag in range(1, steps):
-        new = (stacked[lag:] * (1.0 - stacked[:-lag])).sum(-1)  # [T - lag, B, Hkv]
-        curve.append(float(new.mean()) * block_size / budget)
+        new = (stacked[lag:] & ~pool[:-lag]).sum(-1)  # [T - lag, B, Hkv]
+        curve.append(float(new.float().mean()) * block_size / budget)
     return curve
 
 
@@ -74,11 +92,65 @@ def no_recall_ratio(trace: list[dict[str, Any]], layer: int, block_size: int, bu
     return out
 
 
+@dataclass(frozen=True)
+class ProfilePrompts:
+    """Real prompts to profile on (token ids, one per record) and what they are, for the profile's `measured_on`."""
+
+    prompts: list[list[int]]
+    measured_on: dict[str, Any]
+
+
+def longbench_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int) -> ProfilePrompts:
+    """The first `limit` records of a LongBench dataset as the official prompts middle-truncated to `length` tokens
+    (`LongBenchTask`), with their ids and the data's source."""
+    from scoutbench.workloads import longbench
+
+    rows, source = longbench.load_task_data(dataset, data_dir)
+    rows = rows[:limit]
+    task = longbench.LongBenchTask(dataset, rows, tokenizer, length, source)
+    prompts = [task.input_ids(row) for row in rows]
+    return ProfilePrompts(prompts, {
+        "prompts": "longbench", "dataset": dataset, "data_source": source,
+        "records": [{"index": i, "_id": row.get("_id"), "tokens": len(ids)}
+                    for i, (row, ids) in enumerate(zip(rows, prompts, strict=True))]})
+
+
+def _decode_trace(engine: DecodeEngine, method: ScoutAttention, steps: int, batch: int, length: int, seed: int,
+                  prefill: str, prompt: list[int] | None) -> list[dict[str, Any]]:
+    """Prefill (a real prompt, random tokens or synthetic K/V) and decode `steps` tokens with the method traced:
+    greedy on a real prefill, random tokens after a synthetic one."""
+    model, device = engine.model, engine.device
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    if prompt is not None:
+        batch, length = 1, len(prompt)
+    engine.start(batch=batch, max_len=length + steps + 1)
+    method.trace = []
+    try:
+        lengths = torch.full((batch,), length, dtype=torch.long)
+        if prefill == "synthetic":
+            engine.prefill_synthetic(lengths, seed)
+            tokens = torch.randint(0, vocab, (batch,), generator=generator).to(device)
+        else:
+            ids = torch.tensor([prompt]) if prompt is not None else \
+                torch.randint(0, vocab, (batch, length), generator=generator)
+            tokens = engine.prefill(ids.to(device), lengths).argmax(-1)
+        for _ in range(steps):
+            logits = engine.decode_step(tokens)
+            tokens = logits.argmax(-1) if prefill != "synthetic" else \
+                torch.randint(0, vocab, (batch,), generator=generator).to(device)
+        return method.trace
+    finally:
+        method.trace = None
+        method.close()
+
+
 def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: int = 32, beta: float = 0.12,
                    batch: int = 1, device: str = "auto", dtype: str | None = None, seed: int = 0,
                    prefill: str = "real", method_args: dict[str, Any] | None = None,
-                   loaded: Any = None) -> dict[str, Any]:
-    """Run the profile and return the JSON-ready result (see the module docstring)."""
+                   loaded: Any = None, prompts: ProfilePrompts | None = None) -> dict[str, Any]:
+    """Run the profile and return the JSON-ready result (see the module docstring). With `prompts`, each real
+    prompt is profiled on its own (batch 1, its own length) and the curves are averaged over them."""
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import check_context, load_model, loaded_context_window
 
@@ -87,70 +159,62 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
     args = dict(method_args or {})
     args["pr"] = False
     method = ScoutAttention.from_args(args)
+    longest = max(map(len, prompts.prompts)) if prompts is not None else length
     # a budget covering the context runs dense: nothing drifts, every layer's interval is null and sparse: false
-    budget_plan = dense_if_budget_covers(method, length + steps + 1)[1]
+    budget_plan = dense_if_budget_covers(method, longest + steps + 1)[1]
     if loaded is None:
         loaded = load_model(model_name, torch_device, torch_dtype, seed)
     model = loaded.model
     if prefill != "synthetic":  # real attention past the trained window is noise: nothing to profile
-        check_context(model_name, loaded_context_window(loaded), length + steps + 1, f"--len {length} plus "
+        check_context(model_name, loaded_context_window(loaded), longest + steps + 1, f"--len {longest} plus "
                       f"{steps} decode steps", "lower --len or --steps, or pass --prefill synthetic")
-    engine = DecodeEngine(model, method)
     started = time.time()
-    engine.start(batch=batch, max_len=length + steps + 1)
-    method.trace = []
-    try:
-        if budget_plan.sparse:  # a dense run has no selection to profile
-            generator = torch.Generator().manual_seed(seed)
-            vocab = model.config.vocab_size
-            lengths = torch.full((batch,), length, dtype=torch.long)
-            if prefill == "synthetic":
-                engine.prefill_synthetic(lengths, seed)
-                tokens = torch.randint(0, vocab, (batch,), generator=generator).to(torch_device)
-            else:
-                prompt = torch.randint(0, vocab, (batch, length), generator=generator)
-                tokens = engine.prefill(prompt.to(torch_device), lengths).argmax(-1)
-            for _ in range(steps):
-                logits = engine.decode_step(tokens)
-                tokens = logits.argmax(-1) if prefill != "synthetic" else \
-                    torch.randint(0, vocab, (batch,), generator=generator).to(torch_device)
-        trace = method.trace
-    finally:
-        method.trace = None
-        method.close()
+    traces = []
+    if budget_plan.sparse:  # a dense run has no selection to profile
+        for prompt in prompts.prompts if prompts is not None else [None]:
+            method = ScoutAttention.from_args(args)
+            traces.append(_decode_trace(DecodeEngine(model, method), method, steps, batch, length, seed, prefill,
+                                        prompt))
     num_layers = model.config.num_hidden_layers
     dense = min(method.dense_layers, num_layers)
-    masks = selection_masks(trace, num_layers)
+    masks = [selection_masks(trace, num_layers) for trace in traces]
     intervals: list[int | None] = []
     drift: list[list[float] | None] = []
     expected: list[float | None] = []
     without: list[list[float] | None] = []
     for layer in range(num_layers):
-        if layer < dense or layer not in masks:
+        if layer < dense or not masks or any(layer not in m for m in masks):
             intervals.append(None)
             drift.append(None)
             expected.append(None)
             without.append(None)
             continue
-        curve = drift_curve(masks[layer], method.block_size, method.budget)
+        curve = _mean_curves([drift_curve(m[layer], method.block_size, method.budget, method.pool_slots)
+                              for m in masks])
         interval = choose_interval(curve, beta)
         intervals.append(interval)
         drift.append(curve)
         expected.append(sum(curve[:interval]) / interval if curve else 0.0)
-        without.append(no_recall_ratio(trace, layer, method.block_size, method.budget))
+        without.append(_mean_curves([no_recall_ratio(trace, layer, method.block_size, method.budget)
+                                     for trace in traces]))
     sparse_intervals = [i for i in intervals if i is not None]
     sparse_expected = [e for e in expected if e is not None]
+    measured_on = prompts.measured_on if prompts is not None else {
+        "prompts": "random tokens" if prefill != "synthetic" else "synthetic K/V", "seed": seed, "batch": batch}
     return {
         **envelope("scout_recall_profile"),
         "model": model_name,
-        "len": length,
+        "len": longest,
         "steps": steps,
-        "batch": batch,
+        "batch": batch if prompts is None else 1,
         "beta": beta,
         "prefill": prefill,
+        "measured_on": {**measured_on, "model": model_name, "len": longest, "steps": steps},
         "dtype": str(torch_dtype).removeprefix("torch."),
         "device": torch_device.type,
         "method": method.config(),
+        "k_sel": method.k_sel,
+        "pool_slots": method.pool_slots,
         **budget_plan.result_fields(),
         "intervals": intervals,
         "mean_interval": sum(sparse_intervals) / len(sparse_intervals) if sparse_intervals else None,
@@ -161,3 +225,8 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
         "ratio_without_recall": without,
         "elapsed_s": time.time() - started,
     }
+
+
+def _mean_curves(curves: list[list[float]]) -> list[float]:
+    """The element-wise mean of equally long curves (one per profiled prompt)."""
+    return [sum(values) / len(values) for values in zip(*curves, strict=True)]

@@ -1,9 +1,12 @@
 """Sweeps: a grid of throughput points run into one folder, one JSON per point plus a `sweep.json` manifest.
 
 The point files are the source of truth, so a sweep is resumable by construction: a rerun skips every point whose
-file exists, and a point interrupted by Ctrl-C or a kill never has a file (results are written with a temp file
-and a rename, and the manifest is rewritten the same way after every point). A point that fails (out of memory,
-a budget above its context, any error) gets a file with `"status": "failed"` and its error, and the sweep goes on.
+file records this point and this sweep's settings (`sweep_point`: a file's name is no proof of either), and a point
+interrupted by Ctrl-C or a kill never has a file (results are written with a temp file and a rename, and the
+manifest is rewritten the same way after every point). The folder's settings are its manifest's, or where the
+manifest is gone, its point files': a rerun with other settings is refused either way. A point that fails (out of
+memory, a budget above its context, any error) gets a file with `"status": "failed"` and its error, and the sweep
+goes on.
 
 Presets reproduce the paper's performance figures at two scales: `paper` (Qwen3-14B shapes, 8k-64k, each method
 at its own largest batch as in the paper, `--batch auto`, or batch 16-64 for Figure 9: a GPU) and `cpu` (the
@@ -141,6 +144,11 @@ class SweepPoint:
     def describe(self) -> dict[str, Any]:
         return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
 
+    def stamp(self, settings: Settings) -> dict[str, Any]:
+        """What the point's file records (`sweep_point`) and a rerun compares before it counts the point as done:
+        the point and the sweep's settings, as JSON reads them back."""
+        return json.loads(json.dumps({"settings": asdict(settings), "point": self.describe()}, default=str))
+
 
 def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[SweepPoint]:
     """Cartesian product of the axes, lengths outermost (an interrupted sweep has whole lengths done).
@@ -192,33 +200,61 @@ def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path,
     out = Path(out_dir)
     check_writable(out, single_file=False)
     with output_lock(out):  # one sweep per folder: the stale-temp cleanup below must not hit a live writer's file
+        previous, stamped = _folder_state(out, settings)  # a refused rerun profiles and runs nothing
         if recall_profiles:
             points = attach_recall_profiles(points, settings, out, log)
-        return _run_sweep_locked(points, settings, out, runner, preset, command, retry_failed, log, executor, config)
+        return _run_sweep_locked(points, settings, out, previous, stamped, runner, preset, command, retry_failed,
+                                 log, executor, config)
 
 
-def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, runner: Runner | None,
-                      preset: str | None, command: list[str] | None, retry_failed: bool,
-                      log: Callable[[str], None], executor: Any, config: dict[str, Any] | None = None) -> SweepOutcome:
+def _folder_state(out: Path, settings: Settings) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    """The folder's manifest (None when absent) and, where it is absent, the point files stamped with this sweep's
+    settings (by id: what a rebuilt manifest lists). Refuses (exit 2) a folder whose manifest, or without one any
+    of whose point files, records other settings."""
+    previous = _read_manifest(out)
+    mine = json.loads(json.dumps(asdict(settings), default=str))
+    if previous is not None:
+        if previous.get("settings") != mine:
+            raise UsageError(f"{out} holds a sweep with other settings "
+                             f"({_settings_diff(previous['settings'], settings)}); use another -o folder or the same "
+                             "settings to resume it")
+        return previous, {}
+    stamped = {}
+    for path in sorted(out.glob("*.json")):
+        result = _read_point(path)
+        stamp = result.get("sweep_point") if result is not None else None
+        if not isinstance(stamp, dict) or not isinstance(stamp.get("settings"), dict):
+            continue  # not a point of a sweep (a recall profile, a throughput result copied in): not this folder's
+        if stamp["settings"] != mine:
+            raise UsageError(f"{out} holds sweep points with other settings ({path.name}: "
+                             f"{_settings_diff(stamp['settings'], settings)}); use another -o folder or the same "
+                             "settings to resume it")
+        stamped[path.stem] = result
+    return None, stamped
+
+
+def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, previous: dict[str, Any] | None,
+                      stamped: dict[str, dict[str, Any]], runner: Runner | None, preset: str | None,
+                      command: list[str] | None, retry_failed: bool, log: Callable[[str], None], executor: Any,
+                      config: dict[str, Any] | None = None) -> SweepOutcome:
     from scoutbench.bench.executors import Job, LocalExecutor
-    from scoutbench.bench.throughput import ThroughputConfig
+    from scoutbench.bench.throughput import ThroughputConfig, failed_result
     from scoutbench.devices import device_description, resolve_device, resolve_dtype
     from scoutbench.results import envelope, utc_now, write_json_atomic
 
     for stale in out.glob(".*.tmp"):  # left by a kill during a write; never a result
         stale.unlink(missing_ok=True)
         log(f"removed stale temp file {stale.name}")
-    previous = _read_manifest(out)
-    if previous is not None and previous.get("settings") != asdict(settings):
-        raise UsageError(f"{out} holds a sweep with other settings ({_settings_diff(previous['settings'], settings)}); "
-                         "use another -o folder or the same settings to resume it")
     command = command or ["scoutbench", "sweep"]
     resolved = resolve_device(settings.device)
     device = device_description(resolved)
     dtype = str(resolve_dtype(settings.dtype, resolved)).removeprefix("torch.")
     # a lone point keeps no synthetic prefill for a next one, as a one-method throughput command does not
     runner = runner or ThroughputRunner(share_kv=len(points) > 1)
+    # points of earlier grids into this folder: as the manifest lists them, or rebuilt from their stamped files
     entries: dict[str, dict[str, Any]] = {e["id"]: e for e in (previous or {}).get("points", [])}
+    entries.update({point_id: _entry(point_id, result["sweep_point"]["point"], result)
+                    for point_id, result in stamped.items()})
     manifest = {**envelope("sweep", command), "updated_at": utc_now(), "preset": preset, "settings": asdict(settings), "points": []}
     order = [p.point_id(settings.model) for p in points]
     by_id = {p.point_id(settings.model): p for p in points}
@@ -230,8 +266,10 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
 
     if previous is not None:  # a resumed sweep keeps the time it started
         manifest["created_at"] = previous["created_at"]
+    stamps = {point_id: point.stamp(settings) for point_id, point in by_id.items()}
     for point_id, point in by_id.items():
-        entries[point_id] = _entry(point_id, point, _read_point(out / f"{point_id}.json"))
+        entries[point_id] = _entry(point_id, point.describe(), _read_point(out / f"{point_id}.json",
+                                                                            stamps[point_id]))
     save()
     if config is not None:  # after the settings check: a refused rerun leaves the folder's config as it was
         write_config(out / CONFIG, config)
@@ -253,8 +291,9 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, r
     for job, result in (executor or LocalExecutor()).run(jobs, runner, log):
         if not isinstance(result, dict):
             result = failed_result(job.cfg, point_error(result), device, dtype)
+        result = {**result, "sweep_point": stamps[job.point_id]}
         write_json_atomic(out / f"{job.point_id}.json", result, overwrite=True)
-        entries[job.point_id] = _entry(job.point_id, by_id[job.point_id], result)
+        entries[job.point_id] = _entry(job.point_id, by_id[job.point_id].describe(), result)
         outcome.ran += 1
         log(f"{job.where}: {_one_line(result)}")
         save()
@@ -338,9 +377,15 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
     not the fixed fallback interval. One `scoutbench profile-recall` per distinct ScoutAttention configuration
     (budget, block size, other fields), on the sweep's model at its shortest length, written into the sweep folder
     as `recall_profile-<hash>.json` (kept: a rerun reuses it, so point ids and results stay stable). Points that
-    set `recall_profile` themselves, or run without periodic recall, are left as they are."""
+    set `recall_profile` themselves, or run without periodic recall, are left as they are, and so is every point of
+    a synthetic prefill: its random keys churn with no drift to profile (the profile picked interval 1 in every
+    layer), so ScoutAttention keeps its fixed interval there, and its results say so (`recall.profile: null`)."""
     from scoutbench.methods import build_method
     from scoutbench.results import write_json_atomic
+
+    if settings.prefill == "synthetic":
+        log("no recall profile: a synthetic prefill has no drift to profile; ScoutAttention keeps its fixed interval")
+        return points
 
     shortest = min(p.length for p in points) if points else 0
     attached: list[SweepPoint] = []
@@ -353,18 +398,31 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
         key = json.dumps([settings.model, settings.dtype, settings.prefill, shortest, profile_args], sort_keys=True,
                          default=str)
         path = out / f"recall_profile-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
-        if not path.exists():
+        if not _is_profile_for(path, json.loads(key)):
             if profiler is None:
                 from scoutbench.bench.recall import profile_recall as profiler
+            if path.exists():
+                log(f"{path.name} is unreadable or was profiled for another configuration; profiling it again")
             log(f"profiling recall intervals for {point.method} ({path.name}, len {format_length(shortest)})")
             profile = profiler(settings.model, shortest, 32, 0.12, batch=1, device=settings.device,
                                dtype=settings.dtype, seed=settings.seed, prefill=settings.prefill,
                                method_args=profile_args)
-            write_json_atomic(path, profile, overwrite=True)
+            write_json_atomic(path, {**profile, "sweep_profile_key": json.loads(key)}, overwrite=True)
         args = dict(point.method_args)
         args["recall_profile"] = str(path)
         attached.append(SweepPoint(point.method, point.length, point.batch, tuple(sorted(args.items()))))
     return attached
+
+
+def _is_profile_for(path: Path, key: list[Any]) -> bool:
+    """Whether `path` is a recall profile made for `key` (model, dtype, prefill, length, method fields), as the
+    sweep that wrote it recorded (`sweep_profile_key`): a profile is reused by what it records, not by its name."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(data, dict) and data.get("kind") == "scout_recall_profile"
+            and data.get("sweep_profile_key") == key and isinstance(data.get("intervals"), list))
 
 
 def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
@@ -385,8 +443,9 @@ def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> d
             "device": device}
 
 
-def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> dict[str, Any]:
-    entry = {"id": point_id, "file": f"{point_id}.json", **point.describe(),
+def _entry(point_id: str, point: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]:
+    """The manifest's line of a point (`SweepPoint.describe()`) and its result (None: pending)."""
+    entry = {"id": point_id, "file": f"{point_id}.json", **point,
              "status": "pending" if result is None else result.get("status", "ok"), "error": None}
     if result is not None:
         entry["error"] = result.get("error")
@@ -399,17 +458,18 @@ def _entry(point_id: str, point: SweepPoint, result: dict[str, Any] | None) -> d
     return entry
 
 
-def _read_point(path: Path) -> dict[str, Any] | None:
-    """A finished point's result, or None (absent, unreadable or malformed: then it is simply run again)."""
+def _read_point(path: Path, stamp: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A finished point's result, or None (absent, unreadable, malformed, or with `stamp` given, made for another
+    point or other settings: then it is run again)."""
     from scoutbench.results import result_problem
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if result_problem(data) is not None:
+    if result_problem(data) is not None or data.get("status") not in ("ok", "failed"):
         return None
-    return data if data.get("status") in ("ok", "failed") else None
+    return data if stamp is None or data.get("sweep_point") == stamp else None
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from scoutbench.devices import device_description, resolve_device, resolve_dtype
-from scoutbench.errors import ScoutbenchError
+from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import build_method
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_layers_of
@@ -26,12 +26,17 @@ from scoutbench.results import envelope
 from scoutbench.step_stats import spread_warning, step_summary
 from scoutbench.telemetry import NvmlSampler
 from scoutbench.tiers import tier_fields, wait_fields
-from scoutbench.timing import STAGES
+from scoutbench.timing import LAUNCH_BOUND_FRAC, STAGES, TorchCallCounter
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
 if TYPE_CHECKING:  # the engine (and its kernels) is imported where a run starts
     from scoutbench.engine import SyntheticKVCache
+
+
+# an offloading method's host arena is its planned host bytes within this fraction (alignment, per-layer staging;
+# tests/test_plan.py): what a buffer kept for several runs reserves on top of the largest plan
+HOST_PLAN_SLACK = 0.02
 
 
 @dataclass
@@ -54,6 +59,12 @@ class ThroughputConfig:
     nvml_interval_ms: int = 100
     profile_dir: str | None = None  # --profile: a torch.profiler trace of `profile_steps` extra, untimed steps
     profile_steps: int = 4
+    # extra, untimed steps after the timed ones during which the main thread's torch calls are counted (counting
+    # costs ~2.5 us a call, so it never runs in a timed step); 0: not counted
+    count_steps: int = 8
+    # on: decode steps replay piecewise CUDA graphs (scoutbench/graphs.py); off: eager; auto: on where the device
+    # is CUDA
+    cuda_graphs: str = "auto"
     nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -61,6 +72,32 @@ class ThroughputConfig:
     def context_tokens(self) -> int:
         """Tokens each sequence's cache holds by the last timed step: prompt + warm-up + timed steps."""
         return self.length + self.warmup + self.steps
+
+    @property
+    def stored_tokens(self) -> int:
+        """Tokens each sequence's storage holds: `context_tokens` plus the untimed counted and profiled steps."""
+        return self.context_tokens + self.count_steps + (self.profile_steps if self.profile_dir is not None else 0)
+
+
+CUDA_GRAPH_MODES = ("auto", "on", "off")
+
+
+def use_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """Whether a run replays CUDA graphs: `auto` where the device is CUDA; `on` refuses any other device."""
+    if mode not in CUDA_GRAPH_MODES:
+        raise UsageError(f"--cuda-graphs {mode!r}: use one of {', '.join(CUDA_GRAPH_MODES)}")
+    if mode == "on" and device.type != "cuda":
+        raise UsageError(f"--cuda-graphs on needs a CUDA device (this run's is {device.type}): use --cuda-graphs "
+                         "auto or off")
+    return mode != "off" and device.type == "cuda"
+
+
+def graph_fields(engine: Any, timed_captures: int) -> dict[str, Any]:
+    """The result's `cuda_graphs`: what replayed (graphs.GraphRunner.describe), or eager throughout and why."""
+    if engine.graphs is None:
+        return {"cuda_graphs": {"enabled": engine.graphs_failure is not None, "captured": False,
+                                "failure": engine.graphs_failure}}
+    return {"cuda_graphs": {**engine.graphs.describe(), "captures_in_timed_steps": timed_captures}}
 
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
@@ -78,7 +115,7 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
 
     dtype = next(loaded.model.parameters()).dtype
     shape = ModelShape.from_config(loaded.model.config)
-    context_len = cfg.context_tokens + (cfg.profile_steps if cfg.profile_dir is not None else 0)
+    context_len = cfg.stored_tokens
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
     workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),
@@ -92,35 +129,42 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
     A batch the tool chose (`planned`: --batch auto) is checked exactly like one the user gave: the plan sizes it
     for --gpu-mem/--host-mem, which may be more than this machine has free (on a CPU both tiers are host memory).
 
-    On a CPU both tiers are host memory and must fit together in MemAvailable less the planner's host reserve.
-    On CUDA the device tier must fit the device's free memory (the loaded weights are already counted as used)
-    and the host tier the host's. A real prefill needs more transient memory than planned (see
-    scoutbench/planning.py); the check is a floor, not a guarantee.
+    The host tier must fit the host memory less the planner's reserve: an explicit --host-mem where given (a
+    machine whose RAM grows on demand reports less MemAvailable than it can have: the user's figure is the one
+    that holds), else MemAvailable. On CUDA the device tier must fit the device's free memory (the loaded weights
+    are already counted as used); on a CPU it is host memory too, and with MemAvailable both tiers together must
+    fit. A real prefill needs more transient memory than planned (see scoutbench/planning.py); the check is a
+    floor, not a guarantee.
     """
-    from scoutbench.planning import device_free_bytes, format_bytes, usable_host_bytes
+    from scoutbench.planning import HOST_RESERVE_FRACTION, device_free_bytes, format_bytes, usable_host_bytes
 
     if cfg.force:
         return
     need = memory_need(cfg, method, loaded, batch)
     device = next(loaded.model.parameters()).device
-    host_usable = usable_host_bytes()
-    checks = []
+    machine_usable = usable_host_bytes()
+    given_usable = None if cfg.host_mem is None else int(cfg.host_mem * (1 - HOST_RESERVE_FRACTION))
+    free = "free less the planner's reserve"
+    checks = []  # (what, bytes needed, bytes usable, where the usable bytes come from)
     if device.type == "cuda":
         device_usable = device_free_bytes(device) - torch.cuda.memory_allocated(device)
-        checks.append(("device memory", need["device"], device_usable))
-        if host_usable is not None:
-            checks.append(("host memory", need["host"], host_usable))
-    elif host_usable is not None:
-        checks.append(("host memory", need["device"] + need["host"], host_usable))
-    for what, needed, usable in checks:
+        checks.append(("device memory", need["device"], device_usable, free))
+    elif given_usable is not None and machine_usable is not None:  # the CPU's "device" tier: this machine's RAM
+        checks.append(("host memory", need["device"], machine_usable, free))
+    if given_usable is not None:
+        checks.append(("host memory", need["host"], given_usable, "--host-mem less the planner's reserve"))
+    elif machine_usable is not None:
+        on_host = need["host"] + (need["device"] if device.type != "cuda" else 0)
+        checks.append(("host memory", on_host, machine_usable, free))
+    for what, needed, usable, basis in checks:
         if needed > usable:
             chosen = "--batch auto's planned " if planned else ""
             fix = ("lower --gpu-mem / --host-mem to what this machine has, or give --batch" if planned
                    else "lower --len or --batch (see `scoutbench plan`)")
             raise ScoutbenchError(
                 f"{cfg.method}: {chosen}batch {batch} at len {format_length(cfg.length)} needs about "
-                f"{format_bytes(needed)} of {what} but only {format_bytes(max(usable, 0))} is usable (free less "
-                f"the planner's reserve); {fix}, or pass --force to try anyway")
+                f"{format_bytes(needed)} of {what} but only {format_bytes(max(usable, 0))} is usable ({basis}); "
+                f"{fix}, or pass --force to try anyway")
 
 
 def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> None:
@@ -138,6 +182,37 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
     check_context(cfg.model, window, cfg.context_tokens,
                   f"--len {format_length(cfg.length)} plus {cfg.warmup + cfg.steps} decode steps",
                   "lower --len, or pass --prefill synthetic to time decode at that length")
+
+
+def host_fields(records: list[dict[str, float]], calls_per_step: float | None, counted_steps: int) -> dict[str, Any]:
+    """The host side of the timed steps (docs/results.md, `host` and `launch_bound`): torch calls per step from the
+    counted steps, and on CUDA each step's host issue and wait time. `launch_bound` is null off CUDA (no launches:
+    the host runs the step's work itself) and where no step recorded its host time."""
+    issue = [r["host_issue"] for r in records if "host_issue" in r]
+    issue_frac = [r["host_issue"] / r["total"] for r in records if "host_issue" in r and r["total"] > 0]
+    median = statistics.median
+    host = {
+        "torch_calls_per_step": calls_per_step, "counted_steps": counted_steps,
+        "host_issue_ms": median(issue) if issue else None,
+        "host_wait_ms": median([r["host_wait"] for r in records if "host_wait" in r]) if issue else None,
+        "host_issue_frac": median(issue_frac) if issue_frac else None,
+        "launch_bound_frac": LAUNCH_BOUND_FRAC,
+    }
+    launch_bound = None if not issue_frac else host["host_issue_frac"] >= LAUNCH_BOUND_FRAC
+    return {"host": host, "launch_bound": launch_bound}
+
+
+def count_calls(engine: Any, tokens: torch.Tensor, steps: int) -> tuple[torch.Tensor, float | None]:
+    """Decode `steps` untimed steps with the main thread's torch calls counted; (next tokens, calls per step)."""
+    if steps <= 0:
+        return tokens, None
+    counter = TorchCallCounter()
+    with counter:
+        for _ in range(steps):
+            tokens = engine.decode_step(tokens).argmax(-1)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    return tokens, counter.calls / steps
 
 
 def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:
@@ -180,6 +255,16 @@ class ResolvedRun:
     def method(self) -> str:
         return self.cfg.method
 
+    @property
+    def host_bytes(self) -> int:
+        """The host tier the run's plan holds (memory_need); its arena is within HOST_PLAN_SLACK of it."""
+        requested, method = self.build()
+        try:
+            return memory_need(self.cfg, method, self.loaded, self.batch)["host"]
+        finally:
+            method.close()
+            requested.close()
+
     def build(self) -> tuple[AttentionMethod, AttentionMethod]:
         """Fresh instances for one attempt (each attempt of --batch auto binds its own): the method as configured
         (its config is the result's) and the one that decodes (FullKV when the budget plan says dense)."""
@@ -195,6 +280,7 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
     it: always for `--batch auto` (the plan takes what is free), otherwise where the run would not fit beside it."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    use_cuda_graphs(cfg.cuda_graphs, device)
     if loaded is None:
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
     check_context_fits(cfg, loaded)
@@ -256,6 +342,21 @@ def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: Load
     return auto_batch(*planning_args), plan_method(*planning_args)
 
 
+def failed_result(cfg: ThroughputConfig, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """A failed run's file: the identifying fields of a result (the method's full config when it can be built,
+    so that gates match it with the baseline's point), `status: failed` and the error (docs/results.md)."""
+    try:
+        method_config = build_method(cfg.method, cfg.method_args).config()
+    except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
+        method_config = dict(cfg.method_args)
+    return {**envelope("throughput", cfg.command), "status": "failed", "error": error,
+            "method": cfg.method, "method_config": method_config, "method_repr": None,
+            "model": {"name": cfg.model, "dtype": dtype},
+            "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
+                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
+            "device": device}
+
+
 def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | None,
                   shared_kv: SyntheticKVCache | None = None, oom_backoff: bool = False) -> dict[str, Any]:
     """One measured run of `run` at `batch`; out-of-memory errors propagate when the caller backs off."""
@@ -275,11 +376,14 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     timer.nvtx = cfg.nvtx and device.type == "cuda"
     total_steps = workload.warmup + workload.steps
     profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
+    calls_per_step = None
+    graphs_on = use_cuda_graphs(cfg.cuda_graphs, device)
+    captures_before_timing = 0
     records: list[dict[str, float]] = []
     nvml = nvml_summary = profile = None
     attention_backends.reset()  # also counted when there are no warm-up steps
     try:
-        engine.start(workload.batch, workload.total_tokens + profiled_steps)
+        engine.start(workload.batch, workload.total_tokens + cfg.count_steps + profiled_steps, cuda_graphs=graphs_on)
         if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
             on_progress("prefill", 0, engine.num_layers)
         start = time.perf_counter()
@@ -301,6 +405,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
             if index == workload.warmup:
                 method.reset_stats()
                 attention_backends.reset()
+                captures_before_timing = len(engine.graphs.schedules) if engine.graphs is not None else 0
                 if device.type == "cuda":
                     nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
             timer.begin_step()
@@ -312,9 +417,12 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
                 on_progress("decode", index + 1, total_steps)
         stats = method.stats()
         backends_used = attention_backends.snapshot()
-        if nvml is not None:  # the profiled steps below are no part of the measurement
+        timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
+        graphs = graph_fields(engine, timed_captures)
+        if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
+        tokens, calls_per_step = count_calls(engine, tokens, cfg.count_steps)
         if profiled_steps:
             from scoutbench.profiling import profile_decode
 
@@ -345,6 +453,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
         **summarise_steps(records, workload.batch, device.type),
+        **host_fields(records, calls_per_step, cfg.count_steps), **graphs,
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used,
     }

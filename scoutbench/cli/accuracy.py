@@ -141,7 +141,7 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
     from scoutbench.eval.accuracy import comparison_tables, run_comparison, tables_markdown
     from scoutbench.eval.generation import method_specs
     from scoutbench.models import PRESETS, context_window, loaded_context_window
-    from scoutbench.results import check_writable, output_lock, utc_now
+    from scoutbench.results import check_writable, json_text, output_lock, utc_now
     from scoutbench.workloads import longbench, passkey
 
     # every option is checked before the model loads (a minute for a real model) and before any data is read
@@ -223,7 +223,7 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
         elif not summarize:
             click.echo("[" + ",\n".join(path.read_text("utf-8").strip() for _, path in outcomes) + "]")
         else:  # nothing was written: the results as computed
-            click.echo(json.dumps(results if len(results) > 1 else results[0], indent=2, default=str))
+            click.echo(json_text(results if len(results) > 1 else results[0]))
         return
     stdout = rich_console()  # the result on stdout, progress and paths on stderr
     if len(results) == 1:
@@ -317,7 +317,7 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
 
     if steps < 1 or num_prompts < 1:
         raise UsageError("--steps and --prompts must be at least 1")
-    from scoutbench.results import check_writable
+    from scoutbench.results import check_writable, json_text
 
     spec = method_spec(method, parse_method_args(method_args), budget, dense_layers, block_size)
     context_tokens = _parse_len(context_len)
@@ -337,7 +337,7 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
     if out_file:
         write_json_atomic(out_file, result, overwrite=overwrite)
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json_text(result))
         return
     overall = metrics["overall"]
     table = Table(title=f"{result['method_repr']} vs FullKV, {len(prompts)} prompts of "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import click
 
@@ -12,7 +11,7 @@ import click
 @click.option("--json", "as_json", is_flag=True)
 def command(as_json: bool) -> None:
     """Print torch/transformers versions, CUDA, NVML and flashinfer availability, CPU model and threads."""
-    from scoutbench.results import env_info
+    from scoutbench.results import env_info, json_text
     from scoutbench.telemetry import NvmlSampler
 
     info = env_info()
@@ -20,7 +19,7 @@ def command(as_json: bool) -> None:
         pass
     info["nvml"] = "available" if probe.error is None else f"unavailable ({probe.error.splitlines()[0][:120]})"
     if as_json:
-        click.echo(json.dumps(info, indent=2))
+        click.echo(json_text(info))
         return
     summary = info.pop("torch_env_summary")
     width = max(map(len, info))
@@ -50,9 +49,9 @@ def methods_command(as_json: bool) -> None:
                         "summary": (cls.__doc__ or "").strip().splitlines()[0], "fields": fields,
                         "preset": dict(preset)})
     if as_json:
-        from scoutbench.results import _jsonable
+        from scoutbench.results import json_text
 
-        click.echo(json.dumps(_jsonable(listing), indent=2, default=str))
+        click.echo(json_text(listing))
         return
     for entry in listing:
         if not entry["available"]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from scoutbench.cli.options import (
@@ -43,6 +41,7 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import model_config, parse_dtype
     from scoutbench.planning import device_free_bytes, plan_method
+    from scoutbench.results import json_text
 
     context_len = length  # tokens (LENGTH)
     elem_bytes = parse_dtype(dtype).itemsize
@@ -61,7 +60,7 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     plans = [{**plan_method(method, shape, context_len, elem_bytes, gpu_mem_bytes, host_mem_bytes, tied).to_dict(),
               "method": name, "model": model} for name, method in built.items()]
     if as_json:
-        click.echo(json.dumps(plans, indent=2))
+        click.echo(json_text(plans))
         return
     _print_table(model, dtype, context_len, plans)
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -39,7 +38,7 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
     from scoutbench.analysis.projection import Target, load_hardware, projection_document
     from scoutbench.errors import UsageError
     from scoutbench.models import parse_dtype
-    from scoutbench.results import check_writable, load_results, write_json_atomic
+    from scoutbench.results import check_writable, json_text, load_results, write_json_atomic
     from scoutbench.units import parse_length
 
     if batch is not None and batch != "auto" and not (batch.isdigit() and int(batch) >= 1):
@@ -59,7 +58,7 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
     if output:
         write_json_atomic(output, document, overwrite=overwrite)
     if as_json:
-        click.echo(json.dumps(document, indent=2))
+        click.echo(json_text(document))
         return
     _print_table(document)
     if output:
@@ -85,6 +84,8 @@ def _print_table(document: dict) -> None:
     for p in document["projections"]:
         stages = p["latency_breakdown_ms"]
         batch = f"{p['batch']} ({p['batch_limited_by']})" if p["batch_limited_by"] else str(p["batch"])
+        if not p["fits_memory"]:
+            batch = f"{p['batch']} (> max {p['max_batch']})"
         measured = p.get("measured_step_ms")
         table.add_row(p["method"], p["model"], format_length(p["len"]), batch, f"{p['decode_throughput_tok_s']:.1f}",
                       f"{p['decode_step_ms']:.2f}", f"{100 * p['gpu_idle_frac']:.1f}", f"{stages['attn_device']:.2f}",
@@ -93,6 +94,10 @@ def _print_table(document: dict) -> None:
                       "-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})",
                       *([p.get("source_point", "")] if with_source else []))
     rich_console().print(table)
+    over = [p for p in document["projections"] if not p["fits_memory"]]
+    if over:
+        click.echo(f"warning: {len(over)} row(s) project a batch the profile's memory cannot hold (batch > max): a "
+                   "step that cannot run there; lower --batch or pass --batch auto", err=True)
 
 
 @click.command(name="calibrate")
@@ -108,7 +113,7 @@ def calibrate_command(device, repeats, output, overwrite, as_json):
     from scoutbench.analysis.projection import parse_hardware
     from scoutbench.bench.calibration import calibrate
     from scoutbench.devices import resolve_device
-    from scoutbench.results import check_writable, write_json_atomic
+    from scoutbench.results import check_writable, json_text, write_json_atomic
 
     resolved = resolve_device(device)
     if output:  # before half a minute of measuring, as every other command checks its -o
@@ -119,8 +124,7 @@ def calibrate_command(device, repeats, output, overwrite, as_json):
         write_json_atomic(output, profile, overwrite=overwrite)
         click.echo(f"profile written to {output}", err=True)
     if as_json or not output:
-        json.dump(profile, sys.stdout, indent=2)
-        click.echo()
+        click.echo(json_text(profile))
         return
     for key, value in hardware.values.items():  # the result on stdout, as every command prints its own
         click.echo(f"{key:34s} {value:.4g}")

@@ -31,7 +31,7 @@ def score_command(predictions, dataset, longbench_e, as_json) -> None:
             raise UsageError(f"{path} is a folder: each <dataset>.jsonl is scored by its name; drop --dataset")
         scores, skipped = score.score_folder(path, longbench_e)
         if skipped:
-            click.echo(f"skipped (not a LongBench dataset name): {', '.join(skipped)}", err=True)
+            click.echo(f"skipped: {', '.join(skipped)}", err=True)
         if as_json:
             click.echo(score.official_json(scores))
             return

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, revision_option
@@ -47,18 +45,25 @@ def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
 @click.option("--steps", default=32, show_default=True, type=int, help="Decode steps profiled (max interval + 1).")
 @click.option("--beta", default=0.12, show_default=True, type=float, help="CPU compute ratio threshold.")
 @click.option("--prefill", type=click.Choice(["real", "synthetic"]), default="real", show_default=True,
-              help="real: the model runs on a random prompt; synthetic: random K/V (decode-only).")
+              help="real: the model runs on the prompt (--dataset's records, else random tokens); synthetic: random "
+                   "K/V, whose selection churns without real drift (its intervals describe no real workload).")
+@click.option("--dataset", default=None, help="Profile on real LongBench records of this dataset (e.g. gov_report), "
+              "each prompt middle-truncated to --len tokens, instead of random tokens.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder of official LongBench <dataset>.jsonl files (default: the hub archive).")
+@click.option("--limit", default=1, show_default=True, type=int, help="Records of --dataset profiled (its first N).")
 @click.option("--budget", default=None, type=LENGTH, help="ScoutAttention's token budget (default 2048; e.g. 2k).")
 @click.option("--block-size", default=None, type=LENGTH, help="ScoutAttention's block size (default 32).")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="Any other ScoutAttention field (repeatable), e.g. dense_layers=2, pred_norm=self.")
 @click.option("-o", "--output", required=True, help="JSON file to write (ScoutAttention's recall_profile).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
-def profile_recall_command(model, length, batch, device, dtype, seed, steps, beta, prefill, budget, block_size,
-                           method_args, output, overwrite):
+def profile_recall_command(model, length, batch, device, dtype, seed, steps, beta, prefill, dataset, data_dir, limit,
+                           budget, block_size, method_args, output, overwrite):
     """Profile per-layer recall intervals: the largest interval that keeps each layer's CPU compute ratio
-    under BETA after a recall (paper section 3.4). Writes a JSON that `--method-arg recall_profile=FILE` reads."""
-    from scoutbench.bench.recall import profile_recall
+    under BETA after a recall (paper section 3.4), on real records (--dataset) or random prompts. Writes a JSON
+    that `--method-arg recall_profile=FILE` reads; it and every result that uses it say what it measured on."""
+    from scoutbench.bench.recall import longbench_prompts, profile_recall
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods.scout import ScoutAttention
@@ -67,8 +72,13 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
     length_tokens = parse_length(length)
     _check_positive("--steps", steps)
     _check_positive("--batch", batch)
+    _check_positive("--limit", limit)
     if not 0.0 <= beta <= 1.0:
         raise UsageError(f"--beta must be in [0, 1] (got {beta})")
+    if dataset is None and data_dir is not None:
+        raise UsageError("--data-dir needs --dataset: name the LongBench dataset to profile on")
+    if dataset is not None and (prefill == "synthetic" or batch != 1):
+        raise UsageError("--dataset profiles real records, one at a time: drop --prefill synthetic and --batch")
     args = resolve_method_args(["scout"], MethodSettings.of(parse_method_args(method_args), budget=budget,
                                                             block_size=block_size))["scout"]
     for key in ("pr", "recall_profile"):
@@ -78,8 +88,21 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
     if prefill != "synthetic":
         _check_context(model, length_tokens, steps, "or pass --prefill synthetic")
     check_writable(output, overwrite, single_file=True)
+    loaded = prompts = None
+    if dataset is not None:
+        from scoutbench.devices import resolve_device, resolve_dtype
+        from scoutbench.models import load_model
+        from scoutbench.workloads import longbench
+
+        if dataset not in longbench.DATASETS:
+            raise UsageError(f"unknown --dataset {dataset!r} (LongBench: {', '.join(longbench.DATASETS)})")
+        torch_device = resolve_device(device)
+        loaded = load_model(model, torch_device, resolve_dtype(dtype, torch_device), seed)
+        if loaded.tokenizer is None:
+            raise UsageError(f"--dataset needs a model with a tokenizer; {model!r} has none (random-weight preset)")
+        prompts = longbench_prompts(dataset, data_dir, loaded.tokenizer, length_tokens, limit)
     result = profile_recall(model, length_tokens, steps, beta, batch=batch, device=device, dtype=dtype, seed=seed,
-                            prefill=prefill, method_args=args)
+                            prefill=prefill, method_args=args, loaded=loaded, prompts=prompts)
     path = write_json_atomic(output, result, overwrite=overwrite)
     click.echo("layer  interval  expected ratio")
     for layer, (interval, ratio) in enumerate(zip(result["intervals"], result["expected_ratio"], strict=False)):
@@ -87,6 +110,10 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
             click.echo(f"{layer:5d}  {'dense':>8}")
         else:
             click.echo(f"{layer:5d}  {interval:8d}  {ratio:14.3f}")
+    measured = result["measured_on"]
+    records = measured.get("records")
+    click.echo(f"measured on {measured['prompts']}"
+               + (f" ({measured['dataset']}: {len(records)} record(s))" if records is not None else ""))
     mean_interval, mean_ratio = result["mean_interval"], result["expected_ratio_mean"]
     if mean_interval is not None:
         click.echo(f"mean interval {mean_interval:.1f} steps, expected CPU compute ratio {mean_ratio:.3f} "
@@ -107,7 +134,7 @@ def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, 
     """Cosine similarity of the predicted next-layer query vs the true one, per layer (paper Table 1).
     Entry i of per_layer is the prediction of layer i+1 from layer i's input."""
     from scoutbench.bench.cosine import query_cosine
-    from scoutbench.results import check_writable, write_json_atomic
+    from scoutbench.results import check_writable, json_text, write_json_atomic
 
     length_tokens = parse_length(length)
     _check_positive("--steps", steps)
@@ -120,7 +147,7 @@ def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, 
     if output is not None:
         write_json_atomic(output, result, overwrite=overwrite)
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json_text(result))
         return
     other = "self" if pred_norm == "next" else "next"
     click.echo(f"{result['model']}: len {result['len']}, {result['steps']} decode steps, "

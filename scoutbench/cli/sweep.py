@@ -3,7 +3,6 @@ from their results, and regression gates for CI. Heavy imports stay inside the c
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
@@ -101,7 +100,10 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.errors import ScoutbenchError, UsageError
     from scoutbench.methods import build_method
-    from scoutbench.results import check_writable
+    from scoutbench.methods.base import ModelShape
+    from scoutbench.models import PRESETS as MODEL_PRESETS
+    from scoutbench.models import preset_config
+    from scoutbench.results import check_writable, json_text
     from scoutbench.units import parse_bytes, parse_length
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
@@ -139,10 +141,16 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
     points = expand(grid, defaults=frozenset(flag for flag, given in ((BUDGET, budgets), (BLOCK_SIZE, block_sizes))
                                              if not given))  # a preset's sizes
-    for point in points:  # every usage error before the first point runs
-        SyntheticWorkload(point.length, 1 if point.batch == "auto" else point.batch, settings.steps,
-                          settings.warmup, settings.seed, settings.prefill)
-        build_method(point.method, point.args)
+    # every usage error before the first point runs, each distinct workload and method checked once; the layers a
+    # method keeps dense are checked against a preset's shape here (other models: when the point loads it)
+    shape = ModelShape.from_config(preset_config(settings.model)) if settings.model in MODEL_PRESETS else None
+    for length, batch in dict.fromkeys((p.length, p.batch) for p in points):
+        SyntheticWorkload(length, 1 if batch == "auto" else batch, settings.steps, settings.warmup, settings.seed,
+                          settings.prefill)
+    for name, args in dict.fromkeys((p.method, p.method_args) for p in points):
+        method = build_method(name, dict(args))
+        if shape is not None:
+            method.memory_footprint(shape, grid.lengths[0], 2)
     check_writable(output, single_file=False)  # before the first line of output: an unwritable -o is the whole message
     err = rich_console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"
@@ -162,7 +170,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         err.print(f"kept the finished points in {output}; rerun the same command to resume", highlight=False)
         raise
     if as_json:
-        click.echo(json.dumps({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}, indent=2))
+        click.echo(json_text({**outcome.manifest, "ran": outcome.ran, "skipped": outcome.skipped}))
     else:
         rich_console().print(_sweep_table(outcome.manifest))
         noisy = [p["id"] for p in outcome.manifest["points"] if p.get("step_spread_warning")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from scoutbench.cli.options import (
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.methods import ALL_METHODS, is_reference
+from scoutbench.methods import SPEED_METHODS, is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -36,7 +35,7 @@ DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LEN = "32k"
 # (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
-DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` adds the ablation variants
+DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); `--method all`: every registered one
 
 
 @click.command(name="throughput")
@@ -84,8 +83,15 @@ DEFAULT_METHODS = tuple(ALL_METHODS)  # the distinct algorithms; `--method all` 
                    "this folder (.trace.json.gz: open it in ui.perfetto.dev or chrome://tracing).")
 @click.option("--profile-steps", default=4, show_default=True, type=STEPS, help="Decode steps in the --profile trace.")
 @click.option("--nvtx", is_flag=True, help="NVTX range per stage on CUDA (for Nsight Systems; costs a little per stage).")
+@click.option("--count-steps", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Extra, untimed decode steps after the timed ones in which the main thread's torch calls are "
+                   "counted (the result's host.torch_calls_per_step); 0: not counted.")
+@click.option("--cuda-graphs", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Replay each decode step from piecewise CUDA graphs (its device work between host points, "
+                   "captured once): auto = on where the device is CUDA.")
 def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
-            budget, block_size, dense_layers, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx):
+            budget, block_size, dense_layers, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx,
+            count_steps, cuda_graphs):
     """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
     prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
     which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
@@ -94,10 +100,13 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     from scoutbench.errors import UsageError
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import build_method
-    from scoutbench.results import check_writable, output_lock
+    from scoutbench.results import check_writable, json_text, output_lock
     from scoutbench.workloads.synthetic import SyntheticWorkload
 
     resolved = resolve_device(device)
+    from scoutbench.bench.throughput import use_cuda_graphs
+
+    use_cuda_graphs(cuda_graphs, resolved)
     kind = "cuda" if resolved.type == "cuda" else "cpu"
     model = model or DEFAULT_MODELS[kind]
     steps = DEFAULT_STEPS[kind][0] if steps is None else steps
@@ -120,7 +129,8 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
                                 batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
                                 warmup=warmup, device=device, dtype=dtype, seed=seed, prefill=prefill,
                                 kv_skew=kv_skew, force=force, profile_dir=profile_dir, profile_steps=profile_steps,
-                                nvtx=nvtx, command=["scoutbench", *sys.argv[1:]])
+                                nvtx=nvtx, count_steps=count_steps, cuda_graphs=cuda_graphs,
+                                command=["scoutbench", *sys.argv[1:]])
                for name in names]
     for cfg in configs:  # validate every method's fields before loading anything
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
@@ -133,14 +143,22 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     err = rich_console(stderr=True)
     with output_lock(out_path.parent if single_file else out_path):
         results, paths = _run_all(configs, err, out_path if single_file else None, out_path, overwrite)
+    finished = [(r, p) for r, p in zip(results, paths, strict=True) if r["status"] == "ok"]
     if as_json:
-        click.echo(json.dumps([_summary(r, p) for r, p in zip(results, paths, strict=True)], indent=2))
-    else:
-        rich_console().print(_table(results))
-        for result in results:
+        click.echo(json_text([_summary(r, p) for r, p in zip(results, paths, strict=True)]))
+    elif finished:
+        rich_console().print(_table([r for r, _ in finished]))
+        for result, _ in finished:
             if result.get("step_spread_warning"):
                 err.print(f"warning: {result['method']}: {result['step_spread_warning']}", highlight=False)
+    if not as_json:
         err.print(f"results: {', '.join(paths)}", highlight=False)
+    failed = [r for r in results if r["status"] != "ok"]
+    if failed:
+        from scoutbench.errors import ScoutbenchError
+
+        raise ScoutbenchError(f"{len(failed)} of {len(results)} methods failed ({', '.join(r['method'] for r in failed)}); "
+                              "their result files hold each error, the others finished")
 
 
 def _parse_batch(text: str) -> int | str:
@@ -155,33 +173,66 @@ def _parse_batch(text: str) -> int | str:
 
 
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
-    """Run each method and write its result as soon as it finishes: an interruption or a later method's failure
-    keeps every finished result. Every run is resolved (and its memory checked, once) before the first one
-    starts."""
-    from scoutbench.bench.throughput import resolve_run, run_throughput
-    from scoutbench.devices import resolve_device, resolve_dtype
+    """Run each method and write its result as soon as it finishes: an interruption keeps every finished result.
+    Every run is resolved (and its memory checked, once) before the first one starts; a method that is refused
+    there or fails while it runs gets a failed result (its error, `status: failed`) and the next method runs
+    (where every method is refused, nothing runs and the first refusal is the error).
+    On CUDA the methods' host tiers take one kept, registered buffer in turn (offload.keep_host_memory): fresh
+    host memory and its registration are paid once, not once per method."""
+    import contextlib
+
+    from scoutbench.bench.executors import point_error
+    from scoutbench.bench.throughput import HOST_PLAN_SLACK, failed_result, resolve_run, run_throughput
+    from scoutbench.devices import device_description, resolve_device, resolve_dtype
     from scoutbench.engine import SyntheticKVCache
+    from scoutbench.kernels.offload import keep_host_memory
     from scoutbench.models import load_model
+    from scoutbench.planning import format_bytes
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
 
     first = configs[0]
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
+
+    def failed(cfg, exc):
+        console.print(f"{cfg.method}: failed: {point_error(exc)}", highlight=False)
+        return failed_result(cfg, point_error(exc), device_description(device), str(dtype).removeprefix("torch."))
+
     with console.status(f"loading {first.model} ..."):
         loaded = load_model(first.model, device, dtype, first.seed)
-    runs = [resolve_run(cfg, loaded) for cfg in configs]
+    runs, refusals = [], []
+    for cfg in configs:
+        try:
+            runs.append(resolve_run(cfg, loaded))
+        except Exception as exc:  # noqa: BLE001 - the method's failed result below; Ctrl-C is no Exception
+            runs.append(exc)
+            refusals.append(exc)
+    if len(refusals) == len(runs):  # nothing would run: the (first) refusal is the command's one-line error
+        raise refusals[0]
+    runs = [failed(cfg, run) if isinstance(run, Exception) else run for cfg, run in zip(configs, runs, strict=True)]
     results, paths = [], []
     # the methods decode over one synthetic prefill, drawn once (kept only for a second method: keeping it takes
     # fresh memory for every layer, where a single run reuses one K and one V buffer)
     shared_kv = SyntheticKVCache() if len(runs) > 1 else None
+    keep = contextlib.nullcontext()
+    host_bytes = max((run.host_bytes for run in runs if not isinstance(run, dict)), default=0)
+    if device.type == "cuda" and len(runs) > 1 and host_bytes:
+        keep = keep_host_memory(device, reserve_bytes=int(host_bytes * (1 + HOST_PLAN_SLACK)))
     try:
-        with PhaseProgress(console) as progress:
-            for index, run in enumerate(runs, 1):
-                cfg = run.cfg
+        with keep as kept, PhaseProgress(console) as progress:
+            if kept is not None:
+                console.print(f"host memory kept for the offloading methods: {format_bytes(kept.nbytes)} (filled in "
+                              f"{kept.fill_s:.1f} s, registered in {kept.register_s:.1f} s)", highlight=False)
+            for index, (cfg, run) in enumerate(zip(configs, runs, strict=True), 1):
                 where = f"[{index}/{len(runs)}] {cfg.method}"
-                result = run_throughput(run, on_progress=lambda phase, done, total, where=where: progress.update(
-                    f"{where} {phase}", done, total), shared_kv=shared_kv)
+                result = run
+                if not isinstance(run, dict):
+                    try:
+                        result = run_throughput(run, on_progress=lambda phase, done, total, where=where:
+                                                progress.update(f"{where} {phase}", done, total), shared_kv=shared_kv)
+                    except Exception as exc:  # noqa: BLE001 - as above: the next method runs
+                        result = failed(cfg, exc)
                 if single_file is not None:
                     path = write_json_atomic(single_file, result, overwrite=overwrite)
                 else:
@@ -201,21 +252,43 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
 
 
 def _summary(result, path):
-    return {"method": result["method"], "model": result["model"]["name"], "len": result["workload"]["len"],
+    if result["status"] != "ok":
+        return {"method": result["method"], "status": result["status"], "error": result["error"],
+                "model": result["model"]["name"], "len": result["workload"]["len"],
+                "batch": result["workload"]["batch"], "path": path}
+    return {"method": result["method"], "status": "ok", "model": result["model"]["name"],
+            "len": result["workload"]["len"],
             "batch": result["workload"]["batch"], "decode_throughput_tok_s": result["decode_throughput_tok_s"],
             "decode_step_ms": result["decode_step_ms"], "step_spread_warning": result.get("step_spread_warning"),
             "dense_layers": result["dense_layers"], "gpu_idle_frac": result["gpu_idle_frac"],
             "main_thread_wait_frac": result["main_thread_wait_frac"], "tiers": result["tiers"],
-            "latency_breakdown_ms": result["latency_breakdown_ms"], "path": path}
+            "latency_breakdown_ms": result["latency_breakdown_ms"], "host": result["host"],
+            "launch_bound": result["launch_bound"], "path": path}
 
 
 # Table columns: stage groups in ms/step (the JSON keeps every stage).
-STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "proj": ("qkv_proj", "predict", "o_proj"),
-                "mlp": ("mlp",), "other": ("other",)}
+# `model`: the projections, the layer-ahead prediction and the MLP (one column, so that the default run's table
+# with its calls column fits 80 columns)
+STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "model": ("qkv_proj", "predict", "o_proj", "mlp"),
+                "other": ("other",)}
 
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
-                 "±95%: half-width of the median's 95% interval; stages: mean ms per step")
+                 "±95%: half-width of the median's 95% interval; calls: torch calls per step issued by the main "
+                 "thread; stages: mean ms per step")
+LAUNCH_BOUND_MARK = "^"
+LAUNCH_BOUND_NOTE = (f"{LAUNCH_BOUND_MARK}: launch-bound (the host's issue time fills at least "
+                     "{frac:.0%} of the step: the row measures Python and launches, not the method)")
+
+
+def _calls_cell(result) -> str:
+    calls = (result.get("host") or {}).get("torch_calls_per_step")
+    return "-" if calls is None else f"{calls:.0f}"
+
+
+def method_cell(result) -> str:
+    """The method's name, marked when its steps are launch-bound."""
+    return result["method"] + (LAUNCH_BOUND_MARK if result.get("launch_bound") else "")
 
 
 def _ci_cell(step_ms: dict) -> str:
@@ -242,16 +315,19 @@ def _table(results):
     batch = f"batch {first['workload']['batch']}" if len(batches) == 1 else "batch per method (--batch auto)"
     dense = sorted({r.get("dense_layers") for r in results} - {None})  # FullKV has none: dense everywhere
     mixed_dense = len(dense) > 1  # methods compared with different dense layers: say so on every row
+    launch_bound = [r for r in results if r.get("launch_bound")]
+    caption = TABLE_CAPTION + ("; " + LAUNCH_BOUND_NOTE.format(frac=launch_bound[0]["host"]["launch_bound_frac"])
+                               if launch_bound else "")
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
                         f"len {first['workload']['len']}, {batch}"
                         + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",
-                  caption=TABLE_CAPTION,
+                  caption=caption,
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)  # the default run's fits 80 columns
     table.add_column("method", no_wrap=True)
     if mixed_dense:
         table.add_column("dense", justify="right", no_wrap=True)
     wait_header = "idle%" if first.get("gpu_idle_frac") is not None else "wait%"  # CPU: main thread waiting
-    headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "±95%", "vs full", wait_header)
+    headers = ("batch",) * (len(batches) > 1) + ("tok/s", "step", "±95%", "vs full", wait_header, "calls")
     for header in (*headers, *[g for g in STAGE_GROUPS if g != "idle"]):
         table.add_column(header, justify="right", no_wrap=True)
     base = next((r for r in results if is_reference(r["method"])), None)
@@ -259,9 +335,10 @@ def _table(results):
         speedup = "-" if base is None else speedup_text(r["decode_throughput_tok_s"], r["workload"]["batch"],
                                                         base["decode_throughput_tok_s"], base["workload"]["batch"])
         dense_cell = "-" if r.get("dense_layers") is None else str(r["dense_layers"])
-        row = [r["method"], *([dense_cell] if mixed_dense else []), *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
+        row = [method_cell(r), *([dense_cell] if mixed_dense else []),
+               *([str(r["workload"]["batch"])] if len(batches) > 1 else []),
                f"{r['decode_throughput_tok_s']:.1f}", f"{r['decode_step_ms']['median']:.2f}",
-               _ci_cell(r["decode_step_ms"]), speedup, f"{100 * (wait_frac(r) or 0.0):.1f}"]
+               _ci_cell(r["decode_step_ms"]), speedup, f"{100 * (wait_frac(r) or 0.0):.1f}", _calls_cell(r)]
         breakdown = r["latency_breakdown_ms"]
         row += [f"{sum(breakdown[s] for s in stages):.2f}" for g, stages in STAGE_GROUPS.items() if g != "idle"]
         table.add_row(*row)

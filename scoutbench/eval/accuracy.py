@@ -43,7 +43,7 @@ from scoutbench.devices import device_description
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.eval.fidelity import compare_steps, fullkv_reference
 from scoutbench.eval.generation import Generation, MethodSpec, SharedPrefill, generate_text, model_eos_ids
-from scoutbench.eval.score import prediction_row_problem
+from scoutbench.eval.score import fidelity_file_name, prediction_row_problem
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.models import LoadedModel
 from scoutbench.results import envelope, output_lock, write_json_atomic
@@ -190,7 +190,7 @@ class Config:
         return self.folder / f"{task.name}.jsonl"
 
     def fidelity_path(self, task: Task, steps: int) -> Path:
-        return self.folder / f"{task.name}.fidelity-{steps}.jsonl"
+        return self.folder / fidelity_file_name(task.name, steps)
 
 
 def make_config(spec: MethodSpec, loaded: LoadedModel, out_dir: str | Path, max_length: int | None,

@@ -50,8 +50,12 @@ def compare_steps(reference: Generation, spec: MethodSpec, shared: SharedPrefill
     agreement (0/1), KL(P_fullkv || P_method) in nats and the final hidden states' cosine."""
     if reference.log_probs is None:
         return {"top1": [], "kl": [], "cosine": []}
-    steps = reference.log_probs.shape[0]
-    ours = shared.forced(spec, reference.token_ids[:steps])
+    return step_agreement(reference, shared.forced(spec, reference.token_ids[:reference.log_probs.shape[0]]))
+
+
+def step_agreement(reference: Generation, ours: Generation) -> dict[str, list[float]]:
+    """Per step, a teacher-forced run `ours` against the `reference` it was forced on: top-1 agreement (0/1),
+    KL(P_fullkv || P_method) in nats and the final hidden states' cosine."""
     ref = reference.log_probs
     kl = (ref.exp() * (ref - ours.log_probs)).sum(-1)
     agree = ref.argmax(-1) == ours.log_probs.argmax(-1)

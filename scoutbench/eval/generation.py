@@ -5,7 +5,13 @@ part of the output; decoding with `skip_special_tokens` removes EOS but keeps a 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -111,6 +117,8 @@ class Generation:
     token_ids: list[int]
     log_probs: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    method_stats: dict[str, Any] | None = None  # the method's `stats()` after the last step (teacher forcing)
+    step_ms: list[float] | None = None  # wall time of each decode step (teacher forcing)
 
 
 def _greedy_decode(engine: DecodeEngine, logits: torch.Tensor, max_new_tokens: int, stop_ids: frozenset[int],
@@ -166,16 +174,46 @@ class SharedPrefill:
     tests/test_accuracy.py). The recorded K/V of every layer is held until the object is dropped."""
 
     @torch.no_grad()
-    def __init__(self, model: torch.nn.Module, prompt_ids: list[int]):
+    def __init__(self, model: torch.nn.Module, prompt_ids: list[int],
+                 recorded: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] | None = None):
+        """Runs the prefill, unless `recorded` (logits, per-layer inputs) holds one of this prompt (`cached`)."""
         self.model = model
         self.prompt_ids = prompt_ids
         self.device = next(model.parameters()).device
-        recorder = _PrefillRecorder()
-        engine = DecodeEngine(model, recorder, silent_timer(self.device))
-        engine.start(batch=1, max_len=len(prompt_ids))
-        self.logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=self.device))
-        self._layer_inputs = recorder.layer_inputs
+        if recorded is None:
+            recorder = _PrefillRecorder()
+            engine = DecodeEngine(model, recorder, silent_timer(self.device))
+            engine.start(batch=1, max_len=len(prompt_ids))
+            recorded = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=self.device)), \
+                recorder.layer_inputs
+        self.logits, self._layer_inputs = recorded
         self._lengths = torch.tensor([len(prompt_ids)], dtype=torch.long)
+
+    @classmethod
+    def cached(cls, model: torch.nn.Module, prompt_ids: list[int], path: str | Path,
+               settings: dict[str, Any]) -> SharedPrefill:
+        """The prefill of `prompt_ids` from the file `path` when it was made with the same `settings` (the model,
+        its dtype: whatever makes the K/V differ) and prompt, else run now and saved there atomically (a kill
+        leaves no partial file). A long prompt's prefill costs minutes on a CPU; each experiment on it then
+        starts from the file."""
+        path = Path(path)
+        key = {**settings, "prompt_sha256": hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()}
+        if path.exists():
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            if saved.get("key") == key:
+                device = next(model.parameters()).device
+                layers = [tuple(t.to(device) for t in layer) for layer in saved["layer_inputs"]]
+                return cls(model, prompt_ids, (saved["logits"].to(device), layers))
+        shared = cls(model, prompt_ids)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            torch.save({"key": key, "logits": shared.logits.cpu(),
+                        "layer_inputs": [tuple(t.cpu() for t in layer) for layer in shared._layer_inputs]}, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return shared
 
     def engine(self, method: AttentionMethod, new_tokens: int) -> DecodeEngine:
         """A decode engine for `method` that starts from this prefill, with room for `new_tokens` more tokens."""
@@ -197,19 +235,28 @@ class SharedPrefill:
             method.close()
 
     @torch.no_grad()
-    def forced(self, spec: MethodSpec, token_ids: list[int]) -> Generation:
+    def forced(self, spec: MethodSpec, token_ids: list[int],
+               observe: Callable[[AttentionMethod], None] | None = None) -> Generation:
         """Teacher forcing: feed `token_ids` one decode step each to a fresh `spec` method; returns what it
         predicted after each (fidelity holds the token stream fixed, so one early disagreement does not derail
-        every later step)."""
+        every later step) and the method's statistics. `observe(method)` runs before the prefill is handed over
+        (e.g. to switch on a method's trace)."""
         method = spec.build_for(len(self.prompt_ids) + len(token_ids))
         trace = _StepTrace()
+        step_ms = []
         try:
+            if observe is not None:
+                observe(method)
             engine = self.engine(method, len(token_ids))
             for token in token_ids:
-                trace.record(engine.decode_step(torch.tensor([token], device=self.device)), engine)
+                start = time.perf_counter()
+                logits = engine.decode_step(torch.tensor([token], device=self.device))
+                step_ms.append((time.perf_counter() - start) * 1e3)
+                trace.record(logits, engine)
+            stats = method.stats()
         finally:
             method.close()
-        return Generation(list(token_ids), *trace.stacked())
+        return Generation(list(token_ids), *trace.stacked(), method_stats=stats, step_ms=step_ms)
 
 
 def generate_texts_shared_prefill(model: torch.nn.Module, tokenizer: Any, specs: list[MethodSpec],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -79,18 +80,36 @@ def score_file(dataset: str, path: Path, longbench_e: bool = False) -> float | d
         raise UsageError(f"{path}: {exc}") from None
 
 
+def fidelity_file_name(task: str, steps: int) -> str:
+    """`accuracy --fidelity-steps N`'s per-sample fidelity rows of a task, beside its predictions: named here, with
+    the predictions' reader, so that a folder scored by file names passes over them."""
+    return f"{task}.fidelity-{steps}.jsonl"
+
+
+_FIDELITY_FILE = re.compile(r"[^.]+\.fidelity-\d+\.jsonl")
+
+
 def score_folder(folder: Path, longbench_e: bool = False) -> tuple[dict[str, Any], list[str]]:
-    """eval.py over a folder: ({dataset: score or buckets}, in file-name order; names of .jsonl files skipped
-    because their name is not a LongBench dataset, e.g. passkey predictions beside them)."""
-    files = sorted(path for path in folder.iterdir() if path.name.endswith("jsonl") and path.is_file())
+    """eval.py over a folder: ({dataset: score or buckets}, in file-name order; the .jsonl files skipped, each with
+    why: a name that is not a LongBench dataset, e.g. passkey predictions beside them, or the fidelity rows an
+    accuracy run writes beside its predictions). Two prediction files of one dataset are refused: eval.py would
+    keep whichever it listed last."""
+    files = sorted(path for path in folder.iterdir() if path.suffix == ".jsonl" and path.is_file())
     scores: dict[str, Any] = {}
+    scored_from: dict[str, str] = {}
     skipped = []
     for path in files:
         dataset = path.name.split(".")[0]
-        if dataset not in metrics.DATASETS and dataset not in metrics.E_DATASETS:
-            skipped.append(path.name)
+        if _FIDELITY_FILE.fullmatch(path.name):
+            skipped.append(f"{path.name} (fidelity rows of `accuracy --fidelity-steps`, not predictions)")
             continue
-        scores[dataset] = score_file(dataset, path, longbench_e)
+        if dataset not in metrics.DATASETS and dataset not in metrics.E_DATASETS:
+            skipped.append(f"{path.name} (not a LongBench dataset name)")
+            continue
+        if dataset in scored_from:
+            raise UsageError(f"{folder}: {scored_from[dataset]} and {path.name} are both predictions of {dataset}; "
+                             "keep one of them in the folder, or score each file with --dataset")
+        scores[dataset], scored_from[dataset] = score_file(dataset, path, longbench_e), path.name
     if not scores:
         raise UsageError(f"{folder}: no <dataset>.jsonl prediction files of LongBench datasets"
                          + (f" (skipped: {', '.join(skipped)})" if skipped else ""))

@@ -39,12 +39,51 @@ def length_bias(valid_len: torch.Tensor, num_keys: int, num_kv_heads: int, dtype
     return bias.masked_fill_(~keep, float("-inf")).unsqueeze(2)
 
 
+class StepLengths:
+    """How many leading tokens of each sequence's rows a step's dense attention reads, for every layer of the step:
+    written once per step, in place (flashinfer's `plan`), so that each layer's call is one kernel and a captured
+    CUDA graph reads this step's lengths. `valid_len` `[B]` on the device; `bias`, the torch path's additive mask
+    `[B, 1, 1, capacity]` (0 for a valid slot, -inf after), where the compiled CPU kernel (which reads `valid_len`)
+    does not serve the device; `host`, the lengths on the host where a backend plans there (flashinfer), None with
+    CUDA graphs."""
+
+    def __init__(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device, with_host: bool):
+        self.valid_len = torch.zeros(batch, dtype=torch.long, device=device)
+        self.bias: torch.Tensor | None = None
+        if not (device.type == "cpu" and cpu_attention.library() is not None):
+            self._slots = torch.arange(capacity, device=device)
+            self._mask_values = torch.tensor([0.0, float("-inf")], dtype=dtype, device=device)
+            self.bias = torch.zeros((batch, 1, 1, capacity), dtype=dtype, device=device)
+        self.with_host = with_host
+        self.host: list[int] | None = None
+        self.span: int | None = None
+
+    def update(self, valid_len: torch.Tensor, valid_host: Sequence[int] | None) -> None:
+        """This step's lengths `[B]` (device), and on the host where known (kept only `with_host`)."""
+        self.valid_len.copy_(valid_len)
+        if self.bias is not None:
+            past = self._slots[None, :] >= self.valid_len[:, None]  # [B, capacity]
+            torch.index_select(self._mask_values, 0, past.view(-1).long(), out=self.bias.view(-1))
+        self.set_host(valid_host)
+
+    def set_host(self, valid_host: Sequence[int] | None) -> None:
+        self.host = list(valid_host) if self.with_host and valid_host is not None else None
+        self.span = self.host[0] if self.host and min(self.host) == max(self.host) else None
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     valid_len: torch.Tensor | None = None, lengths_host: Sequence[int] | None = None) -> torch.Tensor:
+                     valid_len: torch.Tensor | None = None, lengths_host: Sequence[int] | None = None,
+                     lengths: StepLengths | None = None) -> torch.Tensor:
     """Exact single-token attention over all (valid) keys; returns `[B, Hq, D]` in q's dtype (FullKV's kernel):
-    flashinfer's paged decode on CUDA where `select_backend` allows it, else torch SDPA in the packed-GQA form."""
+    flashinfer's paged decode on CUDA where `select_backend` allows it, else torch SDPA in the packed-GQA form.
+    A step's `lengths` (StepLengths) stand for `valid_len` and `lengths_host`, with the torch path's mask made."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
+    bias = None
+    if lengths is not None and lengths.span is not None:  # a uniform batch: exactly its keys, nothing to mask
+        k, v = k[:, :, : lengths.span], v[:, :, : lengths.span]
+    elif lengths is not None:
+        valid_len, lengths_host, bias = lengths.valid_len, lengths.host, lengths.bias
     backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
     if backend.startswith("flashinfer"):
         backends.USAGE.add(q.device.type, backend)
@@ -54,10 +93,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         backends.USAGE.add("cpu", "native")
         return _native(q, k, v, scale, valid_len).o.to(q.dtype)
     backends.USAGE.add(q.device.type, "torch")
-    mask = None
-    if valid_len is not None:
-        mask = length_bias(valid_len, k.shape[2], num_kv_heads, q.dtype)
-    out = F.scaled_dot_product_attention(_packed(q, num_kv_heads), k, v, attn_mask=mask, scale=scale)
+    if bias is None and valid_len is not None:
+        bias = length_bias(valid_len, k.shape[2], num_kv_heads, q.dtype)
+    out = F.scaled_dot_product_attention(_packed(q, num_kv_heads), k, v, attn_mask=bias, scale=scale)
     return out.reshape(batch, num_heads, head_dim)
 
 

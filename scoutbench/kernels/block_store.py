@@ -90,7 +90,10 @@ class TieredBlockStore:
     """Host tier, device region and block tables of the sparse `layers` (see the module docstring)."""
 
     def __init__(self, layers: range, batch: int, kv_heads: int, head_dim: int, block_size: int, max_len: int,
-                 pool_slots: int, sink_blocks: int, local_blocks: int, dtype: torch.dtype, device: torch.device):
+                 pool_slots: int, sink_blocks: int, local_blocks: int, dtype: torch.dtype, device: torch.device,
+                 recall_blocks: int):
+        """`recall_blocks`: the most blocks one recall copies per (sequence, KV head) (one selection, which may
+        be smaller than the pool), which sizes its staging."""
         b, B, Hkv, D = block_size, batch, kv_heads, head_dim
         self.layers, self.block_size, self.pool_slots, self.sink_blocks = layers, b, pool_slots, sink_blocks
         self.batch, self.kv_heads, self.head_dim = B, Hkv, D
@@ -102,7 +105,7 @@ class TieredBlockStore:
         # Zeroed: gathers may read never-written rows, masked out, but they must be finite. The recall's staging
         # buffers (CUDA) come in two sets: consecutive layers alternate, at most two plans are in flight. On a CPU
         # a recall copies host rows into pool slots in one pass and stages nothing.
-        rows, staged = self.max_blocks * B * Hkv, B * Hkv * pool_slots
+        rows, staged = self.max_blocks * B * Hkv, B * Hkv * recall_blocks
         parities = range(2) if layers else range(0)
         staging = {(kind, i): ((staged, b, D), dtype) for kind in ("rk", "rv") for i in parities} if self.cuda else {}
         self.arena = HostArena({**{(kind, layer): ((rows, b, D), dtype) for kind in "kv" for layer in layers},

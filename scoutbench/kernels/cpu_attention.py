@@ -14,7 +14,9 @@ selected blocks of a host tier in place (index-driven: no gather copy), splits l
 Build: `g++ -O3 -march=native` into a shared object cached under `$SCOUTBENCH_CACHE/kernels` (default
 `~/.cache/scoutbench/kernels`), keyed by the source's hash, the compiler's version and the CPU's flags: a few
 seconds, once per machine. It needs only a C++ compiler (`$CXX`, else g++/c++): no torch or Python headers, nothing
-at `pip install` time. Concurrent first uses (pytest-xdist, Ray workers) build into temp files and rename.
+at `pip install` time. The cached library is verified before it is loaded and rebuilt (with one warning) when it
+does not verify; concurrent first uses (pytest-xdist, Ray workers) build once (`scoutbench.cache`). The build is
+bounded by `BUILD_TIMEOUT_S` and leaves no temp file when it fails, times out or is interrupted.
 
 `SCOUTBENCH_CPU_ATTENTION` picks the CPU backend: `auto` (default: the kernel, or torch's kernels with a one-line
 warning when the build fails), `native` (the kernel or an error), `torch` (force torch's kernels, the tested
@@ -23,20 +25,23 @@ reference path). `backend_name()` says which runs; `kernels/backends.USAGE` coun
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
-import tempfile
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from scoutbench.cache import cache_root, provide
 from scoutbench.errors import ScoutbenchError, UsageError
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
@@ -48,7 +53,10 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 # platform (some ARM toolchains) get the next set. -fopenmp-simd enables `omp simd` loops only: no OpenMP runtime.
 FLAG_SETS = (("-march=native",), ("-mcpu=native",), ())
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno")
+# the whole build (the compiler's version, each flag set tried, a wait for a concurrent build of the same library): a
+# compiler that hangs costs a run this long once, then torch's kernels serve it (normal builds: 5-20 s)
 BUILD_TIMEOUT_S = 120
+LIBRARY_NAME = f"{SOURCE.stem}.so"
 
 
 class NativeUnavailable(ScoutbenchError):
@@ -86,32 +94,57 @@ def _cpu_flags() -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SCOUTBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "scoutbench")
-    return Path(root) / "kernels"
+    return cache_root() / "kernels"
+
+
+def _run_bounded(cmd: list[str], deadline: float) -> subprocess.CompletedProcess:
+    """`cmd` with its output captured, killed with its whole process group at `deadline` (time.monotonic()) or
+    when this process is interrupted: subprocess.run's timeout kills only the compiler driver, and its wait for
+    the pipes then lasts as long as the compiler proper (cc1plus) that holds them."""
+    left_s = deadline - time.monotonic()
+    if left_s <= 0:
+        raise NativeUnavailable(f"the build did not finish within {BUILD_TIMEOUT_S} s")
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=left_s)
+    except BaseException as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise NativeUnavailable(f"{Path(cmd[0]).name} did not finish within {BUILD_TIMEOUT_S} s") from None
+        raise
+    return subprocess.CompletedProcess(cmd, process.returncode, out, err)
+
+
+def _compile(compiler: str, deadline: float, folder: Path) -> None:
+    """The library into `folder` (a staging folder of `cache.provide`), with the first flag set the compiler takes."""
+    errors = []
+    for arch in FLAG_SETS:
+        cmd = [compiler, *BASE_FLAGS, *arch, str(SOURCE), "-o", str(folder / LIBRARY_NAME)]
+        result = _run_bounded(cmd, deadline)
+        if result.returncode == 0:
+            return
+        errors.append((result.stderr.strip().splitlines() or ["?"])[-1])
+    raise NativeUnavailable(f"{compiler} failed: {errors[0]}")
 
 
 def _build(compiler: str) -> Path:
-    """The cached shared object for this source, compiler and CPU; compiled now if missing."""
+    """The cached, verified shared object for this source, compiler and CPU; compiled now if missing or if the
+    cached one does not verify (`scoutbench.cache`: a truncated library would kill the process when mapped)."""
+    deadline = time.monotonic() + BUILD_TIMEOUT_S
     source = SOURCE.read_bytes()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = _run_bounded([compiler, "--version"], deadline).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
-    target = cache_dir() / f"{SOURCE.stem}-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    errors = []
-    for arch in FLAG_SETS:
-        fd, tmp = tempfile.mkstemp(prefix=f".{SOURCE.stem}-", suffix=".so", dir=target.parent)
-        os.close(fd)
-        cmd = [compiler, *BASE_FLAGS, *arch, str(SOURCE), "-o", tmp]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if result.returncode == 0:
-            os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
-            return target
-        os.unlink(tmp)
-        errors.append((result.stderr.strip().splitlines() or ["?"])[-1])
-    raise NativeUnavailable(f"{compiler} failed: {errors[0]}")
+    folder, rebuilt_because = provide(cache_dir() / f"{SOURCE.stem}-{key}",
+                                      functools.partial(_compile, compiler, deadline),
+                                      lock_timeout_s=max(deadline - time.monotonic(), 0.0))
+    if rebuilt_because is not None:
+        warnings.warn(f"scoutbench: the cached CPU kernel in {folder} did not verify ({rebuilt_because}); rebuilt it",
+                      RuntimeWarning, stacklevel=3)
+    return folder / LIBRARY_NAME
 
 
 def _load() -> ctypes.CDLL:
@@ -162,7 +195,7 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         return _bind(_load())
-    except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
+    except (ScoutbenchError, OSError, subprocess.SubprocessError) as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if choice == "native":
             raise NativeUnavailable(f"{ENV_BACKEND}=native but the CPU attention kernel is unavailable: {reason}; "

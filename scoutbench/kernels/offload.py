@@ -6,6 +6,9 @@
   avoids; the planner counts exactly what it holds. Its pages are transparent huge pages where the kernel allows
   them (`huge_page_backing`): the CPU attention of a sparse method reads random blocks of it, and with 4 KiB pages
   nearly every block is a TLB miss.
+- `keep_host_memory`: one registered host buffer that the arenas of a process's runs take in turn. The first touch
+  of fresh memory is slow where a VM's RAM grows on demand (0.13-0.3 GiB/s, docs/gpu.md), and registering is
+  paid per call: a comparison of several methods pays both once instead of once per method.
 - `device_zeros`: a method's compute-device caches, zeroed (on CPU an arena too, for its huge pages).
 - `host_empty`: small host buffers (staging of one step), pinned when CUDA is present.
 - `token_chunks`: bounded prefill transients (a copy or an fp32 temporary over a whole prompt is split).
@@ -18,12 +21,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import math
+import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,9 +37,16 @@ from typing import Any
 
 import torch
 
+from scoutbench.errors import ScoutbenchError
+
 ARENA_ALIGN_BYTES = 256  # every tensor of an arena starts at a multiple of this (vector loads, any dtype)
 PREFILL_CHUNK_TOKENS = 4096  # tokens per piece of a chunked prefill transient
 CUDA_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable, as torch's own pin_memory utilities use
+CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation: the only cudaHostRegister error that a smaller batch fixes
+# Test hook: fresh host memory fills at most this fast (GiB/s), as on a VM whose RAM grows on demand (the GPU check's
+# CPU dry run simulates the lent machine's 0.13-0.3 GiB/s with it). Unset: as fast as the machine fills it.
+HOST_FILL_ENV = "SCOUTBENCH_HOST_FILL_GIBS"
+GIB = 1024**3
 HUGE_PAGE_BYTES = 2 * 1024**2  # x86-64 and arm64 (4 KiB base pages) transparent huge pages
 MADV_DONTNEED, MADV_HUGEPAGE = 4, 14  # <sys/mman.h>, Linux
 # GIL switch interval while a CPU worker runs beside the main thread (CpuWorkerPool): ScoutAttention's decode steps on
@@ -100,36 +113,154 @@ def _unregister(pointer: int, device: torch.device) -> None:
         clear_last_cuda_error(device)
 
 
+def fresh_host_buffer(nbytes: int) -> tuple[torch.Tensor, int]:
+    """A zeroed pageable allocation of `nbytes` and the bytes of it on huge pages (advised before the zeroing
+    touches its pages). The zeroing is the first touch, which is what a VM whose RAM grows on demand is slow at;
+    `SCOUTBENCH_HOST_FILL_GIBS` caps its rate (a test hook)."""
+    start = time.perf_counter()
+    buffer = torch.empty(nbytes, dtype=torch.uint8)
+    huge_page_bytes = huge_page_backing(buffer)
+    buffer.zero_()
+    fill_gib_s = float(os.environ.get(HOST_FILL_ENV) or 0)
+    if fill_gib_s > 0:
+        time.sleep(max(0.0, nbytes / GIB / fill_gib_s - (time.perf_counter() - start)))
+    return buffer, huge_page_bytes
 
+
+def register_host(buffer: torch.Tensor, device: torch.device) -> weakref.finalize:
+    """Page-lock `buffer` with `cudaHostRegister`; the returned finalizer unregisters it (at the latest when the
+    buffer is collected). Out of memory (cudaErrorMemoryAllocation) raises an out-of-memory RuntimeError, which
+    `--batch auto` answers with a smaller batch; any other error is no memory shortage, and a smaller batch would
+    fail alike: a ScoutbenchError that names it. Either way CUDA's last error is cleared first: the next kernel
+    launch would otherwise report it as a fresh failure of its own."""
+    nbytes = buffer.numel() * buffer.element_size()
+    pointer = buffer.data_ptr()
+    cudart = torch.cuda.cudart()
+    code = int(cudart.cudaHostRegister(pointer, nbytes, CUDA_HOST_REGISTER_PORTABLE))
+    if code != 0:
+        clear_last_cuda_error(torch.device(device))
+        what = f"pinned host memory: registering {nbytes / GIB:.2f} GiB failed (cudaError {code}"
+        if code == CUDA_ERROR_MEMORY_ALLOCATION:
+            raise RuntimeError(f"{what}): out of memory")
+        name = getattr(cudart, "cudaGetErrorString", None)
+        reason = f": {name(code)}" if name is not None else ""
+        raise ScoutbenchError(f"{what}{reason}), not a memory shortage; check the driver's log (dmesg) and that "
+                              "nothing else registered this memory")
+    release = weakref.finalize(buffer, _unregister, pointer, torch.device(device))
+    release.atexit = False  # the CUDA context may already be gone at exit
+    return release
+
+
+def indexed(device: torch.device | str) -> torch.device:
+    """`device` with its index (`cuda` is the current CUDA device): one device has one name."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class KeptHostMemory:
+    """One host buffer, zeroed and (on CUDA) registered once, that the host arenas of a process's runs take in
+    turn (`keep_host_memory`): one arena at a time holds it, as a view of its first bytes, zeroed again. It grows
+    (a fresh buffer in place of the old) when an arena needs more than it has. `fill_s` and `register_s` say what
+    its fresh memory cost."""
+
+    def __init__(self, device: torch.device):
+        self.device = indexed(device)
+        self.buffer: torch.Tensor | None = None
+        self.huge_page_bytes = 0
+        self.lent = False
+        self.fill_s = self.register_s = 0.0
+        self.filled_bytes = 0
+        self._release: weakref.finalize | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.numel()
+
+    def reserve(self, nbytes: int) -> None:
+        """At least `nbytes`, filled and registered now (not while a run is timed)."""
+        if nbytes <= self.nbytes:
+            return
+        self.close()
+        start = time.perf_counter()
+        self.buffer, self.huge_page_bytes = fresh_host_buffer(nbytes)
+        self.fill_s += time.perf_counter() - start
+        self.filled_bytes += nbytes
+        if self.device.type == "cuda":
+            start = time.perf_counter()
+            self._release = register_host(self.buffer, self.device)
+            self.register_s += time.perf_counter() - start
+
+    def lend(self, nbytes: int) -> torch.Tensor:
+        """The first `nbytes`, zeroed, for one arena until `give_back`."""
+        if self.lent:
+            raise RuntimeError("kept host memory is already lent to another arena")
+        self.reserve(nbytes)
+        view = self.buffer[:nbytes]
+        view.zero_()
+        self.lent = True
+        return view
+
+    def give_back(self) -> None:
+        self.lent = False
+
+    def close(self) -> None:
+        """Unregister and drop the buffer (a view still held by a closed method keeps only its pageable memory)."""
+        if self._release is not None:
+            self._release()
+            self._release = None
+        self.buffer, self.huge_page_bytes = None, 0
+
+
+_KEPT: KeptHostMemory | None = None
+
+
+@contextlib.contextmanager
+def keep_host_memory(device: torch.device, reserve_bytes: int = 0) -> Iterator[KeptHostMemory]:
+    """Within the block, the host arenas made for `device` take one kept buffer in turn instead of fresh memory
+    each; `reserve_bytes` fills (and on CUDA registers) it now. One keeper at a time."""
+    global _KEPT
+    if _KEPT is not None:
+        raise RuntimeError("host memory is already kept")
+    kept = KeptHostMemory(device)
+    try:
+        kept.reserve(reserve_bytes)
+        _KEPT = kept
+        yield kept
+    finally:
+        _KEPT = None
+        kept.close()
+
+
+def _give_back(kept: KeptHostMemory) -> None:
+    kept.give_back()
 
 
 class HostArena:
     """A method's host tensors as views of one zeroed allocation of exactly their size (+ alignment), on huge pages
     where Linux allows them (their pages released and advised before the zeroing touches them).
 
-    On CUDA the allocation is page-locked with `cudaHostRegister`, so copies from and to it are asynchronous and
-    `is_pinned()` holds; `release()` (also run when the arena is collected) unregisters it. A registration that
-    fails raises an out-of-memory RuntimeError, which `--batch auto` answers by halving the batch; it first clears
-    CUDA's last error, which the next kernel launch (of the retry) would otherwise report as a fresh failure.
+    On CUDA the allocation is page-locked with `cudaHostRegister` (`register_host`), so copies from and to it are
+    asynchronous and `is_pinned()` holds; `release()` (also run when the arena is collected) unregisters it.
+    Within `keep_host_memory` for its device, the arena is a view of the kept buffer instead (registered once for
+    every arena), and `release()` hands it back.
     """
 
     def __init__(self, specs: dict[Any, tuple[tuple[int, ...], torch.dtype]], device: torch.device):
         offsets, self.nbytes = arena_layout(specs)
-        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8)
-        self.huge_page_bytes = huge_page_backing(self.buffer)
-        self.buffer.zero_()
+        kept = _KEPT if _KEPT is not None and _KEPT.device == indexed(device) and not _KEPT.lent else None
+        self._release = None
+        if kept is not None:
+            self.buffer = kept.lend(self.nbytes)
+            self.huge_page_bytes = kept.huge_page_bytes
+            self._release = weakref.finalize(self, _give_back, kept)
+        else:
+            self.buffer, self.huge_page_bytes = fresh_host_buffer(self.nbytes)
+            if torch.device(device).type == "cuda" and self.nbytes:
+                self._release = register_host(self.buffer, torch.device(device))
         self.tensors = {key: self.buffer[offsets[key]: offsets[key] + math.prod(shape) * dtype.itemsize]
                         .view(dtype).view(shape) for key, (shape, dtype) in specs.items()}
-        self._release = None
-        if torch.device(device).type == "cuda" and self.nbytes:
-            pointer = self.buffer.data_ptr()
-            code = int(torch.cuda.cudart().cudaHostRegister(pointer, self.nbytes, CUDA_HOST_REGISTER_PORTABLE))
-            if code != 0:
-                clear_last_cuda_error(torch.device(device))
-                raise RuntimeError(f"pinned host memory: registering {self.nbytes / 1024**3:.2f} GiB failed "
-                                   f"(cudaError {code}): out of memory")
-            self._release = weakref.finalize(self, _unregister, pointer, torch.device(device))
-            self._release.atexit = False  # the CUDA context may already be gone at exit
 
     def __getitem__(self, key: Any) -> torch.Tensor:
         return self.tensors[key]
@@ -139,7 +270,8 @@ class HostArena:
         return self._release is not None and self._release.alive
 
     def release(self) -> None:
-        """Unpin now (before an out-of-memory retry); the memory itself goes with the last view of it."""
+        """Unpin now (before an out-of-memory retry), or hand the kept buffer back; the memory itself goes with
+        the last view of it."""
         if self._release is not None:
             self._release()
 
@@ -203,9 +335,7 @@ class CopyStream:
     """Asynchronous copies with completion events (CUDA), or synchronous copies (CPU)."""
 
     def __init__(self, device: torch.device):
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = indexed(device)
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         if self.stream is not None:
             with _COPY_STREAMS_LOCK:
@@ -242,12 +372,23 @@ class CopyStream:
         return result, event
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's cpuset), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class CpuWorkerPool:
     """A small thread pool for CPU attention tasks (one worker serves the layer-ahead pipeline in order).
 
-    `intra_op_threads` (None: torch's, as the main thread): each worker's torch thread count, which under OpenMP is
-    per thread, so the main thread keeps its own. On a CPU-only run the worker shares the cores with the main
-    thread's "device" work, and what that costs depends on the method's overlap (docs/platform.md).
+    `intra_op_threads`: each worker's torch thread count (the CPU kernels' too), which under OpenMP is per
+    thread, so the main thread keeps its own. Default on a CUDA `device`: the usable cores less the one the main
+    thread needs to keep issuing device work, shared among the workers (with every core the workers' threads
+    preempt the issuing thread, and the GPU waits for launches); on a CPU run torch's, as the main thread's (the
+    worker then shares the cores with the main thread's "device" work, and what that costs depends on the
+    method's overlap: docs/platform.md).
 
     While any pool is open, the interpreter's GIL switch interval is at most WORKER_SWITCH_INTERVAL_S (restored when
     the last one closes): the worker and the main thread both run short Python stretches between kernel calls, and
@@ -258,7 +399,10 @@ class CpuWorkerPool:
     _saved_interval_s: float | None = None
     _lock = threading.Lock()
 
-    def __init__(self, workers: int = 1, intra_op_threads: int | None = None):
+    def __init__(self, workers: int = 1, intra_op_threads: int | None = None, device: torch.device | None = None):
+        if intra_op_threads is None and device is not None and torch.device(device).type == "cuda":
+            intra_op_threads = max(1, (usable_cores() - 1) // workers)
+        self.intra_op_threads = intra_op_threads
         initializer = None if intra_op_threads is None else (lambda: torch.set_num_threads(intra_op_threads))
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scoutbench-cpu",
                                            initializer=initializer)

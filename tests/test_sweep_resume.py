@@ -1,0 +1,245 @@
+"""Sweep resume never trusts a point file's name: a point is done only when its file records this point and this
+sweep's settings, and a folder whose manifest is gone takes its settings from its point files. The property test
+drives random interleavings of runs (with other settings and grids), kills at every stage of a point, and removed
+or corrupt manifests against a model of what the folder must hold; the end-to-end tests run the real CLI."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from cli_runner import run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from result_factory import make_result
+
+from scoutbench.bench.sweep import MANIFEST, Settings, SweepPoint, run_sweep
+from scoutbench.errors import UsageError
+from scoutbench.results import LOCK_NAME
+
+BASE = Settings(model="tiny-qwen3", steps=2, warmup=1, device="cpu", prefill="synthetic")
+SETTINGS = [BASE, replace(BASE, steps=4), replace(BASE, seed=5)]
+POINTS = [SweepPoint("fullkv", 1024, 1), SweepPoint("fullkv", 2048, 1), SweepPoint("quest", 1024, 1),
+          SweepPoint("quest", 1024, 1, (("budget", 512),))]
+
+
+class Runner:
+    """The point runner stubbed (the test is about resume): records what it ran, and interrupts at the `kill_at`-th
+    point like Ctrl-C or a kill (KeyboardInterrupt: no file for that point)."""
+
+    def __init__(self, kill_at: int | None = None):
+        self.kill_at = kill_at
+        self.ran: list[tuple[str, int, tuple]] = []
+
+    def __call__(self, cfg):
+        if self.kill_at is not None and len(self.ran) == self.kill_at:
+            raise KeyboardInterrupt
+        self.ran.append((cfg.method, cfg.length, tuple(sorted(cfg.method_args.items()))))
+        return make_result(cfg.method, 1e5 / cfg.length, length=cfg.length, batch=cfg.batch, config=cfg.method_args)
+
+
+def _key(point: SweepPoint) -> tuple[str, int, tuple]:
+    return point.method, point.length, point.method_args
+
+
+def point_files(folder: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in folder.glob("*.json") if p.name != MANIFEST}
+
+
+class FolderModel:
+    """What the folder must hold: its point files' settings (all one settings) and the manifest's state."""
+
+    def __init__(self) -> None:
+        self.points: dict[str, int] = {}  # point id -> index into SETTINGS of its file
+        self.manifest: int | str | None = None  # SETTINGS index, "corrupt" or None (absent)
+
+    def accepts(self, index: int) -> bool:
+        if self.manifest == "corrupt":
+            return False
+        if self.manifest is not None:
+            return self.manifest == index
+        return all(s == index for s in self.points.values())
+
+
+RUN = st.tuples(st.just("run"), st.integers(0, len(SETTINGS) - 1),
+                st.lists(st.sampled_from(range(len(POINTS))), min_size=1, max_size=len(POINTS), unique=True),
+                st.one_of(st.none(), st.tuples(st.integers(0, len(POINTS) - 1),
+                                               st.sampled_from(["running", "written", "writing"]))))
+ACTIONS = st.lists(st.one_of(RUN, st.just(("remove manifest",)), st.just(("corrupt manifest",))), min_size=1,
+                   max_size=7)
+
+
+def _run(folder: Path, model: FolderModel, index: int, grid: list[SweepPoint], kill) -> None:
+    """One `run_sweep`, killed at point `kill[0]` (among those it runs) while `kill[1]`: running (no file),
+    written (its file renamed into place, the manifest not yet updated: a kill -9 there), or writing (a kill -9 during
+    the write: only a temp file)."""
+    settings_ = SETTINGS[index]
+    pending = [p for p in grid if model.points.get(p.point_id(BASE.model)) != index or not model.accepts(index)]
+    kill_at, phase = kill if kill is not None else (None, None)
+    runner = Runner(kill_at if phase == "running" else None)
+    import scoutbench.results as results
+
+    real_write = results.write_json_atomic
+    written = []
+
+    def write(path, obj, overwrite=False):
+        path = Path(path)
+        if path.name != MANIFEST and path.suffix == ".json" and len(written) == kill_at:
+            if phase == "writing":
+                (path.parent / f".{path.name}.k1ll3d.tmp").write_text('{"schema_version": 2, "kind"')
+                raise KeyboardInterrupt
+            real_write(path, obj, overwrite)
+            raise KeyboardInterrupt
+        if path.name != MANIFEST:
+            written.append(path)
+        return real_write(path, obj, overwrite)
+
+    accepted = model.accepts(index)
+    killed = False
+    with mock.patch.object(results, "write_json_atomic", write):
+        try:
+            run_sweep(grid, settings_, folder, runner=runner)
+        except UsageError:
+            assert not accepted, "a rerun that resumes this folder was refused"
+            return
+        except KeyboardInterrupt:
+            killed = True
+    assert accepted, "a rerun with other settings was not refused"
+    # it ran exactly the points without a finished file of these settings, in grid order, up to the kill
+    assert runner.ran == [_key(p) for p in pending][:len(runner.ran)]
+    done = len(runner.ran) - (phase == "writing" and killed)  # the points whose files are in place
+    assert killed == (kill_at is not None and kill_at < len(pending)) and (killed or done == len(pending))
+    model.manifest = index
+    for point in pending[:done]:
+        model.points[point.point_id(BASE.model)] = index
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=ACTIONS, last=RUN)
+def test_kills_and_reruns_with_other_settings_leave_only_points_of_the_folders_settings(actions, last):
+    """After any interleaving, the folder's point files are exactly those the model says, each recording its point
+    and the folder's settings (never a point of other settings), and a final uninterrupted run leaves every point of
+    its grid done with its settings, listed in a manifest of those settings (or is refused, changing nothing)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        model = FolderModel()
+        for action in [*actions, (*last[:3], None)]:
+            if action[0] == "remove manifest":
+                (folder / MANIFEST).unlink(missing_ok=True)
+                model.manifest = None
+            elif action[0] == "corrupt manifest":
+                (folder / MANIFEST).write_text('{"kind": "sweep", "points": [', encoding="utf-8")
+                model.manifest = "corrupt"
+            else:
+                _, index, grid, kill = action
+                _run(folder, model, index, [POINTS[i] for i in sorted(grid)], kill)
+            files = point_files(folder)
+            assert set(files) == set(model.points), action
+            for point_id, result in files.items():
+                stamp = result["sweep_point"]
+                assert stamp["settings"] == json.loads(json.dumps(SETTINGS[model.points[point_id]].__dict__))
+                point = SweepPoint(stamp["point"]["method"], stamp["point"]["len"], stamp["point"]["batch"],
+                                   tuple(sorted(stamp["point"]["method_args"].items())))
+                assert point.point_id(BASE.model) == point_id and result["status"] == "ok"
+        _, index, grid, _ = last
+        if model.manifest == index:  # the final run was accepted
+            assert all(model.points[POINTS[i].point_id(BASE.model)] == index for i in grid)
+            manifest = json.loads((folder / MANIFEST).read_text())
+            assert manifest["settings"] == json.loads(json.dumps(SETTINGS[index].__dict__))
+            listed = {p["id"]: p["status"] for p in manifest["points"]}
+            assert {i: s for i, s in listed.items() if i in model.points} == dict.fromkeys(
+                {POINTS[i].point_id(BASE.model) for i in grid}, "ok") | {
+                i: s for i, s in listed.items() if i in model.points and i not in
+                {POINTS[g].point_id(BASE.model) for g in grid}}
+            assert not list(folder.glob(".*.tmp"))
+        assert not (set(p.name for p in folder.iterdir()) - {MANIFEST, LOCK_NAME}
+                    - {f"{i}.json" for i in model.points} - {p.name for p in folder.glob(".*.tmp")})
+
+
+# ---- the reported case and its siblings, end to end ----------------------------------------------------------------
+
+ARGS = ["sweep", "--method", "fullkv", "--len", "64,96", "--warmup", "0", "--device", "cpu", "--json"]
+
+
+def test_removing_a_corrupt_manifest_then_changing_settings_is_refused(tmp_path, monkeypatch, capsys):
+    """After removing a corrupt sweep.json as its error says, a rerun with --steps 4 or --seed 5 kept the old steps-2 /
+    seed-0 points and its new manifest recorded the new settings."""
+    out = tmp_path / "s"
+    code, stdout, err = run_cli(monkeypatch, capsys, *ARGS, "--steps", "2", "-o", out)
+    assert code == 0, err
+    (out / MANIFEST).write_text("{", encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, *ARGS, "--steps", "2", "-o", out)
+    assert code == 2 and "not a readable sweep manifest" in err and "remove it" in err, err
+    (out / MANIFEST).unlink()
+    for change, named in ((["--steps", "4"], "steps 2 there vs 4 now"), (["--steps", "2", "--seed", "5"],
+                                                                         "seed 0 there vs 5 now")):
+        code, _, err = run_cli(monkeypatch, capsys, *ARGS, *change, "-o", out)
+        assert code == 2 and "holds sweep points with other settings" in err and named in err, err
+        assert not (out / MANIFEST).exists()
+    code, stdout, err = run_cli(monkeypatch, capsys, *ARGS, "--steps", "2", "-o", out)  # the same settings resume
+    manifest = json.loads(stdout)
+    assert code == 0 and (manifest["ran"], manifest["skipped"]) == (0, 2) and manifest["settings"]["steps"] == 2
+
+
+def test_a_point_file_of_other_settings_is_run_again_under_its_name(tmp_path, monkeypatch, capsys):
+    """A file named like a point of this sweep, but made with other settings (copied from another sweep folder), was
+    kept as done."""
+    out, other = tmp_path / "s", tmp_path / "other"
+    assert run_cli(monkeypatch, capsys, *ARGS, "--steps", "2", "-o", out)[0] == 0
+    assert run_cli(monkeypatch, capsys, *ARGS, "--steps", "2", "--seed", "5", "-o", other)[0] == 0
+    name = "fullkv_tiny-qwen3_len96_b1.json"
+    (out / name).write_bytes((other / name).read_bytes())
+    code, stdout, err = run_cli(monkeypatch, capsys, *ARGS, "--steps", "2", "-o", out)
+    manifest = json.loads(stdout)
+    assert code == 0 and (manifest["ran"], manifest["skipped"]) == (1, 1), err
+    assert json.loads((out / name).read_text())["workload"]["seed"] == 0
+
+
+def test_a_manifest_rebuilt_from_point_files_lists_earlier_grids(tmp_path):
+    """The manifest's error says to remove it "to rebuild it from the point files": points of an earlier grid into the
+    folder come back into it, with their results."""
+    run_sweep(POINTS[:1], BASE, tmp_path, runner=Runner())
+    run_sweep(POINTS[1:2], BASE, tmp_path, runner=Runner())
+    (tmp_path / MANIFEST).unlink()
+    runner = Runner()
+    run_sweep(POINTS[2:3], BASE, tmp_path, runner=runner)
+    listed = json.loads((tmp_path / MANIFEST).read_text())["points"]
+    assert runner.ran == [_key(POINTS[2])]
+    assert [(p["id"], p["status"]) for p in listed] == [(POINTS[i].point_id(BASE.model), "ok") for i in (2, 0, 1)]
+    assert all(p["decode_throughput_tok_s"] > 0 for p in listed)
+
+
+def test_a_recall_profile_is_reused_only_when_it_records_its_configuration(tmp_path):
+    """A preset sweep reused `recall_profile-<hash>.json` by its name: a truncated one failed every ScoutAttention
+    point. Now it is profiled again when it does not record the configuration it was made for."""
+    from scoutbench.bench.sweep import attach_recall_profiles
+
+    calls = []
+
+    def profiler(*args, **kwargs):
+        calls.append(args)
+        return {"kind": "scout_recall_profile", "intervals": [None, None, 3, 5]}
+
+    points = [SweepPoint("scout", 1024, 1)]
+    (attached,) = attach_recall_profiles(points, BASE, tmp_path, profiler=profiler)
+    profile = Path(attached.args["recall_profile"])
+    assert len(calls) == 1 and attach_recall_profiles(points, BASE, tmp_path, profiler=profiler) == [attached]
+    assert len(calls) == 1
+    profile.write_text(profile.read_text()[:40])  # truncated
+    assert attach_recall_profiles(points, BASE, tmp_path, profiler=profiler) == [attached] and len(calls) == 2
+    assert json.loads(profile.read_text())["intervals"] == [None, None, 3, 5]
+
+
+@pytest.mark.parametrize("settings_index", [1, 2])
+def test_resuming_into_a_folder_of_other_settings_profiles_nothing(tmp_path, settings_index):
+    """A refused rerun first profiled recall (half a minute on a real model) and only then compared the settings."""
+    run_sweep(POINTS[:1], BASE, tmp_path, runner=Runner())
+    (tmp_path / MANIFEST).unlink()
+    with mock.patch("scoutbench.bench.sweep.attach_recall_profiles", side_effect=AssertionError("profiled")):
+        with pytest.raises(UsageError, match="holds sweep points with other settings"):
+            run_sweep([SweepPoint("scout", 1024, 1)], SETTINGS[settings_index], tmp_path, runner=Runner(),
+                      recall_profiles=True)
