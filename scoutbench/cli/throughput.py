@@ -16,6 +16,7 @@ from scoutbench.cli.options import (
     WARMUP,
     expand_methods,
     parse_method_args,
+    revision_option,
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
@@ -37,6 +38,7 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 
 
 @click.command(name="throughput")
+@revision_option
 @click.option("--method", "methods", multiple=True, metavar="NAME",
               help="Method to run (repeatable), or 'all' for every registered one, ablations included "
                    f"(default: {', '.join(DEFAULT_METHODS)}).")
