@@ -977,11 +977,11 @@ def _capture_wait(runtime: EmulatedRuntime, stream: EmulatedStream, event: Emula
     captured = event.captured
     if captured is not None:
         if captured.capture is not capture:
-            raise RuntimeError(f"{_CAPTURED_EVENT} (emulated CUDA: a wait on an event recorded inside a CUDA graph "
-                               "capture that has ended; a replay does not record it)")
+            raise RuntimeError(f"{_CAPTURED_EVENT} (emulated CUDA: a wait {_call_site('').where()} on an event "
+                               "recorded inside a CUDA graph capture that has ended; a replay does not record it)")
         if stream.is_default:
-            capture.fail(f"{_IMPLICIT} (emulated CUDA: the default stream waited on an event recorded in the "
-                         "capture; fork a side stream instead)")
+            capture.fail(f"{_IMPLICIT} (emulated CUDA: the default stream waited {_call_site('').where()} on an "
+                         "event recorded in the capture; fork a side stream instead)")
         clock = capture.clocks.setdefault(stream, {stream: 0})
         for other, position in captured.clock.items():
             clock[other] = max(clock.get(other, 0), position)
@@ -995,8 +995,8 @@ def _capture_wait(runtime: EmulatedRuntime, stream: EmulatedStream, event: Emula
 
 def _refuse_captured_event(event: EmulatedEvent, what: str) -> None:
     if event.captured is not None:
-        message = (f"{_CAPTURED_EVENT} (emulated CUDA: {what} of an event recorded inside a CUDA graph capture; "
-                   "a replay does not record it: record it outside the captured piece)")
+        message = (f"{_CAPTURED_EVENT} (emulated CUDA: {what} {_call_site('').where()} of an event recorded inside "
+                   "a CUDA graph capture; a replay does not record it: record it outside the captured piece)")
         if event.captured.capture is _active().capture:
             event.captured.capture.fail(message)
         raise RuntimeError(message)
