@@ -296,14 +296,20 @@ def test_work_on_a_stream_outside_the_capture_is_refused(cuda):
         with torch.cuda.stream(other):
             return x + 1
 
+    def on_default():
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            return x * 3
+
     assert "not part of the capture" in str(refused(piece))
-    assert "not part of the capture" in str(refused(lambda: torch.cuda.default_stream().wait_stream(other) or
-                                                    _on_default(x)))
+    assert "not part of the capture" in str(refused(on_default))
 
 
-def _on_default(x):
-    with torch.cuda.stream(torch.cuda.default_stream()):
-        return x * 3
+def test_the_default_stream_cannot_join_a_capture(cuda):
+    def piece():
+        joined = torch.cuda.current_stream().record_event()
+        torch.cuda.default_stream().wait_event(joined)
+
+    assert "legacy stream" in str(refused(piece))
 
 
 def test_an_event_recorded_inside_a_capture_is_not_recorded_by_a_replay(cuda):
