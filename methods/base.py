@@ -287,16 +287,19 @@ class AttendedTokens:
         self._device_sum: torch.Tensor | None = None
         self._device_max: torch.Tensor | None = None
 
-    def add(self, counts: torch.Tensor) -> None:
-        total, most = counts.sum(), counts.max()
+    def add(self, counts: torch.Tensor, layers: int = 1) -> None:
+        """Counts `[B, H]` of one layer, or of each of `layers` layers that attended the same in this step."""
+        total, most = counts.sum() * layers, counts.max()
         self._device_sum = total if self._device_sum is None else self._device_sum + total
         self._device_max = most if self._device_max is None else torch.maximum(self._device_max, most)
-        self._rows += counts.numel()
+        self._rows += counts.numel() * layers
 
-    def add_host(self, per_sequence: list[int], kv_heads: int) -> None:
-        self._host_sum += sum(per_sequence) * kv_heads
+    def add_host(self, per_sequence: list[int], kv_heads: int, layers: int = 1) -> None:
+        if not layers:
+            return
+        self._host_sum += sum(per_sequence) * kv_heads * layers
         self._host_max = max(self._host_max, max(per_sequence))
-        self._rows += len(per_sequence) * kv_heads
+        self._rows += len(per_sequence) * kv_heads * layers
 
     def stats(self, budget: int | None) -> dict[str, Any]:
         """`attended_tokens_per_head` of a method's stats: mean, max, the budget, and whether max <= budget."""

@@ -67,7 +67,7 @@ class FullKV(AttentionMethod):
 
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
-        self._step_lengths.update(step.positions, step.positions_host)
+        self._step_lengths.update(step.positions + 1, [p + 1 for p in step.positions_host])
         self._count_attended(step)
 
     def _count_attended(self, step: StepInfo) -> None:

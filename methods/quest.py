@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels.attention import block_sparse_attention, decode_attention
+from scoutbench.kernels.attention import StepLengths, block_sparse_attention, decode_attention
 from scoutbench.kernels.backends import PAGE_TOKENS
 from scoutbench.kernels.digest import CandidateBlocks, DigestTable, block_digests
-from scoutbench.kernels.gather import gather_blocks, write_tokens
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     Footprint,
@@ -68,16 +67,40 @@ class Quest(FullKV):
         unit = math.lcm(self.block_size, PAGE_TOKENS)
         rounded = math.ceil(ctx.max_len / unit) * unit
         super().bind(dataclasses.replace(ctx, max_len=rounded))
-        digest_shape = (ctx.batch, ctx.num_kv_heads, rounded // self.block_size, ctx.head_dim)
-        sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
-        self.digests = DigestTable(sparse, digest_shape, ctx.dtype, ctx.device)
-        # CUDA: flashinfer attends a contiguous gather of the selection (per KV head); per query head, the gather of
-        # block_sparse_attention
+        batch, device, block, pages = ctx.batch, ctx.device, self.block_size, self.page_budget
+        num_blocks = rounded // block
+        digest_shape = (batch, ctx.num_kv_heads, num_blocks, ctx.head_dim)
+        self._sparse = range(min(self.dense_layers, ctx.num_layers), ctx.num_layers)
+        self.digests = DigestTable(self._sparse, digest_shape, ctx.dtype, device)
+        # the step's plan, written in place by begin_step (what every sparse layer and a captured graph read): the
+        # candidates (complete blocks before the tail), the tail block and its tokens, the order that puts the tail
+        # right after the valid selections, and the tokens attended
+        rows = ctx.num_heads if self.per_query_head else ctx.num_kv_heads  # selection rows per sequence
+        self._candidates = CandidateBlocks.static(batch, num_blocks, pages - 1, None, device)
+        self._tail_block = torch.zeros(batch, dtype=torch.long, device=device)
+        self._tail_len = torch.zeros(batch, dtype=torch.long, device=device)
+        # [selection | tail]: the top-k writes its ids into the front (`_top_out`), begin_step the tail at the end
+        self._ids = torch.zeros((batch, rows, pages), dtype=torch.long, device=device)
+        self._top_out = (torch.empty((batch, rows, pages - 1), dtype=self.digests.score_dtype, device=device),
+                         self._ids[..., : pages - 1])
+        self._order = torch.zeros((batch, rows, pages), dtype=torch.long, device=device)
+        self._page_slot = torch.arange(pages, device=device)
+        self._attended_len = StepLengths(batch, pages * block, ctx.dtype, device, with_host=not ctx.graphs)
+        # CUDA: the selection gathered into contiguous rows (one index_select per K and V) and attended there
         self._gathered_k = self._gathered_v = None
-        if ctx.device.type == "cuda" and not self.per_query_head:
-            gather_shape = (ctx.batch, ctx.num_kv_heads, self.page_budget * self.block_size, ctx.head_dim)
-            self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
-            self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=ctx.device)
+        if device.type == "cuda":
+            gather_shape = (batch, rows, pages * block, ctx.head_dim)
+            self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=device)
+            self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=device)
+            kv_head = torch.arange(rows, device=device) // (rows // ctx.num_kv_heads)
+            self._row_base = ((torch.arange(batch, device=device)[:, None] * ctx.num_kv_heads + kv_head[None, :])
+                              * num_blocks)[:, :, None]  # [B, rows, 1]: the first block of each row's KV head
+            # per sparse layer, its K and V caches as tables of blocks, and the gather buffers as rows of blocks
+            self._block_tables = {layer: tuple(c.view(-1, block * ctx.head_dim) for c in (self.keys[layer],
+                                                                                        self.values[layer]))
+                                  for layer in self._sparse}
+            self._gathered_rows = tuple(g.view(batch * rows * pages, -1) for g in (self._gathered_k,
+                                                                                 self._gathered_v))
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -95,72 +118,80 @@ class Quest(FullKV):
 
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
-        block = self.block_size
+        block, pages = self.block_size, self.page_budget
         lengths = [p + 1 for p in step.positions_host]  # tokens per sequence once the new one is appended
-        tail_block = [(n - 1) // block for n in lengths]  # = complete blocks before the tail: the candidates
-        self._max_candidates = max(tail_block)
-        self._fits = max(math.ceil(n / block) for n in lengths) <= self.page_budget
-        # the same on the device, from the device positions (a host list would cost a synchronising copy)
-        self._tail_block = torch.div(step.positions, block, rounding_mode="floor")
-        self._tail_len = step.positions + 1 - self._tail_block * block
-        # select()'s valid_len on the host (flashinfer plans from it): min(tail, pages - 1) selected blocks + the tail
-        self._selected_len_host = [min((n - 1) // block, self.page_budget - 1) * block + (n - 1) % block + 1
-                                   for n in lengths]
-        # blocks that the new token completes: their digests are built after the append
+        self._fits = max(math.ceil(n / block) for n in lengths) <= pages
+        # on the device, from the device positions (a host list would cost a synchronising copy)
+        torch.div(step.positions, block, rounding_mode="floor", out=self._tail_block)
+        torch.sub(step.positions + 1, self._tail_block * block, out=self._tail_len)
+        self._candidates.update(self._tail_block)  # the complete blocks before the tail
+        count = self._candidates.count  # [B, 1]: valid selections
+        self._ids[..., -1:].copy_(self._tail_block[:, None, None])
+        # attended order: the valid selections, the tail (entry pages - 1 of [selection | tail]), then padding
+        slot = self._page_slot[None, None, :]
+        self._order.copy_(torch.where(slot < count[:, :, None], slot,
+                                      torch.where(slot == count[:, :, None], pages - 1, slot - 1)))
+        selected_len = count[:, 0] * block + self._tail_len
+        # the same on the host, where a backend plans there (flashinfer)
+        self._attended_len.update(selected_len, [min((n - 1) // block, pages - 1) * block + (n - 1) % block + 1
+                                                 for n in lengths])
+        # statistics: every sparse layer attends the same tokens in a step
+        sparse = len(self._sparse)
+        mean_lengths = sum(lengths) / len(lengths)
+        self._attended_sum[: self.dense_layers] += mean_lengths
+        if self._fits:
+            self._attended_sum[self.dense_layers:] += mean_lengths
+            self._attended.add_host(lengths, self.ctx.num_kv_heads, layers=sparse)
+        else:
+            self._attended_sum[self.dense_layers:] += selected_len.float().mean()
+            self._attended.add(self._attended_len.valid_len[:, None].expand(-1, self._ids.shape[1]), layers=sparse)
+        # blocks that the new token completes: their digests are built once the step has appended it (end_step)
         if step.uniform:
             self._completed = [(slice(None), lengths[0] // block - 1)] if lengths[0] % block == 0 else []
         else:
             self._completed = [(slice(b, b + 1), n // block - 1) for b, n in enumerate(lengths) if n % block == 0]
-        self._attended_step = sum(lengths) / len(lengths)
-        self._lengths = lengths
         self._steps += 1
 
+    def graph_key(self) -> bool:
+        """A context that fits the budget runs dense (FullKV's device work): its own variant."""
+        return self._fits
+
+    def end_step(self) -> None:
+        for layer in self._sparse:
+            self._update_digests(layer)
+
     def _count_attended(self, step: StepInfo) -> None:
-        """Counted per sparse layer in decode (the dense layers are not what the budget bounds)."""
+        """Counted per step for the sparse layers in begin_step (the dense layers are not what the budget bounds)."""
 
     def decode(self, layer, q, k, v):
         if layer < self.dense_layers or self._fits:
-            out = super().decode(layer, q, k, v)
-            self._attended_sum[layer] += self._attended_step
-            if layer >= self.dense_layers:
-                self._attended.add_host(self._lengths, self.ctx.num_kv_heads)  # the context fits the budget
-                with self.ctx.timer.stage("attn_device"):
-                    self._update_digests(layer)
-            return out
-        step, keys, values = self.step, self.keys[layer], self.values[layer]
+            return super().decode(layer, q, k, v)
+        keys, values = self.keys[layer], self.values[layer]
         with self.ctx.timer.stage("attn_device"):
-            write_tokens(keys, k, step.positions, step.positions_host)
-            write_tokens(values, v, step.positions, step.positions_host)
-            self._update_digests(layer)
-            block_ids, valid_len = self.select(layer, q)
-            self._attended_sum[layer] += valid_len.float().mean()
-            self._attended.add(valid_len)
-            if self._gathered_k is None:  # CPU (or per query head): the selected blocks attended by id
+            keys[self._batch_index, :, self.step.positions] = k
+            values[self._batch_index, :, self.step.positions] = v
+            block_ids = self._selected_blocks(layer, q)
+            if self._gathered_k is None:  # CPU: the selected blocks attended by id, in place
                 batch, kv_heads, num_tokens, head_dim = keys.shape
                 blocked = (batch, kv_heads, num_tokens // self.block_size, self.block_size, head_dim)
                 return block_sparse_attention(q, keys.view(blocked), values.view(blocked), block_ids, self.ctx.scale,
-                                              valid_len).o.to(q.dtype)
-            gather_blocks(keys, block_ids, self.block_size, self._gathered_k)
-            gather_blocks(values, block_ids, self.block_size, self._gathered_v)
-            return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, valid_len,
-                                    self._selected_len_host)
+                                              self._attended_len.valid_len).o.to(q.dtype)
+            flat_ids = (self._row_base + block_ids).view(-1)
+            for table, gathered in zip(self._block_tables[layer], self._gathered_rows, strict=True):
+                torch.index_select(table, 0, flat_ids, out=gathered)
+            return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, lengths=self._attended_len)
+
+    def _selected_blocks(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Block ids `[B, H, page_budget]` a sparse layer attends (after the append): the selected complete blocks
+        in descending score order, then the tail block, then padding (H = Hkv, or Hq per query head)."""
+        self.digests.select(layer, q, self._candidates, self.per_query_head, out=self._top_out)
+        return self._ids.gather(-1, self._order)
 
     def select(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The blocks a sparse layer attends in this step (after the append), per (sequence, KV head).
-
-        Returns (block_ids `[B, H, page_budget]`, valid_len `[B, H]` in tokens; H = Hkv, or Hq per query head):
-        the selected complete blocks in descending score order, then the tail block, then padding; valid_len counts
-        the selected blocks' tokens plus the tail's, so the valid tokens of a gather of these blocks come first.
-        """
-        pages = self.page_budget
-        candidates = self._max_candidates
-        selectable = CandidateBlocks.build(candidates, self._tail_block, pages - 1, None, q.device)
-        ids, _ = self.digests.select(layer, q, selectable, self.per_query_head)
-        count = selectable.count.expand(ids.shape[:2])
-        block_ids = torch.nn.functional.pad(ids, (0, pages - ids.shape[-1]))
-        slot = torch.arange(pages, device=q.device)
-        block_ids = torch.where(slot == count[..., None], self._tail_block[:, None, None], block_ids)
-        return block_ids, count * self.block_size + self._tail_len[:, None]
+        """(block ids `[B, H, page_budget]`, valid tokens `[B, H]`) of a sparse layer in this step: the selection
+        and the tail block (`_selected_blocks`), and how many leading tokens of those blocks are valid."""
+        block_ids = self._selected_blocks(layer, q)
+        return block_ids, self._attended_len.valid_len[:, None].expand(block_ids.shape[:2])
 
     def _update_digests(self, layer: int) -> None:
         for rows, block in self._completed:

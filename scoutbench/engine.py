@@ -13,6 +13,7 @@ ScoutAttention and InfiniGen predict the next layer's query.
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,7 @@ class DecodeEngine:
         self.timer = timer or StageTimer(self.device)
         self.ops: DecodeOps | None = None  # the decode step's model work (decode_ops.py), made by `start`
         self.graphs: GraphRunner | None = None  # when the decode steps replay captured CUDA graphs
+        self.graphs_failure: str | None = None  # why graphs were asked for and not used
         self._cos = self._sin = None
         self.positions: torch.Tensor | None = None
         self.positions_host: list[int] = []
@@ -70,7 +72,14 @@ class DecodeEngine:
         )
         self.ops = DecodeOps(self.model, choose_form(self.device), max_len)
         self.method.bind(ctx)
-        self.graphs = GraphRunner(self, batch) if cuda_graphs else None
+        self.graphs, self.graphs_failure = None, None
+        if cuda_graphs:
+            try:
+                self.graphs = GraphRunner(self, batch)
+            except Exception as exc:  # noqa: BLE001 - graphs unavailable here (a torch without them): eager, and why
+                self.graphs_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                print(f"scoutbench: warning: CUDA graphs unavailable ({self.graphs_failure}); decoding eagerly",
+                      file=sys.stderr)
         cpu_attention.library()  # built (first use: seconds) or found now, never inside a timed step
         self.step_index = 0
 

@@ -87,11 +87,12 @@ def use_cuda_graphs(mode: str, device: torch.device) -> bool:
     return mode != "off" and device.type == "cuda"
 
 
-def graph_fields(runner: Any, timed_captures: int) -> dict[str, Any]:
-    """The result's `cuda_graphs`: what replayed (graphs.GraphRunner.describe), or eager throughout."""
-    if runner is None:
-        return {"cuda_graphs": {"enabled": False, "captured": False, "failure": None}}
-    return {"cuda_graphs": {**runner.describe(), "captures_in_timed_steps": timed_captures}}
+def graph_fields(engine: Any, timed_captures: int) -> dict[str, Any]:
+    """The result's `cuda_graphs`: what replayed (graphs.GraphRunner.describe), or eager throughout and why."""
+    if engine.graphs is None:
+        return {"cuda_graphs": {"enabled": engine.graphs_failure is not None, "captured": False,
+                                "failure": engine.graphs_failure}}
+    return {"cuda_graphs": {**engine.graphs.describe(), "captures_in_timed_steps": timed_captures}}
 
 
 def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
@@ -380,7 +381,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         stats = method.stats()
         backends_used = attention_backends.snapshot()
         timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
-        graphs = graph_fields(engine.graphs, timed_captures)
+        graphs = graph_fields(engine, timed_captures)
         if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None

@@ -58,13 +58,16 @@ class StepLengths:
         self.host: list[int] | None = None
         self.span: int | None = None
 
-    def update(self, positions: torch.Tensor, positions_host: Sequence[int]) -> None:
-        """The lengths once each sequence's new token (at `positions`) is written."""
-        torch.add(positions, 1, out=self.valid_len)
+    def update(self, valid_len: torch.Tensor, valid_host: Sequence[int] | None) -> None:
+        """This step's lengths `[B]` (device), and on the host where known (kept only `with_host`)."""
+        self.valid_len.copy_(valid_len)
         if self.bias is not None:
             past = self._slots[None, :] >= self.valid_len[:, None]  # [B, capacity]
             torch.index_select(self._mask_values, 0, past.view(-1).long(), out=self.bias.view(-1))
-        self.host = [p + 1 for p in positions_host] if self.with_host else None
+        self.set_host(valid_host)
+
+    def set_host(self, valid_host: Sequence[int] | None) -> None:
+        self.host = list(valid_host) if self.with_host and valid_host is not None else None
         self.span = self.host[0] if self.host and min(self.host) == max(self.host) else None
 
 

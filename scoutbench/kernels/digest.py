@@ -75,6 +75,21 @@ def bound_from_digests(q: torch.Tensor, digests: torch.Tensor, per_query_head: b
     return scores.amax(dim=-1).float().mul_(0.5)  # group max
 
 
+def rank_from_digests(q: torch.Tensor, digests: torch.Tensor, per_query_head: bool = False) -> torch.Tensor:
+    """`bound_from_digests` in the digests' dtype (the same values: that function's last step is an exact conversion
+    to fp32), in seven torch calls, because a selecting method scores every sparse layer of every step."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = digests.shape[1]
+    q4 = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    if q4.dtype != digests.dtype:
+        q4 = q4.to(digests.dtype)
+    both = torch.cat([q4, q4.abs()], dim=-1).mul_(0.5)  # halving is exact: the bound's own rounding
+    scores = torch.matmul(digests, both.transpose(-1, -2))  # [B, Hkv, nB, G]
+    if per_query_head:  # query head h of KV head h // G
+        return scores.transpose(-1, -2).reshape(batch, num_heads, -1)
+    return scores.amax(dim=-1)
+
+
 def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: int,
                       excluded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k blocks per (sequence, KV head) among the first `num_valid_blocks[b]` blocks, minus `excluded`.
@@ -90,15 +105,34 @@ def select_top_blocks(scores: torch.Tensor, num_valid_blocks: torch.Tensor, k: i
 @dataclass(frozen=True)
 class CandidateBlocks:
     """The blocks a top-k may pick: the first `num_valid_blocks[b]` of `num_blocks`, minus `excluded`. It depends
-    on the positions only, so a method selecting in every layer of a step builds it once per step."""
+    on the positions only, so a method selecting in every layer of a step builds it once per step; `static` makes
+    one whose tensors `update` rewrites in place every step, over every block the storage can hold (what a captured
+    CUDA graph reads: a count of blocks taken from a Python int would be baked into it)."""
 
     blocked: torch.Tensor  # bool [B, 1 or Hkv, nB]: not selectable (the form `top` masks with, every layer)
     count: torch.Tensor  # [B, 1 or Hkv]: valid selections, min(k, selectable blocks)
     k: int  # selections per row, min(k, nB)
+    excluded: torch.Tensor | None = None  # `static`: blocks never selectable ([1 or B, 1 or Hkv, nB])
+    block_index: torch.Tensor | None = None  # `static`: arange(nB)
 
     @property
     def num_blocks(self) -> int:
         return self.blocked.shape[-1]
+
+    @classmethod
+    def static(cls, batch: int, num_blocks: int, k: int, excluded: torch.Tensor | None,
+               device: torch.device) -> CandidateBlocks:
+        """Candidates over `num_blocks` blocks for `update` to fill each step (nothing selectable until then)."""
+        blocked = torch.ones((batch, 1, num_blocks), dtype=torch.bool, device=device)
+        count = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        return cls(blocked, count, max(0, min(k, num_blocks)), excluded, torch.arange(num_blocks, device=device))
+
+    def update(self, num_valid_blocks: torch.Tensor) -> None:
+        """This step's candidates of a `static` one: the first `num_valid_blocks` `[B]` (device) blocks, in place."""
+        torch.ge(self.block_index[None, None, :], num_valid_blocks[:, None, None], out=self.blocked)
+        if self.excluded is not None:
+            self.blocked.logical_or_(self.excluded)
+        torch.clamp(self.num_blocks - self.blocked.sum(dim=-1), max=self.k, out=self.count)
 
     @classmethod
     def build(cls, num_blocks: int, num_valid_blocks: torch.Tensor, k: int, excluded: torch.Tensor | None,
@@ -110,12 +144,15 @@ class CandidateBlocks:
         k = max(0, min(k, num_blocks))
         return cls(blocked, (num_blocks - blocked.sum(dim=-1)).clamp(max=k), k)
 
-    def top(self, scores: torch.Tensor) -> torch.Tensor:
+    def top(self, scores: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """ids `[B, Hkv, k]` (int64) of the highest `scores` `[B, Hkv, nB]` among the candidates, the valid
-        `count` first, in descending score order."""
+        `count` first, in descending score order; into `out` = (values, ids) buffers where given."""
         if self.k == 0:
             return torch.zeros(*scores.shape[:2], 0, dtype=torch.long, device=scores.device)
-        return torch.topk(scores.masked_fill(self.blocked, float("-inf")), self.k, dim=-1, sorted=True).indices
+        masked = scores.masked_fill(self.blocked, float("-inf"))
+        if out is not None:
+            return torch.topk(masked, self.k, dim=-1, sorted=True, out=out).indices
+        return torch.topk(masked, self.k, dim=-1, sorted=True).indices
 
 
 def digest_score_dtype(kv_dtype: torch.dtype, device_type: str) -> torch.dtype:
@@ -162,17 +199,21 @@ class DigestTable:
         """`upper_bound_scores` of q `[B, Hq, D]` against the first `num_blocks` blocks -> `[B, Hkv, num_blocks]`."""
         return bound_from_digests(q, self.digests[layer][:, :, :num_blocks])
 
-    def select(self, layer: int, q: torch.Tensor, candidates: CandidateBlocks, per_query_head: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`candidates.top` of q's scores: (ids `[B, Hkv, candidates.k]`, scores `[B, Hkv, nB]`; `[B, Hq, ..]` per
-        query head); on a CPU one call of the digest kernel where it is built (the entries past `candidates.count`
-        are padding either way)."""
-        digests = self.digests[layer][:, :, :candidates.num_blocks]
+    def select(self, layer: int, q: torch.Tensor, candidates: CandidateBlocks, per_query_head: bool = False,
+               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`candidates.top` of q's scores: (ids `[B, Hkv, candidates.k]`, scores `[B, Hkv, nB]`, the bound in the
+        digests' dtype (`rank_from_digests`); `[B, Hq, ..]` per query head); on a CPU one call of the digest kernel
+        where it is built (the entries past `candidates.count` are padding either way). With `out` = (values, ids)
+        buffers the ids are written there."""
+        digests = self.digests[layer]
+        if candidates.num_blocks != digests.shape[2]:
+            digests = digests[:, :, :candidates.num_blocks]
         if (candidates.k and not per_query_head and digest_native.supports(q, digests)
                 and candidates.blocked.device.type == "cpu"):
-            return digest_native.top_blocks(q, digests, candidates.blocked, candidates.k)
-        scores = bound_from_digests(q, digests, per_query_head)
-        return candidates.top(scores), scores
+            ids, scores = digest_native.top_blocks(q, digests, candidates.blocked, candidates.k)
+            return (ids if out is None else out[1].copy_(ids)), scores
+        scores = rank_from_digests(q, digests, per_query_head)
+        return candidates.top(scores, out), scores
 
     def device_bytes(self) -> int:
         """The digests' bytes on the compute device: two `[B, Hkv, blocks, D]` tensors per layer in the KV dtype
