@@ -668,6 +668,17 @@ def inplace_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
+def _inplace_result(func: Any, args: tuple, kwargs: dict) -> Any:
+    """What an in-place or `out=` operation returns without running: its `out` (several as torch's named tuple,
+    such as `torch.return_types.topk`), else the tensor it modified (`__setitem__`: None)."""
+    out = kwargs.get("out")
+    if isinstance(out, (tuple, list)):
+        return getattr(torch.return_types, getattr(func, "__name__", ""), tuple)(out)
+    if out is not None:
+        return out
+    return None if getattr(func, "__name__", "") == "__setitem__" else args[0]
+
+
 _INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
                     "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
 
@@ -732,7 +743,7 @@ def _side_stream_op(runtime: EmulatedRuntime, stream: EmulatedStream, func: Any,
     kernels give (the inputs may not hold their data yet); views are made now (metadata only)."""
     if inplace:
         stream.enqueue(lambda: func(*inner_args, **inner_kwargs))
-        return args[0]
+        return _inplace_result(func, args, kwargs)
     metas: set[int] = set()
 
     def to_meta(value: Any) -> Any:
@@ -1051,7 +1062,7 @@ def _capture_op(capture: _Capture, stream: EmulatedStream, func: Any, inplace: b
     call_args, call_kwargs = tree_map(_captured_leaf, args), tree_map(_captured_leaf, kwargs)
     if inplace:
         capture.record(stream, functools.partial(func, *call_args, **call_kwargs))
-        return None if name == "__setitem__" else kwargs.get("out", args[0])
+        return _inplace_result(func, args, kwargs)
     input_storages: set[int] = set()
 
     def to_meta(value: Any) -> Any:
