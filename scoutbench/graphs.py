@@ -140,7 +140,9 @@ class GraphRunner:
 
     def _begin_piece(self) -> None:
         self._graph = torch.cuda.CUDAGraph()
-        self._graph.capture_begin(pool=self.pool)
+        # thread_local: the CPU worker threads go on synchronising with events of their own (a recall's staging)
+        # while the main thread captures; CUDA's default, global, would invalidate the capture for it
+        self._graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
         self._calls_at_begin = self._calls.calls
 
     def _end_piece(self) -> None:
