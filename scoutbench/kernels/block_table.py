@@ -79,9 +79,8 @@ class BlockTable:
         if lib is None or self.device.type != "cpu":
             return None
         k = ids.shape[-1]
-        ids = ids.to(torch.long).contiguous()
-        valid, victims = valid.contiguous(), victims.to(torch.long).contiguous()
-        available = available.to(torch.long).contiguous()
+        ids, victims, available = (_contiguous_long(t) for t in (ids, victims, available))
+        valid = cpu_attention.contiguous(valid)
         data = torch.empty((self.batch, self.num_kv_heads, 3 * k + 4), dtype=torch.long)
         pool_use = torch.empty((self.batch, self.num_kv_heads, self.num_slots), dtype=torch.bool)
         code = lib.sb_split_plan(self.batch * self.num_kv_heads, k, ids.data_ptr(), valid.data_ptr(),
@@ -195,6 +194,10 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     probs = torch.exp(logits - lse.unsqueeze(-1))
     out = torch.matmul(probs.to(v.dtype), v).float()
     return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+
+
+def _contiguous_long(t: torch.Tensor) -> torch.Tensor:
+    return cpu_attention.contiguous(t) if t.dtype == torch.long else t.to(torch.long).contiguous()
 
 
 def pad_last(x: torch.Tensor, size: int, value: int | float | bool = 0) -> torch.Tensor:
