@@ -86,3 +86,12 @@ def test_a_baked_python_position_makes_the_replay_differ(model):
                             reference=teacher_tokens(model, BakedPositionFullKV(), *prompt, 12))
     assert replayed.graphs["captured"]
     assert max(replayed.max_diff()) > 1e-3  # replays keep writing the captured step's slot
+
+
+def test_replayed_steps_record_the_attention_backends_they_call(model, prompt):
+    """A replay runs no Python, so the backends' call counts would stop at the capture: each replay adds what its
+    capture recorded, and a replayed run records the eager run's counts."""
+    eager = run_emulated(model, _factory("quest"), *prompt, 8)
+    replayed = run_emulated(model, _factory("quest"), *prompt, 8, cuda_graphs=True)
+    assert replayed.graphs["replayed_steps"] >= 6
+    assert replayed.backends == eager.backends and sum(eager.backends.values()) > 0
