@@ -184,15 +184,17 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
                   "lower --len, or pass --prefill synthetic to time decode at that length")
 
 
-def host_fields(records: list[dict[str, float]], calls_per_step: float | None, counted_steps: int) -> dict[str, Any]:
-    """The host side of the timed steps (docs/results.md, `host` and `launch_bound`): torch calls per step from the
-    counted steps, and on CUDA each step's host issue and wait time. `launch_bound` is null off CUDA (no launches:
-    the host runs the step's work itself) and where no step recorded its host time."""
+def host_fields(records: list[dict[str, float]], calls_per_step: float | None, counted_steps: int,
+                replays_per_step: float | None = None) -> dict[str, Any]:
+    """The host side of the timed steps (docs/results.md, `host` and `launch_bound`): torch calls (and CUDA graph
+    replays) per step from the counted steps, and on CUDA each step's host issue and wait time. `launch_bound` is
+    null off CUDA (no launches: the host runs the step's work itself) and where no step recorded its host time."""
     issue = [r["host_issue"] for r in records if "host_issue" in r]
     issue_frac = [r["host_issue"] / r["total"] for r in records if "host_issue" in r and r["total"] > 0]
     median = statistics.median
     host = {
-        "torch_calls_per_step": calls_per_step, "counted_steps": counted_steps,
+        "torch_calls_per_step": calls_per_step, "graph_replays_per_step": replays_per_step,
+        "counted_steps": counted_steps,
         "host_issue_ms": median(issue) if issue else None,
         "host_wait_ms": median([r["host_wait"] for r in records if "host_wait" in r]) if issue else None,
         "host_issue_frac": median(issue_frac) if issue_frac else None,
@@ -202,17 +204,21 @@ def host_fields(records: list[dict[str, float]], calls_per_step: float | None, c
     return {"host": host, "launch_bound": launch_bound}
 
 
-def count_calls(engine: Any, tokens: torch.Tensor, steps: int) -> tuple[torch.Tensor, float | None]:
-    """Decode `steps` untimed steps with the main thread's torch calls counted; (next tokens, calls per step)."""
+def count_calls(engine: Any, tokens: torch.Tensor, steps: int) -> tuple[torch.Tensor, float | None, float | None]:
+    """Decode `steps` untimed steps with the main thread's torch calls counted; (next tokens, calls per step,
+    CUDA graph replays per step or None without graphs). With graphs a torch function mode sees the host points'
+    calls, not the replayed ones: the replays are counted apart."""
     if steps <= 0:
-        return tokens, None
+        return tokens, None, None
     counter = TorchCallCounter()
+    replays_before = engine.graphs.replayed_pieces if engine.graphs is not None else 0
     with counter:
         for _ in range(steps):
             tokens = engine.decode_step(tokens).argmax(-1)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
-    return tokens, counter.calls / steps
+    replays = None if engine.graphs is None else (engine.graphs.replayed_pieces - replays_before) / steps
+    return tokens, counter.calls / steps, replays
 
 
 def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:
@@ -442,7 +448,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     timer.nvtx = cfg.nvtx and device.type == "cuda"
     total_steps = workload.warmup + workload.steps
     profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
-    calls_per_step = None
+    calls_per_step = replays_per_step = None
     graphs_on = use_cuda_graphs(cfg.cuda_graphs, device)
     captures_before_timing = 0
     records: list[dict[str, float]] = []
@@ -488,7 +494,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
-        tokens, calls_per_step = count_calls(engine, tokens, cfg.count_steps)
+        tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps)
         if profiled_steps:
             from scoutbench.profiling import profile_decode
 
@@ -519,7 +525,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
         **summarise_steps(records, workload.batch, device.type),
-        **host_fields(records, calls_per_step, cfg.count_steps), **graphs,
+        **host_fields(records, calls_per_step, cfg.count_steps, replays_per_step), **graphs,
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used,
     }

@@ -16,6 +16,7 @@ from scoutbench.cli.options import (
     WARMUP,
     expand_methods,
     parse_method_args,
+    revision_option,
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
@@ -37,6 +38,7 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 
 
 @click.command(name="throughput")
+@revision_option
 @click.option("--method", "methods", multiple=True, metavar="NAME",
               help="Method to run (repeatable), or 'all' for every registered one, ablations included "
                    f"(default: {', '.join(DEFAULT_METHODS)}).")
@@ -226,16 +228,18 @@ STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "model": ("
 
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
-                 "±95%: half-width of the median's 95% interval; calls: torch calls per step issued by the main "
-                 "thread; stages: mean ms per step")
+                 "±95%: half-width of the median's 95% interval; calls: torch calls and CUDA graph replays per step "
+                 "issued by the main thread; stages: mean ms per step")
 LAUNCH_BOUND_MARK = "^"
 LAUNCH_BOUND_NOTE = (f"{LAUNCH_BOUND_MARK}: launch-bound (the host's issue time fills at least "
                      "{frac:.0%} of the step: the row measures Python and launches, not the method)")
 
 
 def _calls_cell(result) -> str:
-    calls = (result.get("host") or {}).get("torch_calls_per_step")
-    return "-" if calls is None else f"{calls:.0f}"
+    """Torch calls and CUDA graph replays the main thread issues per step."""
+    host = result.get("host") or {}
+    calls = host.get("torch_calls_per_step")
+    return "-" if calls is None else f"{calls + (host.get('graph_replays_per_step') or 0):.0f}"
 
 
 def method_cell(result) -> str:
