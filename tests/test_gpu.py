@@ -320,10 +320,7 @@ def test_decode_step_has_no_implicit_device_sync(models, cuda_runtime, name):
 
 # ---------------------------------------------------------------------------------------------- runner
 @pytest.mark.parametrize("name,cuda_graphs", [
-    ("fullkv", "off"), ("scout", "off"), ("infinigen", "off"), ("hgca", "off"),
-    pytest.param("fullkv", "auto", marks=pytest.mark.xfail(strict=True, reason=(
-        "issue 34: with CUDA graphs every timed step replays, and a replay counts no attention backend: the "
-        "result's attention_backends is empty")))])
+    ("fullkv", "off"), ("scout", "off"), ("infinigen", "off"), ("hgca", "off"), ("fullkv", "auto"), ("scout", "auto")])
 def test_throughput_run_on_cuda(name, cuda_graphs):
     """A short bf16 run at the planned batch. The CUDA-event step times agree with the host's wall clock between
     steps (the step ends with a sync), the named stages do not overlap (their sum stays within the step), and the
