@@ -390,3 +390,20 @@ def test_an_eager_step_on_emulated_cuda_issues_at_most_one_and_a_half_fullkv_ste
             finally:
                 method.close()
     assert calls["hgca"] <= 1.5 * calls["fullkv"], calls
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
+def test_replayed_steps_with_and_without_a_cpu_part_give_the_eager_logits():
+    """Prompts shorter than the window: the first steps attend the window alone (no CPU part: one graph variant),
+    migrations then give the host its first tokens and the CPU part starts (the other variant), one sequence after
+    the other; every replayed step gives the eager CPU path's logits (tests/test_graphs.py's check, both variants)."""
+    from emulated import run_emulated, small_qwen3
+
+    model = small_qwen3()
+    prompt, lengths = ragged_prompt(model.config.vocab_size, [46, 36], seed=3)  # the first migrations: steps 34, 44
+    run = run_emulated(model, lambda: HGCA(budget=96, dense_layers=1), prompt, lengths, 48, cuda_graphs=True)
+    assert run.graphs["captured"] and run.graphs["variants"] == 2, run.graphs
+    assert run.graphs["replayed_steps"] >= 48 - 4
+    assert max(run.max_diff()) <= 2e-4, run.max_diff()
+    assert run.unexpected_syncs() == []
+    assert run.cuda_stats["host_tokens_mean"] > 0 and min(run.cuda_stats["cpu_tokens_per_layer"][1:]) > 0
