@@ -76,6 +76,7 @@ class GraphRunner:
         self.capturing = False
         self.failure: str | None = None  # why the run fell back to eager
         self.replayed_steps = 0
+        self.replayed_pieces = 0  # graph launches: a host cost of their own (what `count_calls` adds to the calls)
         self.eager_steps = 0
         self._schedule: _Schedule | None = None
         self._graph: Any = None
@@ -95,6 +96,7 @@ class GraphRunner:
             self.eager_steps += 1
             return self.engine.forward_step(self.tokens)
         self.replayed_steps += 1
+        self.replayed_pieces += schedule.pieces
         return self._replay(schedule)
 
     def _replay(self, schedule: _Schedule) -> torch.Tensor:
