@@ -327,9 +327,9 @@ class HGCA(SparseLayerMethod):
             return device_part.o.to(q.dtype)
         with ctx.timer.stage("idle"):
             ctx.host(self._wait_cpu_attention, layer)
-            if self._cpu_packed_device is not None:  # the CPU part's results to the device
+        with ctx.timer.stage("merge"):  # one captured piece: the CPU part's results to the device, and the merge
+            if self._cpu_packed_device is not None:
                 self._cpu_packed_device[layer].copy_(self._cpu_packed[layer], non_blocking=True)
-        with ctx.timer.stage("merge"):
             out = merged_output(device_part, self._cpu_part[layer]).to(q.dtype)
             if self._lse_host is not None:  # the device LSE to the moving-average update
                 self._lse_host[layer].copy_(device_part.lse, non_blocking=True)
