@@ -134,10 +134,13 @@ class ScoutAttention(SparseLayerMethod):
     recalled blocks (only those): on CUDA from the host tier into this parity's staging buffer, from which the recall
     copies them into the pool on a copy stream with an event; on a CPU the recall copies them from the host tier
     into the pool in one pass. The staging comes after the CPU part's result is handed over (`_Plan.attention`):
-    `decode` waits for attention results only, and issues the copy of a recall once its staging is done (at a later
-    layer's wait, at the latest before the layer's next selection). A recalled slot is readable only after its copy
-    event has completed, and victims are never selected or in-flight blocks, so the layer's next use never reads a
-    half-copied slot.
+    `decode` waits for attention results only. A layer's recall is issued at a fixed point, once the next layer's
+    result is in (the one worker staged it before attending that layer, so nothing waits; the last layer's at the
+    end of the step): a fixed point, not "whenever the staging is done", because the CPU part attends with the
+    predicted query and the device part with the true one, so the step a recalled block becomes resident changes
+    the output, and it must not depend on thread timing (the CUDA path then equals the CPU path, run after run). A
+    recalled slot is readable only after its copy event has completed, and victims are never selected or in-flight
+    blocks, so the layer's next use never reads a half-copied slot.
 
     CPU compute ratio = tokens attended on the CPU / `budget` per layer, averaged over (sequence, KV head).
     `stats()` reports it (mean and per layer) with the tokens attended per (sequence, KV head) in the sparse
@@ -409,6 +412,7 @@ class ScoutAttention(SparseLayerMethod):
         return out
 
     def end_step(self) -> None:
+        self._issue_recalls()  # the last layers' recalls
         # the blocks this step's tokens completed: their digests, and their copy to the host tier (asynchronous on
         # CUDA); a completed block is the tail this step, selectable only once it has left the local window
         if self.sparse_layers:
@@ -456,9 +460,7 @@ class ScoutAttention(SparseLayerMethod):
         self.ctx.host(self._submit, layer, q, split, predicted, submit)
 
     def _prepare(self, layer: int) -> None:
-        """Host, before a layer's selection: its last recall lands before its next split, and the slots whose
-        copies have completed become readable."""
-        self._issue_recalls(wait_layer=layer)
+        """Host, before a layer's selection: the slots whose recall copies have completed become readable."""
         self.store.tables[layer].poll()
 
     def _split(self, layer: int, q: torch.Tensor) -> _DeviceSplit:
@@ -610,7 +612,7 @@ class ScoutAttention(SparseLayerMethod):
         time."""
         plan = self._plans.pop(layer)
         if inline:
-            self._issue_recalls(wait=True)  # this thread stages now: no staging buffer may stay taken
+            self._issue_recalls()  # this thread stages now: no staging buffer may stay taken
             plan.future = Future()
             plan.future.set_result(self._run_cpu(plan))
             plan.result = plan.attention.result()
@@ -652,19 +654,20 @@ class ScoutAttention(SparseLayerMethod):
 
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
+        """Host, after a layer's result: record its due recall, and issue those of the layers before it (their
+        staging ran before this layer's attention on the worker: no wait)."""
         self._since[layer] += 1
+        self._issue_recalls(before_layer=layer)
         if result.recall_due:  # decided with the plan (periodic) or by the worker (reactive trigger)
             self._since[layer] = 0
             self._pending_recalls.append(plan)
-        self._issue_recalls()
 
-    def _issue_recalls(self, wait: bool = False, wait_layer: int | None = None) -> None:
-        """Issue the pending recalls whose staging is done, in order; wait for those of `wait_layer` and the ones
-        before them (every one with `wait`): a staging may wait for an earlier recall's issue."""
-        waited = [i for i, plan in enumerate(self._pending_recalls) if wait or plan.layer == wait_layer]
+    def _issue_recalls(self, before_layer: int | None = None) -> None:
+        """Issue the pending recalls in order (all of them, or those of the layers before `before_layer`), each
+        once its staging is done."""
         pending = []
-        for i, plan in enumerate(self._pending_recalls):
-            if (waited and i <= waited[-1]) or plan.future.done():
+        for plan in self._pending_recalls:
+            if before_layer is None or plan.layer < before_layer:
                 recall = plan.future.result()
                 if recall is not None:
                     self._recall(plan.layer, plan, recall)

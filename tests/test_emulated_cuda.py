@@ -383,3 +383,29 @@ def test_a_comparison_takes_fresh_host_memory_once(monkeypatch, capsys, tmp_path
                                  "96", "--block-size", "16", "--dense-layers", "1", "-o", tmp_path, "--json")
     assert code == 0, err
     assert len(arenas) == 3 and len(fills) == 1 and fills[0] >= max(arenas), (arenas, fills)
+
+
+def test_a_slow_worker_does_not_change_when_a_recall_lands(model, prompt, monkeypatch):
+    """The CPU part attends with the predicted query and the device part with the true one, so the step at which a
+    recalled block becomes resident changes the output: a recall is issued at a fixed point of the step (after the
+    next layer's result, the last layer's at the step's end), never "whenever its staging is done", so a worker
+    slowed down after each CPU part (which made the issue point, and the logits, vary from run to run) gives the
+    CPU path's logits."""
+    import time
+
+    import scoutbench.methods.scout as scout_module
+
+    make = lambda: build_method("scout", {**gpu_configs.method_args("scout"), "recall_interval": 1})  # noqa: E731
+    reference = teacher_tokens(model, make(), *prompt, 32)
+    attend = scout_module.ScoutAttention._attend_cpu
+
+    def slow_attend(self, plan):
+        result = attend(self, plan)
+        time.sleep(0.002)
+        return result
+
+    monkeypatch.setattr(scout_module.ScoutAttention, "_attend_cpu", slow_attend)
+    for _ in range(2):
+        run = run_emulated(model, make, *prompt, 32, reference=reference)
+        assert run.cuda_stats["recall"]["issued"] > 0
+        assert max(run.max_diff()) <= ATOL
