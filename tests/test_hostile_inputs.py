@@ -197,3 +197,16 @@ def test_text_outputs_naming_a_non_utf8_path_are_written(latin1_folder, tmp_path
     code, out, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--steps", "1",
                              "--warmup", "0", "--device", "cpu", "-o", latin1_folder / "sweep")
     assert code == 0 and (latin1_folder / "sweep" / "sweep_config.yaml").read_text(encoding="utf-8"), err
+
+
+# ---- sweep --config: a value is parsed as the command line's would be ----------------------------------------------
+
+@pytest.mark.parametrize("line, flag", [("steps: true", "--steps"), ("steps: 2.5", "--steps"), ("seed: .inf", "--seed"),
+                                        ("warmup: false", "--warmup"), ("seed: true", "--seed")])
+def test_a_sweep_config_value_of_the_wrong_type_is_refused(line, flag, tmp_path, monkeypatch, capsys):
+    """YAML's `true` ran 1 step and 2.5 ran 2 (click took them as integers); `seed: .inf` was a traceback."""
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"len: [64]\nmethod: fullkv\n{line}\n", encoding="utf-8")
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "sweep", "--config", config, "-o", tmp_path / "o")
+    assert code == 2 and f"Invalid value for '{flag}'" in _one_line(err) and not (tmp_path / "o").exists(), err
