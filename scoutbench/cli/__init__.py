@@ -88,9 +88,13 @@ def main() -> None:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     previous_sigterm = _terminate_like_interrupt()
+    previous_show = _one_line_warnings()
     try:
         _run()
     finally:
+        import warnings
+
+        warnings.showwarning = previous_show
         if previous_sigterm is not None:
             import signal
 
@@ -129,6 +133,25 @@ def _run() -> None:
         sys.exit(exit_code(exc))
     except click.exceptions.Exit as exc:
         sys.exit(exit_code(exc))
+
+
+def _one_line_warnings():
+    """scoutbench's own warnings (a message starting `scoutbench: `: a fallback to torch's kernels, a cache entry
+    rebuilt) as one line on stderr, `warning: ...`, like the errors; Python prints a warning as its file, line and
+    source line. Others print as Python prints them. Returns the previous printer, restored when main returns."""
+    import warnings
+
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = str(message)
+        if text.startswith("scoutbench: "):
+            click.echo(f"warning: {text.removeprefix('scoutbench: ')}", err=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    return previous
 
 
 def _terminate_like_interrupt():
