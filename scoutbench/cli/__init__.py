@@ -12,6 +12,8 @@ import click
 
 from scoutbench import __version__
 
+TRACEBACK_ENV = "SCOUTBENCH_TRACEBACK"  # =1: an internal error raises with its traceback instead of one line
+
 # name -> "module:function"; each module defines one click command.
 COMMANDS: dict[str, tuple[str, str]] = {
     "throughput": ("scoutbench.cli.throughput:command", "Decode throughput and per-stage latency of methods."),
@@ -132,6 +134,13 @@ def _run() -> None:
         click.echo(f"error: {describe_os_error(exc)}", err=True)
         sys.exit(exit_code(exc))
     except click.exceptions.Exit as exc:
+        sys.exit(exit_code(exc))
+    except Exception as exc:  # a fault nothing above classifies is a bug: one line that says so, as every error
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        text = (str(exc).strip().splitlines() or [""])[0][:300]
+        click.echo(f"error: internal error, a bug in scoutbench ({type(exc).__name__}{': ' + text if text else ''});"
+                   f" rerun with {TRACEBACK_ENV}=1 for the traceback and report it", err=True)
         sys.exit(exit_code(exc))
 
 
