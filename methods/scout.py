@@ -275,6 +275,7 @@ class ScoutAttention(SparseLayerMethod):
         # per sparse layer, its device split (`_split`), recorded when its selection is issued (at capture with CUDA
         # graphs: the tensors a replay rewrites); and the CPU part's result where the merge reads it: on CUDA static
         # device buffers per parity, which the host copies the result into (or the empty state), on a CPU the state
+        self._attended = AttendedTokens(dev)
         self._splits: dict[int, _DeviceSplit] = {}
         self._cpu_states: dict[int, PartialState | None] = {}
         self._done: dict[int, _Plan] = {}  # plans whose result the host has, until the layer's statistics
@@ -318,7 +319,7 @@ class ScoutAttention(SparseLayerMethod):
         self._cpu_tasks = 0
         self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
-        self._attended = AttendedTokens()
+        self._attended.reset()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -362,6 +363,7 @@ class ScoutAttention(SparseLayerMethod):
             torch.add((pos // b) % self.store.n_ring * b + pos % b, self.store.ring_base, out=self._ring_rows)
             # a context shorter than the sink region fills its sink slot token by token: its own graph variant
             self._short = min(step.positions_host) < self.sink_blocks * b
+            self._attended.count_rows(len(self.sparse_layers) * self.ctx.batch * self.ctx.num_kv_heads)
         self._steps += 1
 
     def graph_key(self) -> Any:
@@ -403,7 +405,7 @@ class ScoutAttention(SparseLayerMethod):
             merged = device_state if cpu_state is None else merge_states(device_state, cpu_state)
             out = merged.o.to(q.dtype)
         with timer.stage("attn_device"):  # the statistics, and issuing a due recall (asynchronous on CUDA)
-            ctx.host(self._after_merge, layer, split)
+            ctx.host(self._after_merge, layer)
         return out
 
     def end_step(self) -> None:
@@ -598,6 +600,8 @@ class ScoutAttention(SparseLayerMethod):
         store = self.store
         store.open_pool(split.pool_use)
         self._log_event("device", layer)
+        # what this layer attends per (sequence, KV head): the device region's open tokens and the CPU part's blocks
+        self._attended.accumulate(torch.add(store.slot_tokens.sum(-1), split.split.n_cpu, alpha=self.block_size))
         return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.slot_tokens)
 
     # ------------------------------------------------------------------ host points of a layer
@@ -636,14 +640,12 @@ class ScoutAttention(SparseLayerMethod):
         self._parity_free[plan.parity].append(event)  # the H2D read the pinned output buffer
         self._h2d_bytes += state.o.numel() * 4 + state.lse.numel() * 4
 
-    def _after_merge(self, layer: int, split: _DeviceSplit) -> None:
+    def _after_merge(self, layer: int) -> None:
         """Host: the layer's statistics, and its recall when one is due."""
         plan = self._done.pop(layer)
         result: _CpuResult = plan.result
         if not self._cuda and result.state is not None:
             self._h2d_bytes += result.state.o.numel() * 4 + result.state.lse.numel() * 4
-        # what this layer attended per (sequence, KV head): the device region's open tokens and the CPU part's blocks
-        self._attended.add(self.store.slot_tokens.sum(-1) + split.split.n_cpu * self.block_size)
         self._account(layer, plan, result)
         if self.pr:
             self._maybe_recall(layer, plan, result)

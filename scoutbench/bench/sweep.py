@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scoutbench.bench.executors import Runner, ThroughputRunner, point_error
-from scoutbench.errors import UsageError
+from scoutbench.bench.executors import Runner, ThroughputRunner
+from scoutbench.errors import UsageError, error_text
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
 from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
 from scoutbench.tiers import wait_frac
@@ -313,7 +313,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, p
     try:
         for job, result in (executor or LocalExecutor()).run(jobs, runner, log):
             if not isinstance(result, dict):
-                result = failed_result(job.cfg, point_error(result), device, dtype)
+                result = failed_result(job.cfg, error_text(result), device, dtype)
             result = {**result, "sweep_point": stamps[job.point_id]}
             write_json_atomic(out / f"{job.point_id}.json", result, overwrite=True)
             entries[job.point_id] = _entry(job.point_id, stamps[job.point_id]["point"], result)
@@ -453,24 +453,6 @@ def _is_profile_for(path: Path, key: list[Any]) -> bool:
         return False
     return (isinstance(data, dict) and data.get("kind") == "scout_recall_profile"
             and data.get("sweep_profile_key") == key and isinstance(data.get("intervals"), list))
-
-
-def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """A failed point's file: the identifying fields of a result (the method's full config when it can be built,
-    so that gates match it with the baseline's point), `status: failed` and the error."""
-    from scoutbench.methods import build_method
-    from scoutbench.results import envelope
-
-    try:
-        method_config = build_method(cfg.method, cfg.method_args).config()
-    except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
-        method_config = dict(cfg.method_args)
-    return {**envelope("throughput", cfg.command), "status": "failed", "error": error,
-            "method": cfg.method, "method_config": method_config, "method_repr": None,
-            "model": {"name": cfg.model, "dtype": dtype},
-            "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
-                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
-            "device": device}
 
 
 def _entry(point_id: str, point: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]:

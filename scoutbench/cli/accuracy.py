@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, rich_console
+from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, revision_option, rich_console
 from scoutbench.errors import UsageError
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 
@@ -89,6 +89,7 @@ def _list_datasets(as_json: bool) -> None:
 
 
 @click.command("accuracy")
+@revision_option
 @click.option("--dataset", "datasets", multiple=True, required=True,
               help="LongBench dataset (any of v1's 21, e.g. qasper, hotpotqa, lcc, or a LongBench-E file such as "
                    "qasper_e), 'all' (the 21 v1 datasets), passkey or passkey-multi. Repeatable. "
@@ -278,6 +279,7 @@ def _print_comparison(console, tables) -> None:
 
 # ---------------------------------------------------------------------------------------------- fidelity
 @click.command("fidelity")
+@revision_option
 @_method_options
 @_common_options
 @click.option("--len", "context_len", default="1k", show_default=True, help=f"Prompt length ({LENGTH_HELP}).")
