@@ -76,12 +76,13 @@ def verify(folder: Path) -> str | None:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         return f"an unreadable manifest ({type(exc).__name__})"
     for name, entry in files.items():
+        if not isinstance(entry, dict):
+            return f"an unreadable manifest (the entry of {name})"
         path = folder / name
         try:
             size = path.stat().st_size
-            if not isinstance(entry, dict) or size != entry.get("size_bytes"):
-                return f"{name} is {size} bytes, {entry.get('size_bytes') if isinstance(entry, dict) else '?'} " \
-                       "expected"
+            if size != entry.get("size_bytes"):
+                return f"{name} is {size} bytes, {entry.get('size_bytes')} expected"
             if _prefix_digest(path) != entry.get("sha256_prefix"):
                 return f"{name} does not match its digest"
         except OSError as exc:

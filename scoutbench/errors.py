@@ -20,7 +20,7 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
              "a gate regressed, failed a point, or compared nothing; a sweep point or a run failed; out of memory "
              "(or refused by the free-memory check); an output that cannot be written (permissions, disk full, a "
              "folder where a file should be); the output folder is locked by another run; a missing optional "
-             "extra"),
+             "extra; an internal error (a bug: the line says so)"),
     USAGE: ("bad input",
             "an unknown option, name or value; an impossible combination; an input that cannot be used (a missing, "
             "unreadable or malformed result file, a model folder without a usable config, an unsupported "

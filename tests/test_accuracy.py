@@ -63,6 +63,26 @@ def test_budget_maps_to_the_methods_own_field():
 
 
 # ------------------------------------------------------------------------------------------ runner and resume
+def test_resume_never_keeps_a_row_predicted_from_another_prompt(smollm2, tmp_path, monkeypatch):
+    """A rerun with other data under the same ids (another --data-dir or --data-revision) kept the rows of the first
+    data: the folder and `_id` named the run and sample, not the text behind the id. Each row's prompt hash is
+    checked against this run's prompt now, and a row from another prompt is exit 2 naming the file and line."""
+    monkeypatch.setattr("scoutbench.eval.accuracy.generate_text", lambda *args, **kwargs: " answer")
+    records = lb.load_records("2wikimqa", DATA)
+    spec = MethodSpec("fullkv")
+    task = lb.LongBenchTask("2wikimqa", records, smollm2.tokenizer, max_length=1500)
+    run_accuracy([task], smollm2, spec, tmp_path, 1500, seed=0, limit=None)
+    same = lb.LongBenchTask("2wikimqa", lb.load_records("2wikimqa", DATA), smollm2.tokenizer, max_length=1500)
+    run_accuracy([same], smollm2, spec, tmp_path, 1500, seed=0, limit=None)  # the same prompts: resumed as done
+    edited = [dict(record) for record in records]
+    edited[1]["context"] = edited[1]["context"].replace("the", "a", 1) + " An edit."
+    other = lb.LongBenchTask("2wikimqa", edited, smollm2.tokenizer, max_length=1500)
+    with pytest.raises(ScoutbenchError, match=r"2wikimqa.jsonl line 2: sample 1 \(_id .*\) was predicted from another "
+                                              r"prompt than this run's") as refused:
+        run_accuracy([other], smollm2, spec, tmp_path, 1500, seed=0, limit=None)
+    assert refused.value.exit_code == 2
+
+
 def test_resume_after_interruption_never_duplicates(smollm2, tmp_path, monkeypatch):
     task = lb.LongBenchTask("2wikimqa", lb.load_records("2wikimqa", DATA), smollm2.tokenizer, max_length=1500)
     generated = []

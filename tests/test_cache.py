@@ -211,3 +211,22 @@ def test_a_full_disk_during_the_first_conversion_is_one_line(fake_gguf, tmp_path
                                               "SCOUTBENCH_CACHE to a folder with room for it$"):
         gguf_models.ensure_converted(spec)
     assert [p.name for p in tmp_path.iterdir()] == [".fake.lock"]
+
+
+def test_the_cli_says_a_kernel_fallback_in_one_line(tmp_path, monkeypatch, capsys):
+    """The fallback warning printed as Python's two lines (file:line: RuntimeWarning, then the source line)."""
+    from cli_runner import run_cli
+
+    monkeypatch.setenv("SCOUTBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "auto")
+    cpu_attention.library.cache_clear()
+    try:
+        code, out, err = run_cli(monkeypatch, capsys, "throughput", "--model", "tiny-qwen3", "--len", "256",
+                                 "--steps", "1", "--warmup", "0", "--method", "fullkv", "-o", tmp_path / "o")
+    finally:
+        cpu_attention.library.cache_clear()
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "attention kernel" in line or "cpu_attention" in line]
+    assert lines == ["warning: CPU attention kernel unavailable (false failed: ?); using torch's kernels"], err
+    assert "RuntimeWarning" not in err

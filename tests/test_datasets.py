@@ -105,3 +105,24 @@ def test_missing_mirror_data_says_where_to_put_it(tmp_path):
     (tmp_path / "qasper.parquet").write_text(json.dumps({}))  # not parquet at all
     with pytest.raises(Exception):  # noqa: B017 - datasets/pyarrow's own error for a corrupt file
         lb.load_task_data("qasper", tmp_path)
+
+
+def test_a_damaged_arrow_cache_is_rebuilt_from_the_files(tmp_path):
+    """A truncated Arrow file in the datasets cache (a killed or full-disk write) failed every later load, blamed on
+    the data ("check or replace the mirror's files"): the cache is rebuilt from the files once instead. Loaded in a
+    child process: the Arrow file is memory-mapped."""
+    import os
+    import subprocess
+    import sys
+
+    folder, cache = TESTS, tmp_path / "cache"
+    name = _official(folder)[0]
+    first = lb.arrow_dataset(name, folder, cache_dir=cache)
+    (arrow,) = {f["filename"] for f in first.cache_files}
+    del first
+    os.truncate(arrow, os.path.getsize(arrow) // 2)
+    probe = (f"from scoutbench.workloads import longbench as lb; d = lb.arrow_dataset({name!r}, {str(folder)!r}, "
+             f"cache_dir={str(cache)!r}); print(lb.cross_check(lb._records_from_arrow(d, {name!r}), "
+             f"lb.load_records({name!r}, {str(folder)!r})))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]

@@ -23,9 +23,11 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def _one_line(err: str) -> str:
+def _one_line(err: str, internal: bool = False) -> str:
+    """The one error line; unless `internal`, of a fault the tool classifies (not the line of a bug)."""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert internal == ("internal error" in lines[0]), err
     return lines[0]
 
 
@@ -197,3 +199,33 @@ def test_text_outputs_naming_a_non_utf8_path_are_written(latin1_folder, tmp_path
     code, out, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--steps", "1",
                              "--warmup", "0", "--device", "cpu", "-o", latin1_folder / "sweep")
     assert code == 0 and (latin1_folder / "sweep" / "sweep_config.yaml").read_text(encoding="utf-8"), err
+
+
+# ---- sweep --config: a value is parsed as the command line's would be ----------------------------------------------
+
+@pytest.mark.parametrize("line, flag", [("steps: true", "--steps"), ("steps: 2.5", "--steps"), ("seed: .inf", "--seed"),
+                                        ("warmup: false", "--warmup"), ("seed: true", "--seed")])
+def test_a_sweep_config_value_of_the_wrong_type_is_refused(line, flag, tmp_path, monkeypatch, capsys):
+    """YAML's `true` ran 1 step and 2.5 ran 2 (click took them as integers); `seed: .inf` was a traceback."""
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"len: [64]\nmethod: fullkv\n{line}\n", encoding="utf-8")
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "sweep", "--config", config, "-o", tmp_path / "o")
+    assert code == 2 and f"Invalid value for '{flag}'" in _one_line(err) and not (tmp_path / "o").exists(), err
+
+
+# ---- a fault nothing classifies ----------------------------------------------------------------------------------
+
+def test_an_unclassified_fault_is_one_line_that_says_it_is_a_bug(monkeypatch, capsys):
+    """Any exception no handler classified was a traceback: the mechanism behind every report of this kind."""
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+
+    monkeypatch.setattr("scoutbench.analysis.projection.load_hardware", broken)
+    code, out, err = run_cli(monkeypatch, capsys, "project", BASELINE, "--hardware", "h200")
+    assert code == 1 and _one_line(err, internal=True) == (
+        "error: internal error, a bug in scoutbench (TypeError: unsupported operand type(s) for +: 'int' and "
+        "'NoneType'); rerun with SCOUTBENCH_TRACEBACK=1 for the traceback and report it")
+    monkeypatch.setenv("SCOUTBENCH_TRACEBACK", "1")
+    with pytest.raises(TypeError, match="unsupported operand"):
+        run_cli(monkeypatch, capsys, "project", BASELINE, "--hardware", "h200")

@@ -116,3 +116,11 @@ def test_folder_mode_refuses_two_prediction_files_of_one_dataset(tmp_path, monke
     assert code == 2 and err.strip() == (f"error: {tmp_path}: qasper.jsonl and qasper.v2.jsonl are both predictions "
                                          "of qasper; keep one of them in the folder, or score each file with "
                                          "--dataset"), err
+
+
+def test_a_prediction_file_with_a_byte_order_mark_scores(tmp_path, monkeypatch, capsys):
+    """As LongBench data files: a UTF-8 byte-order mark (some editors save one) made line 1 'not valid JSON'."""
+    path = tmp_path / "qasper.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(line) + "\n" for line in QASPER_LINES).encode())
+    code, out, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper", str(path), "--json")
+    assert code == 0 and json.loads(out)["score"] == 53.33, err

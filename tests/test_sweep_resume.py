@@ -279,3 +279,36 @@ def test_a_large_grid_resolves_each_setting_once_and_rewrites_its_manifest_rarel
     assert writes.count(MANIFEST) == 2 and len(writes) == 62  # at the start, at the end, and the 60 points
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert len(manifest["points"]) == 60 and {p["status"] for p in manifest["points"]} == {"ok"}
+
+
+def test_a_real_sweep_killed_then_rerun_with_other_settings_then_resumed(tmp_path, monkeypatch, capsys):
+    """End to end with the real point runner: a `scoutbench sweep` process killed (-9) once a point is on disk, its
+    manifest removed, a rerun with other steps refused, and a rerun with its own settings running exactly the
+    points that have no file."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sweep"
+    args = ["sweep", "--method", "fullkv", "--len", "64,80,96,112", "--warmup", "0", "--device", "cpu", "--steps"]
+    proc = subprocess.Popen([sys.executable, "-m", "scoutbench", *args, "1", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while not list(out.glob("fullkv_*.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()[-2000:]
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    done = set(point_files(out))
+    assert 1 <= len(done) < 4, "the kill landed after the last point: use a longer grid"
+    (out / MANIFEST).unlink(missing_ok=True)
+    code, _, err = run_cli(monkeypatch, capsys, *args, "2", "-o", out)
+    assert code == 2 and "steps 1 there vs 2 now" in err, err
+    code, stdout, err = run_cli(monkeypatch, capsys, *args, "1", "-o", out, "--json")
+    manifest = json.loads(stdout)
+    assert code == 0 and (manifest["ran"], manifest["skipped"]) == (4 - len(done), len(done)), err
+    files = point_files(out)
+    assert len(files) == 4 and {r["sweep_point"]["settings"]["steps"] for r in files.values()} == {1}
+    assert {r["workload"]["steps"] for r in files.values()} == {1}

@@ -235,16 +235,21 @@ def arrow_dataset(name: str, data_dir: str | Path, cache_dir: str | Path | None 
     verbosity = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a file it cannot read is logged, then raised
     try:
-        return datasets.load_dataset(builder, data_files={"test": [str(f) for f in files]}, split="test",
-                                     cache_dir=None if cache_dir is None else str(cache_dir))
-    except Exception as exc:  # noqa: BLE001 - pyarrow's and datasets' own errors for a file they cannot read
-        from scoutbench.models import first_line
-
-        reason = first_line(exc.__cause__ or exc)
-        raise UsageError(f"cannot read {name} from {', '.join(str(f) for f in files)}: {reason}; check or "
-                         f"replace the mirror's files, or {DATA_HINT}") from None
+        # a damaged Arrow cache (a killed or full-disk write) is rebuilt from the files once; what still fails is
+        # the files themselves
+        for mode in (None, datasets.DownloadMode.FORCE_REDOWNLOAD):
+            try:
+                return datasets.load_dataset(builder, data_files={"test": [str(f) for f in files]}, split="test",
+                                             cache_dir=None if cache_dir is None else str(cache_dir),
+                                             download_mode=mode)
+            except Exception as exc:  # noqa: BLE001 - pyarrow's and datasets' own errors for what they cannot read
+                failure = exc
     finally:
         datasets.logging.set_verbosity(verbosity)
+    from scoutbench.models import first_line
+
+    raise UsageError(f"cannot read {name} from {', '.join(str(f) for f in files)}: "
+                     f"{first_line(failure.__cause__ or failure)}; check or replace the mirror's files, or {DATA_HINT}")
 
 
 def _records_from_arrow(dataset: Any, name: str) -> list[dict[str, Any]]:

@@ -379,6 +379,9 @@ def config_defaults(config: dict[str, Any], by_flag: dict[str, tuple[str, bool]]
             value = tuple(str(item) for item in (value if isinstance(value, list) else [value]))
         elif isinstance(value, (list, dict)):
             raise UsageError(f"--config: {key!r} takes one value, got {value!r}")
+        else:  # as the command line gives it: a string that the option's own type parses (a flag takes true/false),
+            # so YAML's `true` is no step count and 2.5 no integer (click took them as 1 and 2; `.inf` a traceback)
+            value = str(value)
         defaults[name] = value
     return defaults
 

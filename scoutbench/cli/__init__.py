@@ -12,6 +12,8 @@ import click
 
 from scoutbench import __version__
 
+TRACEBACK_ENV = "SCOUTBENCH_TRACEBACK"  # =1: an internal error raises with its traceback instead of one line
+
 # name -> "module:function"; each module defines one click command.
 COMMANDS: dict[str, tuple[str, str]] = {
     "throughput": ("scoutbench.cli.throughput:command", "Decode throughput and per-stage latency of methods."),
@@ -88,9 +90,13 @@ def main() -> None:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     previous_sigterm = _terminate_like_interrupt()
+    previous_show = _one_line_warnings()
     try:
         _run()
     finally:
+        import warnings
+
+        warnings.showwarning = previous_show
         if previous_sigterm is not None:
             import signal
 
@@ -129,6 +135,32 @@ def _run() -> None:
         sys.exit(exit_code(exc))
     except click.exceptions.Exit as exc:
         sys.exit(exit_code(exc))
+    except Exception as exc:  # a fault nothing above classifies is a bug: one line that says so, as every error
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        text = (str(exc).strip().splitlines() or [""])[0][:300]
+        click.echo(f"error: internal error, a bug in scoutbench ({type(exc).__name__}{': ' + text if text else ''});"
+                   f" rerun with {TRACEBACK_ENV}=1 for the traceback and report it", err=True)
+        sys.exit(exit_code(exc))
+
+
+def _one_line_warnings():
+    """scoutbench's own warnings (a message starting `scoutbench: `: a fallback to torch's kernels, a cache entry
+    rebuilt) as one line on stderr, `warning: ...`, like the errors; Python prints a warning as its file, line and
+    source line. Others print as Python prints them. Returns the previous printer, restored when main returns."""
+    import warnings
+
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = str(message)
+        if text.startswith("scoutbench: "):
+            click.echo(f"warning: {text.removeprefix('scoutbench: ')}", err=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    return previous
 
 
 def _terminate_like_interrupt():

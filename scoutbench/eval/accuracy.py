@@ -217,6 +217,7 @@ def predict_task(task: Task, loaded: LoadedModel, configs: list[Config], fidelit
                 for c in compared}
     if not generate:
         return rows
+    _check_prompts(task, {c.predictions_path(task): rows[c.label] for c in configs})
     order = sorted(configs, key=lambda c: not c.is_reference)  # FullKV first: its generation is the reference
     done = min([len(r) for r in rows.values()] + [len(r) for r in fidelity.values()])
     if on_progress:
@@ -241,6 +242,26 @@ def predict_task(task: Task, loaded: LoadedModel, configs: list[Config], fidelit
         if on_progress:
             on_progress(task.name, index + 1, total)
     return rows
+
+
+def _check_prompts(task: Task, files: dict[Path, list[dict[str, Any]]]) -> None:
+    """A resumed row counts only if the model was given this run's prompt for it: its `prompt_sha256` must be the
+    hash of the record's prompt now. The folder and `_id` say which run and sample a row belongs to, not which text
+    was behind the id (another --data-dir or --data-revision with the same ids, another template or truncation).
+    Rows written before prompt hashes were recorded have none and are kept."""
+    hashes: dict[int, str] = {}
+    for path, rows in files.items():
+        for line, row in enumerate(rows, start=1):
+            recorded = row.get("prompt_sha256")
+            if recorded is None:
+                continue
+            index = row["index"]
+            if index not in hashes:
+                hashes[index] = prompt_sha256(task.input_ids(task.records[index]))
+            if recorded != hashes[index]:
+                raise UsageError(f"{path} line {line}: sample {index} (_id {row.get('_id')}) was predicted from "
+                                 "another prompt than this run's (other data, template or --max-length); delete the "
+                                 "file to predict it again, or use another -o")
 
 
 def _predict_shared(task: Task, loaded: LoadedModel, index: int, prompt_ids: list[int], pending: list[Config],

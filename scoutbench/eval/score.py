@@ -57,7 +57,7 @@ def _prediction_rows(path: Path, need_length: bool) -> list[dict[str, Any]]:
 
     required = ("pred", "answers", "length") if need_length else ("pred", "answers")
     rows = []
-    with open(path, encoding="utf-8") as lines:
+    with open(path, encoding="utf-8-sig") as lines:  # a byte-order mark is not part of the JSON
         for line_number, row in iter_jsonl(lines, str(path), UsageError):
             missing = [key for key in required if not isinstance(row, dict) or key not in row]
             if missing:
