@@ -118,8 +118,9 @@ def test_real_ablation_and_block_size_presets_render_every_variant(monkeypatch, 
     hand-made results (no profile) passed. End to end: the real sweeps, then `report`, read back from the SVGs."""
     from cli_runner import run_cli
 
+    # a real prefill: the presets profile recall for it (a synthetic one keeps the fixed interval, no file)
     common = ("--scale", "cpu", "--model", "tiny-qwen3", "--len", "2k", "--steps", "6", "--warmup", "1",
-              "--device", "cpu")
+              "--prefill", "real", "--device", "cpu")
     for preset in ("ablation", "block-size"):
         code, out, err = run_cli(monkeypatch, capsys, "sweep", "--preset", preset, *common, "-o", tmp_path / preset)
         assert code == 0, out + err
@@ -127,6 +128,8 @@ def test_real_ablation_and_block_size_presets_render_every_variant(monkeypatch, 
                                  "--figure-format", "svg,png")
         assert code == 0, out + err
 
+    assert len(list((tmp_path / "ablation").glob("recall_profile-*.json"))) == 1
+    assert len(list((tmp_path / "block-size").glob("recall_profile-*.json"))) == 3
     ablation = (tmp_path / "ablation-report" / "ablation.svg").read_text()
     assert all(f">{variant}<" in ablation for variant in ("co-attention", "+PC", "+PC+PR"))
     summary = (tmp_path / "ablation-report" / "summary.md").read_text()
