@@ -16,7 +16,6 @@ built here (`accuracy_records`, `accuracy_tasks`), so the two ways of running gi
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,74 +132,26 @@ def run_throughput_configs(configs: list[ThroughputConfig], *, loaded: LoadedMod
                            on_result: Callable[[ThroughputConfig, dict[str, Any]], None] | None = None,
                            on_status: Callable[[str], None] | None = None,
                            on_progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Run each config (one model: `loaded`, or loaded once here) and return its result. `on_result(cfg, result)`
-    sees each result
-    as soon as its method finishes (write it there: an interruption then keeps every finished result), failed
-    ones included. Every run is resolved (and its memory checked, once) before the first one starts; a method that
-    is refused there or fails while it runs gets a failed result (its error, `status: failed`) and the next method
-    runs (where every method is refused, nothing runs and the first refusal is raised). On CUDA the methods' host
-    tiers take one kept, registered buffer in turn (offload.keep_host_memory): fresh host memory and its
-    registration are paid once, not once per method. `on_status` gets one-line messages, `on_progress(label,
+    """Run each config on one model (`loaded`, or loaded here) and return its result (`bench.throughput.run_methods`:
+    a method refused before the runs or failing in its run gets a failed result, `status: failed` and its error, and
+    the next method runs). `on_result(cfg, result)` sees each result as soon as its method finishes (write it there:
+    an interruption then keeps every finished result); `on_status` gets one-line messages, `on_progress(label,
     done, total)` each phase's progress."""
-    from scoutbench.bench.executors import point_error
-    from scoutbench.bench.throughput import HOST_PLAN_SLACK, failed_result, resolve_run, run_throughput
-    from scoutbench.devices import device_description, resolve_device, resolve_dtype
-    from scoutbench.engine import SyntheticKVCache
-    from scoutbench.kernels.offload import keep_host_memory
+    from scoutbench.bench.throughput import run_methods
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model as load
-    from scoutbench.planning import format_bytes
-
-    say = on_status or (lambda message: None)
-    first = configs[0]
-    device = resolve_device(first.device)
-    dtype = resolve_dtype(first.dtype, device)
-
-    def failed(cfg: ThroughputConfig, exc: BaseException) -> dict[str, Any]:
-        say(f"{cfg.method}: failed: {point_error(exc)}")
-        return failed_result(cfg, point_error(exc), device_description(device), str(dtype).removeprefix("torch."))
 
     if loaded is None:
-        loaded = load(first.model, device, dtype, first.seed)
-    runs: list[Any] = []
-    refusals = []
-    for cfg in configs:
-        try:
-            runs.append(resolve_run(cfg, loaded))
-        except Exception as exc:  # noqa: BLE001 - the method's failed result below; Ctrl-C is no Exception
-            runs.append(exc)
-            refusals.append(exc)
-    if len(refusals) == len(runs):  # nothing would run: the (first) refusal is the one error
-        raise refusals[0]
-    runs = [failed(cfg, run) if isinstance(run, Exception) else run for cfg, run in zip(configs, runs, strict=True)]
-    # the methods decode over one synthetic prefill, drawn once (kept only for a second method: keeping it takes
-    # fresh memory for every layer, where a single run reuses one K and one V buffer)
-    shared_kv = SyntheticKVCache() if len(runs) > 1 else None
-    keep: Any = contextlib.nullcontext()
-    host_bytes = max((run.host_bytes for run in runs if not isinstance(run, dict)), default=0)
-    if device.type == "cuda" and len(runs) > 1 and host_bytes:
-        keep = keep_host_memory(device, reserve_bytes=int(host_bytes * (1 + HOST_PLAN_SLACK)))
+        first = configs[0]
+        device = resolve_device(first.device)
+        loaded = load(first.model, device, resolve_dtype(first.dtype, device), first.seed)
+    progress = None if on_progress is None else \
+        (lambda where: lambda phase, done, total: on_progress(f"{where} {phase}", done, total))
     results = []
-    try:
-        with keep as kept:
-            if kept is not None:
-                say(f"host memory kept for the offloading methods: {format_bytes(kept.nbytes)} (filled in "
-                    f"{kept.fill_s:.1f} s, registered in {kept.register_s:.1f} s)")
-            for index, (cfg, run) in enumerate(zip(configs, runs, strict=True), 1):
-                where = f"[{index}/{len(runs)}] {cfg.method}"
-                result = run
-                if not isinstance(run, dict):
-                    try:
-                        result = run_throughput(run, shared_kv=shared_kv, on_progress=None if on_progress is None
-                                                else lambda phase, done, total, where=where:
-                                                on_progress(f"{where} {phase}", done, total))
-                    except Exception as exc:  # noqa: BLE001 - as above: the next method runs
-                        result = failed(cfg, exc)
-                if on_result is not None:
-                    on_result(cfg, result)
-                results.append(result)
-    finally:
-        if shared_kv is not None:
-            shared_kv.clear()
+    for cfg, result in run_methods(configs, loaded, on_status or (lambda line: None), progress):
+        if on_result is not None:
+            on_result(cfg, result)
+        results.append(result)
     return results
 
 
@@ -217,21 +168,15 @@ def accuracy_records(names: Iterable[str], data_dir: str | Path | None = None, d
                      limit: int | None = None) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     """The LongBench records of each dataset in `names` (the first `limit`), and where each came from (a folder,
     a parquet mirror or the hub archive at `data_revision`); passkey tasks are generated, not read. Read before any
-    model loads, so that bad data fails in seconds."""
+    model loads: a data file that cannot be used is refused (exit 2) in seconds."""
     from scoutbench.workloads import longbench, passkey
 
     records, sources = {}, {}
     for name in names:
         if name in passkey.TASKS:
             continue
-        try:
-            rows, sources[name] = longbench.load_task_data(name, data_dir, data_revision)
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"the {name} data is not UTF-8 text (byte {exc.start}); use the official LongBench "
-                             "files") from None
+        rows, sources[name] = longbench.load_task_data(name, data_dir, data_revision)
         records[name] = rows[:limit]
-        if not records[name]:
-            raise UsageError(f"no records for {name} in {data_dir or 'the hub archive'}: the data file is empty")
     return records, sources
 
 

@@ -183,7 +183,7 @@ def model_config(reference: str) -> Any:
     local_only = is_local or hub_offline()
     try:
         config = AutoConfig.from_pretrained(repo, revision=revision, local_files_only=local_only)
-    except (OSError, ValueError) as exc:
+    except CONFIG_ERRORS as exc:
         raise _load_error(reference, exc, is_local, local_only, "config.json") from None
     check_architecture(config, reference)
     return config
@@ -248,7 +248,7 @@ def _load_pretrained(reference: str, device: torch.device | str, dtype: torch.dt
     try:
         model = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=dtype, attn_implementation="sdpa",
                                                      local_files_only=local_only).to(device)
-    except (OSError, ValueError) as exc:
+    except CONFIG_ERRORS as exc:
         raise _load_error(reference, exc, is_local, local_only, "weights") from None
     check_architecture(model.config, reference)
     try:
@@ -278,10 +278,23 @@ def resolved_commit(name: str, revision: str | None, is_local: bool, local_only:
     return extract_commit_hash(str(path), None) if path else None
 
 
+# what loading a model or its config raises for files it cannot use: OS errors, malformed JSON, and transformers'
+# config validation (huggingface_hub's StrictDataclassError, a plain Exception, or TypeError/ValueError/KeyError)
+CONFIG_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, TypeError, KeyError)
+try:
+    from huggingface_hub.errors import StrictDataclassError
+
+    CONFIG_ERRORS += (StrictDataclassError,)
+except ImportError:  # an older huggingface_hub: no strict config dataclasses, so none of their errors
+    pass
+
+
 def first_line(exc: BaseException) -> str:
-    """An exception's first line without its closing full stop, to be embedded in a sentence of ours."""
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__).rstrip(". ")
+    """An exception's first line without its closing full stop, to be embedded in a sentence of ours; a first line
+    that only announces the next ("Validation error for field 'hidden_size':") gets the next one too."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return text.rstrip(". ")
 
 
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub itself accepts for HF_HUB_OFFLINE

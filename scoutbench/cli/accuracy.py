@@ -199,7 +199,11 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
     task_names = [task.name for task in tasks]
     results = [result for result, _ in outcomes]
     if markdown_file:
-        _write_text_atomic(markdown_file, tables_markdown(comparison_tables(results, task_names)))
+        from pathlib import Path
+
+        from scoutbench.analysis.export import write_text
+
+        write_text(Path(markdown_file), tables_markdown(comparison_tables(results, task_names)), overwrite=True)
     if as_json:
         if len(outcomes) == 1 and not summarize:
             click.echo(outcomes[0][1].read_text("utf-8"), nl=False)  # the file as written: strict JSON
@@ -228,18 +232,6 @@ def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> 
         buckets = " ".join(f"{k}: {v}" for k, v in entry.get("buckets", {}).items())
         table.add_row(name, entry["metric"], str(entry["n"]), f"{entry['score']:.2f}", buckets)
     console.print(table)
-
-
-def _write_text_atomic(path: str, text: str) -> None:
-    import os
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".markdown.", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def _print_comparison(console, tables) -> None:

@@ -140,9 +140,10 @@ def _parse_batch(text: str) -> int | str:
 
 
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
-    """Run the methods (api.run_throughput_configs) and write each result as soon as it finishes: an interruption
-    keeps every finished result, and says which."""
+    """Run each method (api.run_throughput_configs: a refused or failing method gets a failed result and the next
+    one runs) and write its result as soon as it finishes: an interruption keeps every finished result."""
     from scoutbench.api import run_throughput_configs
+    from scoutbench.bench.throughput import result_file_name
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
@@ -158,9 +159,7 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
         if single_file is not None:
             path = write_json_atomic(single_file, result, overwrite=overwrite)
         else:
-            name = (f"throughput_{result['method']}_{cfg.model.replace('/', '--')}_len"
-                    f"{format_length(cfg.length)}_b{result['workload']['batch']}.json")
-            path = write_json_unique(folder / name, result)
+            path = write_json_unique(folder / result_file_name(cfg, result), result)
         paths.append(str(path))
 
     try:
@@ -197,16 +196,18 @@ STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "model": ("
 
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
-                 "±95%: half-width of the median's 95% interval; calls: torch calls per step issued by the main "
-                 "thread; stages: mean ms per step")
+                 "±95%: half-width of the median's 95% interval; calls: torch calls and CUDA graph replays per step "
+                 "issued by the main thread; stages: mean ms per step")
 LAUNCH_BOUND_MARK = "^"
 LAUNCH_BOUND_NOTE = (f"{LAUNCH_BOUND_MARK}: launch-bound (the host's issue time fills at least "
                      "{frac:.0%} of the step: the row measures Python and launches, not the method)")
 
 
 def _calls_cell(result) -> str:
-    calls = (result.get("host") or {}).get("torch_calls_per_step")
-    return "-" if calls is None else f"{calls:.0f}"
+    """Torch calls and CUDA graph replays the main thread issues per step."""
+    host = result.get("host") or {}
+    calls = host.get("torch_calls_per_step")
+    return "-" if calls is None else f"{calls + (host.get('graph_replays_per_step') or 0):.0f}"
 
 
 def method_cell(result) -> str:
