@@ -104,6 +104,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("workloads", {"scoutbench.workloads"}),
     ("analysis", {"scoutbench.analysis"}),
     ("bench and eval", {"scoutbench.bench", "scoutbench.eval"}),
+    ("api", {"scoutbench.api"}),
     ("cli", {"scoutbench.cli", "scoutbench.__main__"}),
 ]
 

@@ -118,15 +118,19 @@ def test_real_ablation_and_block_size_presets_render_every_variant(monkeypatch, 
     hand-made results (no profile) passed. End to end: the real sweeps, then `report`, read back from the SVGs."""
     from cli_runner import run_cli
 
+    # a real prefill: the presets profile recall for it (a synthetic one keeps the fixed interval, no file)
     common = ("--scale", "cpu", "--model", "tiny-qwen3", "--len", "2k", "--steps", "6", "--warmup", "1",
-              "--device", "cpu")
+              "--prefill", "real", "--device", "cpu")
     for preset in ("ablation", "block-size"):
         code, out, err = run_cli(monkeypatch, capsys, "sweep", "--preset", preset, *common, "-o", tmp_path / preset)
         assert code == 0, out + err
+        assert "recall_profile=recall_profile-" in out and str(tmp_path) not in out  # the table names the file
         code, out, err = run_cli(monkeypatch, capsys, "report", tmp_path / preset, "-o", tmp_path / f"{preset}-report",
                                  "--figure-format", "svg,png")
         assert code == 0, out + err
 
+    assert len(list((tmp_path / "ablation").glob("recall_profile-*.json"))) == 1
+    assert len(list((tmp_path / "block-size").glob("recall_profile-*.json"))) == 3
     ablation = (tmp_path / "ablation-report" / "ablation.svg").read_text()
     assert all(f">{variant}<" in ablation for variant in ("co-attention", "+PC", "+PC+PR"))
     summary = (tmp_path / "ablation-report" / "summary.md").read_text()
@@ -245,6 +249,22 @@ def test_several_sweeps_give_one_breakdown_per_point_of_bounded_size_and_one_col
     for png in breakdowns:
         width, height = _png_size(png)
         assert width <= 7.5 * 300 + 100 and height <= 5 * 300, png
-    assert len({method_color(m) for m in ("fullkv", "quest", "infinigen", "hgca", "scout-base", "scout-pc",
-                                          "scout-pr", "scout")}) == 8
-    assert method_color("full") == method_color("fullkv")
+    from scoutbench.methods import METHODS
+
+    assert len({method_color(m) for m in METHODS.names()}) == len(METHODS.names())
+    assert method_color("full") == method_color("fullkv") == "#000000"
+
+
+def test_a_field_that_told_only_a_dropped_series_apart_is_not_in_the_legend(tmp_path):
+    """Two sweeps reported together: scout at 4k and 8k (budget 1k) and one lone scout point at 8k (budget 512, left
+    out of the line figure). The legend said `budget 1k` for a series nothing else in the figure differed from."""
+    budget = {**SCOUT_CONFIG, "budget": 1024}
+    results = [make_result("fullkv", 40.0, length=4096), make_result("fullkv", 20.0, length=8192),
+               make_result("scout", 80.0, length=4096, config=budget), make_result("scout", 70.0, length=8192,
+                                                                                   config=budget),
+               make_result("scout", 75.0, length=8192, config={**SCOUT_CONFIG, "budget": 512})]
+    report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out", formats=("svg",))
+    svg = (tmp_path / "out" / "throughput_vs_length.svg").read_text()
+    assert ">ScoutAttention<" in svg and ">FullKV<" in svg and "budget" not in svg
+    assert any("series with one length only, not drawn: ScoutAttention, budget 512" in why
+               for _, why in report.skipped)

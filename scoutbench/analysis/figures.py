@@ -33,10 +33,13 @@ PNG_DPI = 300
 # rerun of `report --overwrite` replaces
 FIGURE_STEMS = ("throughput_vs_length", "batch_scaling", "block_size", "latency_breakdown", "ablation",
                 "accuracy_vs_budget")
-# Okabe-Ito's colour-blind-safe palette, in the registry's display order (the dense reference first, the proposed
-# method last); methods past its end (third-party ones) continue with matplotlib's tab10.
-PALETTE = ("#000000", "#56B4E9", "#009E73", "#E69F00", "#999999", "#CC79A7", "#0072B2", "#D55E00")
+# Okabe-Ito's colour-blind-safe palette: one colour per method family in registration order (the dense reference
+# first, so black), the proposed method's family vermillion; families past its end (third-party ones) continue with
+# matplotlib's tab10. A family's other registered forms (ablation variants, presets) are lighter tints of its colour.
+FAMILY_COLORS = ("#000000", "#56B4E9", "#009E73", "#E69F00", "#CC79A7", "#0072B2", "#999999")
+PROPOSED_COLOR = "#D55E00"
 EXTRA_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+LIGHTEST_TINT = 0.7  # the share of white that a family's variants' tints approach (the first gets the most)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
 HATCHES = (None, "///", "...", "xxx")  # a method's second, third... series of bars
@@ -73,23 +76,50 @@ def parse_formats(text: str) -> tuple[str, ...]:
 # ---- names and colours ----------------------------------------------------------------------------------------
 
 def method_color(method: str) -> str:
-    from scoutbench.methods import display_rank
+    """The method's colour in every figure: its family's, and for a family's other registered forms (scout-base,
+    scout-pc, infinigen-dynamic, ...) a tint of it, lightest first in registration order."""
+    from scoutbench.methods import METHODS, PROPOSED_METHOD, method_family
 
-    rank = display_rank(method)
-    return PALETTE[rank] if rank < len(PALETTE) else EXTRA_COLORS[(rank - len(PALETTE)) % len(EXTRA_COLORS)]
+    family = method_family(method) or method
+    if family == PROPOSED_METHOD:
+        base = PROPOSED_COLOR
+    else:
+        families = [f for f in dict.fromkeys(method_family(n) for n in METHODS.names()) if f != PROPOSED_METHOD]
+        rank = families.index(family) if family in families else len(families)
+        base = FAMILY_COLORS[rank] if rank < len(FAMILY_COLORS) else \
+            EXTRA_COLORS[(rank - len(FAMILY_COLORS)) % len(EXTRA_COLORS)]
+    forms = [n for n in METHODS.names() if method_family(n) == family and n != family]
+    name = METHODS.canonical(method) if method in METHODS else method
+    if name not in forms:
+        return base
+    return _tint(base, LIGHTEST_TINT * (len(forms) - forms.index(name)) / (len(forms) + 1))
+
+
+def _tint(color: str, white: float) -> str:
+    """`color` mixed with `white` parts of white (0: the colour, 1: white)."""
+    channels = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * white):02x}" for c in channels)
 
 
 def method_display(method: str, config: dict[str, Any]) -> str:
     """How a paper names a run: the method's display name, plus its ablation variant unless it is the method's own
-    default (`ScoutAttention (+PC)`, `ScoutAttention`, `FullKV`); an unknown method keeps its id."""
-    from scoutbench.methods import ablation_variant, method_class
+    default (`ScoutAttention (+PC)`, `ScoutAttention`, `FullKV`), or, for another registered form of a method, the
+    fields its registration sets (`InfiniGen (dynamic count on)`); an unknown method keeps its id."""
+    from scoutbench.methods import METHODS, ablation_variant, method_class
 
     cls = method_class(method)
     if cls is None:
         return method
     name = cls.display_name or cls.name
     variant = ablation_variant(method, config)
-    return f"{name} ({variant})" if variant is not None and variant != ablation_variant(cls.name, {}) else name
+    if variant is not None:
+        return f"{name} ({variant})" if variant != ablation_variant(cls.name, {}) else name
+    preset = METHODS.preset(method)
+    return f"{name} ({', '.join(_field_text(k, v) for k, v in preset.items())})" if preset else name
+
+
+def _field_text(name: str, value: Any) -> str:
+    return f"{FIELD_LABELS.get(name, name.replace('_', ' '))} {_value_text(name, value)}"
 
 
 def _value_text(name: str, value: Any) -> str:
@@ -113,7 +143,7 @@ def legend_labels(points: list[Point], exclude: tuple[str, ...] = ()) -> dict[An
         names = sorted({name for f in fields for name in f} - set(exclude))
         varying = [n for n in names if len({json.dumps(f.get(n), sort_keys=True, default=str) for f in fields}) > 1]
         for p, f in zip(members, fields, strict=True):
-            parts = [f"{FIELD_LABELS.get(n, n.replace('_', ' '))} {_value_text(n, f.get(n))}" for n in varying]
+            parts = [_field_text(n, f.get(n)) for n in varying]
             labels[p.key] = ", ".join([method_display(method, p.config), *parts])
     owners: dict[str, set[str]] = defaultdict(set)
     for p in points:
@@ -269,8 +299,8 @@ def _stem_part(name: str, value: Any) -> str:
 
 
 def _title(ax: Any, title: str, where: str) -> None:
-    """The figure's title over what it holds fixed, wrapped to the figure's width (about 13 characters an inch)."""
-    width = max(40, int(ax.figure.get_figwidth() * 13))
+    """The figure's title over what it holds fixed, wrapped to the figure's width (about 15 characters an inch)."""
+    width = max(40, int(ax.figure.get_figwidth() * 15))
     ax.set_title(f"{title}\n{textwrap.fill(where, width)}", fontsize=8.5, loc="left")
 
 
@@ -303,11 +333,12 @@ def _dodge(index: int, count: int) -> float:
 
 
 def _legend(ax: Any, count: int) -> None:
-    """Inside the axes for a few series, beside them (never clipped: figures are saved tight) for more."""
+    """Inside the axes for a few series; for more, in two columns under the axes, so that the figure keeps its
+    width (never clipped: figures are saved with a tight bounding box)."""
     if count <= 4:
         ax.legend(loc="best")
     else:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, borderaxespad=0.0)
 
 
 def _line_figure(report: Report, writer: FigureWriter, axis: str, stem: str, title: str) -> None:
@@ -327,9 +358,11 @@ def _line_figure(report: Report, writer: FigureWriter, axis: str, stem: str, tit
         lone = [label for label, members in series.items() if len({_field(p, axis) for p in members}) < 2]
         if lone:  # a point no other of its series' points joins into a line (another sweep's, say)
             report.skipped.append((names[group], f"series with one {axis} only, not drawn: {'; '.join(lone)}"))
-            series = {label: members for label, members in series.items() if label not in lone}
-        if not series:
-            continue
+            points = [p for label, members in series.items() if label not in lone for p in members]
+            if not points:
+                continue
+            # labelled again without them: a field that told only a dropped series apart names nothing here
+            series = _ordered_series(points, legend_labels(points))
         fig, ax = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN))
         styles = _series_styles(series)
         for index, (label, members) in enumerate(series.items()):
@@ -602,7 +635,7 @@ def _accuracy_label(result: dict[str, Any]) -> str:
     config = {k: v for k, v in (result.get("method_config") or {}).items() if k != "budget"}
     cls = method_class(method)
     defaults = cls.defaults() if cls is not None else {}
-    changed = [f"{FIELD_LABELS.get(k, k.replace('_', ' '))} {_value_text(k, v)}" for k, v in sorted(config.items())
+    changed = [_field_text(k, v) for k, v in sorted(config.items())
                if k in defaults and defaults[k] != v and k not in (cls.ablation_fields if cls else ())]
     return ", ".join([method_display(method, result.get("method_config") or {}), *changed])
 

@@ -24,8 +24,8 @@ RESULT_TAG = "scoutbench.result_sha256"
 # Flattened fields that say what ran (tracker parameters) and what was measured (tracker metrics).
 PARAM_PREFIXES = ("kind", "method", "method_repr", "method_config.", "model.", "workload.", "device.", "budget",
                   "effective_budget", "sparse", "kv_source", "scoutbench_version", "created_at", "max_length", "seed",
-                  "limit", "env.git_commit", "env.git_dirty", "env.torch", "env.transformers", "env.cpu_capability",
-                  "env.gpu.", "env.partial_attention_backend")
+                  "limit", "env.git_commit", "env.git_dirty", "env.workdir_git.", "env.torch", "env.transformers",
+                  "env.cpu_capability", "env.gpu.", "env.partial_attention_backend")
 METRIC_PREFIXES = ("decode_throughput_tok_s", "decode_time_s", "prefill_ms", "decode_step_ms.", "latency_breakdown_ms.",
                    "latency_breakdown_frac.", "gpu_idle_frac", "main_thread_wait_frac", "nvml.", "method_stats.",
                    "results.")

@@ -137,12 +137,13 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from scoutbench.api import accuracy_records, accuracy_tasks, check_accuracy_context
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.eval.accuracy import comparison_tables, run_comparison, tables_markdown
     from scoutbench.eval.generation import method_specs
     from scoutbench.models import PRESETS, context_window, loaded_context_window
     from scoutbench.results import check_writable, json_text, output_lock, utc_now
-    from scoutbench.workloads import longbench, passkey
+    from scoutbench.workloads import longbench
 
     # every option is checked before the model loads (a minute for a real model) and before any data is read
     if limit is not None and limit < 1:
@@ -161,13 +162,8 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
         raise UsageError(f"model {model!r} has random weights and no tokenizer; accuracy tasks need text "
                          "(use smollm2-135m, a local folder or a Hugging Face id)")
     resolve_dtype(dtype, resolve_device(device))
-    records, sources = {}, {}
-    for name in names:  # a data file that cannot be used is refused here, before the model loads (exit 2)
-        if name in passkey.TASKS:
-            continue
-        rows, sources[name] = longbench.load_task_data(name, data_dir, data_revision)
-        records[name] = rows[:limit]
-    _check_context(names, model, context_window(model), passkey_len, length_limit)
+    records, sources = accuracy_records(names, data_dir, data_revision, limit)
+    check_accuracy_context(names, model, context_window(model), passkey_len, length_limit)
     check_writable(out_dir, single_file=False)
     if markdown_file:
         check_writable(markdown_file, overwrite=True, single_file=True)
@@ -180,14 +176,8 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
         raise UsageError(f"model {model!r} has no tokenizer; accuracy tasks need text (use smollm2-135m)")
     if records and length_limit is None:
         length_limit = longbench.default_max_length(loaded.name, loaded.model.config)
-    _check_context(names, model, loaded_context_window(loaded), passkey_len, length_limit)
-    tasks: list[Any] = []
-    for name in names:
-        if name in passkey.TASKS:
-            tasks.append(passkey.PasskeyTask(name, loaded.tokenizer, passkey_len, limit or 10, depth, seed))
-        else:
-            tasks.append(longbench.LongBenchTask(name, records[name], loaded.tokenizer, length_limit,
-                                                 source=sources[name]))
+    check_accuracy_context(names, model, loaded_context_window(loaded), passkey_len, length_limit)
+    tasks = accuracy_tasks(names, loaded, records, sources, length_limit, passkey_len, limit, depth, seed)
 
     console = rich_console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -229,27 +219,6 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
         _print_comparison(stdout, comparison_tables(results, task_names))
     for _, path in outcomes:
         console.print(f"result: {path}")
-
-
-def _check_context(names: list[str], model: str, window: int | None, passkey_len: int,
-                   length_limit: int | None) -> None:
-    """Prompts plus answers must fit the model's trained window (a passkey past it scored 0 without a word):
-    passkey prompts are sized to --len, LongBench prompts are middle-truncated to --max-length (as the official
-    pred.py does; the default leaves the official 500 tokens for the chat wrapper and the answer)."""
-    from scoutbench.models import check_context
-    from scoutbench.units import format_length
-    from scoutbench.workloads import longbench, longbench_metrics, passkey
-
-    for name in names:
-        if name in passkey.TASKS:
-            check_context(model, window, passkey_len + passkey.MAX_NEW_TOKENS,
-                          f"{name} prompts of --len {format_length(passkey_len)} plus a {passkey.MAX_NEW_TOKENS}-token "
-                          "answer", "lower --len")
-        elif length_limit is not None:
-            answer = longbench.max_new_tokens_table()[longbench_metrics.base_dataset(name)]
-            check_context(model, window, length_limit + answer,
-                          f"{name} prompts truncated to --max-length {length_limit} plus a {answer}-token answer",
-                          "lower --max-length (or omit it: the default fits)")
 
 
 def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import click
 
@@ -189,7 +190,7 @@ def _sweep_table(manifest: dict):
     from rich.table import Table
 
     from scoutbench.analysis.report import speedup_text
-    from scoutbench.methods import is_reference
+    from scoutbench.methods import artefact_fields, is_reference
     from scoutbench.tiers import wait_frac
     from scoutbench.units import format_length
 
@@ -213,7 +214,9 @@ def _sweep_table(manifest: dict):
             speedup = speedup_text(tok_s, used if isinstance(used, int) else 1, base["decode_throughput_tok_s"],
                                    base.get("batch_used") if isinstance(base.get("batch_used"), int) else 1)
         idle = wait_frac(p)
-        table.add_row(p["method"], " ".join(f"{k}={v}" for k, v in p["method_args"].items()),
+        artefacts = artefact_fields(p["method"])  # a per-point file by its name: its folder is the sweep's
+        table.add_row(p["method"], " ".join(f"{k}={Path(str(v)).name if k in artefacts else v}"
+                                            for k, v in p["method_args"].items()),
                       format_length(p["len"]), batch, status, f"{tok_s:.2f}" if ok else "-",
                       f"{p['decode_step_ms_median']:.1f}" if ok else "-",
                       f"{100 * idle:.1f}" if ok and idle is not None else "-", speedup)
@@ -236,11 +239,12 @@ def report_command(results, output, figure_format, overwrite):
 
     report = build_report(results, output, overwrite=overwrite, formats=parse_formats(figure_format))
     console = rich_console()
-    for title, files in report.figures:
-        console.print(f"figure  {', '.join(str(f) for f in files)}  ({title})", highlight=False, soft_wrap=True)
-    console.print(f"summary {report.summary}", highlight=False)
+    for title, files in report.figures:  # markup=False: a label's "[...]" is text, not a rich style
+        console.print(f"figure  {', '.join(str(f) for f in files)}  ({title})", highlight=False, markup=False,
+                      soft_wrap=True)
+    console.print(f"summary {report.summary}", highlight=False, markup=False)
     for what, why in report.skipped:
-        console.print(f"skipped {what}: {why}", highlight=False, soft_wrap=True)
+        console.print(f"skipped {what}: {why}", highlight=False, markup=False, soft_wrap=True)
     if report.merged:
         console.print(f"merged {len(report.merged)} repeat runs into the medians of their points (listed in the "
                       "summary)", highlight=False)

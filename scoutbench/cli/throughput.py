@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from scoutbench.api import DEFAULT_LENGTH, DEFAULT_MODELS, DEFAULT_STEPS
 from scoutbench.cli.options import (
     BYTES,
     DTYPE,
@@ -22,18 +23,10 @@ from scoutbench.cli.options import (
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.methods import SPEED_METHODS, is_reference
 from scoutbench.tiers import wait_frac
+from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
 DEFAULT_OUTPUT = "results/runs"
-# The no-argument run, per device type. CUDA: the paper's setup (Qwen3-14B shape, bf16, every method's default
-# budget 2048 and block 32). CPU: bench-attn16, the paper models' dense share (2 of 16 layers) and GQA group (4)
-# with a small hidden size, so that attention dominates a step as at long context on a GPU; every method in about
-# a minute on 2 cores. Both at 32k with a synthetic prefill (the weights are random), every method with the same
-# dense layers.
-DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
-DEFAULT_LEN = "32k"
-# (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
-DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
 DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); `--method all`: every registered one
 
 
@@ -45,7 +38,7 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 @click.option("--model", default=None,
               help="Built-in name (tiny-qwen3, bench-attn16, qwen3-8b, qwen3-14b, ...), local folder or Hugging Face "
                    f"id (default: {DEFAULT_MODELS['cuda']} on CUDA, {DEFAULT_MODELS['cpu']} on CPU).")
-@click.option("--len", "length", default=DEFAULT_LEN, show_default=True, type=LENGTH,
+@click.option("--len", "length", default=format_length(DEFAULT_LENGTH), show_default=True, type=LENGTH,
               help="Prompt tokens per sequence: 4096, 4k (=4096), 64k, 1m.")
 @click.option("--batch", default="1", show_default=True,
               help="Sequences decoded together, or 'auto': each method's largest batch that fits --gpu-mem "
@@ -94,48 +87,23 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
     """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
     prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
     which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
-    from scoutbench.bench.throughput import ThroughputConfig, check_context_fits
-    from scoutbench.devices import resolve_device, resolve_dtype
+    from scoutbench.api import throughput_configs
     from scoutbench.errors import UsageError
-    from scoutbench.method_args import MethodSettings, resolve_method_args
-    from scoutbench.methods import build_method
     from scoutbench.results import check_writable, json_text, output_lock
-    from scoutbench.workloads.synthetic import SyntheticWorkload
 
-    resolved = resolve_device(device)
-    from scoutbench.bench.throughput import use_cuda_graphs
-
-    use_cuda_graphs(cuda_graphs, resolved)
-    kind = "cuda" if resolved.type == "cuda" else "cpu"
-    model = model or DEFAULT_MODELS[kind]
-    steps = DEFAULT_STEPS[kind][0] if steps is None else steps
-    warmup = DEFAULT_STEPS[kind][1] if warmup is None else warmup
-    batch = _parse_batch(batch)
-    if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
-        raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
-    gpu_mem_bytes, host_mem_bytes = gpu_mem, host_mem  # bytes (BYTES)
-    resolve_dtype(dtype, resolved)
-    length_tokens, budget_tokens = length, budget  # tokens (LENGTH)
     names = expand_methods(methods or DEFAULT_METHODS)
-    per_method = resolve_method_args(names, MethodSettings.of(parse_method_args(method_args), budget=budget_tokens,
-                                                              block_size=block_size, dense_layers=dense_layers))
     out_path = Path(output)
     single_file = out_path.suffix == ".json"
     if single_file and len(names) > 1:
         raise UsageError(f"-o {output} is a single .json file but {len(names)} methods were selected; "
                          "pass a folder instead")
-    configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length_tokens,
-                                batch=batch, gpu_mem=gpu_mem_bytes, host_mem=host_mem_bytes, steps=steps,
-                                warmup=warmup, device=device, dtype=dtype, seed=seed, prefill=prefill,
-                                kv_skew=kv_skew, force=force, profile_dir=profile_dir, profile_steps=profile_steps,
-                                nvtx=nvtx, count_steps=count_steps, cuda_graphs=cuda_graphs,
-                                command=["scoutbench", *sys.argv[1:]])
-               for name in names]
-    for cfg in configs:  # validate every method's fields before loading anything
-        SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
-                          "real", cfg.kv_skew)
-        build_method(cfg.method, cfg.method_args)
-        check_context_fits(cfg)
+    configs = throughput_configs(names, model=model, length=length, batch=_parse_batch(batch), gpu_mem=gpu_mem,
+                                 host_mem=host_mem, steps=steps, warmup=warmup, device=device, dtype=dtype, seed=seed,
+                                 prefill=prefill, kv_skew=kv_skew, budget=budget, block_size=block_size,
+                                 dense_layers=dense_layers, method_args=parse_method_args(method_args), force=force,
+                                 profile_dir=profile_dir, profile_steps=profile_steps, nvtx=nvtx,
+                                 count_steps=count_steps, cuda_graphs=cuda_graphs,
+                                 command=["scoutbench", *sys.argv[1:]])
     check_writable(out_path, overwrite)
     if profile_dir is not None:  # before the runs: a trace that cannot be written must not cost a finished run
         check_writable(profile_dir, single_file=False)
@@ -172,9 +140,10 @@ def _parse_batch(text: str) -> int | str:
 
 
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
-    """Run each method (bench.throughput.run_methods: a refused or failing method gets a failed result and the
-    next one runs) and write its result as soon as it finishes: an interruption keeps every finished result."""
-    from scoutbench.bench.throughput import result_file_name, run_methods
+    """Run each method (api.run_throughput_configs: a refused or failing method gets a failed result and the next
+    one runs) and write its result as soon as it finishes: an interruption keeps every finished result."""
+    from scoutbench.api import run_throughput_configs
+    from scoutbench.bench.throughput import result_file_name
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
@@ -184,20 +153,19 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
     device = resolve_device(first.device)
     with console.status(f"loading {first.model} ..."):
         loaded = load_model(first.model, device, resolve_dtype(first.dtype, device), first.seed)
-    results, paths = [], []
+    paths = []
+
+    def write(cfg, result) -> None:
+        if single_file is not None:
+            path = write_json_atomic(single_file, result, overwrite=overwrite)
+        else:
+            path = write_json_unique(folder / result_file_name(cfg, result), result)
+        paths.append(str(path))
+
     try:
         with PhaseProgress(console) as progress:
-            def report(where):
-                return lambda phase, done, total: progress.update(f"{where} {phase}", done, total)
-
-            for cfg, result in run_methods(configs, loaded, lambda line: console.print(line, highlight=False),
-                                           report):
-                if single_file is not None:
-                    path = write_json_atomic(single_file, result, overwrite=overwrite)
-                else:
-                    path = write_json_unique(folder / result_file_name(cfg, result), result)
-                results.append(result)
-                paths.append(str(path))
+            results = run_throughput_configs(configs, loaded=loaded, on_result=write, on_progress=progress.update,
+                                             on_status=lambda message: console.print(message, highlight=False))
     except BaseException:
         if paths:
             console.print(f"kept {len(paths)} finished result(s): {', '.join(paths)}", highlight=False)
