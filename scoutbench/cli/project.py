@@ -79,8 +79,11 @@ def _print_table(document: dict) -> None:
     table = Table(title=f"projected on {hw['name']} ({hw['labels']['device']}, {hw['labels']['bus']}, "
                         f"{hw['labels']['host']})")
     with_source = needs_source_column(document["projections"])
+    # the measured step only where some row was projected at its own run's shape and kind of machine
+    with_measured = any(p.get("measured_step_ms") is not None for p in document["projections"])
     columns = ("method", "model", "len", "batch", "tok/s", "step ms", "idle %", "attn ms", "linear ms", "cpu ms",
-               "bus h2d ms", "host ms", "bound by", "measured ms", *(["from"] if with_source else []))
+               "h2d ms", "host ms", "bound by", *(["measured ms"] if with_measured else []),
+               *(["from"] if with_source else []))
     for name in columns:
         table.add_column(name, justify="left" if name in ("method", "model", "bound by", "from") else "right")
     for p in document["projections"]:
@@ -95,7 +98,8 @@ def _print_table(document: dict) -> None:
                       f"{p['decode_step_ms']:.2f}", f"{100 * p['gpu_idle_frac']:.1f}", f"{stages['attn_device']:.2f}",
                       f"{stages['qkv_proj'] + stages['o_proj'] + stages['mlp']:.2f}", f"{p['cpu_ms_per_step']:.2f}",
                       f"{p['bus_h2d_ms_per_step']:.2f}", "-" if host is None else f"{host:.2f}", p["bound_by"],
-                      "-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})",
+                      *([("-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})")]
+                        if with_measured else []),
                       *([p.get("source_point", "")] if with_source else []))
     rich_console().print(table)
     if any(p.get("launch_bound") for p in document["projections"]):
