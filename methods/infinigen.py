@@ -182,7 +182,7 @@ class InfiniGen(SparseLayerMethod):
         self._row_offset = torch.arange(batch * kv_heads).view(batch, kv_heads, 1)
         # each slot: where the current token goes in the fetch target (after the fetched ones, [B]) and the lengths
         # attended there; with a fixed count both slots share one, written once per step
-        shared = self.dynamic_count is False
+        shared = not self.dynamic_count
         slots = 1 if shared else 2
         current = [torch.zeros(batch, dtype=torch.long, device=ctx.device) for _ in range(slots)]
         lengths = [StepLengths(batch, width, ctx.dtype, ctx.device, with_host=not ctx.graphs) for _ in range(slots)]
@@ -242,20 +242,20 @@ class InfiniGen(SparseLayerMethod):
         # the fixed count: budget - 1 tokens + the current one = the budget every sparse method gets, no sync
         self._fetch_count = max(1, min(self.capacity, max(step.positions_host)))
         self._sorted_fetch = min(step.positions_host) < self.capacity
-        if self._fetched is not None and not self.dynamic_count:
-            # where each sequence's current token goes: after its fetched tokens (min(position, n) of them)
-            torch.clamp(step.positions, max=self.capacity, out=self._current[0])
-            self._lengths[0].update(self._current[0] + 1, [min(p, self.capacity) + 1 for p in step.positions_host])
-        if self._fetched is None and not self.dynamic_count:
-            self._cpu_valid = None if step.uniform else step.positions.clamp(max=self._fetch_count)
-        if not self.dynamic_count:  # the counters of every sparse layer's fetch, known now
+        if not self.dynamic_count:  # the fetch of every sparse layer is known now
+            if self._fetched is None:  # CPU: a short sequence has fewer valid fetched tokens
+                self._cpu_valid = None if step.uniform else step.positions.clamp(max=self._fetch_count)
+            else:  # where each sequence's current token goes: after its fetched tokens (min(position, n) of them)
+                torch.clamp(step.positions, max=self.capacity, out=self._current[0])
+                self._lengths[0].update(self._current[0] + 1,
+                                        [min(p, self.capacity) + 1 for p in step.positions_host])
             self._count_fetch(self.sparse_layers, self._fetch_count)
         self._d2h_bytes += len(self.sparse_layers) * ctx.batch * ctx.kv_bytes_per_token()  # new K/V to the host
         self._steps += 1
 
     def graph_key(self) -> Any:
         """With a fixed count, whether a sequence holds fewer tokens than the fetch takes: its valid tokens must
-        then come first among its speculated ones (a sorted top-n; unsorted is 2x faster on CPU at 32k)."""
+        then come first among its speculated ones (a sorted top-k, where an unsorted one is cheaper)."""
         return None if self.dynamic_count else self._sorted_fetch
 
     def end_step(self) -> None:
