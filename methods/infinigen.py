@@ -344,8 +344,9 @@ class InfiniGen(SparseLayerMethod):
             scores = self._logits(layer, partial_q)
             counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
             torch.mean(counts, dtype=torch.float32, out=self._mean_count[slot])
-            # n = max(1, min(floor(mean count), capacity, cached)): each sequence's min(position, n)
-            count = self._mean_count[slot].floor().clamp_(1, self.capacity).long()
+            # n = max(1, min(floor(mean count), capacity, cached)): each sequence's min(position, n) (the integer
+            # bounds commute with the floor, which the conversion to int64 takes)
+            count = self._mean_count[slot].clamp(1, self.capacity).long()
             torch.minimum(self.step.positions, count, out=self._current[slot])
             ranked, ordered = scores.amax(dim=2, keepdim=True), True
         else:
