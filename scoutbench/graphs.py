@@ -76,6 +76,7 @@ class GraphRunner:
         self.capturing = False
         self.failure: str | None = None  # why the run fell back to eager
         self.replayed_steps = 0
+        self.replayed_pieces = 0  # graph launches: a host cost of their own (what `count_calls` adds to the calls)
         self.eager_steps = 0
         self._schedule: _Schedule | None = None
         self._graph: Any = None
@@ -95,6 +96,7 @@ class GraphRunner:
             self.eager_steps += 1
             return self.engine.forward_step(self.tokens)
         self.replayed_steps += 1
+        self.replayed_pieces += schedule.pieces
         return self._replay(schedule)
 
     def _replay(self, schedule: _Schedule) -> torch.Tensor:
@@ -138,7 +140,9 @@ class GraphRunner:
 
     def _begin_piece(self) -> None:
         self._graph = torch.cuda.CUDAGraph()
-        self._graph.capture_begin(pool=self.pool)
+        # thread_local: the CPU worker threads go on synchronising with events of their own (a recall's staging)
+        # while the main thread captures; CUDA's default, global, would invalidate the capture for it
+        self._graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
         self._calls_at_begin = self._calls.calls
 
     def _end_piece(self) -> None:

@@ -29,6 +29,7 @@ VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
     "scout-dense0": ("scout", {"dense_layers": 0}),  # layer 0's CPU part inline, with the true query
     "scout-selected": ("scout", {"device_blocks": "selected"}),
     "scout-beta": ("scout", {"beta_trigger": True, "beta": 0.05}),  # reactive recalls
+    "scout-pool2": ("scout", {"pool_factor": 2}),  # a pool of two selections: recall evicts within it
     "hgca-fractions": ("hgca", {"budget": None, "refresh_interval": 4, "migrate_block": 16}),
     "infinigen-dynamic": ("infinigen", {"dynamic_count": True}),  # its one documented sync per sparse layer
     # a count below the cap, varying by layer and step: the device's n and the host's agree

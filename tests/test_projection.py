@@ -248,7 +248,8 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
     summary = build_report([out], tmp_path / "report").summary.read_text()
     assert "## Projections" in summary and "| scout | qwen3-8b | 32k | 8 |" in summary
     for args, message in ((("--hardware", "nope"), "unknown hardware"), (("--hardware", "h200", "--batch", "x"),
-                          "bad --batch"), (("--hardware", "h200", "--model", "gpt-9"), "preset")):
+                          "bad --batch"), (("--hardware", "h200", "--model", "gpt-9"), "not a built-in name")):
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # gpt-9: not a built-in, not a folder, not in the cache
         code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", *args)
         assert code == 2 and message in err and "Traceback" not in err
     code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "empty-does-not-exist", "--hardware", "h200")

@@ -536,8 +536,8 @@ def test_memory_footprint_formula():
     odd = method.memory_footprint(shape, 100, 2)
     assert odd.device_bytes_per_seq == (2 * 100 * kv + 38 * (4 * 2 * 8 * 128 * 2 + 2048 * kv + 8 * (5 * 8 + 62 * 9))
                                         + staging_and_mask)
-    all_dense = ScoutAttention(dense_layers=50).memory_footprint(shape, 1000, 2)
-    assert all_dense.host_bytes_per_seq == 0 and all_dense.device_bytes_per_seq == 40 * 1000 * kv
+    with pytest.raises(UsageError, match="nothing would run sparse"):  # every layer dense: refused, not planned
+        ScoutAttention(dense_layers=50).memory_footprint(shape, 1000, 2)
     # a pool of 3 selections: 2 * k_sel more slots per sparse layer (K/V, their table entries, their open tokens);
     # the host tier and the recall's staging (one selection) do not change
     pooled = ScoutAttention(pool_factor=3).memory_footprint(shape, 65536, 2)

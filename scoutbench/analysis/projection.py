@@ -292,17 +292,14 @@ class Projection:
 def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
     """The shape to project one result to (batch 1 stands in for `auto` until planned) and the model's name."""
     from scoutbench.analysis.work import result_shape
-    from scoutbench.models import PRESETS, parse_dtype, preset_config
+    from scoutbench.models import model_config, parse_dtype
 
     own = result_shape(result)
     model_name = target.model or str((result.get("model") or {}).get("name"))
     if target.model is not None:
-        if target.model not in PRESETS:
-            raise UsageError(f"--model {target.model!r}: the projection needs a preset's shape "
-                             f"({', '.join(PRESETS)})")
         from scoutbench.methods.base import ModelShape
 
-        config = preset_config(target.model)
+        config = model_config(target.model)  # a preset, a built-in, a folder or a hub id: its config alone
         model, tied = ModelShape.from_config(config), bool(config.tie_word_embeddings)
     else:
         model, tied = own.model, own.tied_embeddings

@@ -7,16 +7,18 @@ import sys
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH, rich_console
+from scoutbench.cli.options import DTYPE, LENGTH, revision_option, rich_console
 from scoutbench.units import format_length
 
 
 @click.command(name="project")
+@revision_option
 @click.argument("results", nargs=-1, required=True)
 @click.option("--hardware", required=True, metavar="NAME|FILE",
               help="A built-in profile (a100-80gb-pcie, h100-sxm, h100-pcie, h200, l40s, gh200, paper) or a file "
                    "from `scoutbench calibrate -o`.")
-@click.option("--model", default=None, help="Target model preset (default: each result's own model).")
+@click.option("--model", default=None, help="Target model: a built-in name, a local folder or a Hugging Face id, "
+              "whose config gives the shape (default: each result's own model).")
 @click.option("--len", "length", default=None, help="Target context length, e.g. 64k (default: each result's).")
 @click.option("--batch", default=None, help="Target batch, or 'auto': each method's largest batch that fits the "
               "profile's device and host memory (default: each result's).")

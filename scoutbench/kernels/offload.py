@@ -216,6 +216,11 @@ class KeptHostMemory:
 _KEPT: KeptHostMemory | None = None
 
 
+def kept_host_memory() -> KeptHostMemory | None:
+    """The process's kept host memory (`keep_host_memory`), if any."""
+    return _KEPT
+
+
 @contextlib.contextmanager
 def keep_host_memory(device: torch.device, reserve_bytes: int = 0) -> Iterator[KeptHostMemory]:
     """Within the block, the host arenas made for `device` take one kept buffer in turn instead of fresh memory
