@@ -211,7 +211,7 @@ class HGCA(SparseLayerMethod):
     def reset_stats(self) -> None:
         self.drain()  # the workers add to the timers: let them finish first
         self._attended = AttendedTokens()
-        # (query head, token) pairs of one sparse layer (every sparse layer of a step attends alike)
+        # (query head, token) pairs of every sparse layer (each attends alike in a step: counted once per step)
         self._cpu_pairs = self._device_pairs = 0
         self._cpu_ms = self._ema_ms = self._wait_ms = 0.0
         self._h2d_bytes = self._d2h_bytes = 0
@@ -294,10 +294,10 @@ class HGCA(SparseLayerMethod):
                            if w - self.window_target(n) >= self.migrate_block]
         self._steps += 1
         ctx, layers = self.ctx, len(self.sparse_layers)
-        self._cpu_pairs += ctx.num_heads * sum(self.cpu_take)
-        self._device_pairs += ctx.num_heads * sum(self.window_len)
+        self._cpu_pairs += layers * ctx.num_heads * sum(self.cpu_take)
+        self._device_pairs += layers * ctx.num_heads * sum(self.window_len)
         self._attended.add_host([w + c for w, c in zip(self.window_len, self.cpu_take, strict=True)],
-                                ctx.num_kv_heads)
+                                ctx.num_kv_heads, layers)
         if self._cpu_active:  # per layer: q and the device LSE to the host, the CPU part's output and LSE back
             self._d2h_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim * ctx.dtype.itemsize + 4)
             self._h2d_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim + 1) * 4
@@ -327,9 +327,9 @@ class HGCA(SparseLayerMethod):
             return device_part.o.to(q.dtype)
         with ctx.timer.stage("idle"):
             ctx.host(self._wait_cpu_attention, layer)
-            if self._cpu_packed_device is not None:  # the CPU part's results to the device
+        with ctx.timer.stage("merge"):  # one captured piece: the CPU part's results to the device, and the merge
+            if self._cpu_packed_device is not None:
                 self._cpu_packed_device[layer].copy_(self._cpu_packed[layer], non_blocking=True)
-        with ctx.timer.stage("merge"):
             out = merged_output(device_part, self._cpu_part[layer]).to(q.dtype)
             if self._lse_host is not None:  # the device LSE to the moving-average update
                 self._lse_host[layer].copy_(device_part.lse, non_blocking=True)
@@ -476,9 +476,9 @@ class HGCA(SparseLayerMethod):
     def stats(self):
         steps = max(self._steps, 1)
         cpu, device = self._cpu_pairs, self._device_pairs
+        per_layer = cpu / max(len(self.sparse_layers), 1) / steps  # (query head, token) pairs, whole batch
         return {
-            # (query head, token) pairs, whole batch
-            "cpu_tokens_per_layer": [cpu / steps if i in self.sparse_layers else 0.0 for i in range(self.ctx.num_layers)],
+            "cpu_tokens_per_layer": [per_layer if i in self.sparse_layers else 0.0 for i in range(self.ctx.num_layers)],
             "cpu_pair_fraction": cpu / max(cpu + device, 1),
             "cpu_attention_ms_per_step": self._cpu_ms / steps,
             "ema_update_ms_per_step": self._ema_ms / steps,

@@ -108,3 +108,15 @@ def test_timings_in_method_stats_are_not_counters(baseline):
     slower = copy.deepcopy(baseline)
     _scout(slower)["method_stats"]["cpu_attention_ms"] *= 10
     assert counter_gate(baseline, slower).passed
+
+
+def test_more_host_calls_per_step_fail(baseline):
+    """The main thread's torch calls per step are a counter: a step that starts issuing more of them fails."""
+    with_host = copy.deepcopy(baseline)
+    for result in with_host:
+        result["host"] = {"torch_calls_per_step": 600.0, "graph_replays_per_step": None}
+    more = copy.deepcopy(with_host)
+    _scout(more)["host"]["torch_calls_per_step"] = 700.0
+    assert counter_gate(with_host, with_host).passed
+    report = counter_gate(with_host, more)
+    assert not report.passed and {row.metric for row in report.failures} == {"host.torch_calls_per_step"}

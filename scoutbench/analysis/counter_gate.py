@@ -66,6 +66,13 @@ def measured_counters(result: dict[str, Any]) -> dict[str, float]:
     if isinstance(stats, dict):
         for key, value in stats.items():
             walk(value, f"measured.{key}")
+    # the host side: torch calls (and CUDA graph replays) the main thread issued per step, as deterministic as the
+    # rest for a seed and a code path: a step that starts issuing more calls fails, as one that reads more bytes
+    host = result.get("host")
+    if isinstance(host, dict):
+        for key in ("torch_calls_per_step", "graph_replays_per_step"):
+            if _is_count(host.get(key)):
+                counters[f"host.{key}"] = float(host[key])
     return counters
 
 

@@ -340,13 +340,14 @@ def result_file_name(cfg: ThroughputConfig, result: dict[str, Any]) -> str:
 
 
 def run_methods(configs: list[ThroughputConfig], loaded: LoadedModel, log: Callable[[str], None] = lambda line: None,
-                progress: Callable[[str], ProgressCallback] | None = None
+                progress: Callable[[str], ProgressCallback] | None = None, raise_if_all_refused: bool = True
                 ) -> Iterator[tuple[ThroughputConfig, dict[str, Any]]]:
     """Run the configs (methods) on one loaded model in order, yielding each one's result as it finishes.
 
     Every run is resolved (its memory checked, once) before the first one starts. A method refused there, or
     failing while it runs, yields a failed result (`failed_result`, its error logged) and the next method runs;
-    where every method is refused nothing runs and the first refusal is raised. The methods decode over one
+    where every method is refused nothing runs and the first refusal is raised (with `raise_if_all_refused`, as a
+    command's one-line error), else each yields its failed result. The methods decode over one
     synthetic prefill, drawn once (kept only for a second method: keeping it takes fresh memory for every layer,
     where a single run reuses one K and one V buffer). On CUDA their host tiers take one kept, registered buffer
     in turn: the process's where one is kept (offload.keep_host_memory: the GPU check), else one reserved here at
@@ -371,7 +372,7 @@ def run_methods(configs: list[ThroughputConfig], loaded: LoadedModel, log: Calla
             runs.append(resolve_run(cfg, loaded))
         except Exception as exc:  # noqa: BLE001 - the method's failed result below; Ctrl-C is no Exception
             runs.append(exc)
-    if all(isinstance(run, Exception) for run in runs):
+    if raise_if_all_refused and all(isinstance(run, Exception) for run in runs):
         raise runs[0]
     keep: Any = contextlib.nullcontext()
     host_bytes = max((run.host_bytes for run in runs if isinstance(run, ResolvedRun)), default=0)
