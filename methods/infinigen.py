@@ -31,15 +31,16 @@ Decode on CUDA is graph-safe (methods/base.py, "CUDA graphs"): its device work h
 device tensors written in place per step (the uncached-slot mask, where each sequence's current token goes, the
 attended lengths). The speculation always ranks the top `budget - 1` tokens of each row into a static buffer,
 sorted by score wherever the first n of them must be the top n (the dynamic count, or a sequence shorter than the
-fetch: with a fixed count that is the method's `graph_key`); the host work sits at host points (`ctx.host`):
-starting a fetch (the worker copies the first n ids to the host, gathers their rows and copies them into the fetch
-target's front), waiting for it, and handing the new token's K/V to the worker for the host tier. The dynamic count
-is a host point: the host reads the count there (the documented sync) and sizes the fetch with it, while the
-device derives the same n from the same count. The current token is written after the fetched ones in the fetch
-target, so one attention call over the step's lengths (StepLengths) attends both; the worker copies it from there
-to the host tier. The CPU path keeps host-sized spans (the compiled kernels read exact spans): the top-n by the
-kernel library, attention in place over the host tier, the current token merged by LSE. The counters of a fixed
-count are the step's plan (`begin_step`), those of the dynamic count the host point's.
+fetch: with a fixed count that is the method's `graph_key`); the host work sits at two host points (`ctx.host`) per
+sparse layer: starting its fetch (the worker copies the first n ids to the host, gathers their rows and copies them
+into the fetch target's front) and waiting for it. The current token is written after the fetched ones in the
+fetch target, so one attention call over the step's lengths (StepLengths) attends both; the worker copies it from
+there to the host tier, handed over at the next fetch into the same target (two layers on) or at the step's end.
+The dynamic count is part of the fetch's host point: the host reads the count there (the documented sync) and
+sizes the fetch with it, while the device derives the same n from the same count. The CPU path keeps host-sized
+spans (the compiled kernels read exact spans): the top-n by the kernel library, attention in place over the host
+tier, the current token merged by LSE. The counters of a fixed count are the step's plan (`begin_step`), those of
+the dynamic count the host point's.
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ class InfiniGen(SparseLayerMethod):
         self._pending: dict[int, Any] = {}  # layer -> future of its fetch (host functions only)
         self._appended: dict[int, Any] = {i: None for i in self.sparse_layers}  # event of the last host append
         self._last_store: Any = None  # future of the step's last host append (the worker issues them in order)
+        # the sparse layers whose fetch slot no later layer of the step fetches into: their new tokens go to the host
+        # tier at the step's end, every other layer's when the layer two ahead starts its fetch into the same slot
+        self._stored_at_step_end = [layer for layer in self.sparse_layers if layer + 2 >= ctx.num_layers]
         self.reset_stats()
 
     def _bind_fetch(self, arena: HostArena) -> None:
@@ -182,7 +186,7 @@ class InfiniGen(SparseLayerMethod):
         self._row_offset = torch.arange(batch * kv_heads).view(batch, kv_heads, 1)
         # each slot: where the current token goes in the fetch target (after the fetched ones, [B]) and the lengths
         # attended there; with a fixed count both slots share one, written once per step
-        shared = self.dynamic_count is False
+        shared = not self.dynamic_count
         slots = 1 if shared else 2
         current = [torch.zeros(batch, dtype=torch.long, device=ctx.device) for _ in range(slots)]
         lengths = [StepLengths(batch, width, ctx.dtype, ctx.device, with_host=not ctx.graphs) for _ in range(slots)]
@@ -242,26 +246,29 @@ class InfiniGen(SparseLayerMethod):
         # the fixed count: budget - 1 tokens + the current one = the budget every sparse method gets, no sync
         self._fetch_count = max(1, min(self.capacity, max(step.positions_host)))
         self._sorted_fetch = min(step.positions_host) < self.capacity
-        if self._fetched is not None and not self.dynamic_count:
-            # where each sequence's current token goes: after its fetched tokens (min(position, n) of them)
-            torch.clamp(step.positions, max=self.capacity, out=self._current[0])
-            self._lengths[0].update(self._current[0] + 1, [min(p, self.capacity) + 1 for p in step.positions_host])
-        if self._fetched is None and not self.dynamic_count:
-            self._cpu_valid = None if step.uniform else step.positions.clamp(max=self._fetch_count)
-        if not self.dynamic_count:  # the counters of every sparse layer's fetch, known now
+        if not self.dynamic_count:  # the fetch of every sparse layer is known now
+            if self._fetched is None:  # CPU: a short sequence has fewer valid fetched tokens
+                self._cpu_valid = None if step.uniform else step.positions.clamp(max=self._fetch_count)
+            else:  # where each sequence's current token goes: after its fetched tokens (min(position, n) of them)
+                torch.clamp(step.positions, max=self.capacity, out=self._current[0])
+                self._lengths[0].update(self._current[0] + 1,
+                                        [min(p, self.capacity) + 1 for p in step.positions_host])
             self._count_fetch(self.sparse_layers, self._fetch_count)
         self._d2h_bytes += len(self.sparse_layers) * ctx.batch * ctx.kv_bytes_per_token()  # new K/V to the host
         self._steps += 1
 
     def graph_key(self) -> Any:
         """With a fixed count, whether a sequence holds fewer tokens than the fetch takes: its valid tokens must
-        then come first among its speculated ones (a sorted top-n; unsorted is 2x faster on CPU at 32k)."""
+        then come first among its speculated ones (a sorted top-k, where an unsorted one is cheaper)."""
         return None if self.dynamic_count else self._sorted_fetch
 
     def end_step(self) -> None:
-        if self._last_store is not None:  # the step's last host append is issued within the step it belongs to
-            self._last_store.result()
-            self._last_store = None
+        if self._fetched is None:
+            return
+        ready = torch.cuda.current_stream(self.ctx.device).record_event()
+        for layer in self._stored_at_step_end:
+            self._store_token(layer, ready)
+        self._last_store.result()  # the step's host appends are issued within the step they belong to
 
     def _count_fetch(self, layers: Sequence[int], n: int) -> None:
         """The counters of a fetch of n tokens per (sequence, KV head) in each of `layers` in this step."""
@@ -344,8 +351,9 @@ class InfiniGen(SparseLayerMethod):
             scores = self._logits(layer, partial_q)
             counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
             torch.mean(counts, dtype=torch.float32, out=self._mean_count[slot])
-            # n = max(1, min(floor(mean count), capacity, cached)): each sequence's min(position, n)
-            count = self._mean_count[slot].floor().clamp_(1, self.capacity).long()
+            # n = max(1, min(floor(mean count), capacity, cached)): each sequence's min(position, n) (the integer
+            # bounds commute with the floor, which the conversion to int64 takes)
+            count = self._mean_count[slot].clamp(1, self.capacity).long()
             torch.minimum(self.step.positions, count, out=self._current[slot])
             ranked, ordered = scores.amax(dim=2, keepdim=True), True
         else:
@@ -366,8 +374,10 @@ class InfiniGen(SparseLayerMethod):
             self._count_fetch([layer], n)
             self._lengths[slot].set_host([min(p, n) + 1 for p in self.step.positions_host])
         # the speculation is queued on the compute stream, after layer `layer - 2`'s attention that last read the
-        # fetch target of this slot
+        # fetch target of this slot and wrote its new token there, which goes to the host tier first
         ready = torch.cuda.current_stream(self.ctx.device).record_event()
+        if layer - 2 in self.sparse_layers:
+            self._store_token(layer - 2, ready)
         self._pending[layer] = self.pool.submit(self._gather, layer, slot, n, ready)
 
     def _gather(self, layer: int, slot: int, n: int, ready: Any) -> Any:
@@ -405,7 +415,6 @@ class InfiniGen(SparseLayerMethod):
             fetched_k, fetched_v = self._fetched[slot]
             fetched_k[self._batch_index, :, self._current[slot]] = k
             fetched_v[self._batch_index, :, self._current[slot]] = v
-            ctx.host(self._store_token, layer)
             return decode_attention(q, fetched_k, fetched_v, ctx.scale, lengths=self._lengths[slot])
 
     def _finish_fetch(self, layer: int) -> None:
@@ -414,11 +423,10 @@ class InfiniGen(SparseLayerMethod):
         self._pending.pop(layer).result().wait()
         self._wait_ms[layer] += (time.perf_counter() - start) * 1e3
 
-    def _store_token(self, layer: int) -> None:
-        """Host work (CUDA): the worker copies the current token's K/V from the fetch target (where decode wrote
-        them, after the fetched tokens) to host memory. The copies follow this slot's fetch on the copy stream and
-        precede its next one, which is what may overwrite them."""
-        ready = torch.cuda.current_stream(self.ctx.device).record_event()
+    def _store_token(self, layer: int, ready: Any) -> None:
+        """Host work (CUDA): the worker copies layer `layer`'s new K/V from its fetch target (where decode wrote
+        them, after the fetched tokens) to host memory, once the compute stream reaches the event `ready`. The copies
+        follow this slot's fetch on the copy stream and precede its next one, which may overwrite them."""
         n = self._layer_count[layer]
         current = [min(p, n) for p in self.step.positions_host]
         self._last_store = self.pool.submit(self._copy_to_host, layer, layer % 2, list(self.step.positions_host),

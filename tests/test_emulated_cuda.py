@@ -32,6 +32,8 @@ VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
     "scout-pool2": ("scout", {"pool_factor": 2}),  # a pool of two selections: recall evicts within it
     "hgca-fractions": ("hgca", {"budget": None, "refresh_interval": 4, "migrate_block": 16}),
     "infinigen-dynamic": ("infinigen", {"dynamic_count": True}),  # its one documented sync per sparse layer
+    # a count below the cap, varying by layer and step: the device's n and the host's agree
+    "infinigen-dynamic-alpha1": ("infinigen", {"dynamic_count": True, "alpha": 1.0}),
 }
 
 

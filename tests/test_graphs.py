@@ -27,7 +27,8 @@ VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
     "scout-pool2": ("scout", {"pool_factor": 2}),
     "scout-beta": ("scout", {"beta_trigger": True, "beta": 0.05}),
     "hgca-fractions": ("hgca", {"budget": None, "refresh_interval": 4, "migrate_block": 16}),
-    "infinigen-dynamic": ("infinigen", {"dynamic_count": True}),  # the count read at a host point
+    # the alpha count, read at a host point: alpha 1 puts it below the cap, varying by layer and step
+    "infinigen-dynamic-alpha1": ("infinigen", {"dynamic_count": True, "alpha": 1.0}),
     "infinigen-dense0": ("infinigen", {"dense_layers": 0}),  # layer 0 fetches for itself, inside its decode
 }
 
