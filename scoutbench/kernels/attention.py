@@ -51,20 +51,21 @@ class StepLengths:
         self.valid_len = torch.zeros(batch, dtype=torch.long, device=device)
         self.bias: torch.Tensor | None = None
         if not (device.type == "cpu" and cpu_attention.library() is not None):
-            self._slots = torch.arange(capacity, device=device)
-            self._mask_values = torch.tensor([0.0, float("-inf")], dtype=dtype, device=device)
+            self._slots = torch.arange(capacity, device=device)[None, :]
+            self._keep, self._drop = (torch.tensor(value, dtype=dtype, device=device) for value in (0.0, float("-inf")))
             self.bias = torch.zeros((batch, 1, 1, capacity), dtype=dtype, device=device)
+            self._bias_rows = self.bias.view(batch, capacity)
         self.with_host = with_host
         self.host: list[int] | None = None
         self.span: int | None = None
 
     def update(self, valid_len: torch.Tensor, valid_host: Sequence[int] | None) -> None:
-        """This step's lengths `[B]` (device), and on the host where known (kept only `with_host`)."""
+        """This step's lengths `[B]` (device), and on the host where known (kept only `with_host`). The mask is
+        rewritten only where a call will read it: not for a uniform batch with its span known."""
         self.valid_len.copy_(valid_len)
-        if self.bias is not None:
-            past = self._slots[None, :] >= self.valid_len[:, None]  # [B, capacity]
-            torch.index_select(self._mask_values, 0, past.view(-1).long(), out=self.bias.view(-1))
         self.set_host(valid_host)
+        if self.bias is not None and self.span is None:
+            torch.where(self._slots < self.valid_len[:, None], self._keep, self._drop, out=self._bias_rows)
 
     def set_host(self, valid_host: Sequence[int] | None) -> None:
         self.host = list(valid_host) if self.with_host and valid_host is not None else None
