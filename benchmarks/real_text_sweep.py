@@ -44,7 +44,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
 import torch  # noqa: E402
-from real_model_work import exact_length, result_document  # noqa: E402  (beside this script)
+from real_model_work import result_document  # noqa: E402  (beside this script)
 
 from scoutbench.eval.fidelity import fullkv_reference, step_agreement  # noqa: E402
 from scoutbench.eval.generation import Generation, SharedPrefill, method_spec  # noqa: E402
@@ -96,7 +96,7 @@ def pick_records(data_dir: str, datasets: list[str], named: list[str], tokenizer
         for i in candidates:
             prompt = task.input_ids(rows[i])
             if len(prompt) >= length:
-                out.append((dataset, i, rows[i], source, exact_length(prompt, length)))
+                out.append((dataset, i, rows[i], source, longbench.truncate_middle_ids(prompt, length)))
                 break
         else:
             print(f"{dataset}: no record of {length} tokens: skipped", file=sys.stderr)
