@@ -585,7 +585,7 @@ class ScoutAttention(SparseLayerMethod):
         self._pending_recalls = pending
 
     def _recall(self, layer: int, plan: _Plan, recall: _Recall) -> None:
-        """Copy the blocks the worker staged (`_stage_recall`) into their pool slots and record them in the table."""
+        """Copy the blocks the worker staged (`_stage`) into their pool slots and record them in the table."""
         b, Hkv, D = self.block_size, self.ctx.num_kv_heads, self.ctx.head_dim
         bh, blocks = recall.bh, recall.blocks
         n = bh.numel()
