@@ -677,6 +677,12 @@ class ScoutAttention(SparseLayerMethod):
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
     @classmethod
+    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
+        """As every method's, and a result written before the pool was a setting ran a pool of one selection: its
+        measured CPU share is that pool's, and so is the memory it is planned with."""
+        return {"pool_factor": 1.0, **super().work_config(config, budget, block_size)}
+
+    @classmethod
     def measure_work(cls, run: RunRecord) -> dict[str, float]:
         stats, config, m = run.stats, run.config, run.shape.model
         ratio = (stats.get("cpu_compute_ratio") or {}).get("mean") or 0.0
