@@ -162,7 +162,7 @@ class ScoutAttention(SparseLayerMethod):
     pc: bool = True
     pr: bool = True
     recall_interval: int = 8
-    pool_factor: float = 1.0
+    pool_factor: float = 2.0  # device pool slots per selection (docs/methods.md: why 2)
     beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
     beta_trigger: bool = False
     device_blocks: str = "selected"

@@ -522,7 +522,7 @@ def test_registry_aliases():
 def test_memory_footprint_formula():
     shape = ModelShape(num_layers=40, num_heads=40, num_kv_heads=8, head_dim=128, hidden_size=5120,
                        intermediate_size=17408, vocab_size=151936)
-    method = ScoutAttention()
+    method = ScoutAttention(pool_factor=1)  # a pool of one selection: the region is the budget's blocks
     fp = method.memory_footprint(shape, 65536, 2)
     kv = 2 * 8 * 128 * 2
     n_blocks = 65536 // 32
@@ -549,8 +549,9 @@ def test_memory_footprint_formula():
 
 # ---------------------------------------------------------------------------------------------- the device pool
 def test_pool_factor_sizes_the_pool_not_the_budget():
-    assert ScoutAttention(budget=64, block_size=4).pool_slots == 13 == ScoutAttention(budget=64, block_size=4).k_sel
-    assert ScoutAttention(budget=64, block_size=4, pool_factor=2).pool_slots == 26
+    one = ScoutAttention(budget=64, block_size=4, pool_factor=1)
+    assert one.pool_slots == one.k_sel == 13
+    assert ScoutAttention(budget=64, block_size=4).pool_slots == 26  # the default: two selections
     assert ScoutAttention(budget=64, block_size=4, pool_factor=1.5).pool_slots == 20  # round(19.5): banker's
     assert ScoutAttention(budget=64, block_size=4, pool_factor=2).k_sel == 13
     for bad in ("0.5", "0"):
