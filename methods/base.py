@@ -289,9 +289,12 @@ class AttendedTokens:
     number `--budget` bounds in every method and ablation, reported as mean and max in every method's stats.
 
     Counts come as a device tensor `[B, Hkv]` (`add`: accumulated on the device, no host sync until `stats`) or
-    as host per-sequence counts shared by every KV head (`add_host`)."""
+    as host per-sequence counts shared by every KV head (`add_host`). Made with a `device`, it also accumulates
+    in place into two device scalars that `reset` zeroes in place (`accumulate`, which a captured CUDA graph
+    replays: it adds no Python state; the rows it stands for are counted by the host, `count_rows`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
+        self._static = None if device is None else (torch.zeros((), device=device), torch.zeros((), device=device))
         self.reset()
 
     def reset(self) -> None:
@@ -300,6 +303,18 @@ class AttendedTokens:
         self._rows = 0
         self._device_sum: torch.Tensor | None = None
         self._device_max: torch.Tensor | None = None
+        if self._static is not None:
+            for total in self._static:
+                total.zero_()
+
+    def accumulate(self, counts: torch.Tensor) -> None:
+        """Device work only: counts `[B, H]` of one layer into the static sum and max (`count_rows` the rows)."""
+        static_sum, static_max = self._static
+        static_sum.add_(counts.sum())
+        torch.maximum(static_max, counts.max(), out=static_max)
+
+    def count_rows(self, rows: int) -> None:
+        self._rows += rows
 
     def add(self, counts: torch.Tensor, layers: int = 1) -> None:
         """Counts `[B, H]` of one layer, or of each of `layers` layers that attended the same in this step."""
@@ -318,9 +333,10 @@ class AttendedTokens:
     def stats(self, budget: int | None) -> dict[str, Any]:
         """`attended_tokens_per_head` of a method's stats: mean, max, the budget, and whether max <= budget."""
         total, most = self._host_sum, self._host_max
-        if self._device_sum is not None:
-            total += float(self._device_sum)
-            most = max(most, int(round(float(self._device_max))))
+        for device_sum, device_max in ((self._device_sum, self._device_max), self._static or (None, None)):
+            if device_sum is not None:
+                total += float(device_sum)
+                most = max(most, int(round(float(device_max))))
         mean = total / self._rows if self._rows else None
         within = None if budget is None or not self._rows else most <= budget
         return {"mean": mean, "max": most if self._rows else None, "budget": budget, "within_budget": within}

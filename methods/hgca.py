@@ -37,6 +37,13 @@ leaves the rest open (and we found no public code); our choices, all fields:
 - layers below `dense_layers` keep full KV on the device: 2 by default, the one default of every sparse method, so that
   a comparison compares the same sparse layers (the paper says nothing of dense first layers; to treat layers 0 and 1
   like the others, HGCA being window + CPU, not query-aware: `dense_layers=0`, or `--dense-layers 0` for every method).
+
+The decode step is graph-safe (methods/base.py, "CUDA graphs"): `begin_step` writes the step's window slots and
+lengths in place, so a sparse layer's device work (the new token written at its slot, the window attention over the
+whole window buffer with the step's lengths, the CPU part's results copied in and merged) reads only static buffers;
+the hand-off to the worker, the wait for it and the migrations are host points (`ctx.host`). Whether the CPU attends
+anything in a step is the graph variant. The statistics are the step's, once per step: every sparse layer attends
+alike.
 """
 
 from __future__ import annotations
@@ -50,9 +57,8 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels.attention import block_sparse_attention_probs, partial_attention
+from scoutbench.kernels.attention import StepLengths, block_sparse_attention_probs, partial_attention
 from scoutbench.kernels.backends import page_aligned
-from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import (
     CopyStream,
     CpuWorkerPool,
@@ -61,7 +67,7 @@ from scoutbench.kernels.offload import (
     host_empty,
     token_chunks,
 )
-from scoutbench.kernels.partial_state import PartialState, merge_states
+from scoutbench.kernels.partial_state import PartialState, merged_output
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
@@ -165,18 +171,31 @@ class HGCA(SparseLayerMethod):
             self.host_k[i], self.host_v[i], self.ema[i] = arena["k", i], arena["v", i], arena["ema", i]
             self._staging[i] = (arena["stage_k", i], arena["stage_v", i])
         self._shift_scratch = torch.empty(window_shape[1:], dtype=ctx.dtype, device=ctx.device)
+        # the step's plan (begin_step), in place: each sequence's window slot of its new token, the window's valid
+        # lengths (and the torch path's mask) for every layer's window attention
+        self._batch_index = torch.arange(batch, device=ctx.device)
+        self._window_slots = torch.zeros(batch, dtype=torch.long, device=ctx.device)
+        self._window_lengths = StepLengths(batch, self.window_capacity, ctx.dtype, ctx.device,
+                                           with_host=not ctx.graphs)
         on_cuda = ctx.device.type == "cuda"
         self._q_host = {i: host_empty((batch, ctx.num_heads, head_dim), ctx.dtype, ctx.device)
                         for i in self.sparse_layers} if on_cuda else None
         self._lse_host = {i: host_empty((batch, ctx.num_heads), torch.float32, ctx.device)
                           for i in self.sparse_layers} if on_cuda else None
-        # the CPU part's output and LSE per layer, pinned, so their copy to the device is asynchronous (a copy from
-        # the worker's fresh pageable tensors is synchronous, or unsafe); the worker refills a layer's buffers only
-        # once the previous step's copy from them has run (`_results_read`)
-        self._out_host = {i: PartialState(host_empty((batch, ctx.num_heads, head_dim), torch.float32, ctx.device),
-                                          host_empty((batch, ctx.num_heads), torch.float32, ctx.device))
-                          for i in self.sparse_layers} if on_cuda else None
+        # the CPU part's output and LSE per layer, packed as [B, Hq, D + 1] (one copy to the device), into which the
+        # worker writes: pinned on CUDA, so that the copy is asynchronous (a copy from the worker's fresh pageable
+        # tensors is synchronous, or unsafe), and the worker refills a layer's buffer only once the previous step's
+        # copy from it has run (`_results_read`); on a CPU the merge reads it where it is
+        self._cpu_packed = {i: host_empty((batch, ctx.num_heads, head_dim + 1), torch.float32, ctx.device)
+                            for i in self.sparse_layers}
+        self._cpu_packed_device = {i: torch.empty_like(packed, device=ctx.device)
+                                   for i, packed in self._cpu_packed.items()} if on_cuda else None
+        self._cpu_out = {i: _unpacked(packed) for i, packed in self._cpu_packed.items()}  # what the worker writes
+        self._cpu_part = {i: _unpacked(packed) for i, packed in self._cpu_packed_device.items()} if on_cuda \
+            else self._cpu_out  # what the merge reads
         self._results_read: dict[int, Any] = {}
+        self._futures: dict[int, Future] = {}
+        self._selections: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.copy = CopyStream(ctx.device)
         # on a CPU-only run one intra-op thread: HGCA's host part runs beside the main thread's window attention
         # and merge; with torch's 2 threads its steps were slower (bench-attn16 16k, docs/platform.md)
@@ -192,8 +211,8 @@ class HGCA(SparseLayerMethod):
     def reset_stats(self) -> None:
         self.drain()  # the workers add to the timers: let them finish first
         self._attended = AttendedTokens()
-        self._cpu_pairs = [0] * self.ctx.num_layers
-        self._device_pairs = [0] * self.ctx.num_layers
+        # (query head, token) pairs of every sparse layer (each attends alike in a step: counted once per step)
+        self._cpu_pairs = self._device_pairs = 0
         self._cpu_ms = self._ema_ms = self._wait_ms = 0.0
         self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
@@ -259,66 +278,99 @@ class HGCA(SparseLayerMethod):
 
     # ------------------------------------------------------------------ decode
     def begin_step(self, step: StepInfo) -> None:
+        """The step's plan: the window slots and lengths on the device (in place, read by every layer's captured
+        work), what the CPU attends and which sequences migrate (host), and the step's statistics, equal for every
+        sparse layer."""
         super().begin_step(step)
         lengths = [p + 1 for p in step.positions_host]
         self.window_len = [n - s for n, s in zip(lengths, self.split, strict=True)]
-        slots = [p - s for p, s in zip(step.positions_host, self.split, strict=True)]
-        slots_device = step.positions - self._split_device  # device arithmetic: no host-to-device copy
-        self._slots = (slots_device, slots)
-        self._window_valid = None if min(self.window_len) == max(self.window_len) else slots_device + 1
+        torch.sub(step.positions, self._split_device, out=self._window_slots)  # device arithmetic: no copy
+        self._window_lengths.update(self._window_slots + 1, self.window_len)
         refresh = self.refresh_interval > 0 and step.index % self.refresh_interval == self.refresh_interval - 1
         self.cpu_take = [self.cpu_tokens(host, window, refresh)
                          for host, window in zip(self.split, self.window_len, strict=True)]
+        self._cpu_active = max(self.cpu_take) > 0
         self._migrating = [b for b, (n, w) in enumerate(zip(lengths, self.window_len, strict=True))
                            if w - self.window_target(n) >= self.migrate_block]
         self._steps += 1
+        ctx, layers = self.ctx, len(self.sparse_layers)
+        self._cpu_pairs += layers * ctx.num_heads * sum(self.cpu_take)
+        self._device_pairs += layers * ctx.num_heads * sum(self.window_len)
+        self._attended.add_host([w + c for w, c in zip(self.window_len, self.cpu_take, strict=True)],
+                                ctx.num_kv_heads, layers)
+        if self._cpu_active:  # per layer: q and the device LSE to the host, the CPU part's output and LSE back
+            self._d2h_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim * ctx.dtype.itemsize + 4)
+            self._h2d_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim + 1) * 4
+        self._d2h_bytes += layers * len(self._migrating) * self.migrate_block * ctx.kv_bytes_per_token()
+
+    def graph_key(self) -> bool:
+        """Whether the CPU attends anything this step (its hand-off, wait and merge are device work too)."""
+        return self._cpu_active
 
     def decode_sparse(self, layer, q, k, v):
+        """The window attention and the merge are device work on static buffers (the new token at its device
+        slot, the window's lengths of the step); the CPU part's hand-off, wait and the migrations are host work
+        (`ctx.host`)."""
         ctx = self.ctx
         window_k, window_v = self.window_k[layer], self.window_v[layer]
         with ctx.timer.stage("attn_device"):
-            write_tokens(window_k, k, *self._slots)
-            write_tokens(window_v, v, *self._slots)
-        self._submit_deferred(layer)  # this layer's own updates: its CPU attention below reads them
-        future = None
-        if max(self.cpu_take) > 0:
-            q_host, q_ready = q, None
-            if self._q_host is not None:
-                q_host = self._q_host[layer]
-                q_ready = self.copy.copy(q_host, q)
-            future = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
-                                      list(self.cpu_take), self._results_read.get(layer))
-        self._submit_deferred()  # the other layers': behind this layer's CPU attention, ahead of the next one
+            window_k[self._batch_index, :, self._window_slots] = k
+            window_v[self._batch_index, :, self._window_slots] = v
+            if self._cpu_active and self._q_host is not None:  # q to the worker: its copy to pinned memory
+                self._q_host[layer].copy_(q, non_blocking=True)
+        if self._cpu_active:
+            ctx.host(self._submit_cpu_attention, layer, q)
         with ctx.timer.stage("attn_device"):
-            span = max(self.window_len)
-            device_part = partial_attention(q, window_k[:, :, :span], window_v[:, :, :span], ctx.scale,
-                                            self._window_valid, self.window_len if self._window_valid is not None
-                                            else None)
-        if future is None:  # nothing on the host yet (or window_frac = 1)
-            out = device_part.o.to(q.dtype)
+            device_part = partial_attention(q, window_k, window_v, ctx.scale, lengths=self._window_lengths)
+        if not self._cpu_active:  # nothing on the host yet (or window_frac = 1)
+            ctx.host(self._finish_layer, layer, None)
+            return device_part.o.to(q.dtype)
+        with ctx.timer.stage("idle"):
+            ctx.host(self._wait_cpu_attention, layer)
+        with ctx.timer.stage("merge"):  # one captured piece: the CPU part's results to the device, and the merge
+            if self._cpu_packed_device is not None:
+                self._cpu_packed_device[layer].copy_(self._cpu_packed[layer], non_blocking=True)
+            out = merged_output(device_part, self._cpu_part[layer]).to(q.dtype)
+            if self._lse_host is not None:  # the device LSE to the moving-average update
+                self._lse_host[layer].copy_(device_part.lse, non_blocking=True)
+        ctx.host(self._finish_layer, layer, device_part.lse)
+        return out
+
+    def _submit_cpu_attention(self, layer: int, q: torch.Tensor) -> None:
+        """Host work: this layer's deferred updates (its CPU attention reads them), its CPU attention, then the
+        other layers' deferred updates (behind it, ahead of the next one)."""
+        self._submit_deferred(layer)
+        q_host, q_ready = q, None
+        if self._q_host is not None:
+            q_host, q_ready = self._q_host[layer], torch.cuda.current_stream(self.ctx.device).record_event()
+        self._futures[layer] = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
+                                                list(self.cpu_take), self._results_read.get(layer))
+        self._submit_deferred()
+
+    def _wait_cpu_attention(self, layer: int) -> None:
+        """Host work: wait for the layer's CPU part (its output is in the layer's buffer, its selection kept for the
+        moving-average update)."""
+        start = time.perf_counter()
+        self._selections[layer] = self._futures.pop(layer).result()
+        self._wait_ms += (time.perf_counter() - start) * 1e3
+
+    def _finish_layer(self, layer: int, lse_device: torch.Tensor | None) -> None:
+        """Host work after the layer's merge: the moving-average update of its CPU part (deferred), or without one
+        the deferred updates of every layer (no CPU attention to queue them behind), and the migrations due this
+        step."""
+        if lse_device is None:
+            self._submit_deferred()
         else:
-            with ctx.timer.stage("idle"):
-                start = time.perf_counter()
-                cpu_host, ids, probs, lse_cpu = future.result()
-                self._wait_ms += (time.perf_counter() - start) * 1e3
-                # on CUDA the CPU results sit in this layer's pinned buffers: an asynchronous copy
-                cpu_part = PartialState(cpu_host.o.to(ctx.device, non_blocking=True),
-                                        cpu_host.lse.to(ctx.device, non_blocking=True))
-                if self._out_host is not None:
-                    self._results_read[layer] = torch.cuda.current_stream(ctx.device).record_event()
-            with ctx.timer.stage("merge"):
-                out = merge_states(device_part, cpu_part).o.to(q.dtype)
-            self._schedule_ema_update(layer, ids, probs, lse_cpu, device_part.lse)
-            # q to the worker; its output and LSE back; the device LSE to the moving-average update
-            self._d2h_bytes += q.numel() * q.element_size() + device_part.lse.numel() * 4
-            self._h2d_bytes += cpu_host.o.numel() * 4 + cpu_host.lse.numel() * 4
+            ready = None
+            if self._lse_host is not None:  # after the copies from the result buffer and of the device LSE
+                ready = torch.cuda.current_stream(self.ctx.device).record_event()
+                self._results_read[layer] = ready
+                lse_device = self._lse_host[layer]
+            ids, probs, lse_cpu = self._selections.pop(layer)
+            self._deferred.append((layer, self._update_ema,
+                                   (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
         for b in self._migrating:
             self._migrate(layer, b)
-            self._d2h_bytes += 2 * ctx.num_kv_heads * self.migrate_block * ctx.head_dim * ctx.dtype.itemsize
-        self._cpu_pairs[layer] += ctx.num_heads * sum(self.cpu_take)
-        self._device_pairs[layer] += ctx.num_heads * sum(self.window_len)
-        self._attended.add_host([w + c for w, c in zip(self.window_len, self.cpu_take, strict=True)], ctx.num_kv_heads)
-        return out
 
     def cpu_select(self, layer: int, split: list[int], take: list[int]) -> torch.Tensor:
         """Host tokens the CPU attends: ids `[B, H, max(take)]`, the first `take[b]` of row b valid: the sinks and
@@ -336,12 +388,11 @@ class HGCA(SparseLayerMethod):
         return scores.topk(max(take), dim=-1, sorted=min(take) != max(take)).indices
 
     def _cpu_attention(self, layer: int, q: torch.Tensor, q_ready: Any, split: list[int], take: list[int],
-                       results_read: Any = None) -> tuple[PartialState, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       results_read: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Worker thread: sparse attention of every query head over its selection's host tokens, read in place by
         token id (per KV head with a budget, the group's query heads packed against it; else one row per query
-        head). On CUDA the result goes into the layer's pinned buffers, once `results_read` (the previous copy from
-        them) has run. Returns (the state to copy to the device, ids, probs, the LSE for the moving average: its own
-        tensor, which no later step overwrites)."""
+        head), into the layer's result buffer, once `results_read` (the previous copy from it) has run. Returns
+        (ids, probs, the LSE for the moving average: its own tensor, which no later step overwrites)."""
         if q_ready is not None:
             q_ready.synchronize()
         start = time.perf_counter()
@@ -350,24 +401,12 @@ class HGCA(SparseLayerMethod):
         # the host tier [B, Hkv, N, D] as blocks of one token: [B, Hkv, N, 1, D]
         state, probs = block_sparse_attention_probs(q, self.host_k[layer].unsqueeze(3), self.host_v[layer].unsqueeze(3),
                                                     ids, self.ctx.scale, valid)
-        transfer = state
-        if self._out_host is not None:
-            if results_read is not None:
-                results_read.synchronize()
-            transfer = self._out_host[layer]
-            transfer.o.copy_(state.o)
-            transfer.lse.copy_(state.lse)
+        if results_read is not None:
+            results_read.synchronize()
+        self._cpu_out[layer].o.copy_(state.o)
+        self._cpu_out[layer].lse.copy_(state.lse)
         self._cpu_ms += (time.perf_counter() - start) * 1e3
-        return transfer, ids, probs, state.lse
-
-    def _schedule_ema_update(self, layer: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
-                             lse_device: torch.Tensor) -> None:
-        ready = None
-        if self._lse_host is not None:
-            ready = self.copy.copy(self._lse_host[layer], lse_device)
-            lse_device = self._lse_host[layer]
-        self._deferred.append((layer, self._update_ema,
-                               (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
+        return ids, probs, state.lse
 
     def _update_ema(self, layer: int, span: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
                     lse_device: torch.Tensor, ready: Any) -> None:
@@ -416,6 +455,8 @@ class HGCA(SparseLayerMethod):
             self.pool.close()
             self._deferred.clear()  # its bound methods hold this method: no reference cycle outlives the run
             self._host_writes.clear()
+            self._futures.clear()
+            self._selections.clear()
         if hasattr(self, "_host_arena"):
             self._host_arena.release()
 
@@ -434,9 +475,10 @@ class HGCA(SparseLayerMethod):
 
     def stats(self):
         steps = max(self._steps, 1)
-        cpu, device = sum(self._cpu_pairs), sum(self._device_pairs)
+        cpu, device = self._cpu_pairs, self._device_pairs
+        per_layer = cpu / max(len(self.sparse_layers), 1) / steps  # (query head, token) pairs, whole batch
         return {
-            "cpu_tokens_per_layer": [n / steps for n in self._cpu_pairs],  # (query head, token) pairs, whole batch
+            "cpu_tokens_per_layer": [per_layer if i in self.sparse_layers else 0.0 for i in range(self.ctx.num_layers)],
             "cpu_pair_fraction": cpu / max(cpu + device, 1),
             "cpu_attention_ms_per_step": self._cpu_ms / steps,
             "ema_update_ms_per_step": self._ema_ms / steps,
@@ -480,3 +522,8 @@ class HGCA(SparseLayerMethod):
                            cpu_tokens=B * m.num_heads * cpu_per_head / (m.num_heads // m.num_kv_heads),
                            merge_bytes=terms.merge_bytes, d2h=Transfer(terms.query_bytes, 1) + terms.new_kv,
                            h2d=terms.result_back)
+
+
+def _unpacked(packed: torch.Tensor) -> PartialState:
+    """The partial state `(o [B, Hq, D], lse [B, Hq])` packed as `[B, Hq, D + 1]` (views)."""
+    return PartialState(packed[..., :-1], packed[..., -1])

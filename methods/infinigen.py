@@ -14,32 +14,52 @@ skew (RoPE forbids folding the skew into W_Q):
   tokens like every other sparse method (the paper fixes 2048 for all baselines). `dynamic_count=True` is the
   original's count: per query head the tokens above `max - alpha` are counted and n = min(floor(mean count),
   budget - 1) (a host sync, timed as idle). Either way n >= 1 is the same for every head and sequence (in a
-  ragged batch a short sequence's fetched slots past its own length are masked), and the top-n tokens of each (sequence, KV head) are fetched from host memory one layer ahead: a worker thread
-  gathers them and copies them to the device on a copy stream while layer i computes. On a CPU-only run the
-  "device" is host memory: layer i+1 reads its selected tokens in place in the host tier (no fetch copy); the
-  transfer counters still count what the CUDA path moves.
+  ragged batch a short sequence's fetched slots past its own length are masked), and the top-n tokens of each
+  (sequence, KV head) are fetched from host memory one layer ahead: a worker thread gathers them and copies them to
+  the device on a copy stream while layer i computes. On a CPU-only run the "device" is host memory: layer i+1
+  reads its selected tokens in place in the host tier (no fetch copy); the transfer counters still count what the
+  CUDA path moves.
 - layer i+1 waits for its fetch (timed as idle) and attends exactly, with its true query, over the fetched tokens
-  and the current token, merged by LSE.
+  and the current token.
 GQA (the original is MHA-only): A, the channels and the selection are shared by the query heads of a KV group;
 A and the channels come from the group's stacked queries, tokens are ranked by the max over the group's heads,
 and the count is averaged over query heads as the original does. Layers below `dense_layers` keep their full KV
 on the device and run dense. With dense_layers = 0, layer 0 has no previous layer: it speculates with its own
 true query and fetches synchronously.
+
+Decode on CUDA is graph-safe (methods/base.py, "CUDA graphs"): its device work has static shapes and reads only
+device tensors written in place per step (the uncached-slot mask, where each sequence's current token goes, the
+attended lengths). The speculation always ranks the top `budget - 1` tokens of each row into a static buffer,
+sorted by score wherever the first n of them must be the top n (the dynamic count, or a sequence shorter than the
+fetch: with a fixed count that is the method's `graph_key`); the host work sits at host points (`ctx.host`):
+starting a fetch (the worker copies the first n ids to the host, gathers their rows and copies them into the fetch
+target's front), waiting for it, and handing the new token's K/V to the worker for the host tier. The dynamic count
+is a host point: the host reads the count there (the documented sync) and sizes the fetch with it, while the
+device derives the same n from the same count. The current token is written after the fetched ones in the fetch
+target, so one attention call over the step's lengths (StepLengths) attends both; the worker copies it from there
+to the host tier. The CPU path keeps host-sized spans (the compiled kernels read exact spans): the top-n by the
+kernel library, attention in place over the host tier, the current token merged by LSE. The counters of a fixed
+count are the step's plan (`begin_step`), those of the dynamic count the host point's.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from scoutbench.kernels import cpu_attention
-from scoutbench.kernels.attention import block_sparse_attention, partial_attention
+from scoutbench.kernels.attention import (
+    StepLengths,
+    block_sparse_attention,
+    decode_attention,
+    partial_attention,
+)
 from scoutbench.kernels.backends import page_aligned
-from scoutbench.kernels.gather import write_tokens
 from scoutbench.kernels.offload import (
     PREFILL_CHUNK_TOKENS,
     CopyStream,
@@ -106,29 +126,69 @@ class InfiniGen(SparseLayerMethod):
         self._host_arena = arena = HostArena(specs, ctx.device)
         self.host_k = {i: arena["k", i] for i in self.sparse_layers}
         self.host_v = {i: arena["v", i] for i in self.sparse_layers}
+        # CPU: the host tier `[N, B, Hkv, D]` seen as blocks of one token `[B, Hkv, N, 1, D]`, attended in place
+        self._host_blocks = {i: tuple(tier[i].permute(1, 2, 0, 3).unsqueeze(3) for tier in (self.host_k, self.host_v))
+                             for i in self.sparse_layers}
         self.partial_keys = device_zeros({i: ((batch, kv_heads, ctx.max_len, channels), ctx.dtype)
                                           for i in self.sparse_layers}, ctx.device)
+        # views made once: the keys transposed for the scores, and [B, Hkv, max_len, 1, r] where a new token's
+        # partial key `[B, Hkv, 1, r]` is written at its sequence's device position in one call
+        self._partial_keys_t = {i: keys.transpose(-1, -2) for i, keys in self.partial_keys.items()}
+        self._partial_key_slots = {i: keys.unsqueeze(3) for i, keys in self.partial_keys.items()}
         self.skew: dict[int, torch.Tensor] = {}  # [Hkv, D, D] fp32, orthogonal
         self.partial_proj: dict[int, torch.Tensor] = {}  # [Hkv, D, channels]: the partial columns of the skew
-        # CUDA: double-buffered fetch targets (layer i+1's fetch lands while layer i still reads the other buffer),
-        # gathered by the worker into pinned staging first; each (sequence, KV head) row holds whole flashinfer pages
-        # (the fetch is copied into the row's front), since a row of budget - 1 = 2047 tokens would leave flashinfer
-        # only 1-token pages. CPU: no fetch, the tokens are read in place.
-        self._fetched = self._staging = self._ids_host = None
+        self._batch_index = torch.arange(batch, device=ctx.device)
+        # the step's speculation mask, written in place by begin_step: 0 where a slot holds a cached token, -inf
+        # after. The whole preallocated partial-key buffer is scored and masked: a matmul over a prefix slice of it
+        # is 5x slower on CPU (a strided batch forces a copy), and a captured graph needs the static shape.
+        self._slot_row = torch.arange(ctx.max_len, device=ctx.device)[None, :]
+        self._uncached = torch.zeros((batch, 1, 1, ctx.max_len), dtype=torch.float32, device=ctx.device)
+        self._uncached_rows = self._uncached.view(batch, ctx.max_len)
+        self._masked, self._kept = (torch.tensor(x, device=ctx.device) for x in (float("-inf"), 0.0))
+        self._fetch_count = 1  # the fixed fetch count of this step (host)
+        self._sorted_fetch = True  # CUDA, fixed count: the step's top-n is sorted (graph_key)
+        self._layer_count = [0] * ctx.num_layers  # the fetch count of each layer in this step (host)
+        self._selected: dict[int, tuple[torch.Tensor, int]] = {}  # CPU: layer -> its speculated (ids, n)
+        self._cpu_valid: torch.Tensor | None = None  # CPU, fixed count, ragged batch: valid fetched tokens [B]
+        self._fetched = None
         if on_cuda:
-            fetch_shape = (batch, kv_heads, page_aligned(self.capacity), head_dim)
-            self._fetched = [(torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device),
-                              torch.empty(fetch_shape, dtype=ctx.dtype, device=ctx.device)) for _ in range(2)]
-            self._staging = [(arena["stage_k", slot], arena["stage_v", slot]) for slot in range(2)]
-            self._ids_host = [arena["ids", slot] for slot in range(2)]
-        self._selected: dict[int, torch.Tensor] = {}  # CPU: layer -> its speculated token ids [B, Hkv, n]
-        # host row of token 0 of each (sequence, KV head) in the token-major host cache
-        self._row_offset = torch.arange(batch * kv_heads, device=ctx.device).view(batch, kv_heads, 1)
+            self._bind_fetch(arena)
         self.copy = CopyStream(ctx.device)
         self.pool = CpuWorkerPool(1, device=ctx.device)
-        self._pending: dict[int, tuple[Any, int]] = {}  # layer -> (future of its fetch, n)
+        self._pending: dict[int, Any] = {}  # layer -> future of its fetch (host functions only)
         self._appended: dict[int, Any] = {i: None for i in self.sparse_layers}  # event of the last host append
+        self._last_store: Any = None  # future of the step's last host append (the worker issues them in order)
         self.reset_stats()
+
+    def _bind_fetch(self, arena: HostArena) -> None:
+        """The CUDA path's static buffers (module docstring: decode on CUDA). Double-buffered by layer parity:
+        layer i+1's fetch lands while layer i still reads the other slot. Each (sequence, KV head) row of a fetch
+        target holds the fetched tokens at its front, the current token after them, in whole flashinfer pages (a
+        row of budget - 1 = 2047 tokens would leave flashinfer only 1-token pages), zeroed: a masked slot that was
+        never written must not be NaN."""
+        ctx = self.ctx
+        batch, kv_heads, head_dim = ctx.batch, ctx.num_kv_heads, ctx.head_dim
+        width = page_aligned(self.capacity + 1)
+        fetch_shape = (batch, kv_heads, width, head_dim)
+        self._fetched = [tuple(torch.zeros(fetch_shape, dtype=ctx.dtype, device=ctx.device) for _ in "kv")
+                         for _ in range(2)]
+        self._staging = [(arena["stage_k", slot], arena["stage_v", slot]) for slot in range(2)]
+        self._ids_host = [arena["ids", slot] for slot in range(2)]
+        # the speculated tokens: the top `capacity` of each row (static: the count may be known on the device only)
+        self._top_scores = torch.empty((batch, kv_heads, 1, self.capacity), dtype=torch.float32, device=ctx.device)
+        self._ids = [torch.empty((batch, kv_heads, 1, self.capacity), dtype=torch.long, device=ctx.device)
+                     for _ in range(2)]
+        # host row of token 0 of each (sequence, KV head) in the token-major host tier (the worker's arithmetic)
+        self._row_offset = torch.arange(batch * kv_heads).view(batch, kv_heads, 1)
+        # each slot: where the current token goes in the fetch target (after the fetched ones, [B]) and the lengths
+        # attended there; with a fixed count both slots share one, written once per step
+        shared = self.dynamic_count is False
+        slots = 1 if shared else 2
+        current = [torch.zeros(batch, dtype=torch.long, device=ctx.device) for _ in range(slots)]
+        lengths = [StepLengths(batch, width, ctx.dtype, ctx.device, with_host=not ctx.graphs) for _ in range(slots)]
+        self._current = current * 2 if shared else current
+        self._lengths = lengths * 2 if shared else lengths
+        self._mean_count = [torch.zeros((), dtype=torch.float32, device=ctx.device) for _ in range(2)]
 
     def reset_stats(self) -> None:
         self._attended = AttendedTokens()
@@ -174,134 +234,230 @@ class InfiniGen(SparseLayerMethod):
         mass = torch.matmul(queries, skew).abs().sum(dim=(0, 2))  # [Hkv, D]
         return skew, mass.topk(self.partial_dim(head_dim), dim=-1).indices
 
-    # ------------------------------------------------------------------ decode
+    # ------------------------------------------------------------------ decode: the step's plan
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
-        # [B, 1, 1, max_len]: slots not cached yet. Speculation scores the whole preallocated partial-key buffer and
-        # masks them: a matmul over a prefix slice of it is 5x slower on CPU (a strided batch forces a copy).
-        slots = torch.arange(self.ctx.max_len, device=self.ctx.device)
-        self._uncached = (slots[None, :] >= step.positions[:, None])[:, None, None, :]
+        ctx = self.ctx
+        torch.where(self._slot_row >= step.positions[:, None], self._masked, self._kept, out=self._uncached_rows)
+        # the fixed count: budget - 1 tokens + the current one = the budget every sparse method gets, no sync
+        self._fetch_count = max(1, min(self.capacity, max(step.positions_host)))
+        self._sorted_fetch = min(step.positions_host) < self.capacity
+        if self._fetched is not None and not self.dynamic_count:
+            # where each sequence's current token goes: after its fetched tokens (min(position, n) of them)
+            torch.clamp(step.positions, max=self.capacity, out=self._current[0])
+            self._lengths[0].update(self._current[0] + 1, [min(p, self.capacity) + 1 for p in step.positions_host])
+        if self._fetched is None and not self.dynamic_count:
+            self._cpu_valid = None if step.uniform else step.positions.clamp(max=self._fetch_count)
+        if not self.dynamic_count:  # the counters of every sparse layer's fetch, known now
+            self._count_fetch(self.sparse_layers, self._fetch_count)
+        self._d2h_bytes += len(self.sparse_layers) * ctx.batch * ctx.kv_bytes_per_token()  # new K/V to the host
         self._steps += 1
 
+    def graph_key(self) -> Any:
+        """With a fixed count, whether a sequence holds fewer tokens than the fetch takes: its valid tokens must
+        then come first among its speculated ones (a sorted top-n; unsorted is 2x faster on CPU at 32k)."""
+        return None if self.dynamic_count else self._sorted_fetch
+
+    def end_step(self) -> None:
+        if self._last_store is not None:  # the step's last host append is issued within the step it belongs to
+            self._last_store.result()
+            self._last_store = None
+
+    def _count_fetch(self, layers: Sequence[int], n: int) -> None:
+        """The counters of a fetch of n tokens per (sequence, KV head) in each of `layers` in this step."""
+        ctx = self.ctx
+        for layer in layers:
+            self._layer_count[layer] = n
+            self._fetched_tokens[layer] += n
+        rows = ctx.batch * ctx.num_kv_heads * len(layers)
+        self._d2h_bytes += rows * n * 8  # the token ids, to the worker
+        self._h2d_bytes += 2 * rows * n * ctx.head_dim * ctx.dtype.itemsize  # fetched K and V
+        # the speculated tokens a sequence really has, and the current one
+        self._attended.add_host([min(p, n) + 1 for p in self.step.positions_host], ctx.num_kv_heads, len(layers))
+
+    # ------------------------------------------------------------------ decode: the layers
     def before_layer(self, layer, hidden, normed):
         target = layer + 1
         if target in self.sparse_layers:
-            self._launch_fetch(target, self.ctx.predict_query(target, hidden, normed))
+            self._prefetch(target, self.ctx.predict_query(target, hidden, normed))
+
+    def _prefetch(self, layer: int, q: torch.Tensor) -> None:
+        """Speculate layer `layer`'s important tokens with the query `q` `[B, Hq, D]` and start their fetch."""
+        if self._fetched is None:  # CPU: decode reads the tokens in place
+            ids, n = self.speculate(layer, q)
+            if self.dynamic_count:
+                self._count_fetch([layer], n)
+            self._selected[layer] = (ids, n)
+            return
+        slot = layer % 2
+        self._speculate_on_device(layer, q, slot)
+        if self.dynamic_count:
+            # the attended lengths of the fetch target (on the host: set by _start_fetch, which knows n)
+            self._lengths[slot].update(self._current[slot] + 1, None)
+            with self.ctx.timer.stage("idle"):  # the host waits for the count: the GPU's idle time
+                self.ctx.host(self._start_fetch, layer)
+        else:
+            self.ctx.host(self._start_fetch, layer)
 
     def speculate(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Speculated important tokens of `layer` for the query `q` `[B, Hq, D]`: (ids `[B, Hkv, n]`, n)."""
+        """Speculated important tokens of `layer` for the query `q` `[B, Hq, D]`: (ids `[B, Hkv, n]`, n), n known on
+        the host (the CPU path, whose kernels read exact spans)."""
         ctx = self.ctx
-        batch, num_heads, head_dim = q.shape
-        partial_q = torch.matmul(q.reshape(batch, ctx.num_kv_heads, ctx.group_size, head_dim),
-                                 self.partial_proj[layer])
+        partial_q = self._partial_query(layer, q)
         if not self.dynamic_count:  # on a CPU (fp32), scores and top-n in one call of the kernel library
-            n = max(1, min(self.capacity, max(self.step.positions_host)))
+            n = self._fetch_count
             ids = cpu_attention.top_tokens(partial_q, self.partial_keys[layer], self.step.positions, n)
             if ids is not None:
                 return ids, n
-        scores = torch.matmul(partial_q, self.partial_keys[layer].transpose(-1, -2)).float().mul_(ctx.scale)
-        scores.masked_fill_(self._uncached, float("-inf"))  # [B, Hkv, G, max_len]
-        cached = max(self.step.positions_host)
+        scores = self._logits(layer, partial_q)  # [B, Hkv, G, max_len]
         if self.dynamic_count:
             counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
             # The method's one host sync: n sizes the fetch (the original calls .item() at the same point). The
             # wait is the GPU's idle time, not prediction work, so it is timed as `idle`.
             with ctx.timer.stage("idle"):
                 mean_count = counts.float().mean().item()
-            n = max(1, min(int(mean_count), self.capacity, cached))
-        else:  # a fixed fetch of budget - 1 tokens + the current one = the budget every sparse method gets, no sync
-            n = max(1, min(self.capacity, cached))
+            n = max(1, min(int(mean_count), self.capacity, max(self.step.positions_host)))
+        else:
+            n = self._fetch_count
         # the fetched tokens' order does not matter to their attention, except that a sequence holding fewer than n
         # tokens must have its valid ones first (decode masks the rest): only then sorted (2x slower at 32k on CPU)
         ordered = min(self.step.positions_host) < n
         return scores.amax(dim=2).topk(n, dim=-1, sorted=ordered).indices, n
 
-    def _launch_fetch(self, layer: int, q: torch.Tensor) -> None:
-        ids, n = self.speculate(layer, q)
-        slot = layer % 2
-        rows = self.ctx.batch * self.ctx.num_kv_heads
-        host_rows = (ids * rows + self._row_offset).reshape(-1)
-        self._fetched_tokens[layer] += n
-        self._d2h_bytes += host_rows.numel() * 8  # the token ids, to the worker
-        self._h2d_bytes += 2 * host_rows.numel() * self.ctx.head_dim * self.ctx.dtype.itemsize  # fetched K and V
-        if self._fetched is None:  # CPU: decode reads the tokens in place
-            self._selected[layer] = ids
-            self._pending[layer] = (None, n)
-            return
-        slot_free = ids_ready = None
-        if self._ids_host is not None:
-            # the fetch buffer was last read by layer `layer - 2`'s attention, already queued on this stream
-            slot_free = torch.cuda.current_stream(self.ctx.device).record_event()
-            ids_ready = self.copy.copy(self._ids_host[slot][: host_rows.numel()], host_rows)
-            host_rows = self._ids_host[slot][: host_rows.numel()]
-        future = self.pool.submit(self._gather, layer, slot, host_rows, (ids_ready, self._appended[layer]), slot_free)
-        self._pending[layer] = (future, n)
+    def _partial_query(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """The query `[B, Hq, D]` skewed and cut to the partial channels, by KV group: `[B, Hkv, G, r]`."""
+        ctx = self.ctx
+        return torch.matmul(q.view(ctx.batch, ctx.num_kv_heads, ctx.group_size, ctx.head_dim),
+                            self.partial_proj[layer])
 
-    def _gather(self, layer: int, slot: int, host_rows: torch.Tensor, inputs_ready: tuple, slot_free: Any) -> Any:
-        """Worker thread (CUDA): gather the selected host rows into pinned staging and start their copy to the device."""
-        for event in inputs_ready:
-            if event is not None:
-                event.synchronize()
-        numel = host_rows.numel() * self.ctx.head_dim
-        head_dim = self.ctx.head_dim
+    def _logits(self, layer: int, partial_q: torch.Tensor) -> torch.Tensor:
+        """Speculated logits `[B, Hkv, G, max_len]` fp32 (scaled; -inf where no token is cached yet)."""
+        scores = torch.matmul(partial_q, self._partial_keys_t[layer])
+        return torch.add(self._uncached, scores, alpha=self.ctx.scale)  # fp32(score) * scale, exactly
+
+    def _speculate_on_device(self, layer: int, q: torch.Tensor, slot: int) -> None:
+        """The CUDA path's speculation, in static shapes read by a captured graph: the top `capacity` tokens of each
+        (sequence, KV head) into `self._ids[slot]`, sorted by score where the first n of them must be the top n;
+        with the alpha count, its mean into `self._mean_count[slot]` and the current token's slot after the n."""
+        partial_q = self._partial_query(layer, q)
+        if self.dynamic_count:
+            scores = self._logits(layer, partial_q)
+            counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
+            torch.mean(counts, dtype=torch.float32, out=self._mean_count[slot])
+            # n = max(1, min(floor(mean count), capacity, cached)): each sequence's min(position, n)
+            count = self._mean_count[slot].floor().clamp_(1, self.capacity).long()
+            torch.minimum(self.step.positions, count, out=self._current[slot])
+            ranked, ordered = scores.amax(dim=2, keepdim=True), True
+        else:
+            # the ranking needs neither the scale nor fp32: the bias only masks the slots not cached yet
+            scores = torch.matmul(partial_q, self._partial_keys_t[layer])
+            ranked, ordered = torch.add(self._uncached, scores.amax(dim=2, keepdim=True)), self._sorted_fetch
+        torch.topk(ranked, self.capacity, dim=-1, sorted=ordered, out=(self._top_scores, self._ids[slot]))
+
+    def _start_fetch(self, layer: int) -> None:
+        """Host work (CUDA): the fetch count (with the alpha count, the wait for it), the counters, and the
+        worker's gather of layer `layer`'s speculated tokens."""
+        slot = layer % 2
+        n = self._fetch_count
+        if self.dynamic_count:
+            # The method's one host sync: n sizes the fetch (the original calls .item() at the same point)
+            mean_count = self._mean_count[slot].item()
+            n = max(1, min(int(mean_count), self.capacity, max(self.step.positions_host)))
+            self._count_fetch([layer], n)
+            self._lengths[slot].set_host([min(p, n) + 1 for p in self.step.positions_host])
+        # the speculation is queued on the compute stream, after layer `layer - 2`'s attention that last read the
+        # fetch target of this slot
+        ready = torch.cuda.current_stream(self.ctx.device).record_event()
+        self._pending[layer] = self.pool.submit(self._gather, layer, slot, n, ready)
+
+    def _gather(self, layer: int, slot: int, n: int, ready: Any) -> Any:
+        """Worker thread (CUDA): the first n speculated ids of each row to the host, the host rows they select
+        gathered into pinned staging, and their copy to the front of the fetch target's rows."""
+        ctx = self.ctx
+        rows, head_dim = ctx.batch * ctx.num_kv_heads, ctx.head_dim
+        ids_host = self._ids_host[slot][: rows * n].view(ctx.batch, ctx.num_kv_heads, n)
+        self.copy.copy(ids_host, self._ids[slot][:, :, 0, :n], after=ready).synchronize()
+        appended = self._appended[layer]  # the previous step's new token of this layer, in host memory
+        if appended is not None:
+            appended.synchronize()
+        host_rows = torch.add(self._row_offset, ids_host, alpha=rows).view(-1)
+        numel = rows * n * head_dim
         copied = None
         for host, staging, fetched in zip((self.host_k[layer], self.host_v[layer]), self._staging[slot],
                                           self._fetched[slot], strict=True):
             torch.index_select(host.view(-1, head_dim), 0, host_rows, out=staging[:numel].view(-1, head_dim))
-            target = fetched[:, :, : host_rows.numel() // (self.ctx.batch * self.ctx.num_kv_heads)]
-            copied = self.copy.copy(target, staging[:numel].view(target.shape), after=slot_free)
+            target = fetched[:, :, :n]
+            copied = self.copy.copy(target, staging[:numel].view(target.shape), after=ready)
         return copied
 
     def decode_sparse(self, layer, q, k, v):
-        ctx, step = self.ctx, self.step
-        if layer not in self._pending:  # no layer ahead of it: speculate with the true query, fetch now
+        ctx = self.ctx
+        if layer == 0:  # no layer ahead of it: speculate with the true query, fetch now
             with ctx.timer.stage("predict"):
-                self._launch_fetch(layer, q)
-        future, n = self._pending.pop(layer)
-        with ctx.timer.stage("attn_device"):
-            self._append(layer, k, v)
-        valid = valid_host = None
-        if not step.uniform:  # a short sequence has fewer tokens
-            valid, valid_host = step.positions.clamp(max=n), [min(p, n) for p in step.positions_host]
-        # the speculated tokens a sequence really has, and the current one
-        self._attended.add_host([min(p, n) + 1 for p in step.positions_host], ctx.num_kv_heads)
-        if future is None:  # CPU: the speculated tokens in place, the host tier [N, B, Hkv, D] as [B, Hkv, N, 1, D]
-            with ctx.timer.stage("attn_device"):
-                blocks_k = self.host_k[layer].permute(1, 2, 0, 3).unsqueeze(3)
-                blocks_v = self.host_v[layer].permute(1, 2, 0, 3).unsqueeze(3)
-                fetched = block_sparse_attention(q, blocks_k, blocks_v, self._selected.pop(layer), ctx.scale, valid)
-                current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
-            with ctx.timer.stage("merge"):
-                return merge_states(fetched, current).o.to(q.dtype)
+                self._prefetch(layer, q)
+        if self._fetched is None:
+            return self._decode_in_place(layer, q, k, v)
+        slot = layer % 2
         with ctx.timer.stage("idle"):
-            start = time.perf_counter()
-            copied = future.result()
-            if copied is not None:
-                copied.wait()  # the compute stream waits for the copy; the host does not
-            self._wait_ms[layer] += (time.perf_counter() - start) * 1e3
+            ctx.host(self._finish_fetch, layer)
         with ctx.timer.stage("attn_device"):
-            fetched_k, fetched_v = (buffer[:, :, :n] for buffer in self._fetched[layer % 2])
-            fetched = partial_attention(q, fetched_k, fetched_v, ctx.scale, valid, valid_host)
+            self._append_partial_key(layer, k)
+            fetched_k, fetched_v = self._fetched[slot]
+            fetched_k[self._batch_index, :, self._current[slot]] = k
+            fetched_v[self._batch_index, :, self._current[slot]] = v
+            ctx.host(self._store_token, layer)
+            return decode_attention(q, fetched_k, fetched_v, ctx.scale, lengths=self._lengths[slot])
+
+    def _finish_fetch(self, layer: int) -> None:
+        """Host work (CUDA): wait for layer `layer`'s fetch; the compute stream waits for its copy, the host not."""
+        start = time.perf_counter()
+        self._pending.pop(layer).result().wait()
+        self._wait_ms[layer] += (time.perf_counter() - start) * 1e3
+
+    def _store_token(self, layer: int) -> None:
+        """Host work (CUDA): the worker copies the current token's K/V from the fetch target (where decode wrote
+        them, after the fetched tokens) to host memory. The copies follow this slot's fetch on the copy stream and
+        precede its next one, which is what may overwrite them."""
+        ready = torch.cuda.current_stream(self.ctx.device).record_event()
+        n = self._layer_count[layer]
+        current = [min(p, n) for p in self.step.positions_host]
+        self._last_store = self.pool.submit(self._copy_to_host, layer, layer % 2, list(self.step.positions_host),
+                                            current, ready)
+
+    def _copy_to_host(self, layer: int, slot: int, positions: list[int], current: list[int], ready: Any) -> None:
+        """Worker thread (CUDA): the current token of each sequence into the host tier at its position."""
+        fetched_k, fetched_v = self._fetched[slot]
+        host_k, host_v = self.host_k[layer], self.host_v[layer]
+        if min(positions) == max(positions):  # one slot, one position: one copy per tensor
+            self.copy.copy(host_k[positions[0]], fetched_k[:, :, current[0]], after=ready)
+            event = self.copy.copy(host_v[positions[0]], fetched_v[:, :, current[0]], after=ready)
+        else:
+            for b, (position, slot_b) in enumerate(zip(positions, current, strict=True)):
+                self.copy.copy(host_k[position, b], fetched_k[b, :, slot_b], after=ready)
+                event = self.copy.copy(host_v[position, b], fetched_v[b, :, slot_b], after=ready)
+        self._appended[layer] = event  # copies on one stream: the last event covers them all
+
+    def _decode_in_place(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The CPU path: the speculated tokens attended in place in the host tier, and the current token, merged
+        by LSE."""
+        ctx, step = self.ctx, self.step
+        ids, n = self._selected.pop(layer)
+        with ctx.timer.stage("attn_device"):
+            self._append_partial_key(layer, k)
+            self.host_k[layer][step.positions, self._batch_index] = k  # the host tier is this device's memory
+            self.host_v[layer][step.positions, self._batch_index] = v
+            valid = self._cpu_valid
+            if self.dynamic_count and not step.uniform:  # a short sequence has fewer tokens
+                valid = step.positions.clamp(max=n)
+            fetched = block_sparse_attention(q, *self._host_blocks[layer], ids, ctx.scale, valid)
             current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
         with ctx.timer.stage("merge"):
             return merge_states(fetched, current).o.to(q.dtype)
 
-    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The new token: partial key to the device tier, K/V to host memory (asynchronously on CUDA)."""
-        step = self.step
-        partial_key = torch.matmul(k.unsqueeze(2), self.partial_proj[layer]).squeeze(2)
-        write_tokens(self.partial_keys[layer], partial_key, step.positions, step.positions_host)
-        host_k, host_v = self.host_k[layer], self.host_v[layer]
-        if step.uniform:
-            position = step.positions_host[0]
-            self.copy.copy(host_k[position], k)
-            event = self.copy.copy(host_v[position], v)
-        else:
-            for b, position in enumerate(step.positions_host):
-                self.copy.copy(host_k[position, b], k[b])
-                event = self.copy.copy(host_v[position, b], v[b])
-        self._appended[layer] = event  # copies on one stream: the last event covers them all
-        self._d2h_bytes += 2 * k.numel() * k.element_size()
+    def _append_partial_key(self, layer: int, k: torch.Tensor) -> None:
+        """The new token's partial key `[B, Hkv, 1, r]` at each sequence's device position."""
+        self._partial_key_slots[layer][self._batch_index, :, self.step.positions] = torch.matmul(
+            k.unsqueeze(2), self.partial_proj[layer])
 
     def close(self) -> None:
         if hasattr(self, "pool"):
@@ -315,8 +471,10 @@ class InfiniGen(SparseLayerMethod):
         dense, sparse = self.layer_split(shape)
         partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
         fetch = min(self.budget - 1, context_len)
-        # the dense layers' FullKV rows and (on CUDA) the double-buffered fetch rows are whole 16-token pages
-        device = dense * page_aligned(context_len) * kv + partial_keys + 2 * page_aligned(fetch) * kv
+        # the dense layers' FullKV rows and (on CUDA) the double-buffered fetch rows (the fetched tokens and the
+        # current one) are whole 16-token pages; on CUDA the speculated ids of both slots and their scores
+        speculated = fetch * shape.num_kv_heads * (2 * 8 + 4)
+        device = dense * page_aligned(context_len) * kv + partial_keys + 2 * page_aligned(fetch + 1) * kv + speculated
         # the host arena: the sparse layers' KV, and on CUDA the pinned staging of both fetch slots and their ids
         staging = 2 * fetch * (kv + shape.num_kv_heads * 8)
         # prefill (skewing): one chunk of fp32 keys and einsum's copy of it; the observed queries in fp32, their

@@ -49,14 +49,21 @@ class _Plan:
     q: torch.Tensor  # host query of the CPU part [B, Hq, D] (predicted, or the true one)
     split: SplitPlan  # on the host: the selected blocks (CPU ones first), in-flight flags, victims, counts
     event: Any  # completes when `q` and `split` are on the host
-    pool_use: torch.Tensor  # device bool [B, Hkv, pool_slots]: pool slots read by the device part
-    cpu_blocks: torch.Tensor  # device [B, Hkv]: blocks the CPU part attends
     predicted: bool
     recall_periodic: bool = False  # this layer's periodic recall is due after this step's attention
     wait_events: tuple = ()  # events the worker waits for before reusing this parity's host buffers
     attention: Future = field(default_factory=Future)  # the CPU part's result (_CpuResult): what decode waits for
     future: Future | None = None  # the whole task: then its recall, staged (_Recall or None)
     result: Any = None
+
+
+@dataclass
+class _DeviceSplit:
+    """One layer's split on the device (`_split`): what its device part reads, and what its host points send."""
+
+    split: SplitPlan  # device: the selected blocks (CPU ones first), in-flight flags, victims, counts
+    pool_use: torch.Tensor  # bool [B, Hkv, pool_slots]: pool slots read by the device part
+    trace: tuple | None = None  # (ids, valid, on_device) of the selection when tracing (tests, profiling)
 
 
 @dataclass
@@ -256,6 +263,27 @@ class ScoutAttention(SparseLayerMethod):
             self._out_lse = [host_empty((B, H), torch.float32, dev) for _ in range(2)]
         self._copy = CopyStream(dev)
         self._arange_k = torch.arange(self.k_sel, device=dev)
+        # the step's plan, written in place by begin_step (what every sparse layer and a captured graph read): the
+        # selectable blocks over every block the store holds, which of the k_sel selections are valid, and the
+        # ring row of each sequence's new token
+        max_blocks = self.store.max_blocks
+        excluded = (torch.arange(max_blocks, device=dev) < self.sink_blocks)[None, None, :] if self.sink_blocks \
+            else None
+        self._candidates = CandidateBlocks.static(B, max_blocks, self.k_sel, excluded, dev)
+        self._valid = torch.zeros((B, Hkv, self.k_sel), dtype=torch.bool, device=dev)
+        self._ring_rows = torch.zeros(B, dtype=torch.long, device=dev)
+        # per sparse layer, its device split (`_split`), recorded when its selection is issued (at capture with CUDA
+        # graphs: the tensors a replay rewrites); and the CPU part's result where the merge reads it: on CUDA static
+        # device buffers per parity, which the host copies the result into (or the empty state), on a CPU the state
+        self._attended = AttendedTokens(dev)
+        self._splits: dict[int, _DeviceSplit] = {}
+        self._cpu_states: dict[int, PartialState | None] = {}
+        self._done: dict[int, _Plan] = {}  # plans whose result the host has, until the layer's statistics
+        self._short = False
+        if self._cuda:
+            self._cpu_device = [PartialState(torch.zeros((B, H, D), device=dev), torch.full((B, H), float("-inf"),
+                                                                                            device=dev))
+                                for _ in range(2)]
         # what a plan packs as its eviction order when no recall can follow (victims, available): read-only
         self._no_victims = (torch.zeros((B, Hkv, self.k_sel), dtype=torch.long, device=dev),
                             torch.zeros((B, Hkv), dtype=torch.long, device=dev))
@@ -291,7 +319,7 @@ class ScoutAttention(SparseLayerMethod):
         self._cpu_tasks = 0
         self._h2d_bytes = self._d2h_bytes = 0
         self._steps = 0
-        self._attended = AttendedTokens()
+        self._attended.reset()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -326,12 +354,20 @@ class ScoutAttention(SparseLayerMethod):
     def begin_step(self, step: StepInfo) -> None:
         super().begin_step(step)
         if self.sparse_layers:
-            pos = step.positions
+            pos, b = step.positions, self.block_size
             self.store.keep_leaving_blocks(step.positions_host, pos, self._prompt_len, self._prompt_len_device)
             self.store.step_slots(pos)
-            self._step_selectable = self._selectable(pos, max(step.positions_host))
-            self._ring_rows = None if step.uniform else self.store.ring_rows(pos)
+            # selectable: complete blocks j with sink_blocks <= j < tail - local_blocks
+            self._candidates.update((pos // b - self.local_blocks).clamp(min=0))
+            self._valid.copy_(self._arange_k[None, None, :] < self._candidates.count[:, :, None])
+            torch.add((pos // b) % self.store.n_ring * b + pos % b, self.store.ring_base, out=self._ring_rows)
+            # a context shorter than the sink region fills its sink slot token by token: its own graph variant
+            self._short = min(step.positions_host) < self.sink_blocks * b
+            self._attended.count_rows(len(self.sparse_layers) * self.ctx.batch * self.ctx.num_kv_heads)
         self._steps += 1
+
+    def graph_key(self) -> Any:
+        return self._short if self.sparse_layers else None
 
     def before_layer(self, layer: int, hidden: torch.Tensor, normed: torch.Tensor) -> None:
         target = layer + 1
@@ -341,57 +377,43 @@ class ScoutAttention(SparseLayerMethod):
             q_pred = self.ctx.predict_query(target, hidden)
         else:
             q_pred = self.ctx.predict_query(target, hidden, normed)
-        plan = self._make_plan(target, q_pred, predicted=True)
-        self._submit(plan)
+        self._plan(target, q_pred, predicted=True)
+
+    def _planned_ahead(self, layer: int) -> bool:
+        """Whether `before_layer` of the layer before planned `layer` (with PC, every sparse layer but layer 0)."""
+        return self.layer_ahead_active and layer - 1 >= 0
 
     def decode_sparse(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        timer = self.ctx.timer
-        plan = self._plans.pop(layer, None)
+        ctx, timer = self.ctx, self.ctx.timer
         inline = False
-        if plan is None:  # pc off / oracle: select with the true query now; or the first layer when dense_layers=0
+        if not self._planned_ahead(layer):  # pc off / oracle: the true query now; or layer 0 with dense_layers=0
             with timer.stage("attn_device"):
-                plan = self._make_plan(layer, q, predicted=False)
-                if self.layer_ahead_active:
-                    inline = True  # synchronous: the worker is busy with the next layer's pre-computation
-                else:
-                    self._submit(plan)
+                inline = self.layer_ahead_active  # synchronous: the worker is busy with the next layer's PC
+                self._plan(layer, q, predicted=False, submit=not inline)
+        split = self._splits[layer]
         with timer.stage("attn_device"):
             self._append(layer, k, v)
-            device_state = self._device_partial(layer, q, plan)
-        if inline:
-            with timer.stage("idle"):
-                self._issue_recalls(wait=True)  # this thread stages now: no staging buffer may stay taken
-                plan.future = Future()
-                plan.future.set_result(self._run_cpu(plan))
-                plan.result = plan.attention.result()
-        else:
-            with timer.stage("idle"):
-                t0 = time.perf_counter()
-                plan.result = plan.attention.result()
-                self._idle_ms += (time.perf_counter() - t0) * 1e3
-            self._log_event("wait", layer)
-        result: _CpuResult = plan.result
+            device_state = self._device_partial(layer, q, split)
+        with timer.stage("idle"):
+            ctx.host(self._wait, layer, inline)
         with timer.stage("merge"):
-            if result.state is None:
-                merged = device_state
+            if self._cuda:
+                ctx.host(self._result_to_device, layer)
+                cpu_state = self._cpu_device[layer % 2]
             else:
-                cpu_state = result.state
-                if self._cuda:
-                    cpu_state = PartialState(cpu_state.o.to(q.device, non_blocking=True),
-                                             cpu_state.lse.to(q.device, non_blocking=True))
-                    event = torch.cuda.Event()
-                    event.record()
-                    self._parity_free[plan.parity].append(event)  # the H2D read the pinned output buffer
-                merged = merge_states(device_state, cpu_state)
-                self._h2d_bytes += cpu_state.o.numel() * 4 + cpu_state.lse.numel() * 4
+                cpu_state = self._cpu_states.pop(layer)
+            merged = device_state if cpu_state is None else merge_states(device_state, cpu_state)
             out = merged.o.to(q.dtype)
-        self._account(layer, plan, result)
-        if self.pr:
-            with timer.stage("attn_device"):  # issuing the recall (asynchronous on CUDA)
-                self._maybe_recall(layer, plan, result)
+        with timer.stage("attn_device"):  # the statistics, and issuing a due recall (asynchronous on CUDA)
+            ctx.host(self._after_merge, layer)
         return out
 
     def end_step(self) -> None:
+        # the blocks this step's tokens completed: their digests, and their copy to the host tier (asynchronous on
+        # CUDA); a completed block is the tail this step, selectable only once it has left the local window
+        if self.sparse_layers:
+            for layer in self.sparse_layers:
+                self._d2h_bytes += self.store.complete_blocks(layer, self.step.positions_host, self.step.uniform)
         if self._plans:  # a plan nobody consumed (never in a well-formed loop): do not leak its future
             for plan in self._plans.values():
                 if plan.future is not None:
@@ -403,7 +425,7 @@ class ScoutAttention(SparseLayerMethod):
                     ) -> tuple[CandidateBlocks, torch.Tensor]:
         """The blocks a selection of `k` (default `k_sel`) may pick when the new token sits at `positions` (complete
         blocks `j` with `sink_blocks <= j < tail - local_blocks`), and which of the k selections are valid
-        `[B, Hkv, k]`. The same for every layer of a step: `begin_step` builds them once."""
+        `[B, Hkv, k]` (the prefill's initial selection; a decode step's are `begin_step`'s, in place)."""
         k = self.k_sel if k is None else k
         b = self.block_size
         num_scored = max(1, max_position // b)
@@ -425,15 +447,28 @@ class ScoutAttention(SparseLayerMethod):
         ids, scores = self.store.digests.select(layer, q, candidates)
         return pad_last(ids, valid.shape[-1]), valid, scores
 
-    def _make_plan(self, layer: int, q: torch.Tensor, predicted: bool) -> _Plan:
-        """Select layer `layer`'s blocks for `q`, split them between pool and CPU, stage the CPU part's inputs."""
-        self._issue_recalls(wait_layer=layer)  # the layer's last recall lands before its next split
+    def _plan(self, layer: int, q: torch.Tensor, predicted: bool, submit: bool = True) -> None:
+        """Algorithm 1's split of layer `layer` for the query `q`: the host brings the layer's recalls and copies
+        up to date, the device selects and splits (`_split`), the host hands the CPU part to the worker (or, not
+        `submit`, keeps the plan for an inline run)."""
+        self.ctx.host(self._prepare, layer)
+        split = self._splits[layer] = self._split(layer, q)
+        self.ctx.host(self._submit, layer, q, split, predicted, submit)
+
+    def _prepare(self, layer: int) -> None:
+        """Host, before a layer's selection: its last recall lands before its next split, and the slots whose
+        copies have completed become readable."""
+        self._issue_recalls(wait_layer=layer)
+        self.store.tables[layer].poll()
+
+    def _split(self, layer: int, q: torch.Tensor) -> _DeviceSplit:
+        """Device: select layer `layer`'s blocks for `q`, split them between pool and CPU, and on CUDA start the
+        copy of the query and the split to the host (pinned buffers of the layer's parity)."""
         table = self.store.tables[layer]
-        table.poll()
-        ids, valid, scores = self._select(layer, q, self._step_selectable)
-        # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU part
-        recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
-        if recall_periodic or (self.pr and self.beta_trigger):  # a recall may follow: it needs the eviction order
+        ids, valid, scores = self._select(layer, q, (self._candidates, self._valid))
+        # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU
+        # part. With CUDA graphs the eviction order is always made: whether a recall is due is the host's to know
+        if self.ctx.graphs or self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer]):
             victims, available = table.victims(ids, valid, scores)
             # a recall copies at most the k_sel blocks the CPU computed: the first k_sel victims are all it reads
             victims, available = victims[..., : self.k_sel], available.clamp(max=self.k_sel)
@@ -442,6 +477,7 @@ class ScoutAttention(SparseLayerMethod):
         fused = None
         if self.device_blocks == "selected" and self.trace is None:  # on a CPU: the next four steps in one call
             fused = table.split_selected(ids, valid, victims, available)
+        on_dev = None
         if fused is not None:
             split, pool_use = SplitPlan(fused[0], self.k_sel), fused[1]
         else:
@@ -455,28 +491,34 @@ class ScoutAttention(SparseLayerMethod):
                 pool_use = (table.slot_block[..., pool] >= 0) & table.slot_ready[..., pool]
             else:
                 pool_use = table.slot_mask(on_dev, slot)
-        self._d2h_bytes += q.numel() * q.element_size() + split.data.numel() * split.data.element_size()
+        if self._cuda:
+            parity = layer % 2
+            self._q_host[parity].copy_(q, non_blocking=True)
+            self._split_host[parity].copy_(split.data, non_blocking=True)
+        trace = (ids, valid, on_dev) if self.trace is not None else None
+        return _DeviceSplit(split, pool_use, trace)
+
+    def _submit(self, layer: int, q: torch.Tensor, split: _DeviceSplit, predicted: bool, submit: bool) -> None:
+        """Host, after a layer's split was issued: the plan the worker reads (on CUDA its pinned copies, complete
+        at the event recorded now), handed to the worker pool unless it runs inline."""
         parity = layer % 2
         if self._cuda:
-            q_host = self._q_host[parity]
-            q_host.copy_(q, non_blocking=True)
-            split_host = SplitPlan(self._split_host[parity], self.k_sel)
-            split_host.data.copy_(split.data, non_blocking=True)
+            q_host, split_host = self._q_host[parity], SplitPlan(self._split_host[parity], self.k_sel)
             event = torch.cuda.Event()
             event.record()
         else:
-            q_host, split_host, event = q, split, DONE
-        plan = _Plan(layer, self.step.index, parity, q_host, split_host, event, pool_use, split.n_cpu, predicted,
-                     recall_periodic, tuple(self._parity_free[parity]))
+            q_host, split_host, event = q, split.split, DONE
+        self._d2h_bytes += q.numel() * q.element_size() + split_host.data.numel() * split_host.data.element_size()
+        recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
+        plan = _Plan(layer, self.step.index, parity, q_host, split_host, event, predicted, recall_periodic,
+                     tuple(self._parity_free[parity]))
         self._parity_free[parity] = []
-        if self.trace is not None:
-            self._trace_plan(plan, ids, valid, on_dev, table)
-        return plan
-
-    def _submit(self, plan: _Plan) -> None:
-        plan.future = self._pool.submit(self._run_cpu, plan)
-        self._plans[plan.layer] = plan
-        self._log_event("submit", plan.layer)
+        if split.trace is not None:
+            self._trace_plan(plan, split, self.store.tables[layer])
+        self._plans[layer] = plan
+        if submit:
+            plan.future = self._pool.submit(self._run_cpu, plan)
+            self._log_event("submit", layer)
 
     def _run_cpu(self, plan: _Plan) -> _Recall | None:
         """The CPU part (worker thread): attend the non-resident selected blocks in place in the host tier with the
@@ -549,18 +591,64 @@ class ScoutAttention(SparseLayerMethod):
 
     # ------------------------------------------------------------------ device part
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The new token into the device ring; a block it completes to the host tier (`TieredBlockStore.append`)."""
-        step = self.step
-        self._d2h_bytes += self.store.append(layer, k, v, step.positions_host, step.uniform, self._ring_rows)
+        """The new token into the device ring (`TieredBlockStore.append`; a block it completes goes to the host
+        tier in `end_step`)."""
+        self.store.append(layer, k, v, self._ring_rows, self.step.positions_host if self._short else None)
 
-    def _device_partial(self, layer: int, q: torch.Tensor, plan: _Plan) -> PartialState:
+    def _device_partial(self, layer: int, q: torch.Tensor, split: _DeviceSplit) -> PartialState:
         """Exact attention of the true query over the resident selected blocks and the always-on blocks."""
         store = self.store
-        store.open_pool(plan.pool_use)
+        store.open_pool(split.pool_use)
         self._log_event("device", layer)
         # what this layer attends per (sequence, KV head): the device region's open tokens and the CPU part's blocks
-        self._attended.add(store.slot_tokens.sum(-1) + plan.cpu_blocks * self.block_size)
+        self._attended.accumulate(torch.add(store.slot_tokens.sum(-1), split.split.n_cpu, alpha=self.block_size))
         return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.slot_tokens)
+
+    # ------------------------------------------------------------------ host points of a layer
+    def _wait(self, layer: int, inline: bool) -> None:
+        """Host: the CPU part's result (computed now when inline), the time waited for it being the device's idle
+        time."""
+        plan = self._plans.pop(layer)
+        if inline:
+            self._issue_recalls(wait=True)  # this thread stages now: no staging buffer may stay taken
+            plan.future = Future()
+            plan.future.set_result(self._run_cpu(plan))
+            plan.result = plan.attention.result()
+        else:
+            t0 = time.perf_counter()
+            plan.result = plan.attention.result()
+            self._idle_ms += (time.perf_counter() - t0) * 1e3
+            self._log_event("wait", layer)
+        self._done[layer] = plan
+        if not self._cuda:
+            self._cpu_states[layer] = plan.result.state
+
+    def _result_to_device(self, layer: int) -> None:
+        """Host (CUDA): the CPU part's output and LSE into the static device buffers the merge reads (the empty
+        state when nothing was attended on the CPU), asynchronously from the pinned result buffers."""
+        plan = self._done[layer]
+        o, lse = self._cpu_device[plan.parity]
+        state = plan.result.state
+        if state is None:
+            o.zero_()
+            lse.fill_(float("-inf"))
+            return
+        o.copy_(state.o, non_blocking=True)
+        lse.copy_(state.lse, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._parity_free[plan.parity].append(event)  # the H2D read the pinned output buffer
+        self._h2d_bytes += state.o.numel() * 4 + state.lse.numel() * 4
+
+    def _after_merge(self, layer: int) -> None:
+        """Host: the layer's statistics, and its recall when one is due."""
+        plan = self._done.pop(layer)
+        result: _CpuResult = plan.result
+        if not self._cuda and result.state is not None:
+            self._h2d_bytes += result.state.o.numel() * 4 + result.state.lse.numel() * 4
+        self._account(layer, plan, result)
+        if self.pr:
+            self._maybe_recall(layer, plan, result)
 
     # ------------------------------------------------------------------ periodic recall
     def _maybe_recall(self, layer: int, plan: _Plan, result: _CpuResult) -> None:
@@ -660,14 +748,13 @@ class ScoutAttention(SparseLayerMethod):
             self.trace.append({"kind": kind, "layer": layer, "step": self.step.index,
                                "thread": threading.current_thread().name})
 
-    def _trace_plan(self, plan: _Plan, ids: torch.Tensor, valid: torch.Tensor, on_dev: torch.Tensor,
-                    table: BlockTable) -> None:
-        ids, valid, on_dev = ids.cpu(), valid.cpu(), on_dev.cpu()
+    def _trace_plan(self, plan: _Plan, split: _DeviceSplit, table: BlockTable) -> None:
+        ids, valid, on_dev = (t.cpu() for t in split.trace)
         B, Hkv = valid.shape[:2]
         selected = [[{int(j) for j, ok in zip(ids[s, h], valid[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
         device = [[{int(j) for j, ok in zip(ids[s, h], on_dev[s, h], strict=False) if ok} for h in range(Hkv)] for s in range(B)]
         pool_blocks = table.slot_block[..., : self.pool_slots].cpu()
-        pool_use = plan.pool_use.cpu()
+        pool_use = split.pool_use.cpu()
         pool = [[{int(j) for j, used in zip(pool_blocks[s, h], pool_use[s, h], strict=True) if used}
                  for h in range(Hkv)] for s in range(B)]
         self.trace.append({"kind": "plan", "layer": plan.layer, "step": plan.step, "predicted": plan.predicted,

@@ -100,6 +100,8 @@ class DecodeOps:
             return cos.index_select(0, positions), sin.index_select(0, positions)
         probe = torch.empty((1, 1), dtype=self.dtype, device=self.device)
         cos, sin = self.rotary_emb(probe, positions[:, None])
+        if self.form == "cpu-kernel":  # the kernel reads [B, D] rows: made once per step, not per layer
+            cos, sin = (cpu_attention.rows_of(t, t.shape[0], t.shape[-1])[:, None] for t in (cos, sin))
         return cos, sin
 
     def norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -691,6 +691,17 @@ def inplace_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
+def _inplace_result(func: Any, args: tuple, kwargs: dict) -> Any:
+    """What an in-place or `out=` operation returns without running: its `out` (several as torch's named tuple,
+    such as `torch.return_types.topk`), else the tensor it modified (`__setitem__`: None)."""
+    out = kwargs.get("out")
+    if isinstance(out, (tuple, list)):
+        return getattr(torch.return_types, getattr(func, "__name__", ""), tuple)(out)
+    if out is not None:
+        return out
+    return None if getattr(func, "__name__", "") == "__setitem__" else args[0]
+
+
 _INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
                     "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
 
@@ -755,7 +766,7 @@ def _side_stream_op(runtime: EmulatedRuntime, stream: EmulatedStream, func: Any,
     kernels give (the inputs may not hold their data yet); views are made now (metadata only)."""
     if inplace:
         stream.enqueue(lambda: func(*inner_args, **inner_kwargs))
-        return args[0]
+        return _inplace_result(func, args, kwargs)
     metas: set[int] = set()
 
     def to_meta(value: Any) -> Any:
@@ -1000,11 +1011,11 @@ def _capture_wait(runtime: EmulatedRuntime, stream: EmulatedStream, event: Emula
     captured = event.captured
     if captured is not None:
         if captured.capture is not capture:
-            raise RuntimeError(f"{_CAPTURED_EVENT} (emulated CUDA: a wait on an event recorded inside a CUDA graph "
-                               "capture that has ended; a replay does not record it)")
+            raise RuntimeError(f"{_CAPTURED_EVENT} (emulated CUDA: a wait {_call_site('').where()} on an event "
+                               "recorded inside a CUDA graph capture that has ended; a replay does not record it)")
         if stream.is_default:
-            capture.fail(f"{_IMPLICIT} (emulated CUDA: the default stream waited on an event recorded in the "
-                         "capture; fork a side stream instead)")
+            capture.fail(f"{_IMPLICIT} (emulated CUDA: the default stream waited {_call_site('').where()} on an "
+                         "event recorded in the capture; fork a side stream instead)")
         clock = capture.clocks.setdefault(stream, {stream: 0})
         for other, position in captured.clock.items():
             clock[other] = max(clock.get(other, 0), position)
@@ -1018,8 +1029,8 @@ def _capture_wait(runtime: EmulatedRuntime, stream: EmulatedStream, event: Emula
 
 def _refuse_captured_event(event: EmulatedEvent, what: str) -> None:
     if event.captured is not None:
-        message = (f"{_CAPTURED_EVENT} (emulated CUDA: {what} of an event recorded inside a CUDA graph capture; "
-                   "a replay does not record it: record it outside the captured piece)")
+        message = (f"{_CAPTURED_EVENT} (emulated CUDA: {what} {_call_site('').where()} of an event recorded inside "
+                   "a CUDA graph capture; a replay does not record it: record it outside the captured piece)")
         if event.captured.capture is _active().capture:
             event.captured.capture.fail(message)
         raise RuntimeError(message)
@@ -1074,7 +1085,7 @@ def _capture_op(capture: _Capture, stream: EmulatedStream, func: Any, inplace: b
     call_args, call_kwargs = tree_map(_captured_leaf, args), tree_map(_captured_leaf, kwargs)
     if inplace:
         capture.record(stream, functools.partial(func, *call_args, **call_kwargs))
-        return None if name == "__setitem__" else kwargs.get("out", args[0])
+        return _inplace_result(func, args, kwargs)
     input_storages: set[int] = set()
 
     def to_meta(value: Any) -> Any:

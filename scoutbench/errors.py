@@ -54,6 +54,12 @@ class Terminated(KeyboardInterrupt):
     every interrupt path (keep and list finished results, release locks, stop workers) treats it as Ctrl-C."""
 
 
+def error_text(exc: BaseException) -> str:
+    """A recorded failure's error (a sweep point's, a method's in a comparison): a scoutbench error's own message,
+    otherwise the exception's type and text."""
+    return str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
+
+
 def require_module(module: str, extra: str, what: str) -> None:
     """One line naming the extra to install when an optional dependency is missing, instead of a traceback."""
     import importlib.util

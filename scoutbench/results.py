@@ -195,8 +195,9 @@ def _os_error(action: str, path: Path, exc: OSError) -> ScoutbenchError:
     return ScoutbenchError(f"cannot {action} {path}: {reason}; free space or choose another -o")
 
 
-def _write_temp(path: Path, obj: Any) -> Path:
-    """The JSON, complete and fsynced, in a temp file beside `path` (same filesystem, so renames are atomic)."""
+def _write_temp(path: Path, obj: Any, indent: int | None = 2) -> Path:
+    """The JSON, complete and fsynced, in a temp file beside `path` (same filesystem, so renames are atomic);
+    `indent` None writes it compact, through json's C encoder (its indenting encoder is pure Python)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -204,7 +205,11 @@ def _write_temp(path: Path, obj: Any) -> Path:
         raise _os_error("write results to", path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(_jsonable(obj), handle, indent=2, allow_nan=False)
+            try:
+                text = json.dumps(obj, indent=indent, allow_nan=False)
+            except (ValueError, TypeError):  # a non-finite float (or a key json cannot take): converted first
+                text = json.dumps(_jsonable(obj), indent=indent, allow_nan=False)
+            handle.write(text)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -244,7 +249,7 @@ def _claim(tmp: Path, path: Path) -> bool:
     return True
 
 
-def write_json_atomic(path: str | Path, obj: Any, overwrite: bool = False) -> Path:
+def write_json_atomic(path: str | Path, obj: Any, overwrite: bool = False, indent: int | None = 2) -> Path:
     """Write JSON through a temp file in the same folder and move it into place: a reader never sees a partial
     file, an interrupted write leaves only an ignorable `.tmp` file, and an OS error (disk full, read-only, the
     name is a folder) is one line with exit code 1 and leaves nothing behind. Without `overwrite` an existing
@@ -254,7 +259,7 @@ def write_json_atomic(path: str | Path, obj: Any, overwrite: bool = False) -> Pa
         raise _os_error("write results to", path, IsADirectoryError(21, "it is a folder"))
     if path.exists() and not overwrite:
         raise UsageError(f"{path} exists; pass --overwrite to replace it or choose another -o")
-    tmp = _write_temp(path, obj)
+    tmp = _write_temp(path, obj, indent)
     try:
         if overwrite:
             try:

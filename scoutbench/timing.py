@@ -49,9 +49,14 @@ METADATA_CALLS = frozenset({
     torch.Tensor.grad.__get__, torch.Tensor.is_mkldnn.__get__})
 
 
+# what the counter also leaves out: reads of a tensor's address, layout and pinning, which launch nothing (the
+# compiled CPU kernels read pointers for every argument)
+UNCOUNTED_CALLS = METADATA_CALLS | {torch.Tensor.data_ptr, torch.Tensor.is_contiguous, torch.Tensor.is_pinned}
+
+
 class TorchCallCounter(TorchFunctionMode):
     """Counts the torch calls issued by the thread that enters it (a torch function mode is thread-local: the
-    CPU worker's calls are not the decode loop's), metadata reads excluded. Only the outermost call counts: what a
+    CPU worker's calls are not the decode loop's), metadata reads excluded (`UNCOUNTED_CALLS`). Only the outermost call counts: what a
     torch function calls inside itself runs with the mode off. About 2.5 us per call on top of the call itself,
     so counted steps are never timed ones (bench/throughput.py counts extra steps after the timed ones)."""
 
@@ -60,7 +65,7 @@ class TorchCallCounter(TorchFunctionMode):
         self.calls = 0
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func not in METADATA_CALLS:
+        if func not in UNCOUNTED_CALLS:
             self.calls += 1
         return func(*args, **(kwargs or {}))
 

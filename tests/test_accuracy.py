@@ -122,10 +122,11 @@ def test_predictions_of_other_data_are_not_mixed_in(smollm2, tmp_path, monkeypat
 
 # ------------------------------------------------------------------------------------------ CLI
 def test_malformed_data_is_an_error_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    """Bad input: exit 2 (docs/exit_codes.md), as every other fault of a LongBench data file."""
     out_dir = tmp_path / "out"
     code, _, err = run_cli(monkeypatch, capsys, "accuracy", "--dataset", "qasper", "--data-dir",
                            str(DATA.parent / "longbench_malformed"), "-o", str(out_dir))
-    assert code == 1 and err.count("\n") == 1
+    assert code == 2 and err.count("\n") == 1
     assert "longbench_malformed/qasper.jsonl line 2" in err
     assert not out_dir.exists()
 
@@ -183,7 +184,7 @@ def _never(*args, **kwargs):
     (["--dataset", "passkey", "--dtype", "int3"], "unknown dtype"),
     (["--dataset", "passkey", "--model", "tiny-qwen3"], "random weights and no tokenizer"),
     (["--dataset", "passkey", "--method", "scuot"], "did you mean 'scout'?"),
-    (["--dataset", "qasper", "--data-dir", "{empty}"], "the data file is empty"),
+    (["--dataset", "qasper", "--data-dir", "{empty}"], "qasper.jsonl: no records"),
 ])
 def test_accuracy_checks_every_option_before_loading_the_model(tmp_path, monkeypatch, capsys, args, message):
     (tmp_path / "empty").mkdir()

@@ -171,7 +171,7 @@ def test_quest_host_lengths_equal_its_device_selection(tiny_qwen3):
     for positions in ([256, 200, 47, 16], [20, 47, 48, 63], [300, 1, 15, 33]):
         method.begin_step(StepInfo(torch.tensor(positions), positions, 0))
         _, valid_len = method.select(1, q)
-        expected = torch.tensor(method._selected_len_host)[:, None].expand_as(valid_len)
+        expected = torch.tensor(method._attended_len.host)[:, None].expand_as(valid_len)
         assert torch.equal(valid_len, expected), positions
 
 

@@ -166,7 +166,7 @@ def test_sigterm_during_the_first_kernel_build_leaves_no_temp_file(tmp_path):
 def fake_gguf(tmp_path, monkeypatch):
     """A built-in GGUF model whose conversion writes three small files (and counts its runs)."""
     monkeypatch.setenv("SCOUTBENCH_CACHE", str(tmp_path))
-    spec = gguf_models.GgufModel(name="fake", gguf_file="fake.gguf", parts=(), wheels="fake", install_hint="-",
+    spec = gguf_models.GgufModel(name="fake", gguf_file="fake.gguf", parts=(), wheels="fake",
                                  context_window_tokens=1, saved_dtype=gguf_models.torch.float32)
     monkeypatch.setattr(gguf_models.GgufModel, "part_paths", lambda self: [])
     conversions = []

@@ -46,7 +46,7 @@ def test_reading_more_fails_and_reading_less_is_reported(baseline):
     report = counter_gate(baseline, worse)
     regressed = {row.metric for row in report.failures}
     assert regressed == {"host_kv_bytes_per_step", "cpu_attended_tokens_per_step", "h2d_bytes_per_step",
-                         "recall_bytes_per_step"}
+                         "recall_bytes_per_step", "measured.cpu_compute_ratio.mean", "measured.recall.blocks"}
     better = copy.deepcopy(baseline)
     _scout(better)["method_stats"]["recall"]["blocks"] //= 2
     report = counter_gate(baseline, better)
@@ -74,3 +74,49 @@ def test_gate_cli_counters(baseline, tmp_path, monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "gate", "--counters", "--baseline", BASELINE / "run1", "--current",
                            tmp_path, "--ratio", "scout/fullkv>=2")
     assert code == 2 and "--counters gates work counters only" in err
+
+
+@pytest.mark.parametrize("field, edit", [
+    (("h2d_bytes_per_step",), lambda value: 10 * value),
+    (("recall", "bytes"), lambda value: 1e9),
+    (("cpu_compute_ratio", "per_layer"), lambda value: [None, None, *(2 * v for v in value[2:])]),
+])
+def test_an_edited_measured_counter_fails(baseline, field, edit, tmp_path, monkeypatch, capsys):
+    """A result edited to 10x `h2d_bytes_per_step` or `recall.bytes = 1e9` passed: the gate recomputed every counter
+    from the selection fractions and never looked at what the run measured."""
+    edited = copy.deepcopy(baseline)
+    parent = _scout(edited)["method_stats"]
+    for key in field[:-1]:
+        parent = parent[key]
+    parent[field[-1]] = edit(parent[field[-1]])
+    name = "measured." + ".".join(field) + ("[sum]" if isinstance(parent[field[-1]], list) else "")
+    report = counter_gate(baseline, edited)
+    assert not report.passed and {row.metric for row in report.failures} == {name}
+    for index, result in enumerate(edited):
+        write_json_atomic(tmp_path / f"{index}.json", result)
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--counters", "--baseline", BASELINE / "run1",
+                             "--current", tmp_path)
+    assert code == 1 and "REGRESSED" in out and name[:30] in out, out + err
+
+
+def test_timings_in_method_stats_are_not_counters(baseline):
+    from scoutbench.analysis.counter_gate import measured_counters
+
+    counters = measured_counters(_scout(baseline))
+    assert "measured.h2d_bytes_per_step" in counters and "measured.recall.bytes" in counters
+    assert not [name for name in counters if "_ms" in name]  # cpu_attention_ms, idle_ms, ..._ms_per_call
+    slower = copy.deepcopy(baseline)
+    _scout(slower)["method_stats"]["cpu_attention_ms"] *= 10
+    assert counter_gate(baseline, slower).passed
+
+
+def test_more_host_calls_per_step_fail(baseline):
+    """The main thread's torch calls per step are a counter: a step that starts issuing more of them fails."""
+    with_host = copy.deepcopy(baseline)
+    for result in with_host:
+        result["host"] = {"torch_calls_per_step": 600.0, "graph_replays_per_step": None}
+    more = copy.deepcopy(with_host)
+    _scout(more)["host"]["torch_calls_per_step"] = 700.0
+    assert counter_gate(with_host, with_host).passed
+    report = counter_gate(with_host, more)
+    assert not report.passed and {row.metric for row in report.failures} == {"host.torch_calls_per_step"}

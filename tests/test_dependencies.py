@@ -83,7 +83,7 @@ def test_concurrent_first_uses_convert_once(tmp_path, monkeypatch):
     from scoutbench import gguf_models
 
     monkeypatch.setenv("SCOUTBENCH_CACHE", str(tmp_path))
-    spec = gguf_models.GgufModel(name="fake", gguf_file="fake.gguf", parts=(), wheels="fake", install_hint="-",
+    spec = gguf_models.GgufModel(name="fake", gguf_file="fake.gguf", parts=(), wheels="fake",
                                  context_window_tokens=1, saved_dtype=gguf_models.torch.float32)
     monkeypatch.setattr(gguf_models.GgufModel, "part_paths", lambda self: [])
     conversions = []

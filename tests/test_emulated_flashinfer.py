@@ -207,5 +207,7 @@ def test_every_method_meets_the_flashinfer_contract(bf16_models, name, group, mo
         errors = [float(error) for error in calls]
     assert flashinfer_calls > 0 and errors and max(errors) < 3e-2, (run.backends, max(errors, default=None))
     assert not run.unexpected_syncs(), "\n".join(dict.fromkeys(map(str, run.unexpected_syncs())))
-    sites = {"fullkv": 1, "quest": 2, "infinigen": 3, "hgca": 2}.get(name, 1)  # distinct call sites per step
+    # distinct call sites per step, by the method's family (a registered variant such as infinigen-dynamic has its
+    # family's sites): InfiniGen's dense layers and its fetch target
+    sites = {"fullkv": 1, "quest": 2, "infinigen": 2, "hgca": 2}.get(make().name, 1)
     assert plans <= (STEPS + 1) * sites + 2, plans

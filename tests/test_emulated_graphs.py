@@ -178,6 +178,30 @@ def test_a_kernel_reading_device_memory_by_address_is_refused(cuda, access):
     assert getattr(x, access)() is not None  # outside a capture: as before
 
 
+@pytest.mark.parametrize("where", ["capture", "side stream"])
+def test_an_out_op_returns_its_out_tensors_as_torch_does(cuda, where):
+    """`torch.topk(..., out=(values, indices))` returns torch's named tuple of the out tensors, recorded in a capture
+    or queued on a side stream alike (the side stream returned its input, the capture a plain tuple)."""
+    x = torch.tensor([[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]]).to("cuda")
+    values, indices = torch.empty(2, 2, device="cuda"), torch.empty(2, 2, dtype=torch.long, device="cuda")
+    total = torch.empty(2, 3, device="cuda")
+
+    def piece():
+        top = torch.topk(x, 2, dim=-1, out=(values, indices))
+        summed = torch.add(x, 1, out=total)
+        return top.indices, top.values, summed
+
+    if where == "capture":
+        graph, (top_indices, top_values, summed) = capture(piece)
+        graph.replay()
+    else:
+        with torch.cuda.stream(torch.cuda.Stream()) as side:
+            top_indices, top_values, summed = piece()
+        side.synchronize()
+    assert top_indices is indices and top_values is values and summed is total
+    assert torch.equal(indices.cpu(), torch.tensor([[1, 2], [2, 0]])) and torch.equal(total.cpu(), x.cpu() + 1)
+
+
 def test_random_ops_with_a_generator_are_refused_and_default_draws_repeat_afresh(cuda):
     generator = torch.Generator(device="cuda")
     first = refused(lambda: torch.randn(4, device="cuda", generator=generator))
@@ -296,14 +320,20 @@ def test_work_on_a_stream_outside_the_capture_is_refused(cuda):
         with torch.cuda.stream(other):
             return x + 1
 
+    def on_default():
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            return x * 3
+
     assert "not part of the capture" in str(refused(piece))
-    assert "not part of the capture" in str(refused(lambda: torch.cuda.default_stream().wait_stream(other) or
-                                                    _on_default(x)))
+    assert "not part of the capture" in str(refused(on_default))
 
 
-def _on_default(x):
-    with torch.cuda.stream(torch.cuda.default_stream()):
-        return x * 3
+def test_the_default_stream_cannot_join_a_capture(cuda):
+    def piece():
+        joined = torch.cuda.current_stream().record_event()
+        torch.cuda.default_stream().wait_event(joined)
+
+    assert "legacy stream" in str(refused(piece))
 
 
 def test_an_event_recorded_inside_a_capture_is_not_recorded_by_a_replay(cuda):

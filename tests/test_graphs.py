@@ -27,6 +27,8 @@ VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
     "scout-pool2": ("scout", {"pool_factor": 2}),
     "scout-beta": ("scout", {"beta_trigger": True, "beta": 0.05}),
     "hgca-fractions": ("hgca", {"budget": None, "refresh_interval": 4, "migrate_block": 16}),
+    "infinigen-dynamic": ("infinigen", {"dynamic_count": True}),  # the count read at a host point
+    "infinigen-dense0": ("infinigen", {"dense_layers": 0}),  # layer 0 fetches for itself, inside its decode
 }
 
 
@@ -84,3 +86,31 @@ def test_a_baked_python_position_makes_the_replay_differ(model):
                             reference=teacher_tokens(model, BakedPositionFullKV(), *prompt, 12))
     assert replayed.graphs["captured"]
     assert max(replayed.max_diff()) > 1e-3  # replays keep writing the captured step's slot
+
+
+def test_replayed_steps_record_the_attention_backends_they_call(model, prompt):
+    """A replay runs no Python, so the backends' call counts would stop at the capture: each replay adds what its
+    capture recorded, and a replayed run records the eager run's counts."""
+    eager = run_emulated(model, _factory("quest"), *prompt, 8)
+    replayed = run_emulated(model, _factory("quest"), *prompt, 8, cuda_graphs=True)
+    assert replayed.graphs["replayed_steps"] >= 6
+    assert replayed.backends == eager.backends and sum(eager.backends.values()) > 0
+
+
+STAT_VARIANTS = ["scout", "hgca", "infinigen", "quest"]
+
+
+@pytest.mark.parametrize("key", STAT_VARIANTS)
+def test_replayed_steps_keep_the_methods_statistics(model, prompt, key):
+    """What a method counts (tokens attended, CPU share, recalls, fetches, moved bytes) is kept in host points or in
+    place on the device, never in Python that only the capture runs: a replayed run counts what the eager CUDA
+    path counts."""
+    from scoutbench.analysis.counter_gate import measured_counters
+
+    eager = run_emulated(model, _factory(key), *prompt, 24)
+    replayed = run_emulated(model, _factory(key), *prompt, 24, cuda_graphs=True)
+    assert replayed.graphs["replayed_steps"] >= 20
+    want = measured_counters({"method_stats": eager.cuda_stats})
+    got = measured_counters({"method_stats": replayed.cuda_stats})
+    assert got.keys() == want.keys()
+    assert {name: got[name] for name in want if got[name] != pytest.approx(want[name])} == {}

@@ -99,3 +99,101 @@ def test_a_hardware_profile_that_is_not_an_object_is_one_line(document, tmp_path
     path.write_text(json.dumps(document), encoding="utf-8")
     code, out, err = run_cli(monkeypatch, capsys, "project", BASELINE, "--hardware", path)
     assert code == 2 and "a hardware profile is a JSON object of sections" in _one_line(err), err
+
+
+# ---- LongBench data: every fault of a data file is bad input (exit 2), in every command that reads one ----------
+
+RECORD = {"input": "q?", "context": "a long text", "answers": ["a"], "length": 3, "dataset": "samsum",
+          "language": "en", "all_classes": None, "_id": "x1"}
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the data must be refused before the model loads")
+
+
+@pytest.mark.parametrize("content, message", [
+    (json.dumps(RECORD).encode() + b"\n{\"input\": \n", "samsum.jsonl line 2: not valid JSON"),
+    (json.dumps({k: v for k, v in RECORD.items() if k != "answers"}).encode() + b"\n",
+     "line 1: field 'answers' must be a non-empty list of strings"),
+    (b"", "samsum.jsonl: no records"),
+    (json.dumps(RECORD).encode() + b'\n{"input": "caf\xe9"}\n', "samsum.jsonl: not UTF-8 text"),
+    (None, "samsum.jsonl does not exist"),
+    (b"PAR1 not a parquet file", "cannot read samsum from"),
+])
+def test_bad_longbench_data_is_exit_2_in_every_command(content, message, tmp_path, monkeypatch, capsys):
+    """A malformed line, a missing field or a missing file gave exit 1, an empty or non-UTF-8 file exit 2 (docs:
+    bad input is 2); a corrupt parquet mirror was a traceback."""
+    data, official = tmp_path / "data", tmp_path / "official"
+    data.mkdir()
+    official.mkdir()
+    (official / "samsum.jsonl").write_text(json.dumps(RECORD) + "\n", encoding="utf-8")
+    if content is not None:
+        name = "samsum.parquet" if content.startswith(b"PAR1") else "samsum.jsonl"
+        if name.endswith(".parquet"):
+            pytest.importorskip("datasets")
+        (data / name).write_bytes(content)
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    for command in (["accuracy", "--dataset", "samsum", "--data-dir", data, "-o", tmp_path / "out"],
+                    ["data-check", data, "--against", official]):
+        code, out, err = run_cli(monkeypatch, capsys, *command)
+        assert code == 2 and message in _one_line(err), (command[0], err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_data(tmp_path, monkeypatch, capsys):
+    """A UTF-8 byte-order mark (as some editors save) made the first record 'not valid JSON'."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "samsum.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(RECORD).encode() + b"\n")
+    (tmp_path / "official").mkdir()
+    (tmp_path / "official" / "samsum.jsonl").write_text(json.dumps(RECORD) + "\n", encoding="utf-8")
+    code, out, err = run_cli(monkeypatch, capsys, "data-check", data, "--against", tmp_path / "official")
+    assert code == 0 and "samsum: 1 records from folder: identical" in out, out + err
+
+
+# ---- a model folder whose config.json transformers rejects ------------------------------------------------------
+
+@pytest.mark.parametrize("config", [{"model_type": "qwen3", "hidden_size": "abc"},
+                                    {"model_type": "qwen3", "num_hidden_layers": -1},
+                                    {"model_type": "qwen3", "rope_parameters": 5}])
+def test_a_model_folder_whose_config_transformers_rejects_is_one_line(config, tmp_path, monkeypatch, capsys):
+    """transformers' config validation raised its own exception type: a traceback in `throughput` and `plan`."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    for command in (["throughput", "--len", "256", "--steps", "1", "--method", "fullkv", "-o", tmp_path / "o"],
+                    ["plan", "--len", "256", "--gpu-mem", "1GiB"]):
+        code, out, err = run_cli(monkeypatch, capsys, *command, "--model", folder)
+        line = _one_line(err)
+        assert code == 2 and str(folder) in line and ("Validation error" in line or "validation error" in line), err
+
+
+# ---- a file name that is not UTF-8 ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def latin1_folder(tmp_path) -> Path:
+    """A folder named `café` in Latin-1 (byte 0xe9: not UTF-8), holding the CI baseline's two results."""
+    import os
+
+    folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))
+    try:
+        folder.mkdir()
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this filesystem takes only UTF-8 names")
+    for path in BASELINE.glob("*_bench-attn16_*.json"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "not-a-result.json").write_text('{"x": 1}', encoding="utf-8")  # named in report's skipped list
+    return folder
+
+
+def test_text_outputs_naming_a_non_utf8_path_are_written(latin1_folder, tmp_path, monkeypatch, capsys):
+    """`export --format csv` of results under a non-UTF-8 folder name was a traceback (UnicodeEncodeError); so were
+    `report` (its summary lists the files it skipped) and `sweep -o` there (its sweep_config.yaml names the folder)."""
+    code, out, err = run_cli(monkeypatch, capsys, "export", latin1_folder, "--format", "csv", "-o", tmp_path / "r.csv")
+    assert code == 0, err
+    assert "caf\\udce9" in (tmp_path / "r.csv").read_text(encoding="utf-8")  # valid UTF-8, the byte still named
+    code, out, err = run_cli(monkeypatch, capsys, "report", latin1_folder, "-o", tmp_path / "report")
+    assert code == 0 and "caf\\udce9" in (tmp_path / "report" / "summary.md").read_text(encoding="utf-8"), err
+    code, out, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--steps", "1",
+                             "--warmup", "0", "--device", "cpu", "-o", latin1_folder / "sweep")
+    assert code == 0 and (latin1_folder / "sweep" / "sweep_config.yaml").read_text(encoding="utf-8"), err

@@ -16,6 +16,7 @@ from method_harness import (
 
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
+from scoutbench.kernels.backends import page_aligned
 from scoutbench.methods.base import ModelShape
 from scoutbench.methods.infinigen import InfiniGen
 
@@ -97,12 +98,14 @@ def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_he
     lengths, fetch = [30, 5], 8  # the short sequence has fewer cached tokens than the fetch count
     method, ctx, keys, values, generator = _bound_infinigen(lengths, num_kv_heads, budget=fetch + 1)
     group = ctx.num_heads // num_kv_heads
-    for layer in range(1, ctx.num_layers):  # layers 1 and 2 are sparse; with no layer ahead, they fetch now
+    for layer in range(1, ctx.num_layers):  # layers 1 and 2 are sparse, each fetched in the hook of the one before
         q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
         k_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
         v_new = torch.randn((len(lengths), num_kv_heads, ctx.head_dim), generator=generator)
         ids, n = method.speculate(layer, q)
         assert n == fetch  # budget - 1, whatever the scores
+        ctx.predict_query = lambda target, hidden, normed, q=q: q  # the layer-ahead prediction: here exact
+        method.before_layer(layer - 1, None, None)
         out = method.decode(layer, q, k_new, v_new)
         for b, length in enumerate(lengths):
             for h in range(num_kv_heads):
@@ -162,10 +165,70 @@ def test_method_args_and_footprint():
     device = [*method.dense.keys, *method.dense.values, *method.partial_keys.values()]
     host = [*method.host_k.values(), *method.host_v.values()]
     footprint = method.memory_footprint(shape, ctx.max_len, elem_bytes=4)
-    # the double-buffered fetch targets (K and V) exist on CUDA only: a CPU run reads the host tier in place
-    cuda_fetch = 2 * method.capacity * 2 * ctx.num_kv_heads * ctx.head_dim * 4
+    # the double-buffered fetch targets (K and V of the fetched tokens and the current one, in 16-token pages) and
+    # the speculated ids (int64, both slots) and scores (fp32) exist on CUDA only: a CPU run reads the host tier in
+    # place
+    width = page_aligned(method.capacity + 1)
+    cuda_fetch = 2 * width * 2 * ctx.num_kv_heads * ctx.head_dim * 4 + method.capacity * ctx.num_kv_heads * (2 * 8 + 4)
     assert method._fetched is None
     assert footprint.device_bytes_per_seq == sum(t.numel() * t.element_size() for t in device) // ctx.batch + cuda_fetch
     cuda_staging = 2 * method.capacity * (2 * ctx.num_kv_heads * ctx.head_dim * 4 + ctx.num_kv_heads * 8)
     assert footprint.host_bytes_per_seq == sum(t.numel() * t.element_size() for t in host) // ctx.batch + cuda_staging
     method.close()
+
+
+def _emulated_step_calls(method, lengths: list[int]) -> tuple[int, dict[tuple[str, int], int]]:
+    """Torch calls of one eager decode step (the second) on emulated CUDA: in all, and in each of the method's
+    per-layer hooks, by the layer it works for (`before_layer` of layer i works for layer i + 1)."""
+    from emulated import small_qwen3
+
+    from scoutbench.emulated_cuda import EMULATED_DEVICE, emulated_cuda, to_emulated_device
+    from scoutbench.timing import TorchCallCounter
+
+    model = small_qwen3()
+    prompt, prompt_lengths = ragged_prompt(model.config.vocab_size, lengths, seed=3)
+    counter, calls = TorchCallCounter(), {}
+
+    def counted(name, hook):
+        def run(layer, *args):
+            before = counter.calls
+            out = hook(layer, *args)
+            key = (name, layer + 1 if name == "before_layer" else layer)
+            calls[key] = calls.get(key, 0) + counter.calls - before
+            return out
+        return run
+
+    with emulated_cuda():
+        engine = DecodeEngine(to_emulated_device(model), method)
+        engine.start(len(lengths), max(lengths) + 8)
+        try:
+            token = engine.prefill(prompt.to(EMULATED_DEVICE), prompt_lengths).argmax(-1)
+            token = engine.decode_step(token).argmax(-1)
+            method.before_layer = counted("before_layer", method.before_layer)
+            method.decode = counted("decode", method.decode)
+            with counter:
+                engine.decode_step(token)
+        finally:
+            method.close()
+    return counter.calls, calls
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present (the test emulates one)")
+@pytest.mark.parametrize("dynamic_count", [False, True])
+@pytest.mark.parametrize("lengths", [[120, 120], [120, 50]])
+def test_cuda_decode_issues_few_torch_calls_per_sparse_layer(lengths, dynamic_count):
+    """The lean step: at bench-attn16 (16 layers, 14 sparse) InfiniGen's calls per step stay within 1.5x FullKV's,
+    where the engine's own part of a layer is 27 calls and FullKV's attention 5: the method has 25 per sparse
+    layer, its layer-ahead query prediction (7) included (the alpha count adds its count, 9 calls, and the
+    layer's own attended lengths, 9). Counted on emulated CUDA, eagerly, in a uniform and a ragged batch (a sequence shorter than the
+    fetch); the step's plan (begin_step and end_step) adds few calls to FullKV's."""
+    from scoutbench.methods.fullkv import FullKV
+
+    method = InfiniGen(budget=64, dense_layers=1, dynamic_count=dynamic_count)
+    total, calls = _emulated_step_calls(method, lengths)
+    reference_total, reference_calls = _emulated_step_calls(FullKV(), lengths)
+    per_layer = [calls["before_layer", layer] + calls["decode", layer] for layer in method.sparse_layers]
+    assert max(per_layer) <= (25 + 18 if dynamic_count else 25), calls
+    plan = total - sum(calls.values())  # the engine's work and the step's plan
+    reference_plan = reference_total - sum(reference_calls.values())
+    assert plan - reference_plan <= 20, (plan, reference_plan)

@@ -2,6 +2,7 @@
 attention and the exact LSE merge, Quest digests, upper-bound scores and top-k selection; plus ScoutAttention's block
 table."""
 
+import contextlib
 import math
 
 import pytest
@@ -141,6 +142,77 @@ def test_m4_base2_natural_round_trip():
     x = torch.randn(100) * 30
     torch.testing.assert_close(lse_base2_to_natural(lse_natural_to_base2(x)), x, atol=1e-5, rtol=1e-6)
     assert lse_natural_to_base2(torch.tensor(1.0)).item() == pytest.approx(1 / math.log(2))
+
+
+@pytest.mark.parametrize("where", ["native", "torch", "emulated-cuda"])
+def test_m3_two_part_merge_with_empty_parts_on_every_path(where, monkeypatch):
+    """Two parts, the first or the second or both empty, on the compiled merge, torch's CPU path and (emulated) CUDA:
+    `merge_states` and `merged_output` (the output alone) give the non-empty part exactly, and the empty state for
+    two empty parts; with none empty they equal the general merge of more parts."""
+    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.kernels import cpu_attention
+    from scoutbench.kernels.partial_state import merged_output
+
+    if where == "emulated-cuda" and torch.cuda.is_available():
+        pytest.skip("a real CUDA device is present")
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "torch" if where == "torch" else "native")
+    cpu_attention.library.cache_clear()
+    q, k, v = _qkv(n=40)
+    a, b = (partial_attention(q, k[:, :, s], v[:, :, s], 0.3) for s in (slice(0, 15), slice(15, 40)))
+    general = merge_states(a, b, empty_state(*q.shape, q.device))  # three parts: the general form
+    device = "cuda" if where == "emulated-cuda" else "cpu"
+    try:
+        with emulated_cuda() if device == "cuda" else contextlib.nullcontext():
+            a, b = (PartialState(s.o.to(device), s.lse.to(device)) for s in (a, b))
+            empty = empty_state(*q.shape, device)
+            cases = {"both": (a, b), "first empty": (empty, b), "second empty": (a, empty), "none": (empty, empty)}
+            got = {name: (merge_states(*parts), merged_output(*parts)) for name, parts in cases.items()}
+            got = {name: (PartialState(m.o.cpu(), m.lse.cpu()), o.cpu()) for name, (m, o) in got.items()}
+            a, b = (PartialState(s.o.cpu(), s.lse.cpu()) for s in (a, b))
+    finally:
+        cpu_attention.library.cache_clear()
+    for name, exact in (("first empty", b), ("second empty", a)):
+        merged, output = got[name]
+        assert torch.equal(merged.o, exact.o) and torch.equal(output, exact.o) and torch.equal(merged.lse, exact.lse)
+    merged, output = got["none"]
+    assert (merged.o == 0).all() and (output == 0).all() and torch.isneginf(merged.lse).all()
+    merged, output = got["both"]
+    torch.testing.assert_close(merged.o, general.o, atol=ATOL, rtol=0)
+    torch.testing.assert_close(output, merged.o, atol=0, rtol=0)
+    torch.testing.assert_close(merged.lse, general.lse, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("where", ["native", "torch", "emulated-cuda"])
+@pytest.mark.parametrize("with_host", [True, False])
+@pytest.mark.parametrize("lengths", [[37, 0, 50], [21, 21, 21]])  # ragged with an empty row; uniform (exact span)
+def test_partial_attention_reads_a_steps_lengths(where, with_host, lengths, monkeypatch):
+    """`partial_attention` over a whole preallocated cache with a step's StepLengths (device lengths, the torch
+    path's mask, host lengths where kept) equals the call with `valid_len`, on the compiled CPU kernel, torch's CPU
+    kernel and (emulated) CUDA's torch path; a row without a valid key is the empty state."""
+    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.kernels import cpu_attention
+    from scoutbench.kernels.attention import StepLengths
+
+    if where == "emulated-cuda" and torch.cuda.is_available():
+        pytest.skip("a real CUDA device is present")
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "torch" if where == "torch" else "native")
+    cpu_attention.library.cache_clear()
+    q, k, v = _qkv(batch=3, n=64, seed=5)
+    valid = torch.tensor(lengths)
+    expected = partial_attention(q, k, v, 0.3, valid)
+    device = torch.device("cuda" if where == "emulated-cuda" else "cpu")
+    try:
+        with emulated_cuda() if device.type == "cuda" else contextlib.nullcontext():
+            step = StepLengths(3, 64, q.dtype, device, with_host=with_host)
+            step.update(valid.to(device), lengths)
+            got = partial_attention(q.to(device), k.to(device), v.to(device), 0.3, lengths=step)
+            o, lse = got.o.cpu(), got.lse.cpu()
+    finally:
+        cpu_attention.library.cache_clear()
+    torch.testing.assert_close(o, expected.o, atol=ATOL, rtol=0)
+    torch.testing.assert_close(lse, expected.lse, atol=ATOL, rtol=0)
+    if 0 in lengths:
+        assert (o[1] == 0).all() and torch.isneginf(lse[1]).all()
 
 
 def test_m5_merged_lse_is_logsumexp_of_all_logits():

@@ -144,3 +144,26 @@ def test_oom_retry_empties_the_host_cache_only_where_torch_has_one(monkeypatch):
     monkeypatch.delattr(torch._C, "_host_emptyCache", raising=False)
     with emulated_cuda():
         release_cached_memory()
+
+
+def test_host_rates_are_measured_on_fresh_chunks(monkeypatch):
+    """The GPU check's host probe fills fresh chunks and keeps each until the end (a freed chunk's pages would
+    serve the next one fast), so it sees the fill rate a VM's growth allows (the hook's 0.25 GiB/s here) and, on
+    CUDA (emulated), registers what it filled."""
+    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.kernels import offload
+
+    live, fresh = [], offload.fresh_host_buffer
+
+    def fresh_and_counted(nbytes):
+        buffer, huge_page_bytes = fresh(nbytes)
+        live.append(buffer.data_ptr())
+        return buffer, huge_page_bytes
+
+    monkeypatch.setattr(offload, "fresh_host_buffer", fresh_and_counted)
+    monkeypatch.setenv(offload.HOST_FILL_ENV, "0.25")
+    with emulated_cuda():
+        rates = offload.measure_host_rates(5 * 1024**2, torch.device("cuda"), chunk_bytes=2 * 1024**2)
+    assert rates["probe_bytes"] == 5 * 1024**2 and len(set(live)) == 3  # three chunks, alive together
+    assert 0 < rates["fill_gib_s"] <= 0.25 and 0 < rates["register_gib_s"] < float("inf")
+    assert offload.measure_host_rates(1024**2, torch.device("cpu"))["register_gib_s"] == float("inf")

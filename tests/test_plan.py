@@ -48,10 +48,12 @@ EXPECTED_64K = {
     # 3 = 61 blocks. Prefill: a 4096-token chunk + 61 blocks of K
     "scout": (2 * N * KV + 38 * (2048 * KV + 2048 * KV + 8 * (2049 * 8 + 62 * 9)) + 61 * 32 * KV + 8 * 64 * 8,
               38 * N * KV + 2 * 61 * 32 * KV, (4096 + 61 * 32) * ONE_KV),
-    # partial keys: ceil(0.2 x 128) = 26 dims; + 2 x 2047 fetched tokens (budget 2048 = 2047 fetched + the current)
-    # in rows of whole 16-token pages (2048); host: + pinned staging of both slots (K, V and an int64 row id per KV
-    # head); prefill: fp32 key chunk x 2 and 256 observed queries x 3
-    "infinigen": (2 * N * KV + 38 * N * 8 * 26 * 2 + 2 * 2048 * KV, 38 * N * KV + 2 * 2047 * (KV + 8 * 8),
+    # partial keys: ceil(0.2 x 128) = 26 dims; + 2 x (2047 fetched tokens + the current one) (budget 2048) in rows of
+    # whole 16-token pages (2048), and the 2047 speculated ids of both slots (int64) and their scores (fp32) per KV
+    # head; host: + pinned staging of both slots (K, V and an int64 row id per KV head); prefill: fp32 key chunk x 2
+    # and 256 observed queries x 3
+    "infinigen": (2 * N * KV + 38 * N * 8 * 26 * 2 + 2 * 2048 * KV + 2047 * 8 * (2 * 8 + 4),
+                  38 * N * KV + 2 * 2047 * (KV + 8 * 8),
                   4 * 128 * (2 * 4096 * 8 + 3 * 256 * 40)),
     # 2 dense layers on the device; 38 sparse layers: a window of 1024 tokens (budget 2048 x window_share 0.5) + one
     # 32-token migration block on the device; on the host the rest + fp32 moving averages per query head and
@@ -161,9 +163,10 @@ def test_plan_requires_gpu_mem_without_cuda(monkeypatch, capsys):
 
 
 def test_plan_unknown_model_is_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # not a built-in, not a folder, not in the cache
     code, _, err = run_cli(monkeypatch, capsys, "plan", "--model", "no-such-model", "--len", "8k", "--gpu-mem", "80GiB",
                            "--method", "fullkv")
-    assert code == 2 and "preset" in err
+    assert code == 2 and "not a built-in name" in err
 
 
 def test_oom_backoff_halves_until_it_fits():

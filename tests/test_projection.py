@@ -257,7 +257,8 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
     summary = build_report([out], tmp_path / "report").summary.read_text()
     assert "## Projections" in summary and "| scout | qwen3-8b | 32k | 8 |" in summary
     for args, message in ((("--hardware", "nope"), "unknown hardware"), (("--hardware", "h200", "--batch", "x"),
-                          "bad --batch"), (("--hardware", "h200", "--model", "gpt-9"), "preset")):
+                          "bad --batch"), (("--hardware", "h200", "--model", "gpt-9"), "not a built-in name")):
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # gpt-9: not a built-in, not a folder, not in the cache
         code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", *args)
         assert code == 2 and message in err and "Traceback" not in err
     code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "empty-does-not-exist", "--hardware", "h200")
@@ -310,3 +311,47 @@ def test_committed_projection_inputs_stay_projectable():
         projections = project_results(results, load_hardware("paper"), target)
         assert sorted(p.method for p in projections) == sorted({r["method"] for r in results})
         assert all(p.step.step_ms > 0 for p in projections)
+
+
+def test_host_issue_is_launches_times_their_cost_and_a_slow_host_sets_the_step():
+    """A step's host issue: torch calls x host.launch_s + replays x host.graph_replay_s, per layer of the model
+    the counts were taken on, times the target's layers; when it exceeds the device's time it sets the step, which
+    is then launch-bound."""
+    work = step_work(MeasuredWork("fullkv", "fullkv", {}), SHAPE)
+    hw = profile()
+    device = project_step(work, hw, SHAPE.batch)
+    assert device.host_issue_ms is None and device.launch_bound is None  # no launch costs in the profile
+    costs = {"launch_s": 1e-6, "graph_replay_s": 4e-6}
+    with_costs = parse_hardware({**copy.deepcopy(_profile_data(hw)),
+                                 "host": {**_profile_data(hw)["host"], **{k: {"value": v, "source": "test"}
+                                                                          for k, v in costs.items()}}})
+    counts = {"torch_calls_per_step": 80.0, "graph_replays_per_step": 40.0, "layers": 8}
+    fast = project_step(work, with_costs, SHAPE.batch, "fullkv", counts)
+    issue_ms = (80 * 1e-6 + 40 * 4e-6) / 8 * SHAPE.model.num_layers * 1e3
+    assert fast.host_issue_ms == pytest.approx(issue_ms)
+    assert fast.step_ms == pytest.approx(device.step_ms) and fast.launch_bound is False
+    slow = project_step(work, with_costs, SHAPE.batch, "fullkv", {**counts, "torch_calls_per_step": 8e7})
+    assert slow.step_ms == pytest.approx(slow.host_issue_ms) and slow.launch_bound is True
+    assert slow.bound_by == "launches" and slow.stages_ms["idle"] == pytest.approx(slow.step_ms - device.step_ms)
+
+
+def test_committed_launch_counts_cover_every_method_both_ways():
+    """scoutbench/data/launch_counts.json (benchmarks/launch_counts.py) has every registered method with graphs on
+    and off, every one captured, and a graph replay issues fewer launches than the eager step."""
+    from scoutbench.analysis.projection import launch_counts
+    from scoutbench.methods import METHODS
+
+    for name in METHODS.names():
+        off, on = launch_counts(name, False), launch_counts(name, True)
+        assert off is not None and on is not None, name
+        assert on["captured"] and on["torch_calls_per_step"] + on["graph_replays_per_step"] < \
+            off["torch_calls_per_step"]
+
+
+def _profile_data(hw):
+    """A parsed profile back as the JSON it came from."""
+    data = {"name": hw.name, "device": {}, "bus": {}, "host": {"shares_device": hw.shares_device}}
+    for key, value in hw.values.items():
+        section, field = key.split(".")
+        data[section][field] = {"value": value, "source": hw.sources[key]}
+    return data

@@ -138,11 +138,9 @@ def test_model_provenance_commit_and_chat_template_hash(tiny_qwen3):
     assert preset.describe(torch.float32)["chat_template_sha256"] is None
     template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
     tokenizer = types.SimpleNamespace(chat_template=template)
-    tiny_qwen3.config._commit_hash = "0123456789abcdef0123456789abcdef01234567"
-    try:
-        described = LoadedModel(tiny_qwen3, "org/model", "hub", False, tokenizer).describe(torch.float32)
-    finally:
-        tiny_qwen3.config._commit_hash = None
+    # the commit the loader resolved (models.resolved_commit; a real hub cache: tests/test_hub_models.py)
+    info = {"commit_hash": "0123456789abcdef0123456789abcdef01234567"}
+    described = LoadedModel(tiny_qwen3, "org/model", "hub", False, tokenizer, info).describe(torch.float32)
     assert described["commit_hash"] == "0123456789abcdef0123456789abcdef01234567"
     assert described["chat_template_sha256"] == hashlib.sha256(template.encode()).hexdigest()
 

@@ -27,17 +27,22 @@ POINTS = [SweepPoint("fullkv", 1024, 1), SweepPoint("fullkv", 2048, 1), SweepPoi
           SweepPoint("quest", 1024, 1, (("budget", 512),))]
 
 
-class Runner:
-    """The point runner stubbed (the test is about resume): records what it ran, and interrupts at the `kill_at`-th
-    point like Ctrl-C or a kill (KeyboardInterrupt: no file for that point)."""
+class Killed(BaseException):
+    """A kill -9 as the sweep sees it: no handler of its runs (KeyboardInterrupt is Ctrl-C or SIGTERM, which
+    update the manifest before they end the sweep)."""
 
-    def __init__(self, kill_at: int | None = None):
-        self.kill_at = kill_at
+
+class Runner:
+    """The point runner stubbed (the test is about resume): records what it ran, and at the `kill_at`-th point
+    raises `signal` (no file for that point)."""
+
+    def __init__(self, kill_at: int | None = None, signal: type[BaseException] = KeyboardInterrupt):
+        self.kill_at, self.signal = kill_at, signal
         self.ran: list[tuple[str, int, tuple]] = []
 
     def __call__(self, cfg):
         if self.kill_at is not None and len(self.ran) == self.kill_at:
-            raise KeyboardInterrupt
+            raise self.signal
         self.ran.append((cfg.method, cfg.length, tuple(sorted(cfg.method_args.items()))))
         return make_result(cfg.method, 1e5 / cfg.length, length=cfg.length, batch=cfg.batch, config=cfg.method_args)
 
@@ -68,35 +73,36 @@ class FolderModel:
 RUN = st.tuples(st.just("run"), st.integers(0, len(SETTINGS) - 1),
                 st.lists(st.sampled_from(range(len(POINTS))), min_size=1, max_size=len(POINTS), unique=True),
                 st.one_of(st.none(), st.tuples(st.integers(0, len(POINTS) - 1),
-                                               st.sampled_from(["running", "written", "writing"]))))
+                                               st.sampled_from(["ctrl-c", "running", "written", "writing"]))))
 ACTIONS = st.lists(st.one_of(RUN, st.just(("remove manifest",)), st.just(("corrupt manifest",))), min_size=1,
                    max_size=7)
 
 
 def _run(folder: Path, model: FolderModel, index: int, grid: list[SweepPoint], kill) -> None:
-    """One `run_sweep`, killed at point `kill[0]` (among those it runs) while `kill[1]`: running (no file),
-    written (its file renamed into place, the manifest not yet updated: a kill -9 there), or writing (a kill -9 during
-    the write: only a temp file)."""
+    """One `run_sweep`, stopped at point `kill[0]` (among those it runs) by `kill[1]`: Ctrl-C while it runs (no
+    file), or a kill -9 while it runs, once its file is in place (the manifest not updated), or during the write
+    (only a temp file)."""
     settings_ = SETTINGS[index]
     pending = [p for p in grid if model.points.get(p.point_id(BASE.model)) != index or not model.accepts(index)]
     kill_at, phase = kill if kill is not None else (None, None)
-    runner = Runner(kill_at if phase == "running" else None)
+    runner = Runner(kill_at if phase in ("ctrl-c", "running") else None,
+                    KeyboardInterrupt if phase == "ctrl-c" else Killed)
     import scoutbench.results as results
 
     real_write = results.write_json_atomic
     written = []
 
-    def write(path, obj, overwrite=False):
+    def write(path, obj, overwrite=False, **kwargs):
         path = Path(path)
         if path.name != MANIFEST and path.suffix == ".json" and len(written) == kill_at:
             if phase == "writing":
                 (path.parent / f".{path.name}.k1ll3d.tmp").write_text('{"schema_version": 2, "kind"')
-                raise KeyboardInterrupt
-            real_write(path, obj, overwrite)
-            raise KeyboardInterrupt
+                raise Killed
+            real_write(path, obj, overwrite, **kwargs)
+            raise Killed
         if path.name != MANIFEST:
             written.append(path)
-        return real_write(path, obj, overwrite)
+        return real_write(path, obj, overwrite, **kwargs)
 
     accepted = model.accepts(index)
     killed = False
@@ -106,7 +112,7 @@ def _run(folder: Path, model: FolderModel, index: int, grid: list[SweepPoint], k
         except UsageError:
             assert not accepted, "a rerun that resumes this folder was refused"
             return
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Killed):
             killed = True
     assert accepted, "a rerun with other settings was not refused"
     # it ran exactly the points without a finished file of these settings, in grid order, up to the kill
@@ -224,13 +230,13 @@ def test_a_recall_profile_is_reused_only_when_it_records_its_configuration(tmp_p
         calls.append(args)
         return {"kind": "scout_recall_profile", "intervals": [None, None, 3, 5]}
 
-    points = [SweepPoint("scout", 1024, 1)]
-    (attached,) = attach_recall_profiles(points, BASE, tmp_path, profiler=profiler)
+    points, real = [SweepPoint("scout", 1024, 1)], replace(BASE, prefill="real")  # a synthetic prefill: none
+    (attached,) = attach_recall_profiles(points, real, tmp_path, profiler=profiler)
     profile = Path(attached.args["recall_profile"])
-    assert len(calls) == 1 and attach_recall_profiles(points, BASE, tmp_path, profiler=profiler) == [attached]
+    assert len(calls) == 1 and attach_recall_profiles(points, real, tmp_path, profiler=profiler) == [attached]
     assert len(calls) == 1
     profile.write_text(profile.read_text()[:40])  # truncated
-    assert attach_recall_profiles(points, BASE, tmp_path, profiler=profiler) == [attached] and len(calls) == 2
+    assert attach_recall_profiles(points, real, tmp_path, profiler=profiler) == [attached] and len(calls) == 2
     assert json.loads(profile.read_text())["intervals"] == [None, None, 3, 5]
 
 
@@ -243,3 +249,33 @@ def test_resuming_into_a_folder_of_other_settings_profiles_nothing(tmp_path, set
         with pytest.raises(UsageError, match="holds sweep points with other settings"):
             run_sweep([SweepPoint("scout", 1024, 1)], SETTINGS[settings_index], tmp_path, runner=Runner(),
                       recall_profiles=True)
+
+
+# ---- a large grid: work per point, not per point squared ---------------------------------------------------------
+
+def test_a_large_grid_resolves_each_setting_once_and_rewrites_its_manifest_rarely(tmp_path, monkeypatch):
+    """A grid of 10^6 points printed nothing for minutes (each point resolved its method fields again, and was sorted
+    by list lookups), and at 10^4 points the 2.4 MB manifest was rewritten and fsynced after every point. Counted,
+    not timed: the method fields are resolved once per setting, and a sweep of fast points rewrites its manifest at
+    its start, every MANIFEST_INTERVAL_S, and at its end."""
+    import scoutbench.bench.sweep as sweep
+    import scoutbench.results as results
+    from scoutbench.bench.sweep import Grid, expand
+
+    resolved = []
+    real_resolve = sweep.resolve_method_args
+    monkeypatch.setattr(sweep, "resolve_method_args", lambda *a: resolved.append(a) or real_resolve(*a))
+    grid = Grid(("fullkv", "quest"), tuple(range(64, 64 + 300)), tuple(range(1, 101)), budgets=(256, 512))
+    points = expand(grid)
+    assert len(points) == 300 * 100 * 3 and len(resolved) == 2  # fullkv has no budget: one point per (len, batch)
+    assert points[:4] == [SweepPoint("fullkv", 64, 1), SweepPoint("quest", 64, 1, (("budget", 256),)),
+                          SweepPoint("quest", 64, 1, (("budget", 512),)), SweepPoint("fullkv", 64, 2)]
+    writes = []
+    real_write = results.write_json_atomic
+    monkeypatch.setattr(results, "write_json_atomic", lambda path, *a, **k: writes.append(Path(path).name)
+                        or real_write(path, *a, **k))
+    monkeypatch.setattr(sweep, "MANIFEST_INTERVAL_S", 3600.0)
+    run_sweep(points[:60], BASE, tmp_path, runner=Runner())
+    assert writes.count(MANIFEST) == 2 and len(writes) == 62  # at the start, at the end, and the 60 points
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert len(manifest["points"]) == 60 and {p["status"] for p in manifest["points"]} == {"ok"}

@@ -76,7 +76,7 @@ def default_max_length(model_name: str, config: Any) -> int:
 
 # ---------------------------------------------------------------------------------------------- records
 def iter_jsonl(lines: Iterable[str], source: str,
-               error: type[ScoutbenchError] = ScoutbenchError) -> Iterator[tuple[int, Any]]:
+               error: type[ScoutbenchError] = UsageError) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line; a line that is not JSON raises `error` naming the
     source and line (records and prediction files share this format)."""
     for line_number, line in enumerate(lines, start=1):
@@ -94,12 +94,24 @@ def parse_records(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
             for line_number, record in iter_jsonl(lines, source)]
 
 
+def _records(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
+    """The records of a data file (`parse_records`); text that is not UTF-8 and a file without a record are bad
+    input (exit 2), like a malformed line."""
+    try:
+        records = parse_records(lines, source)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{source}: not UTF-8 text ({exc.reason}); save it as UTF-8, or {DATA_HINT}") from None
+    if not records:
+        raise UsageError(f"{source}: no records; {DATA_HINT}")
+    return records
+
+
 def _official_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     """`record` checked as an official LongBench record (a problem is an error naming `where`), with the optional
     `all_classes` present."""
     problem = _record_problem(record)
     if problem:
-        raise ScoutbenchError(f"{where}: {problem}")
+        raise UsageError(f"{where}: {problem}")
     record.setdefault("all_classes", None)
     return record
 
@@ -131,22 +143,26 @@ def load_task_data(name: str, data_dir: str | Path | None = None,
     if data_dir is not None:
         path = Path(data_dir) / f"{name}.jsonl"
         if path.is_file():
-            with open(path, encoding="utf-8") as lines:
-                return parse_records(lines, str(path)), {"kind": "folder", "file": str(path.resolve()),
-                                                         "sha256": file_sha256(path)}
+            with open(path, encoding="utf-8-sig") as lines:  # a byte-order mark is not part of the JSON
+                return _records(lines, str(path)), {"kind": "folder", "file": str(path.resolve()),
+                                                    "sha256": file_sha256(path)}
         parquet = parquet_files(name, data_dir)
         if parquet:
             return _records_from_arrow(arrow_dataset(name, data_dir), name), {
                 "kind": "parquet", "files": [str(f.resolve()) for f in parquet],
                 "sha256": [file_sha256(f) for f in parquet], "loader": f"datasets {_datasets_version()}"}
-        raise ScoutbenchError(f"no LongBench data for {name}: {path} does not exist; {DATA_HINT}")
+        raise UsageError(f"no LongBench data for {name}: {path} does not exist; {DATA_HINT}")
     archive = _hub_archive(name, revision)
     member = f"data/{name}.jsonl"
-    with zipfile.ZipFile(archive) as bundle:
-        if member not in bundle.namelist():
-            raise ScoutbenchError(f"{archive} has no {member}; {DATA_HINT}")
-        with bundle.open(member) as raw:
-            records = parse_records(io.TextIOWrapper(raw, encoding="utf-8"), f"{archive}:{member}")
+    try:
+        with zipfile.ZipFile(archive) as bundle:
+            if member not in bundle.namelist():
+                raise ScoutbenchError(f"{archive} has no {member}; {DATA_HINT}")
+            with bundle.open(member) as raw:
+                records = _records(io.TextIOWrapper(raw, encoding="utf-8-sig"), f"{archive}:{member}")
+    except (zipfile.BadZipFile, OSError) as exc:  # a download cut short in the Hugging Face cache
+        raise ScoutbenchError(f"{archive} is not a readable zip archive ({exc}); delete it to download it again, "
+                              f"or {DATA_HINT}") from None
     # the cache path is .../snapshots/<commit>/data.zip: the commit the requested revision resolved to
     commit = Path(archive).parent.name if Path(archive).parent.parent.name == "snapshots" else None
     return records, {"kind": "hub", "repo": HUB_REPO, "revision": revision or "main", "commit": commit,
@@ -216,8 +232,19 @@ def arrow_dataset(name: str, data_dir: str | Path, cache_dir: str | Path | None 
         raise ScoutbenchError(f"no LongBench data for {name} in {data_dir} (<name>.jsonl, <name>.parquet or "
                               f"<name>/**/*.parquet); {DATA_HINT}")
     builder = "json" if files[0].suffix == ".jsonl" else "parquet"
-    return datasets.load_dataset(builder, data_files={"test": [str(f) for f in files]}, split="test",
-                                 cache_dir=None if cache_dir is None else str(cache_dir))
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a file it cannot read is logged, then raised
+    try:
+        return datasets.load_dataset(builder, data_files={"test": [str(f) for f in files]}, split="test",
+                                     cache_dir=None if cache_dir is None else str(cache_dir))
+    except Exception as exc:  # noqa: BLE001 - pyarrow's and datasets' own errors for a file they cannot read
+        from scoutbench.models import first_line
+
+        reason = first_line(exc.__cause__ or exc)
+        raise UsageError(f"cannot read {name} from {', '.join(str(f) for f in files)}: {reason}; check or "
+                         f"replace the mirror's files, or {DATA_HINT}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def _records_from_arrow(dataset: Any, name: str) -> list[dict[str, Any]]:

@@ -4,7 +4,10 @@ Timing gates on shared CI machines need wide tolerances (2-4x noise, results/bas
 counters of a seeded run (scoutbench/analysis/work.py: device and host KV bytes, digest/speculation bytes, CPU- and
 device-attended tokens, bus bytes each way, recall bytes, linear FLOPs) follow only from the method's choices,
 so they are the same on every machine and every rerun: a method that starts reading more fails CI at once,
-however noisy the clock. Points match as in the timing gate (method and full config, model, dtype, length,
+however noisy the clock. Both kinds are compared: what the work model derives from the run's selections, and
+what the method measured itself (`method_stats`, e.g. `h2d_bytes_per_step`, `recall.bytes`: `measured.<field>`),
+so that a run whose measured bytes grew (or a result edited to say so) fails even where the model's inputs did
+not change. Points match as in the timing gate (method and full config, model, dtype, length,
 batch, and the run settings: steps, warm-up, seed, prefill, kv_skew, dense layers; a point whose only counterpart
 differs in one is MISMATCH, naming it), but on any hardware: the device class is not checked.
 """
@@ -12,6 +15,7 @@ differs in one is MISMATCH, naming it), but on any hardware: the device class is
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any
 
@@ -30,13 +34,58 @@ DEFAULT_COUNTER_TOLERANCE = 0.01  # selections are deterministic for a seed; 1% 
 
 
 def work_counters(result: dict[str, Any]) -> dict[str, float]:
-    """Per-step work counters of one ok throughput result, at the shape it ran at."""
-    return step_work(measured_work(result), result_shape(result)).totals()
+    """Per-step work counters of one ok throughput result, at the shape it ran at: the work model's, then the
+    method's own (`measured_counters`)."""
+    return step_work(measured_work(result), result_shape(result)).totals() | measured_counters(result)
+
+
+# a timing, not a count: a field named with a time unit (cpu_attention_ms, wait_ms_per_step, fetch_wait_ms_per_layer)
+_TIMING = re.compile(r"_(ns|us|ms|s)(_|$)")
+
+
+def measured_counters(result: dict[str, Any]) -> dict[str, float]:
+    """What the method counted in the run (`method_stats`): every number but the timings, a list as its sum
+    (`per_layer[sum]`), each as `measured.<path>`. Booleans, nulls and text are no counts. A method's own
+    counters are deterministic for a seed, as the work model's are."""
+    counters: dict[str, float] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if _TIMING.search(path.rsplit(".", 1)[-1]):
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}")
+        elif isinstance(value, list):
+            numbers = [v for v in value if _is_count(v)]
+            if numbers:
+                counters[f"{path}[sum]"] = float(sum(numbers))
+        elif _is_count(value):
+            counters[path] = float(value)
+
+    stats = result.get("method_stats")
+    if isinstance(stats, dict):
+        for key, value in stats.items():
+            walk(value, f"measured.{key}")
+    # the host side: torch calls (and CUDA graph replays) the main thread issued per step, as deterministic as the
+    # rest for a seed and a code path: a step that starts issuing more calls fails, as one that reads more bytes
+    host = result.get("host")
+    if isinstance(host, dict):
+        for key in ("torch_calls_per_step", "graph_replays_per_step"):
+            if _is_count(host.get(key)):
+                counters[f"host.{key}"] = float(host[key])
+    return counters
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _median_counters(point: Point) -> dict[str, float]:
+    """Each counter's median over the point's runs (the counters every run has: an older result may lack a
+    measured field a newer scoutbench records)."""
     per_run = [work_counters(r) for r in point.ok]
-    return {name: statistics.median(c[name] for c in per_run) for name in per_run[0]} if per_run else {}
+    names = [name for name in per_run[0] if all(name in c for c in per_run)] if per_run else []
+    return {name: statistics.median(c[name] for c in per_run) for name in names}
 
 
 def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[dict[str, Any]],
@@ -72,6 +121,8 @@ def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[d
             continue
         base_counters, cur_counters = _median_counters(base), _median_counters(cur)
         for counter, base_value in base_counters.items():
+            if counter not in cur_counters:  # a measured field this scoutbench no longer records
+                continue
             value = cur_counters[counter]
             if not (math.isfinite(base_value) and math.isfinite(value)):
                 report.rows.append(Row(name, counter, base_value, value, tolerance, "INVALID",

@@ -255,7 +255,9 @@ def write_text(path: Path, text: str, overwrite: bool) -> Path:
 def write_texts(files: dict[Path, str], overwrite: bool) -> list[Path]:
     """Every file or none: all names are checked first (an existing one without `overwrite` is a usage error
     before anything is written), then each file is written to a temp file beside it, and the temp files are
-    moved into place only once all of them are complete."""
+    moved into place only once all of them are complete. UTF-8 always: a byte of a file name that is not UTF-8
+    (0xe9 of a Latin-1 `café`, which Python holds as the lone surrogate U+DCE9) is written as `\udce9`, where
+    encoding it failed (a traceback)."""
     for path in files:
         if path.is_dir():
             raise ScoutbenchError(f"cannot write {path}: it is a folder; choose a file name for -o")
@@ -267,7 +269,7 @@ def write_texts(files: dict[Path, str], overwrite: bool) -> list[Path]:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             written.append((tmp, path))
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as handle:
                 handle.write(text)
             os.chmod(tmp, 0o644)
         for tmp, path in written:

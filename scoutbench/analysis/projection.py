@@ -23,8 +23,13 @@ The timeline, per layer (docs/projection.md has the derivation):
     per step      the CPU and the bus are each one serial resource: a step is at least the CPU time and the bus
                   time (recall copies included) of all its layers.
 
-It is a model: it ignores kernel launch overheads (assumes CUDA graphs as SGLang uses), cache effects, and on a
-GPU the few-percent cost of the merge. On a CPU-only profile (`calibrate` here) "device" and "host" are the same
+    host issue    the host's launches: each torch call the main thread issues costs `host.launch_s`, each CUDA graph
+                  replay `host.graph_replay_s`; a method's launches per layer, with graphs on (the default, as
+                  SGLang decodes) or off (`--cuda-graphs off`), come from scoutbench/data/launch_counts.json
+                  (counted on emulated CUDA: benchmarks/launch_counts.py). The device runs behind the host, so a step
+                  takes max(device time, host issue time); a step whose host issue time is at least 90% of it is
+                  launch-bound (the row measures Python and launches, not the method).
+It is a model: it ignores cache effects and on a GPU the few-percent cost of the merge. On a CPU-only profile (`calibrate` here) "device" and "host" are the same
 cores: the CPU part then also slows the device part while it runs (`host.shares_device`).
 """
 
@@ -55,7 +60,10 @@ STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp"
 _REQUIRED = {"device": ("memory_bytes", "memory_bw_bytes_s", "peak_flops"),
              "bus": ("bw_bytes_s", "transfer_overhead_s"),
              "host": ("cores", "memory_bytes", "memory_bw_bytes_s", "attention_bytes_s")}
-_OPTIONAL = {"device": ("attention_bytes_s", "layer_overhead_s", "cores"), "bus": (), "host": ("task_overhead_s",)}
+_OPTIONAL = {"device": ("attention_bytes_s", "layer_overhead_s", "cores"), "bus": (),
+             "host": ("task_overhead_s", "launch_s", "graph_replay_s")}
+LAUNCH_COUNTS = Path(__file__).resolve().parents[1] / "data" / "launch_counts.json"
+LAUNCH_BOUND_FRAC = 0.9  # as a measured run's `launch_bound` (scoutbench/timing.py)
 
 
 @dataclass(frozen=True)
@@ -210,7 +218,8 @@ class StepProjection:
     cpu_ms: float
     bus_h2d_ms: float
     bus_d2h_ms: float
-    bound_by: str  # device (never waits), or what the device waits for most: cpu | bus
+    bound_by: str  # device (never waits), or what the device waits for most: cpu | bus | launches
+    host_issue_ms: float | None = None  # the host's launches of one step (None: no launch count for the method)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -220,8 +229,33 @@ class StepProjection:
     def idle_frac(self) -> float:
         return self.stages_ms["idle"] / self.step_ms if self.step_ms > 0 else 0.0
 
+    @property
+    def launch_bound(self) -> bool | None:
+        return None if self.host_issue_ms is None else self.host_issue_ms >= LAUNCH_BOUND_FRAC * self.step_ms
 
-def project_step(work: StepWork, hw: Hardware, batch: int, method: str = "") -> StepProjection:
+
+def launch_counts(method: str, cuda_graphs: bool) -> dict[str, float] | None:
+    """The committed launch count of `method` (its registered name) with graphs on or off, or None."""
+    try:
+        table = json.loads(LAUNCH_COUNTS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    counts = (table.get("graphs_on" if cuda_graphs else "graphs_off") or {}).get(method)
+    return None if counts is None else {**counts, "layers": table["layers"]}
+
+
+def host_issue_s(counts: dict[str, float], num_layers: int, hw: Hardware) -> float | None:
+    """Seconds of host issue of one step of `num_layers` layers from a method's launch counts, or None where the
+    profile has no launch costs. The counts are per layer of the model they were taken on."""
+    if "host.launch_s" not in hw.values:
+        return None
+    per_step = counts["torch_calls_per_step"] * hw.values["host.launch_s"] + \
+        (counts.get("graph_replays_per_step") or 0.0) * hw.get("host.graph_replay_s", hw.values["host.launch_s"])
+    return per_step / counts["layers"] * num_layers
+
+
+def project_step(work: StepWork, hw: Hardware, batch: int, method: str = "",
+                 launches: dict[str, float] | None = None) -> StepProjection:
     """Sum the layers; then the step is at least the CPU's and the bus's serial time (the excess is idle)."""
     dense, sparse = layer_time(work.dense, hw), layer_time(work.sparse, hw)
     stages = {s: work.num_dense * dense.stages[s] + work.num_sparse * sparse.stages[s] for s in STAGES}
@@ -233,12 +267,13 @@ def project_step(work: StepWork, hw: Hardware, batch: int, method: str = "") -> 
     d2h_s = work.num_dense * dense.bus_d2h_s + work.num_sparse * sparse.bus_d2h_s
     step_s = sum(stages.values())
     bound_by = sparse.waits_on or dense.waits_on or "device"
-    for name, serial_s in (("cpu", cpu_s), ("bus", h2d_s), ("bus", d2h_s)):
+    issue_s = None if launches is None else host_issue_s(launches, work.num_dense + work.num_sparse, hw)
+    for name, serial_s in (("cpu", cpu_s), ("bus", h2d_s), ("bus", d2h_s), ("launches", issue_s or 0.0)):
         if serial_s > step_s:
             stages["idle"] += serial_s - step_s
             step_s, bound_by = serial_s, name
     return StepProjection(method, {k: v * 1e3 for k, v in stages.items()}, step_s * 1e3, batch, cpu_s * 1e3,
-                          h2d_s * 1e3, d2h_s * 1e3, bound_by)
+                          h2d_s * 1e3, d2h_s * 1e3, bound_by, None if issue_s is None else issue_s * 1e3)
 
 
 # ---- from results to a projection table -----------------------------------------------------------------------
@@ -254,6 +289,7 @@ class Target:
     block_size: int | None = None
     dtype: str | None = None
     fetch_granularity: str = "gathered"  # InfiniGen's copies: gathered (this tool) or token (the paper's baseline)
+    cuda_graphs: bool = True  # the host issue of a step replayed from CUDA graphs (False: eager launches)
 
 
 @dataclass
@@ -286,6 +322,7 @@ class Projection:
                 "latency_breakdown_ms": self.step.stages_ms, "gpu_idle_frac": self.step.idle_frac,
                 "cpu_ms_per_step": self.step.cpu_ms, "bus_h2d_ms_per_step": self.step.bus_h2d_ms,
                 "bus_d2h_ms_per_step": self.step.bus_d2h_ms, "bound_by": self.step.bound_by,
+                "host_issue_ms": self.step.host_issue_ms, "launch_bound": self.step.launch_bound,
                 "work_per_step": self.work, "measured_work": self.measured.describe(), "sources": self.sources,
                 "measured_step_ms": self.measured_step_ms}
 
@@ -293,17 +330,14 @@ class Projection:
 def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
     """The shape to project one result to (batch 1 stands in for `auto` until planned) and the model's name."""
     from scoutbench.analysis.work import result_shape
-    from scoutbench.models import PRESETS, parse_dtype, preset_config
+    from scoutbench.models import model_config, parse_dtype
 
     own = result_shape(result)
     model_name = target.model or str((result.get("model") or {}).get("name"))
     if target.model is not None:
-        if target.model not in PRESETS:
-            raise UsageError(f"--model {target.model!r}: the projection needs a preset's shape "
-                             f"({', '.join(PRESETS)})")
         from scoutbench.methods.base import ModelShape
 
-        config = preset_config(target.model)
+        config = model_config(target.model)  # a preset, a built-in, a folder or a hub id: its config alone
         model, tied = ModelShape.from_config(config), bool(config.tie_word_embeddings)
     else:
         model, tied = own.model, own.tied_embeddings
@@ -354,12 +388,12 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
             limited_by = memory
             shape = Shape(shape.model, shape.context_len, fits, shape.elem_bytes, shape.tied_embeddings)
         steps = step_work(work, shape, target.budget, target.block_size, target.fetch_granularity)
-        step = project_step(steps, hw, shape.batch, first["method"])
+        step = project_step(steps, hw, shape.batch, first["method"], launch_counts(first["method"], target.cuda_graphs))
         if not (math.isfinite(step.step_ms) and step.step_ms > 0):  # e.g. a rate so small that a time overflows
             raise UsageError(f"{hw.path or hw.name}: its numbers give {first['method']} a step of {step.step_ms} ms; "
                              "check the profile's rates and sizes (SI units: bytes, bytes/s, FLOP/s, seconds)")
-        measured = _measured_step_ms(runs, hw) if target == Target(fetch_granularity=target.fetch_granularity) \
-            else None
+        measured = _measured_step_ms(runs, hw) if target == Target(fetch_granularity=target.fetch_granularity,
+                                                                   cuda_graphs=target.cuda_graphs) else None
         prompt_len = target.length or int(first["workload"]["len"])
         out.append(Projection(first["method"], work.config, model_name, shape.context_len, shape.batch, limited_by,
                               step, steps.totals(), work, [str(r.get("_path", "")) for r in runs], measured,
@@ -391,7 +425,8 @@ def _median_work(works: list[MeasuredWork]) -> MeasuredWork:
 ASSUMPTIONS = (
     "roofline per layer: linear layers take max(weight bytes / memory bandwidth, FLOPs / peak); decode attention "
     "and block selection are bandwidth-bound",
-    "no kernel-launch or framework overhead on a GPU profile (CUDA graphs, as SGLang runs decode); a calibrated "
+    "host issue on a GPU profile: each method's launches per layer (docs/projection.md; CUDA graphs on unless "
+    "--cuda-graphs off) times the profile's cost per launch; a step is at least its host issue time; a calibrated "
     "CPU profile adds its measured per-layer engine overhead",
     "a copy costs the profile's per-copy overhead plus bytes / bus bandwidth; copies in one direction are serial",
     "the measured selection behaviour (CPU share of the budget, recall volume, fetched and CPU-attended token "
@@ -461,7 +496,8 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
         base = fullkv.get((p["model"], p["len"]))
         batch = f"{p['batch']} ({p['batch_limited_by']})" if p.get("batch_limited_by") else str(p["batch"])
         speedup = f"{p['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
-        lines.append(f"| {p['method']} | {p['model']} | {format_length(p['len'])} | {batch} "
+        method = p["method"] + (" (launch-bound)" if p.get("launch_bound") else "")
+        lines.append(f"| {method} | {p['model']} | {format_length(p['len'])} | {batch} "
                      f"| {p['decode_throughput_tok_s']:.1f} | {p['decode_step_ms']:.2f} "
                      f"| {100 * p['gpu_idle_frac']:.1f} | {p['bound_by']} | {speedup} |"
                      + (f" {p.get('source_point', '')} |" if with_source else ""))

@@ -220,7 +220,7 @@ def build_report(paths: Iterable[str | Path], out_dir: str | Path, overwrite: bo
         staging = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
         try:
             draw_all(report, FigureWriter(report, staging, formats))
-            (staging / "summary.md").write_text(summary_markdown(report), encoding="utf-8")
+            (staging / "summary.md").write_text(summary_markdown(report), encoding="utf-8", errors="backslashreplace")
             for earlier in report_files(out):
                 earlier.unlink()
             for made in sorted(staging.iterdir()):

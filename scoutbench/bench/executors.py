@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.errors import ScoutbenchError, UsageError, error_text
 
 EXECUTORS = ("local", "ray")
 
@@ -81,12 +81,6 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def point_error(exc: BaseException) -> str:
-    """A failed point's error line: a scoutbench error's own message, otherwise the exception's type and text."""
-    return str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
-
-
-
 _worker_runner: Any = None  # one per Ray worker process: the model loads once per worker, not once per point
 
 
@@ -99,7 +93,7 @@ def _run_point(cfg: Any) -> tuple[bool, Any]:
     try:
         return True, _worker_runner(cfg)
     except Exception as exc:  # noqa: BLE001 - the driver records the point as failed
-        return False, point_error(exc)
+        return False, error_text(exc)
 
 
 class PointFailed(ScoutbenchError):

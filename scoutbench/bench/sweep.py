@@ -20,20 +20,24 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scoutbench.bench.executors import Runner, ThroughputRunner, point_error
-from scoutbench.errors import UsageError
+from scoutbench.bench.executors import Runner, ThroughputRunner
+from scoutbench.errors import UsageError, error_text
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
 from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
 MANIFEST = "sweep.json"
+MANIFEST_INTERVAL_S = 2.0  # the least time between two rewrites of the manifest while points finish
+COMPACT_MANIFEST_POINTS = 1000  # a larger manifest is written without indentation: 10x faster to write
 CONFIG = "sweep_config.yaml"  # the resolved grid and settings, written beside the points (a valid --config)
 # the registry says which methods the paper's figures compare, which one they are about and its ablation
 COMPARED = tuple(COMPARED_METHODS)
@@ -144,10 +148,15 @@ class SweepPoint:
     def describe(self) -> dict[str, Any]:
         return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
 
-    def stamp(self, settings: Settings) -> dict[str, Any]:
+    def stamp(self, settings: dict[str, Any]) -> dict[str, Any]:
         """What the point's file records (`sweep_point`) and a rerun compares before it counts the point as done:
-        the point and the sweep's settings, as JSON reads them back."""
-        return json.loads(json.dumps({"settings": asdict(settings), "point": self.describe()}, default=str))
+        the point (its fields are JSON values already) and the sweep's settings (`settings_record`)."""
+        return {"settings": settings, "point": self.describe()}
+
+
+def settings_record(settings: Settings) -> dict[str, Any]:
+    """The settings as a sweep's files record them (JSON read back)."""
+    return json.loads(json.dumps(asdict(settings), default=str))
 
 
 def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[SweepPoint]:
@@ -160,16 +169,19 @@ def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[Sw
     """
     keys = sorted(grid.method_args)
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid.method_args[k] for k in keys))]
-    points: dict[SweepPoint, None] = {}
-    for length, batch, budget, block_size, common in itertools.product(
-            grid.lengths, grid.batches, grid.budgets, grid.block_sizes, combos):
+    # each method's distinct field settings, resolved once (they do not depend on length or batch: a grid of a
+    # million points resolves its few settings, not a million), in the axes' order
+    args_of: dict[str, dict[tuple[tuple[str, Any], ...], None]] = {method: {} for method in grid.methods}
+    for budget, block_size, common in itertools.product(grid.budgets, grid.block_sizes, combos):
         settings = MethodSettings.of(common, budget=budget, block_size=block_size, dense_layers=grid.dense_layers,
                                      defaults=defaults)
-        per_method = resolve_method_args(list(grid.methods), settings)
-        for method in grid.methods:
-            points[SweepPoint(method, length, batch, tuple(sorted(per_method[method].items())))] = None
-    return sorted(points, key=lambda p: (grid.lengths.index(p.length), grid.batches.index(p.batch),
-                                         grid.methods.index(p.method)))
+        for method, args in resolve_method_args(list(grid.methods), settings).items():
+            args_of[method][tuple(sorted(args.items()))] = None
+    points: dict[SweepPoint, None] = {}
+    for length, batch, method in itertools.product(grid.lengths, grid.batches, grid.methods):
+        for args in args_of[method]:
+            points[SweepPoint(method, length, batch, args)] = None
+    return list(points)
 
 
 # ---- running --------------------------------------------------------------------------------------------------
@@ -212,7 +224,7 @@ def _folder_state(out: Path, settings: Settings) -> tuple[dict[str, Any] | None,
     settings (by id: what a rebuilt manifest lists). Refuses (exit 2) a folder whose manifest, or without one any
     of whose point files, records other settings."""
     previous = _read_manifest(out)
-    mine = json.loads(json.dumps(asdict(settings), default=str))
+    mine = settings_record(settings)
     if previous is not None:
         if previous.get("settings") != mine:
             raise UsageError(f"{out} holds a sweep with other settings "
@@ -256,20 +268,30 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, p
     entries.update({point_id: _entry(point_id, result["sweep_point"]["point"], result)
                     for point_id, result in stamped.items()})
     manifest = {**envelope("sweep", command), "updated_at": utc_now(), "preset": preset, "settings": asdict(settings), "points": []}
-    order = [p.point_id(settings.model) for p in points]
     by_id = {p.point_id(settings.model): p for p in points}
+    saved = {"at": -math.inf, "took_s": 0.0}
 
-    def save() -> None:
+    def save(now: bool = True) -> None:
+        """Rewrite the manifest; after a point (`now` false) only every MANIFEST_INTERVAL_S, or ten times as long
+        as the last rewrite took: a grid of 10^4 points has a 2.4 MB manifest, and rewriting it after every point
+        cost more than fast points did. The point files are the record: a rerun rebuilds what a kill left stale."""
+        start = time.monotonic()
+        if not now and start - saved["at"] < max(MANIFEST_INTERVAL_S, 10 * saved["took_s"]):
+            return
         manifest["updated_at"] = utc_now()
-        manifest["points"] = [entries[i] for i in [*order, *(i for i in entries if i not in by_id)]]
-        write_json_atomic(out / MANIFEST, manifest, overwrite=True)
+        manifest["points"] = [entries[i] for i in [*by_id, *(i for i in entries if i not in by_id)]]
+        compact = len(manifest["points"]) > COMPACT_MANIFEST_POINTS
+        write_json_atomic(out / MANIFEST, manifest, overwrite=True, indent=None if compact else 2)
+        saved["at"], saved["took_s"] = time.monotonic(), time.monotonic() - start
 
     if previous is not None:  # a resumed sweep keeps the time it started
         manifest["created_at"] = previous["created_at"]
-    stamps = {point_id: point.stamp(settings) for point_id, point in by_id.items()}
-    for point_id, point in by_id.items():
-        entries[point_id] = _entry(point_id, point.describe(), _read_point(out / f"{point_id}.json",
-                                                                            stamps[point_id]))
+    recorded = settings_record(settings)
+    stamps = {point_id: point.stamp(recorded) for point_id, point in by_id.items()}
+    present = {path.name for path in out.iterdir()}  # one listing, not a failed open per pending point
+    for point_id in by_id:
+        result = _read_point(out / f"{point_id}.json", stamps[point_id]) if f"{point_id}.json" in present else None
+        entries[point_id] = _entry(point_id, stamps[point_id]["point"], result)
     save()
     if config is not None:  # after the settings check: a refused rerun leaves the folder's config as it was
         write_config(out / CONFIG, config)
@@ -286,17 +308,22 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, p
                                length=point.length, batch=point.batch, gpu_mem=settings.gpu_mem,
                                host_mem=settings.host_mem, steps=settings.steps,
                                warmup=settings.warmup, device=settings.device, dtype=settings.dtype,
-                               seed=settings.seed, prefill=settings.prefill, command=list(command))
+                               seed=settings.seed, prefill=settings.prefill, command=command)
         jobs.append(Job(point_id, where, cfg))
-    for job, result in (executor or LocalExecutor()).run(jobs, runner, log):
-        if not isinstance(result, dict):
-            result = failed_result(job.cfg, point_error(result), device, dtype)
-        result = {**result, "sweep_point": stamps[job.point_id]}
-        write_json_atomic(out / f"{job.point_id}.json", result, overwrite=True)
-        entries[job.point_id] = _entry(job.point_id, by_id[job.point_id].describe(), result)
-        outcome.ran += 1
-        log(f"{job.where}: {_one_line(result)}")
+    try:
+        for job, result in (executor or LocalExecutor()).run(jobs, runner, log):
+            if not isinstance(result, dict):
+                result = failed_result(job.cfg, error_text(result), device, dtype)
+            result = {**result, "sweep_point": stamps[job.point_id]}
+            write_json_atomic(out / f"{job.point_id}.json", result, overwrite=True)
+            entries[job.point_id] = _entry(job.point_id, stamps[job.point_id]["point"], result)
+            outcome.ran += 1
+            log(f"{job.where}: {_one_line(result)}")
+            save(now=False)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the manifest lists every finished point
         save()
+        raise
+    save()
     return outcome
 
 
@@ -423,24 +450,6 @@ def _is_profile_for(path: Path, key: list[Any]) -> bool:
         return False
     return (isinstance(data, dict) and data.get("kind") == "scout_recall_profile"
             and data.get("sweep_profile_key") == key and isinstance(data.get("intervals"), list))
-
-
-def failed_result(cfg: Any, error: str, device: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """A failed point's file: the identifying fields of a result (the method's full config when it can be built,
-    so that gates match it with the baseline's point), `status: failed` and the error."""
-    from scoutbench.methods import build_method
-    from scoutbench.results import envelope
-
-    try:
-        method_config = build_method(cfg.method, cfg.method_args).config()
-    except Exception:  # noqa: BLE001 - an unbuildable method is itself the error being recorded
-        method_config = dict(cfg.method_args)
-    return {**envelope("throughput", cfg.command), "status": "failed", "error": error,
-            "method": cfg.method, "method_config": method_config, "method_repr": None,
-            "model": {"name": cfg.model, "dtype": dtype},
-            "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
-                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
-            "device": device}
 
 
 def _entry(point_id: str, point: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]:

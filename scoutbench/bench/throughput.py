@@ -9,14 +9,14 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from scoutbench.devices import device_description, resolve_device, resolve_dtype
-from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.errors import ScoutbenchError, UsageError, error_text
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import build_method
 from scoutbench.methods.base import AttentionMethod, ModelShape, dense_layers_of
@@ -184,15 +184,17 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
                   "lower --len, or pass --prefill synthetic to time decode at that length")
 
 
-def host_fields(records: list[dict[str, float]], calls_per_step: float | None, counted_steps: int) -> dict[str, Any]:
-    """The host side of the timed steps (docs/results.md, `host` and `launch_bound`): torch calls per step from the
-    counted steps, and on CUDA each step's host issue and wait time. `launch_bound` is null off CUDA (no launches:
-    the host runs the step's work itself) and where no step recorded its host time."""
+def host_fields(records: list[dict[str, float]], calls_per_step: float | None, counted_steps: int,
+                replays_per_step: float | None = None) -> dict[str, Any]:
+    """The host side of the timed steps (docs/results.md, `host` and `launch_bound`): torch calls (and CUDA graph
+    replays) per step from the counted steps, and on CUDA each step's host issue and wait time. `launch_bound` is
+    null off CUDA (no launches: the host runs the step's work itself) and where no step recorded its host time."""
     issue = [r["host_issue"] for r in records if "host_issue" in r]
     issue_frac = [r["host_issue"] / r["total"] for r in records if "host_issue" in r and r["total"] > 0]
     median = statistics.median
     host = {
-        "torch_calls_per_step": calls_per_step, "counted_steps": counted_steps,
+        "torch_calls_per_step": calls_per_step, "graph_replays_per_step": replays_per_step,
+        "counted_steps": counted_steps,
         "host_issue_ms": median(issue) if issue else None,
         "host_wait_ms": median([r["host_wait"] for r in records if "host_wait" in r]) if issue else None,
         "host_issue_frac": median(issue_frac) if issue_frac else None,
@@ -202,17 +204,21 @@ def host_fields(records: list[dict[str, float]], calls_per_step: float | None, c
     return {"host": host, "launch_bound": launch_bound}
 
 
-def count_calls(engine: Any, tokens: torch.Tensor, steps: int) -> tuple[torch.Tensor, float | None]:
-    """Decode `steps` untimed steps with the main thread's torch calls counted; (next tokens, calls per step)."""
+def count_calls(engine: Any, tokens: torch.Tensor, steps: int) -> tuple[torch.Tensor, float | None, float | None]:
+    """Decode `steps` untimed steps with the main thread's torch calls counted; (next tokens, calls per step,
+    CUDA graph replays per step or None without graphs). With graphs a torch function mode sees the host points'
+    calls, not the replayed ones: the replays are counted apart."""
     if steps <= 0:
-        return tokens, None
+        return tokens, None, None
     counter = TorchCallCounter()
+    replays_before = engine.graphs.replayed_pieces if engine.graphs is not None else 0
     with counter:
         for _ in range(steps):
             tokens = engine.decode_step(tokens).argmax(-1)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
-    return tokens, counter.calls / steps
+    replays = None if engine.graphs is None else (engine.graphs.replayed_pieces - replays_before) / steps
+    return tokens, counter.calls / steps, replays
 
 
 def summarise_steps(records: list[dict[str, float]], batch: int, device_type: str = "cpu") -> dict[str, Any]:
@@ -327,6 +333,72 @@ def run_throughput(run: ResolvedRun | ThroughputConfig, loaded: LoadedModel | No
     return result
 
 
+def result_file_name(cfg: ThroughputConfig, result: dict[str, Any]) -> str:
+    """A result's file name in a folder of results (the batch that ran: `--batch auto` records its own)."""
+    return (f"throughput_{result['method']}_{cfg.model.replace('/', '--')}_len{format_length(cfg.length)}"
+            f"_b{result['workload']['batch']}.json")
+
+
+def run_methods(configs: list[ThroughputConfig], loaded: LoadedModel, log: Callable[[str], None] = lambda line: None,
+                progress: Callable[[str], ProgressCallback] | None = None, raise_if_all_refused: bool = True
+                ) -> Iterator[tuple[ThroughputConfig, dict[str, Any]]]:
+    """Run the configs (methods) on one loaded model in order, yielding each one's result as it finishes.
+
+    Every run is resolved (its memory checked, once) before the first one starts. A method refused there, or
+    failing while it runs, yields a failed result (`failed_result`, its error logged) and the next method runs;
+    where every method is refused nothing runs and the first refusal is raised (with `raise_if_all_refused`, as a
+    command's one-line error), else each yields its failed result. The methods decode over one
+    synthetic prefill, drawn once (kept only for a second method: keeping it takes fresh memory for every layer,
+    where a single run reuses one K and one V buffer). On CUDA their host tiers take one kept, registered buffer
+    in turn: the process's where one is kept (offload.keep_host_memory: the GPU check), else one reserved here at
+    the largest planned host tier: fresh host memory and its registration are paid once, not once per method.
+    `progress(where)` gives a run's progress callback (`where`: "[2/5] scout")."""
+    import contextlib
+
+    from scoutbench.engine import SyntheticKVCache
+    from scoutbench.kernels.offload import keep_host_memory, kept_host_memory
+    from scoutbench.planning import format_bytes
+
+    device = next(loaded.model.parameters()).device
+    dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+
+    def failed(cfg: ThroughputConfig, exc: Exception) -> dict[str, Any]:
+        log(f"{cfg.method}: failed: {error_text(exc)}")
+        return failed_result(cfg, error_text(exc), device_description(device), dtype_name)
+
+    runs: list[ResolvedRun | Exception] = []
+    for cfg in configs:
+        try:
+            runs.append(resolve_run(cfg, loaded))
+        except Exception as exc:  # noqa: BLE001 - the method's failed result below; Ctrl-C is no Exception
+            runs.append(exc)
+    if raise_if_all_refused and all(isinstance(run, Exception) for run in runs):
+        raise runs[0]
+    keep: Any = contextlib.nullcontext()
+    host_bytes = max((run.host_bytes for run in runs if isinstance(run, ResolvedRun)), default=0)
+    if device.type == "cuda" and len(runs) > 1 and host_bytes and kept_host_memory() is None:
+        keep = keep_host_memory(device, reserve_bytes=int(host_bytes * (1 + HOST_PLAN_SLACK)))
+    shared_kv = SyntheticKVCache() if len(runs) > 1 else None
+    try:
+        with keep as kept:
+            if kept is not None:
+                log(f"host memory kept for the offloading methods: {format_bytes(kept.nbytes)} (filled in "
+                    f"{kept.fill_s:.1f} s, registered in {kept.register_s:.1f} s)")
+            for index, (cfg, run) in enumerate(zip(configs, runs, strict=True), 1):
+                if isinstance(run, Exception):
+                    yield cfg, failed(cfg, run)
+                    continue
+                on_progress = None if progress is None else progress(f"[{index}/{len(runs)}] {cfg.method}")
+                try:
+                    result = run_throughput(run, on_progress=on_progress, shared_kv=shared_kv)
+                except Exception as exc:  # noqa: BLE001 - as above: the next method runs
+                    result = failed(cfg, exc)
+                yield cfg, result
+    finally:
+        if shared_kv is not None:
+            shared_kv.clear()
+
+
 def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel) -> tuple[int, Any]:
     """`--batch auto`: the method's largest batch for --gpu-mem (default: the CUDA device's usable memory) and
     --host-mem (default: this machine's available memory), and the plan it comes from."""
@@ -376,7 +448,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     timer.nvtx = cfg.nvtx and device.type == "cuda"
     total_steps = workload.warmup + workload.steps
     profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
-    calls_per_step = None
+    calls_per_step = replays_per_step = None
     graphs_on = use_cuda_graphs(cfg.cuda_graphs, device)
     captures_before_timing = 0
     records: list[dict[str, float]] = []
@@ -422,7 +494,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
-        tokens, calls_per_step = count_calls(engine, tokens, cfg.count_steps)
+        tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps)
         if profiled_steps:
             from scoutbench.profiling import profile_decode
 
@@ -453,7 +525,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
         **summarise_steps(records, workload.batch, device.type),
-        **host_fields(records, calls_per_step, cfg.count_steps), **graphs,
+        **host_fields(records, calls_per_step, cfg.count_steps, replays_per_step), **graphs,
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used,
     }

@@ -84,6 +84,9 @@ def main() -> None:
     # OpenMP threads that spin while waiting steal the cores a concurrent CPU attention worker (or a loaded
     # machine) needs: measured 2-10x slower CPU steps with the default policy. Must be set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints as `\udce9`, not a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     previous_sigterm = _terminate_like_interrupt()
     try:
         _run()

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, rich_console
+from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, revision_option, rich_console
 from scoutbench.errors import UsageError
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 
@@ -89,6 +89,7 @@ def _list_datasets(as_json: bool) -> None:
 
 
 @click.command("accuracy")
+@revision_option
 @click.option("--dataset", "datasets", multiple=True, required=True,
               help="LongBench dataset (any of v1's 21, e.g. qasper, hotpotqa, lcc, or a LongBench-E file such as "
                    "qasper_e), 'all' (the 21 v1 datasets), passkey or passkey-multi. Repeatable. "
@@ -161,18 +162,11 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
                          "(use smollm2-135m, a local folder or a Hugging Face id)")
     resolve_dtype(dtype, resolve_device(device))
     records, sources = {}, {}
-    for name in names:
+    for name in names:  # a data file that cannot be used is refused here, before the model loads (exit 2)
         if name in passkey.TASKS:
             continue
-        try:
-            rows, sources[name] = longbench.load_task_data(name, data_dir, data_revision)
-            records[name] = rows[:limit]
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"the {name} data is not UTF-8 text (byte {exc.start}); use the official LongBench "
-                             "files") from None
-    for name, rows in records.items():
-        if not rows:
-            raise UsageError(f"no records for {name} in {data_dir or 'the hub archive'}: the data file is empty")
+        rows, sources[name] = longbench.load_task_data(name, data_dir, data_revision)
+        records[name] = rows[:limit]
     _check_context(names, model, context_window(model), passkey_len, length_limit)
     check_writable(out_dir, single_file=False)
     if markdown_file:
@@ -215,7 +209,11 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
     task_names = [task.name for task in tasks]
     results = [result for result, _ in outcomes]
     if markdown_file:
-        _write_text_atomic(markdown_file, tables_markdown(comparison_tables(results, task_names)))
+        from pathlib import Path
+
+        from scoutbench.analysis.export import write_text
+
+        write_text(Path(markdown_file), tables_markdown(comparison_tables(results, task_names)), overwrite=True)
     if as_json:
         if len(outcomes) == 1 and not summarize:
             click.echo(outcomes[0][1].read_text("utf-8"), nl=False)  # the file as written: strict JSON
@@ -267,18 +265,6 @@ def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> 
     console.print(table)
 
 
-def _write_text_atomic(path: str, text: str) -> None:
-    import os
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".markdown.", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def _print_comparison(console, tables) -> None:
     from rich.table import Table
 
@@ -293,6 +279,7 @@ def _print_comparison(console, tables) -> None:
 
 # ---------------------------------------------------------------------------------------------- fidelity
 @click.command("fidelity")
+@revision_option
 @_method_options
 @_common_options
 @click.option("--len", "context_len", default="1k", show_default=True, help=f"Prompt length ({LENGTH_HELP}).")

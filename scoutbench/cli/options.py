@@ -23,6 +23,29 @@ def rich_console(stderr: bool = False):
     return Console(stderr=stderr, width=None if stream.isatty() else LOG_WIDTH)
 
 
+REVISION_HELP = ("A commit, branch or tag of a Hugging Face --model: runs and results name the model ID@REVISION "
+                 "(model.revision records it, model.commit_hash what it resolved to). Pin a commit for work you "
+                 "publish.")
+
+
+def revision_option(func):
+    """`--revision REV` for a command with a `--model`: the command receives `model` as the reference `ID@REV`
+    (models.model_reference), so every run, sweep point and result of it names the revision."""
+    import functools
+
+    @functools.wraps(func)
+    def with_revision(*args, revision: str | None = None, **kwargs):
+        if revision is not None:
+            from scoutbench.models import model_reference
+
+            if kwargs.get("model") is None:
+                raise UsageError("--revision pins the weights of a Hugging Face --model; pass --model ID too")
+            kwargs["model"] = model_reference(kwargs["model"], revision)
+        return func(*args, **kwargs)
+
+    return click.option("--revision", default=None, metavar="REV", help=REVISION_HELP)(with_revision)
+
+
 # torch.Generator.manual_seed takes a signed 64-bit integer: a larger --seed would overflow deep inside a run
 SEED = click.IntRange(0, 2**63 - 1)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from scoutbench.cli.options import (
@@ -11,6 +9,7 @@ from scoutbench.cli.options import (
     LENGTH,
     expand_methods,
     parse_method_args,
+    revision_option,
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
@@ -18,7 +17,9 @@ from scoutbench.units import format_length, parse_bytes
 
 
 @click.command(name="plan")
-@click.option("--model", required=True, help="Built-in preset (qwen3-8b, qwen3-14b, ...) or a local folder with config.json.")
+@revision_option
+@click.option("--model", required=True, help="Built-in name (qwen3-8b, qwen3-14b, qwen2.5-1.5b, ...), a local folder "
+              "with config.json or a Hugging Face id (config.json only is read).")
 @click.option("--len", "length", required=True, type=LENGTH, help="Tokens each sequence holds: 8k, 32k, 64k, 131072.")
 @click.option("--gpu-mem", default=None, help="Device memory to plan for, e.g. 80GiB (default: the free memory of "
               "the CUDA device; required without CUDA).")
@@ -38,7 +39,7 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import build_method
     from scoutbench.methods.base import ModelShape
-    from scoutbench.models import parse_dtype
+    from scoutbench.models import model_config, parse_dtype
     from scoutbench.planning import device_free_bytes, plan_method
     from scoutbench.results import json_text
 
@@ -50,7 +51,7 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     per_method = resolve_method_args(names, MethodSettings.of(parse_method_args(method_args), budget=budget,
                                                               block_size=block_size, dense_layers=dense_layers))
     built = {name: build_method(name, args) for name, args in per_method.items()}
-    config = _model_config(model)
+    config = model_config(model)
     if gpu_mem_bytes is None:
         gpu_mem_bytes = device_free_bytes(resolve_device("auto"))
     shape = ModelShape.from_config(config)
@@ -71,25 +72,6 @@ def _positive_bytes(text: str, flag: str) -> int:
     if value <= 0:
         raise UsageError(f"bad {flag} {text!r}: must be more than 0 bytes, e.g. 80GiB")
     return value
-
-
-def _model_config(model: str):
-    """A preset's config, or config.json of a local folder; never weights."""
-    from scoutbench.errors import UsageError
-    from scoutbench.models import PRESETS, check_architecture, first_line, preset_config
-
-    if model in PRESETS:
-        return preset_config(model)
-    if os.path.isdir(model):
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.from_pretrained(model)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read {model}/config.json: {first_line(exc)}") from None
-        check_architecture(config, model)
-        return config
-    raise UsageError(f"plan needs a preset ({', '.join(PRESETS)}) or a local folder with config.json, not {model!r}")
 
 
 def _print_table(model, dtype, context_len, plans):

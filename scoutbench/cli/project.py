@@ -7,16 +7,18 @@ import sys
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH, rich_console
+from scoutbench.cli.options import DTYPE, LENGTH, revision_option, rich_console
 from scoutbench.units import format_length
 
 
 @click.command(name="project")
+@revision_option
 @click.argument("results", nargs=-1, required=True)
 @click.option("--hardware", required=True, metavar="NAME|FILE",
               help="A built-in profile (a100-80gb-pcie, h100-sxm, h100-pcie, h200, l40s, gh200, paper) or a file "
                    "from `scoutbench calibrate -o`.")
-@click.option("--model", default=None, help="Target model preset (default: each result's own model).")
+@click.option("--model", default=None, help="Target model: a built-in name, a local folder or a Hugging Face id, "
+              "whose config gives the shape (default: each result's own model).")
 @click.option("--len", "length", default=None, help="Target context length, e.g. 64k (default: each result's).")
 @click.option("--batch", default=None, help="Target batch, or 'auto': each method's largest batch that fits the "
               "profile's device and host memory (default: each result's).")
@@ -26,11 +28,13 @@ from scoutbench.units import format_length
 @click.option("--fetch-granularity", type=click.Choice(["gathered", "token"]), default="gathered", show_default=True,
               help="InfiniGen's copies: gathered (this tool's implementation) or token (one copy per token, as the "
                    "paper describes its baseline).")
+@click.option("--cuda-graphs", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="The host issue of a step: replayed from CUDA graphs (as SGLang decodes), or eager launches.")
 @click.option("-o", "--output", default=None, help="Write the projection JSON here (atomically; `report` reads it).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the projection JSON on stdout.")
-def command(results, hardware, model, length, batch, budget, block_size, dtype, fetch_granularity, output, overwrite,
-            as_json):
+def command(results, hardware, model, length, batch, budget, block_size, dtype, fetch_granularity, cuda_graphs, output,
+            overwrite, as_json):
     """Project each method's decode step from measured runs (RESULTS: files or folders) onto a hardware profile,
     at the runs' shapes or at --model/--len/--batch: projected tok/s, step breakdown and device idle."""
     from scoutbench.analysis.projection import Target, load_hardware, projection_document
@@ -46,7 +50,7 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
     target = Target(model=model, length=parse_length(length) if length else None,
                     batch=None if batch is None else (batch if batch == "auto" else int(batch)),
                     budget=budget, block_size=block_size, dtype=dtype,
-                    fetch_granularity=fetch_granularity)
+                    fetch_granularity=fetch_granularity, cuda_graphs=cuda_graphs == "on")
     hw = load_hardware(hardware)
     if output:
         check_writable(output, overwrite, single_file=True)
@@ -76,7 +80,7 @@ def _print_table(document: dict) -> None:
                         f"{hw['labels']['host']})")
     with_source = needs_source_column(document["projections"])
     columns = ("method", "model", "len", "batch", "tok/s", "step ms", "idle %", "attn ms", "linear ms", "cpu ms",
-               "bus h2d ms", "bound by", "measured ms", *(["from"] if with_source else []))
+               "bus h2d ms", "host ms", "bound by", "measured ms", *(["from"] if with_source else []))
     for name in columns:
         table.add_column(name, justify="left" if name in ("method", "model", "bound by", "from") else "right")
     for p in document["projections"]:
@@ -85,13 +89,18 @@ def _print_table(document: dict) -> None:
         if not p["fits_memory"]:
             batch = f"{p['batch']} (> max {p['max_batch']})"
         measured = p.get("measured_step_ms")
-        table.add_row(p["method"], p["model"], format_length(p["len"]), batch, f"{p['decode_throughput_tok_s']:.1f}",
+        method = p["method"] + (" ^" if p.get("launch_bound") else "")
+        host = p.get("host_issue_ms")
+        table.add_row(method, p["model"], format_length(p["len"]), batch, f"{p['decode_throughput_tok_s']:.1f}",
                       f"{p['decode_step_ms']:.2f}", f"{100 * p['gpu_idle_frac']:.1f}", f"{stages['attn_device']:.2f}",
                       f"{stages['qkv_proj'] + stages['o_proj'] + stages['mlp']:.2f}", f"{p['cpu_ms_per_step']:.2f}",
-                      f"{p['bus_h2d_ms_per_step']:.2f}", p["bound_by"],
+                      f"{p['bus_h2d_ms_per_step']:.2f}", "-" if host is None else f"{host:.2f}", p["bound_by"],
                       "-" if measured is None else f"{measured:.2f} ({p['decode_step_ms'] / measured - 1:+.0%})",
                       *([p.get("source_point", "")] if with_source else []))
     rich_console().print(table)
+    if any(p.get("launch_bound") for p in document["projections"]):
+        click.echo("^: launch-bound (the host's launches take at least 90% of the step: with --cuda-graphs off, a "
+                   "step measures Python and launches, not the method)")
     over = [p for p in document["projections"] if not p["fits_memory"]]
     if over:
         click.echo(f"warning: {len(over)} row(s) project a batch the profile's memory cannot hold (batch > max): a "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args
+from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, revision_option
 from scoutbench.units import parse_length
 
 _MODEL_HELP = "Built-in name (tiny-qwen3, smollm2-135m, bench-attn, ...), local folder or Hugging Face id."
@@ -40,6 +40,7 @@ def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
 
 
 @click.command(name="profile-recall")
+@revision_option
 @_common
 @click.option("--steps", default=32, show_default=True, type=int, help="Decode steps profiled (max interval + 1).")
 @click.option("--beta", default=0.12, show_default=True, type=float, help="CPU compute ratio threshold.")
@@ -122,6 +123,7 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
 
 
 @click.command(name="cosine")
+@revision_option
 @_common
 @click.option("--steps", default=16, show_default=True, type=int, help="Decode steps measured.")
 @click.option("--pred-norm", type=click.Choice(["next", "self"]), default="next", show_default=True,

@@ -9,7 +9,7 @@ import sys
 import click
 
 from scoutbench.bench.sweep import PRESETS  # light: no torch at import time
-from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP, rich_console
+from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP, revision_option, rich_console
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 
 
@@ -47,6 +47,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 
 
 @click.command(name="sweep")
+@revision_option
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config,
               help="A YAML or TOML file of these options by their long names (len: [4k, 8k], method: [fullkv, "

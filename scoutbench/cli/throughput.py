@@ -16,12 +16,12 @@ from scoutbench.cli.options import (
     WARMUP,
     expand_methods,
     parse_method_args,
+    revision_option,
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.methods import SPEED_METHODS, is_reference
 from scoutbench.tiers import wait_frac
-from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
 
 DEFAULT_OUTPUT = "results/runs"
@@ -38,6 +38,7 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 
 
 @click.command(name="throughput")
+@revision_option
 @click.option("--method", "methods", multiple=True, metavar="NAME",
               help="Method to run (repeatable), or 'all' for every registered one, ablations included "
                    f"(default: {', '.join(DEFAULT_METHODS)}).")
@@ -171,81 +172,36 @@ def _parse_batch(text: str) -> int | str:
 
 
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
-    """Run each method and write its result as soon as it finishes: an interruption keeps every finished result.
-    Every run is resolved (and its memory checked, once) before the first one starts; a method that is refused
-    there or fails while it runs gets a failed result (its error, `status: failed`) and the next method runs
-    (where every method is refused, nothing runs and the first refusal is the error).
-    On CUDA the methods' host tiers take one kept, registered buffer in turn (offload.keep_host_memory): fresh
-    host memory and its registration are paid once, not once per method."""
-    import contextlib
-
-    from scoutbench.bench.executors import point_error
-    from scoutbench.bench.throughput import HOST_PLAN_SLACK, failed_result, resolve_run, run_throughput
-    from scoutbench.devices import device_description, resolve_device, resolve_dtype
-    from scoutbench.engine import SyntheticKVCache
-    from scoutbench.kernels.offload import keep_host_memory
+    """Run each method (bench.throughput.run_methods: a refused or failing method gets a failed result and the
+    next one runs) and write its result as soon as it finishes: an interruption keeps every finished result."""
+    from scoutbench.bench.throughput import result_file_name, run_methods
+    from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model
-    from scoutbench.planning import format_bytes
     from scoutbench.progress import PhaseProgress
     from scoutbench.results import write_json_atomic, write_json_unique
 
     first = configs[0]
     device = resolve_device(first.device)
-    dtype = resolve_dtype(first.dtype, device)
-
-    def failed(cfg, exc):
-        console.print(f"{cfg.method}: failed: {point_error(exc)}", highlight=False)
-        return failed_result(cfg, point_error(exc), device_description(device), str(dtype).removeprefix("torch."))
-
     with console.status(f"loading {first.model} ..."):
-        loaded = load_model(first.model, device, dtype, first.seed)
-    runs, refusals = [], []
-    for cfg in configs:
-        try:
-            runs.append(resolve_run(cfg, loaded))
-        except Exception as exc:  # noqa: BLE001 - the method's failed result below; Ctrl-C is no Exception
-            runs.append(exc)
-            refusals.append(exc)
-    if len(refusals) == len(runs):  # nothing would run: the (first) refusal is the command's one-line error
-        raise refusals[0]
-    runs = [failed(cfg, run) if isinstance(run, Exception) else run for cfg, run in zip(configs, runs, strict=True)]
+        loaded = load_model(first.model, device, resolve_dtype(first.dtype, device), first.seed)
     results, paths = [], []
-    # the methods decode over one synthetic prefill, drawn once (kept only for a second method: keeping it takes
-    # fresh memory for every layer, where a single run reuses one K and one V buffer)
-    shared_kv = SyntheticKVCache() if len(runs) > 1 else None
-    keep = contextlib.nullcontext()
-    host_bytes = max((run.host_bytes for run in runs if not isinstance(run, dict)), default=0)
-    if device.type == "cuda" and len(runs) > 1 and host_bytes:
-        keep = keep_host_memory(device, reserve_bytes=int(host_bytes * (1 + HOST_PLAN_SLACK)))
     try:
-        with keep as kept, PhaseProgress(console) as progress:
-            if kept is not None:
-                console.print(f"host memory kept for the offloading methods: {format_bytes(kept.nbytes)} (filled in "
-                              f"{kept.fill_s:.1f} s, registered in {kept.register_s:.1f} s)", highlight=False)
-            for index, (cfg, run) in enumerate(zip(configs, runs, strict=True), 1):
-                where = f"[{index}/{len(runs)}] {cfg.method}"
-                result = run
-                if not isinstance(run, dict):
-                    try:
-                        result = run_throughput(run, on_progress=lambda phase, done, total, where=where:
-                                                progress.update(f"{where} {phase}", done, total), shared_kv=shared_kv)
-                    except Exception as exc:  # noqa: BLE001 - as above: the next method runs
-                        result = failed(cfg, exc)
+        with PhaseProgress(console) as progress:
+            def report(where):
+                return lambda phase, done, total: progress.update(f"{where} {phase}", done, total)
+
+            for cfg, result in run_methods(configs, loaded, lambda line: console.print(line, highlight=False),
+                                           report):
                 if single_file is not None:
                     path = write_json_atomic(single_file, result, overwrite=overwrite)
                 else:
-                    name = (f"throughput_{result['method']}_{cfg.model.replace('/', '--')}_len"
-                            f"{format_length(cfg.length)}_b{result['workload']['batch']}.json")
-                    path = write_json_unique(folder / name, result)
+                    path = write_json_unique(folder / result_file_name(cfg, result), result)
                 results.append(result)
                 paths.append(str(path))
     except BaseException:
         if paths:
             console.print(f"kept {len(paths)} finished result(s): {', '.join(paths)}", highlight=False)
         raise
-    finally:
-        if shared_kv is not None:
-            shared_kv.clear()
     return results, paths
 
 
@@ -272,16 +228,18 @@ STAGE_GROUPS = {"attn": ("attn_device", "merge"), "idle": ("idle",), "model": ("
 
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
-                 "±95%: half-width of the median's 95% interval; calls: torch calls per step issued by the main "
-                 "thread; stages: mean ms per step")
+                 "±95%: half-width of the median's 95% interval; calls: torch calls and CUDA graph replays per step "
+                 "issued by the main thread; stages: mean ms per step")
 LAUNCH_BOUND_MARK = "^"
 LAUNCH_BOUND_NOTE = (f"{LAUNCH_BOUND_MARK}: launch-bound (the host's issue time fills at least "
                      "{frac:.0%} of the step: the row measures Python and launches, not the method)")
 
 
 def _calls_cell(result) -> str:
-    calls = (result.get("host") or {}).get("torch_calls_per_step")
-    return "-" if calls is None else f"{calls:.0f}"
+    """Torch calls and CUDA graph replays the main thread issues per step."""
+    host = result.get("host") or {}
+    calls = host.get("torch_calls_per_step")
+    return "-" if calls is None else f"{calls + (host.get('graph_replays_per_step') or 0):.0f}"
 
 
 def method_cell(result) -> str:

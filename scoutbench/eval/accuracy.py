@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import torch
 
 from scoutbench.devices import device_description
-from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.errors import UsageError
 from scoutbench.eval.fidelity import compare_steps, fullkv_reference
 from scoutbench.eval.generation import Generation, MethodSpec, SharedPrefill, generate_text, model_eos_ids
 from scoutbench.eval.score import fidelity_file_name, prediction_row_problem
@@ -85,7 +85,7 @@ def read_rows(path: Path, records: list[dict[str, Any]], problem: Callable[[Any]
               repair: bool = True) -> list[dict[str, Any]]:
     """Rows already written for `records` (one JSON object per line, `index` and `_id` checked against the data).
     An unterminated last line (a write cut by an interruption) is removed from the file (`repair`; a reader of a
-    run in progress only skips it); any other bad line is an error naming the file and line."""
+    run in progress only skips it); any other bad line is an error naming the file and line (exit 2, like a malformed sweep manifest)."""
     if not path.exists():
         return []
     data = path.read_bytes()
@@ -96,23 +96,23 @@ def read_rows(path: Path, records: list[dict[str, Any]], problem: Callable[[Any]
     try:
         text = data[:complete_end].decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ScoutbenchError(f"{path}: not UTF-8 text (byte {exc.start}); delete the file to regenerate it") from None
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); delete the file to regenerate it") from None
     rows = []
     for line_number, line in enumerate(text.splitlines(), start=1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ScoutbenchError(f"{path} line {line_number}: not valid JSON ({exc.msg}); delete the file to "
+            raise UsageError(f"{path} line {line_number}: not valid JSON ({exc.msg}); delete the file to "
                                   "regenerate it") from None
         why = problem(row)
         if why:
-            raise ScoutbenchError(f"{path} line {line_number}: {why}; delete the file to regenerate it")
+            raise UsageError(f"{path} line {line_number}: {why}; delete the file to regenerate it")
         index = len(rows)
         if index >= len(records):
             break  # a previous run with a larger --limit: only the selected samples count
         expected = record_id(records[index], index)
         if not isinstance(row, dict) or row.get("index") != index or str(row.get("_id")) != expected:
-            raise ScoutbenchError(f"{path} line {line_number}: expected sample {index} (_id {expected}); the file "
+            raise UsageError(f"{path} line {line_number}: expected sample {index} (_id {expected}); the file "
                                   "was made from other data: delete it or use another -o")
         rows.append(row)
     return rows

@@ -100,13 +100,19 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                      valid_len: torch.Tensor | None = None, lengths_host: Sequence[int] | None = None
-                      ) -> PartialState:
+                      valid_len: torch.Tensor | None = None, lengths_host: Sequence[int] | None = None,
+                      lengths: StepLengths | None = None) -> PartialState:
     """Attention of `q` over the leading `valid_len` keys of each (sequence, KV head) row, with its LSE.
 
-    Rows with no valid key come back as the empty state (o = 0, lse = -inf), so merging them is a no-op.
+    Rows with no valid key come back as the empty state (o = 0, lse = -inf), so merging them is a no-op. A step's
+    `lengths` (StepLengths over k's rows) stand for `valid_len` and `lengths_host`, as in `decode_attention`.
     """
     batch, num_heads, head_dim = q.shape
+    bias = None
+    if lengths is not None and lengths.span is not None:  # a uniform batch: exactly its keys, nothing to mask
+        k, v = k[:, :, : lengths.span], v[:, :, : lengths.span]
+    elif lengths is not None:
+        valid_len, lengths_host, bias = lengths.valid_len, lengths.host, lengths.bias
     num_kv_heads, num_keys = k.shape[1], k.shape[2]
     if num_keys == 0:
         return empty_state(batch, num_heads, head_dim, q.device)
@@ -125,19 +131,19 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
         return triton_partial_attention(q, k, v, scale, valid_len)
     q4 = _packed(q, num_kv_heads)
-    bias = None if valid_len is None else length_bias(valid_len, num_keys, num_kv_heads, q.dtype)
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q4, k, v, 0.0, False, attn_mask=bias, scale=scale)[:2]
-        out = out.float()
-    else:
-        logits = torch.matmul(q4, k.transpose(-1, -2)).float() * scale
-        if bias is not None:
-            logits = logits + bias.float()
-        lse = torch.logsumexp(logits, dim=-1)
-        probs = torch.exp(logits - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(-1))
-        out = torch.matmul(probs.to(v.dtype), v).float()
-    if valid_len is not None:
+    if bias is None and valid_len is not None:
+        bias = length_bias(valid_len, num_keys, num_kv_heads, q.dtype)
+    if q.device.type != "cpu":
+        logits = torch.einsum("bhgd,bhnd->bhgn", q4, k).float()  # q4 @ k^T in one call
+        logits = logits.mul_(scale) if bias is None else torch.add(bias, logits, alpha=scale)
+        lse = torch.logsumexp(logits, dim=-1)  # -inf for a row with no valid key
+        # _safe_softmax: such a row's probabilities are 0 (softmax's would be NaN), so its output is the empty 0
+        out = torch.matmul(torch.ops.aten._safe_softmax(logits, -1).to(v.dtype), v).float()
+        return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q4, k, v, 0.0, False, attn_mask=bias, scale=scale)[:2]
+    out = out.float()
+    if valid_len is not None:  # the flash kernel's rows without a valid key
         empty = (expand_valid_len(valid_len, batch, num_kv_heads) <= 0)[:, :, None].expand_as(lse)
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)

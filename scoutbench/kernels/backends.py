@@ -152,6 +152,11 @@ class _Usage:
         with self._lock:
             self._counts[f"{device_type}:{backend}"] += 1
 
+    def add_counts(self, counts: dict[str, int]) -> None:
+        """Calls made again without their Python: a CUDA graph's replay adds what its capture recorded."""
+        with self._lock:
+            self._counts.update(counts)
+
     def reset(self) -> None:
         with self._lock:
             self._counts.clear()

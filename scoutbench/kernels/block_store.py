@@ -101,6 +101,7 @@ class TieredBlockStore:
         self.n_ring = local_blocks + 1
         self.n_slots = pool_slots + sink_blocks + self.n_ring  # device block slots per (sequence, KV head)
         self.region = self.n_slots * b
+        self.ring_base = (pool_slots + sink_blocks) * b  # the region row of the ring's first slot
         self.cuda = torch.device(device).type == "cuda"
         # Zeroed: gathers may read never-written rows, masked out, but they must be finite. The recall's staging
         # buffers (CUDA) come in two sets: consecutive layers alternate, at most two plans are in flight. On a CPU
@@ -238,39 +239,35 @@ class TieredBlockStore:
         """Open the pool slots a layer reads this time (bool `[B, Hkv, pool_slots]`) in `slot_tokens`."""
         torch.mul(pool_use, self.block_size, out=self.slot_tokens[..., : self.pool_slots])
 
-    def ring_rows(self, positions: torch.Tensor) -> torch.Tensor:
-        """The region row of each sequence's new token (a ragged batch's per-sequence write)."""
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, ring_rows: torch.Tensor,
+               short_positions: list[int] | None = None) -> None:
+        """Write the new token `[B, Hkv, D]` into the device ring at each sequence's `ring_rows` `[B]` (the region
+        row of its position: device arithmetic, no host value), and while the context is shorter than the sink
+        region (`short_positions`: the host positions then) into its sink slot too. The block it completes goes to
+        the host tier in `complete_blocks`, once the step has attended it as its tail."""
         b = self.block_size
-        return (self.pool_slots + self.sink_blocks + (positions // b) % self.n_ring) * b + positions % b
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions_host: list[int], uniform: bool,
-               ring_rows: torch.Tensor | None) -> int:
-        """Write the new token into the device ring (and a sink slot while the context is that short); when it
-        completes a block, finalise the block's digest and copy the block to the host tier (one contiguous copy,
-        asynchronous on CUDA). The host tier only ever needs complete blocks: the tail is attended on the device.
-        Returns the bytes copied to the host tier."""
-        b, B, Hkv, D = self.block_size, self.batch, self.kv_heads, self.head_dim
         dev_k, dev_v = self.dev_k[layer], self.dev_v[layer]
-        if uniform:
-            p = positions_host[0]
-            row = self.ring_slot(p // b) * b + p % b
-            dev_k[:, :, row].copy_(k)
-            dev_v[:, :, row].copy_(v)
-        else:
-            dev_k[self._batch_index, :, ring_rows] = k
-            dev_v[self._batch_index, :, ring_rows] = v
-        for seq, p in enumerate(positions_host):
+        dev_k[self._batch_index, :, ring_rows] = k
+        dev_v[self._batch_index, :, ring_rows] = v
+        for seq, p in enumerate(short_positions or ()):
             j = p // b
             if j < self.sink_blocks:  # context shorter than the sink region: the sink slot fills as we go
                 row = (self.pool_slots + j) * b + p % b
                 dev_k[seq, :, row].copy_(k[seq])
                 dev_v[seq, :, row].copy_(v[seq])
+
+    def complete_blocks(self, layer: int, positions_host: list[int], uniform: bool) -> int:
+        """The blocks the tokens at `positions_host` completed: their digests, and their copy to the host tier (one
+        contiguous copy when every sequence completed its block, asynchronous on CUDA). The host tier only ever
+        needs complete blocks: the tail is attended on the device. Returns the bytes copied to the host tier."""
+        b, B, Hkv, D = self.block_size, self.batch, self.kv_heads, self.head_dim
         done = [seq for seq, p in enumerate(positions_host) if (p + 1) % b == 0]
-        copied = len(done) * Hkv * b * D * dev_k.element_size() * 2  # completed blocks to the host tier
         if not done:
-            return copied
+            return 0
+        dev_k, dev_v = self.dev_k[layer], self.dev_v[layer]
         host_k = self.host_k[layer].view(self.max_blocks, B, Hkv, b, D)
         host_v = self.host_v[layer].view(self.max_blocks, B, Hkv, b, D)
+        copied = len(done) * Hkv * b * D * dev_k.element_size() * 2
         if len(done) == B and uniform:
             j = positions_host[0] // b
             slot = self.ring_slot(j)

@@ -79,9 +79,8 @@ class BlockTable:
         if lib is None or self.device.type != "cpu":
             return None
         k = ids.shape[-1]
-        ids = ids.to(torch.long).contiguous()
-        valid, victims = valid.contiguous(), victims.to(torch.long).contiguous()
-        available = available.to(torch.long).contiguous()
+        ids, victims, available = (_contiguous_long(t) for t in (ids, victims, available))
+        valid = cpu_attention.contiguous(valid)
         data = torch.empty((self.batch, self.num_kv_heads, 3 * k + 4), dtype=torch.long)
         pool_use = torch.empty((self.batch, self.num_kv_heads, self.num_slots), dtype=torch.bool)
         code = lib.sb_split_plan(self.batch * self.num_kv_heads, k, ids.data_ptr(), valid.data_ptr(),
@@ -183,18 +182,25 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         o, lse, _ = cpu_attention.attend(q, k.view(blocked), v.view(blocked), scale, ids, slot_tokens.sum(-1))
         return PartialState(o, lse)
     backends.USAGE.add(q.device.type, "torch-region")
-    keep = torch.arange(block_size, device=q.device) < slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
-    bias = torch.where(keep, 0.0, float("-inf")).view(batch, num_kv_heads, 1, num_slots * block_size)  # fp32
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     if q.device.type == "cpu":
+        keep = torch.arange(block_size, device=q.device) < slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
+        bias = torch.where(keep, 0.0, float("-inf")).view(batch, num_kv_heads, 1, num_slots * block_size)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q4, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale)[:2]
         return PartialState(out.float().reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
-    logits = torch.matmul(q4, k.transpose(-1, -2)).float() * scale + bias
+    # 15 calls: the closed tokens masked in place in the fp32 logits, and one softmax beside the LSE (every row has
+    # an open token: the region always holds the current one)
+    closed = torch.arange(block_size, device=q.device) >= slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
+    logits = torch.matmul(q4, k.transpose(-1, -2)).float().mul_(scale)
+    logits.masked_fill_(closed.view(batch, num_kv_heads, 1, num_slots * block_size), float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
-    probs = torch.exp(logits - lse.unsqueeze(-1))
-    out = torch.matmul(probs.to(v.dtype), v).float()
-    return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+    out = torch.matmul(torch.softmax(logits, dim=-1).to(v.dtype), v).float()
+    return PartialState(out.view(batch, num_heads, head_dim), lse.view(batch, num_heads))
+
+
+def _contiguous_long(t: torch.Tensor) -> torch.Tensor:
+    return cpu_attention.contiguous(t) if t.dtype == torch.long else t.to(torch.long).contiguous()
 
 
 def pad_last(x: torch.Tensor, size: int, value: int | float | bool = 0) -> torch.Tensor:

@@ -237,6 +237,17 @@ def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
             and k.stride(-1) == 1 and library() is not None)
 
 
+def contiguous(x: torch.Tensor) -> torch.Tensor:
+    """`x.contiguous()` without the call when it is already contiguous: every torch call of a decode step costs
+    host time (the step's `host.torch_calls_per_step`), and most tensors handed to the kernels already are."""
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def rows_of(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """`x` as a contiguous `[rows, cols]` matrix, with no call when it already is one."""
+    return x if x.dim() == 2 and x.is_contiguous() else x.reshape(rows, cols).contiguous()
+
+
 def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, scale: float,
            block_ids: torch.Tensor | None, valid_len: torch.Tensor | None, with_probs: bool = False
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -255,9 +266,12 @@ def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, scal
     rows = block_ids.shape[1] if block_ids is not None else kv_heads
     max_tokens = (block_ids.shape[2] if block_ids is not None else num_blocks) * block_size
     group = num_q // rows
-    q = q.contiguous()
+    q = contiguous(q)
     lens = None
-    if valid_len is not None:
+    if valid_len is not None and valid_len.dtype == torch.int64 and valid_len.shape == (batch, rows) \
+            and valid_len.is_contiguous():
+        lens = valid_len
+    elif valid_len is not None:
         lens = (valid_len[:, None] if valid_len.dim() == 1 else valid_len).expand(batch, rows)
         lens = lens.to(torch.int64).contiguous()
     ids_b = ids_h = 0
@@ -322,7 +336,7 @@ def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: tor
             and not (torch.is_grad_enabled() and (o_a.requires_grad or o_b.requires_grad))
             and library() is not None):
         return None
-    parts = [t.contiguous() for t in (o_a, lse_a, o_b, lse_b)]
+    parts = [contiguous(t) for t in (o_a, lse_a, o_b, lse_b)]
     out, lse = torch.empty_like(parts[0]), torch.empty_like(parts[1])
     code = library().sb_merge2(lse.numel(), o_a.shape[-1], *(t.data_ptr() for t in parts), out.data_ptr(),
                                lse.data_ptr())
@@ -342,8 +356,9 @@ def top_tokens(partial_q: torch.Tensor, partial_keys: torch.Tensor, lengths: tor
             and partial_keys.stride(0) == partial_keys.shape[1] * partial_keys.stride(1) and library() is not None):
         return None
     batch, kv_heads, group, channels = partial_q.shape
-    q = partial_q.contiguous()
-    lens = lengths.to(torch.int64).contiguous()
+    q = contiguous(partial_q)
+    lens = lengths if lengths.dtype == torch.int64 and lengths.is_contiguous() else \
+        lengths.to(torch.int64).contiguous()
     ids = torch.empty((batch, kv_heads, n), dtype=torch.int64)
     code = library().sb_top_tokens(batch * kv_heads, kv_heads, group, channels, partial_keys.data_ptr(),
                                    partial_keys.stride(1), partial_keys.stride(2), q.data_ptr(), lens.data_ptr(), n,

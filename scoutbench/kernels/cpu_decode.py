@@ -44,7 +44,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not supports(x, weight, bias):
         return F.linear(x, weight, bias)
     out_features, in_features = weight.shape
-    x2 = x.reshape(_rows(x), in_features).contiguous()
+    x2 = cpu_attention.rows_of(x, _rows(x), in_features)
     out = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
     code = cpu_attention.library().sb_linear(
         cpu_attention.DTYPE_CODES[x.dtype], x2.shape[0], out_features, in_features, x2.data_ptr(), weight.data_ptr(),
@@ -57,7 +57,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     """HF's RMSNorm of x `[..., n]` (weight `[n]`), or None where the kernel does not serve it."""
     if not supports(x, weight):
         return None
-    x2 = x.contiguous()
+    x2 = cpu_attention.contiguous(x)
     out = torch.empty_like(x2)
     code = cpu_attention.library().sb_rms_norm(cpu_attention.DTYPE_CODES[x.dtype], _rows(x), x.shape[-1],
                                                x2.data_ptr(), weight.data_ptr(), eps, out.data_ptr())
@@ -79,13 +79,13 @@ def attention_prologue(normed: torch.Tensor, q_proj: torch.nn.Linear, kv_proj: t
     if (normed.dim() != 3 or normed.shape[1] != 1 or head_dim % 2 or cos.shape[-1] != head_dim
             or not supports(normed, *tensors, cos, sin)):
         return None
-    x = normed.contiguous()
+    x = cpu_attention.contiguous(normed)
     q = torch.empty((batch, num_heads, head_dim), dtype=x.dtype)
     k = v = None
     if kv_proj:
         k = torch.empty((batch, num_kv_heads, head_dim), dtype=x.dtype)
         v = torch.empty_like(k)
-    cos2, sin2 = cos.reshape(batch, head_dim).contiguous(), sin.reshape(batch, head_dim).contiguous()
+    cos2, sin2 = (t if t.is_contiguous() else t.contiguous() for t in (cos, sin))  # [B, 1, D] rows of D
     k_proj, v_proj = kv_proj if kv_proj else (None, None)
     code = cpu_attention.library().sb_attention_prologue(
         cpu_attention.DTYPE_CODES[x.dtype], batch, x.shape[-1], x.data_ptr(), q_proj.weight.data_ptr(),

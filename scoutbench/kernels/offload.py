@@ -159,6 +159,30 @@ def indexed(device: torch.device | str) -> torch.device:
     return device
 
 
+def measure_host_rates(probe_bytes: int, device: torch.device, chunk_bytes: int = 16 * 1024**2,
+                       max_s: float = 5.0) -> dict[str, float]:
+    """How fast this machine fills fresh host memory and (on CUDA) registers it, in GiB/s: `fresh_host_buffer`
+    chunks, all kept until the end (a freed chunk's pages would serve the next one), until `probe_bytes` or
+    `max_s` seconds of filling, then each registered and unregistered. Where a VM's RAM grows on demand, the fill
+    rate is that growth (docs/gpu.md)."""
+    chunks, fill_s = [], 0.0
+    while sum(c.numel() for c in chunks) < probe_bytes and fill_s < max_s:
+        start = time.perf_counter()
+        chunks.append(fresh_host_buffer(min(chunk_bytes, probe_bytes - sum(c.numel() for c in chunks)))[0])
+        fill_s += time.perf_counter() - start
+    filled = sum(c.numel() for c in chunks)
+    rates = {"probe_bytes": filled, "fill_s": fill_s, "fill_gib_s": filled / GIB / max(fill_s, 1e-9),
+             "register_s": 0.0, "register_gib_s": math.inf}
+    if indexed(device).type == "cuda":
+        start = time.perf_counter()
+        releases = [register_host(chunk, device) for chunk in chunks]
+        rates["register_s"] = time.perf_counter() - start
+        rates["register_gib_s"] = filled / GIB / max(rates["register_s"], 1e-9)
+        for release in releases:
+            release()
+    return rates
+
+
 class KeptHostMemory:
     """One host buffer, zeroed and (on CUDA) registered once, that the host arenas of a process's runs take in
     turn (`keep_host_memory`): one arena at a time holds it, as a view of its first bytes, zeroed again. It grows
@@ -214,6 +238,11 @@ class KeptHostMemory:
 
 
 _KEPT: KeptHostMemory | None = None
+
+
+def kept_host_memory() -> KeptHostMemory | None:
+    """The process's kept host memory (`keep_host_memory`), if any."""
+    return _KEPT
 
 
 @contextlib.contextmanager

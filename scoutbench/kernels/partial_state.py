@@ -49,18 +49,36 @@ def merge_states(*states: PartialState) -> PartialState:
     """Exact merge of partial results over disjoint key sets: `lse = logsumexp(lse_i)`, `o = sum exp(lse_i - lse) o_i`.
 
     Empty parts (lse = -inf) get weight 0; if every part is empty the result is the empty state, never NaN.
-    Two parts on a CPU are one call of the compiled kernel where it is built (a method's per-layer merge).
+    Two parts (a method's per-layer merge) are one call of the compiled kernel on a CPU where it is built, and
+    elsewhere `merged_output`'s interpolation and the LSE (6 calls where the general form takes 9).
     """
     if len(states) == 2:
-        merged = cpu_attention.merge2(states[0].o, states[0].lse, states[1].o, states[1].lse)
+        (o_a, lse_a), (o_b, lse_b) = states
+        merged = cpu_attention.merge2(o_a, lse_a, o_b, lse_b)
         if merged is not None:
             return PartialState(*merged)
+        return PartialState(_interpolated(o_a, lse_a, o_b, lse_b), torch.logaddexp(lse_a, lse_b))
     lses = torch.stack([s.lse for s in states])  # [P, B, Hq]
     total = torch.logsumexp(lses, dim=0)
     # an all-empty row (total -inf) is shifted by the lowest finite float instead: its weights are exp(-inf) = 0
     weights = torch.exp(lses - total.clamp(min=torch.finfo(total.dtype).min))  # exp(-inf) = 0 for empty parts
     out = (weights.unsqueeze(-1) * torch.stack([s.o for s in states])).sum(dim=0)
     return PartialState(out, total)
+
+
+def merged_output(a: PartialState, b: PartialState) -> torch.Tensor:
+    """The output of `merge_states(a, b)` without its LSE, for a method that reads only the output (5 calls off a
+    CPU: a layer's merge on the decode path)."""
+    merged = cpu_attention.merge2(a.o, a.lse, b.o, b.lse)
+    return merged[0] if merged is not None else _interpolated(a.o, a.lse, b.o, b.lse)
+
+
+def _interpolated(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """`o_a + share_b (o_b - o_a)`, b's share of the two parts' mass being `sigmoid(lse_b - lse_a)`: exactly o_b
+    when a is empty (share 1) and o_a when b is (share 0); a's LSE is clamped to the lowest finite float, so two
+    empty parts give share 0 and a's zero output, not NaN."""
+    share_b = torch.sigmoid(lse_b - lse_a.clamp(min=torch.finfo(lse_a.dtype).min))
+    return torch.lerp(o_a, o_b, share_b.unsqueeze(-1))
 
 
 LN2 = math.log(2.0)
