@@ -188,6 +188,27 @@ def pool_table(runs: list[str], fetch_granularity: str) -> list[str]:
     lines.append("Baselines at 64k, max batch: " + ", ".join(
         f"{name} {tok_s(at64[name]):.0f} tok/s at batch {at64[name].batch} ({100 * at64[name].step.idle_frac:.0f}% "
         "idle)" for name in ("fullkv", *baselines)) + ".")
+    return lines + ["", *pool_by_profile(results, pools, fetch_granularity)]
+
+
+HARDWARE = ("paper", "a100-80gb-pcie", "h100-pcie", "h100-sxm", "h200", "gh200", "l40s")
+
+
+def pool_by_profile(results: list[dict], pools: list[str], fetch_granularity: str) -> list[str]:
+    """ScoutAttention (recall every 8 steps) at its max batch per pool on every built-in profile, 32k and 64k:
+    projected tok/s (batch, idle); the fastest pool of each row in bold."""
+    lines = ["| profile | len | " + " | ".join(pool[4:] for pool in pools) + " |", "|---" * (2 + len(pools)) + "|"]
+    for name in HARDWARE:
+        hw = load_hardware(name)
+        for length in (32 * 1024, 64 * 1024):
+            target = Target(length=length, batch="auto", fetch_granularity=fetch_granularity, **PAPER)
+            by_label = {sweep_label(p): p for p in project_results(results, hw, target)}
+            row = [by_label[f"scout-{pool}-pr"] for pool in pools]
+            best = max(p.step.throughput_tok_s for p in row)
+            cells = [(f"**{p.step.throughput_tok_s:.0f}**" if p.step.throughput_tok_s == best
+                      else f"{p.step.throughput_tok_s:.0f}") + f" ({p.batch}, {100 * p.step.idle_frac:.0f}%)"
+                     for p in row]
+            lines.append(f"| {name} | {format_length(length)} | " + " | ".join(cells) + " |")
     return lines
 
 

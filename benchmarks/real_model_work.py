@@ -43,14 +43,6 @@ from scoutbench.workloads import longbench  # noqa: E402
 METHODS = ("fullkv", "quest", "infinigen", "hgca", "scout", "scout-base", "scout-pc")
 
 
-def exact_length(prompt_ids: list[int], length: int) -> list[int]:
-    """The first and last halves of `prompt_ids` (token-level middle truncation, as pred.py's at text level)."""
-    if len(prompt_ids) <= length:
-        return list(prompt_ids)
-    head = length // 2
-    return list(prompt_ids[:head]) + list(prompt_ids[len(prompt_ids) - (length - head):])
-
-
 @torch.no_grad()
 def decode_counters(shared: SharedPrefill, name: str, budget: int | None, dense_layers: int, warmup: int,
                     steps: int, method_args: dict[str, Any] | None = None
@@ -135,7 +127,7 @@ def main() -> None:
         if len(prompt) < length:
             print(f"{label}: {len(prompt)} tokens < --len {length}: skipped", file=sys.stderr)
             continue
-        prompt = exact_length(prompt, length)
+        prompt = longbench.truncate_middle_ids(prompt, length)
         cpu_start = time.process_time()
         shared = SharedPrefill(loaded.model, prompt)
         print(f"{label}: prefill of {length} tokens, {time.process_time() - cpu_start:.0f} s CPU", flush=True)

@@ -44,7 +44,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
 import torch  # noqa: E402
-from real_model_work import exact_length, result_document  # noqa: E402  (beside this script)
+from real_model_work import result_document  # noqa: E402  (beside this script)
 
 from scoutbench.eval.fidelity import fullkv_reference, step_agreement  # noqa: E402
 from scoutbench.eval.generation import Generation, SharedPrefill, method_spec  # noqa: E402
@@ -96,7 +96,7 @@ def pick_records(data_dir: str, datasets: list[str], named: list[str], tokenizer
         for i in candidates:
             prompt = task.input_ids(rows[i])
             if len(prompt) >= length:
-                out.append((dataset, i, rows[i], source, exact_length(prompt, length)))
+                out.append((dataset, i, rows[i], source, longbench.truncate_middle_ids(prompt, length)))
                 break
         else:
             print(f"{dataset}: no record of {length} tokens: skipped", file=sys.stderr)
@@ -245,18 +245,22 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def tables(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """Markdown: one row per configuration, means over the records; then top-1 / KL / CPU ratio per record."""
+    """Markdown: one row per configuration, means over the records (tokens attended per (sequence, KV head) in a
+    sparse layer, both tiers; recalled MB over the forced steps); then top-1 / KL / CPU ratio per record."""
     records = sorted({record for by_record in runs.values() for record in by_record})
-    lines = ["| configuration | setting | records | CPU compute ratio | selection churn / step | recalled MB | "
-             "device MB / sequence | top-1 vs FullKV | KL vs FullKV |", "|---" * 9 + "|"]
+    lines = ["| configuration | setting | records | attended tokens / head | CPU compute ratio | "
+             "selection churn / step | recalled MB | device MB / sequence | top-1 vs FullKV | KL vs FullKV |",
+             "|---" * 10 + "|"]
     for label, by_record in runs.items():
         results = list(by_record.values())
         sweeps = [r["real_text_sweep"] for r in results]
         ratios = [((r["method_stats"].get("cpu_compute_ratio") or {}).get("mean")) for r in results]
         churn = [s["selection"]["churn_mean"] for s in sweeps if s["selection"]]
         recall = [(r["method_stats"].get("recall") or {}).get("recalled_bytes") for r in results]
+        attended = [(r["method_stats"].get("attended_tokens_per_head") or {}).get("mean") for r in results]
         lines.append(
             f"| {label} | {_setting(results[0])} | {len(results)} | "
+            f"{_fmt(statistics.fmean(attended) if None not in attended else None, 0)} | "
             f"{_fmt(statistics.fmean(ratios) if None not in ratios else None)} | "
             f"{_fmt(statistics.fmean(churn) if churn else None)} | "
             f"{_fmt(statistics.fmean(recall) / 1e6 if None not in recall else None, 1)} | "

@@ -172,7 +172,7 @@ class ScoutAttention(SparseLayerMethod):
     pc: bool = True
     pr: bool = True
     recall_interval: int = 8
-    pool_factor: float = 1.0
+    pool_factor: float = 2.0  # device pool slots per selection (docs/methods.md: why 2)
     beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
     beta_trigger: bool = False
     device_blocks: str = "selected"
@@ -676,7 +676,7 @@ class ScoutAttention(SparseLayerMethod):
         self._pending_recalls = pending
 
     def _recall(self, layer: int, plan: _Plan, recall: _Recall) -> None:
-        """Copy the blocks the worker staged (`_stage_recall`) into their pool slots and record them in the table."""
+        """Copy the blocks the worker staged (`_stage`) into their pool slots and record them in the table."""
         b, Hkv, D = self.block_size, self.ctx.num_kv_heads, self.ctx.head_dim
         bh, blocks = recall.bh, recall.blocks
         n = bh.numel()
@@ -766,6 +766,12 @@ class ScoutAttention(SparseLayerMethod):
 
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
+    @classmethod
+    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
+        """As every method's, and a result written before the pool was a setting ran a pool of one selection: its
+        measured CPU share is that pool's, and so is the memory it is planned with."""
+        return {"pool_factor": 1.0, **super().work_config(config, budget, block_size)}
+
     @classmethod
     def measure_work(cls, run: RunRecord) -> dict[str, float]:
         stats, config, m = run.stats, run.config, run.shape.model

@@ -10,8 +10,10 @@ from scoutbench.methods import METHODS
 PROMPT_LENGTHS = [256, 200]  # ragged: exercises per-sequence valid lengths
 DECODE_STEPS = 4
 # tiny but really sparse: 96-token budgets in 16-token blocks, one dense layer. 96, not 64: HGCA's budget must hold
-# its window at its largest (48 + a 32-token migration block) and its 4 sink tokens
-BUDGET, BLOCK_SIZE, COMMON_ARGS = 96, 16, {"dense_layers": 1}
+# its window at its largest (48 + a 32-token migration block) and its 4 sink tokens. ScoutAttention with a pool of
+# one selection (3 blocks): its default of two would hold nearly every block of these short prompts, and nothing
+# would reach the CPU or be recalled (the `scout-pool2` variants run the default)
+BUDGET, BLOCK_SIZE, COMMON_ARGS = 96, 16, {"dense_layers": 1, "pool_factor": 1}
 ALL_NAMES = METHODS.names()
 
 

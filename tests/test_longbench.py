@@ -388,3 +388,11 @@ def test_code_similarity_is_fuzzywuzzy_ratio_of_the_first_code_line():
     assert m.code_sim_score("# only\n// comments", reference) == 0.0  # no code line: "" scores 0
     assert m.code_sim_score("# only", "") == 1.0  # "" == "": fuzzywuzzy's equivalence check gives 100
     assert m.example_score("lcc", "\n\n" + reference + "\nnext", [reference]) == 1.0  # no first-line cut before
+
+
+def test_token_level_middle_truncation_keeps_both_ends_at_exactly_the_length():
+    from scoutbench.workloads.longbench import truncate_middle_ids
+
+    assert truncate_middle_ids(list(range(10)), 5) == [0, 1, 7, 8, 9]
+    assert truncate_middle_ids(list(range(10)), 6) == [0, 1, 2, 7, 8, 9]
+    assert truncate_middle_ids([1, 2], 5) == [1, 2]

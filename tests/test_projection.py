@@ -208,6 +208,15 @@ def test_projection_scales_to_the_target_and_auto_batch_follows_planning(tiny_ru
     sparse_layers = shape.num_layers - scout.method_config["dense_layers"]
     assert scout.work["cpu_attended_tokens_per_step"] == pytest.approx(
         share * 2048 * scout.batch * shape.num_kv_heads * sparse_layers)
+    # the pool is device memory: a larger one fits fewer sequences; a result from before the pool was a setting
+    # (no pool_factor in its config) ran a pool of one selection and is planned with it
+    scout_result = tiny_runs["scout"]
+    pooled = {**scout_result, "method_config": {**scout_result["method_config"], "pool_factor": 3.0}}
+    older = {**scout_result, "method_config": {k: v for k, v in scout_result["method_config"].items()
+                                               if k != "pool_factor"}}
+    one = {**scout_result, "method_config": {**scout_result["method_config"], "pool_factor": 1.0}}
+    batches = [project_results([r], hw, target)[0].batch for r in (one, older, pooled)]
+    assert batches[0] == batches[1] > batches[2]
     fixed = {p.method: p for p in project_results(results, hw, Target(model="qwen3-14b", length=32768, batch=16))}
     assert all(p.batch == 16 for p in fixed.values())
     assert fixed["fullkv"].step.step_ms > fixed["quest"].step.step_ms  # dense reads far more KV at 32k

@@ -522,7 +522,7 @@ def test_registry_aliases():
 def test_memory_footprint_formula():
     shape = ModelShape(num_layers=40, num_heads=40, num_kv_heads=8, head_dim=128, hidden_size=5120,
                        intermediate_size=17408, vocab_size=151936)
-    method = ScoutAttention()
+    method = ScoutAttention(pool_factor=1)  # a pool of one selection: the region is the budget's blocks
     fp = method.memory_footprint(shape, 65536, 2)
     kv = 2 * 8 * 128 * 2
     n_blocks = 65536 // 32
@@ -549,8 +549,9 @@ def test_memory_footprint_formula():
 
 # ---------------------------------------------------------------------------------------------- the device pool
 def test_pool_factor_sizes_the_pool_not_the_budget():
-    assert ScoutAttention(budget=64, block_size=4).pool_slots == 13 == ScoutAttention(budget=64, block_size=4).k_sel
-    assert ScoutAttention(budget=64, block_size=4, pool_factor=2).pool_slots == 26
+    one = ScoutAttention(budget=64, block_size=4, pool_factor=1)
+    assert one.pool_slots == one.k_sel == 13
+    assert ScoutAttention(budget=64, block_size=4).pool_slots == 26  # the default: two selections
     assert ScoutAttention(budget=64, block_size=4, pool_factor=1.5).pool_slots == 20  # round(19.5): banker's
     assert ScoutAttention(budget=64, block_size=4, pool_factor=2).k_sel == 13
     for bad in ("0.5", "0"):
@@ -666,14 +667,14 @@ def test_profile_recall_on_real_records_says_what_it_measured(smollm2, tmp_path,
     which in the profile, and a run that uses the profile reports it."""
     from cli_runner import run_cli
 
-    from scoutbench.bench.recall import profile_recall
+    from scoutbench.bench.recall import longbench_prompts, profile_recall
     from scoutbench.workloads import longbench
 
     data = "tests/data/longbench"
     out = tmp_path / "profile.json"
     monkeypatch.setattr("scoutbench.models.load_model", lambda *a, **k: smollm2)
     code, stdout, stderr = run_cli(monkeypatch, capsys, "profile-recall", "--model", "smollm2-135m", "--dataset",
-                                   "qasper", "--data-dir", data, "--limit", "2", "--len", "320", "--steps", "3",
+                                   "qasper", "--data-dir", data, "--limit", "2", "--len", "240", "--steps", "3",
                                    "--budget", "128", "--block-size", "8", "--method-arg", "pool_factor=2",
                                    "--device", "cpu", "--dtype", "fp32", "-o", out)
     assert code == 0, stderr
@@ -682,7 +683,7 @@ def test_profile_recall_on_real_records_says_what_it_measured(smollm2, tmp_path,
     rows, source = longbench.load_task_data("qasper", data)
     assert measured["prompts"] == "longbench" and measured["dataset"] == "qasper"
     assert [r["_id"] for r in measured["records"]] == [row["_id"] for row in rows[:2]]
-    assert measured["data_source"] == source and all(r["tokens"] <= 320 for r in measured["records"])
+    assert measured["data_source"] == source and all(r["tokens"] == 240 for r in measured["records"])
     assert profile["pool_slots"] == 2 * profile["k_sel"] and "measured on longbench (qasper: 2" in stdout
     method = ScoutAttention(budget=128, block_size=8, recall_profile=str(out))
     prompt, lengths = ragged_prompt(smollm2.model.config.vocab_size, [200], seed=0)
@@ -694,6 +695,11 @@ def test_profile_recall_on_real_records_says_what_it_measured(smollm2, tmp_path,
     code, _, stderr = run_cli(monkeypatch, capsys, "profile-recall", "--dataset", "qasper", "--prefill", "synthetic",
                               "-o", tmp_path / "x.json")
     assert code == 2 and "drop --prefill synthetic" in stderr
+    # only records of at least --len tokens (qasper's have 257, 243 and 216 with this tokenizer)
+    assert [r["index"] for r in longbench_prompts("qasper", data, smollm2.tokenizer, 250, 2).measured_on["records"]
+            ] == [0]
+    with pytest.raises(UsageError, match="no qasper record has 1000000 prompt tokens"):
+        longbench_prompts("qasper", data, smollm2.tokenizer, 10**6, 1)
 
 
 def test_query_cosine(tiny_qwen3, identity_layers_model):

@@ -304,6 +304,16 @@ def truncate_middle(prompt: str, tokenizer: Any, max_length: int) -> str:
             + tokenizer.decode(token_ids[-half:], skip_special_tokens=True))
 
 
+def truncate_middle_ids(prompt_ids: list[int], length: int) -> list[int]:
+    """The first and last halves of `prompt_ids` when longer than `length` tokens (pred.py's middle truncation at
+    token level): a prompt of exactly `length` tokens, where the text-level truncation and the chat template land
+    a few tokens off."""
+    if len(prompt_ids) <= length:
+        return list(prompt_ids)
+    head = length // 2
+    return list(prompt_ids[:head]) + list(prompt_ids[len(prompt_ids) - (length - head):])
+
+
 def uses_chat_template(dataset: str) -> bool:
     return metrics.base_dataset(dataset) not in NO_CHAT_DATASETS
 

@@ -50,6 +50,7 @@ from scoutbench.analysis.work import (
     StepWork,
     Transfer,
     measured_work,
+    method_class,
     step_work,
 )
 from scoutbench.errors import UsageError
@@ -347,16 +348,12 @@ def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
 
 
 def _auto_batch(method: str, config: dict[str, Any], target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
+    """The method's largest batch at `shape` on `hw`, planned with the config its work is projected with (the
+    method's `work_config`: the target's budget and block size, and what an older result's config lacks)."""
     from scoutbench.methods import build_method
     from scoutbench.planning import plan_method
 
-    overrides = dict(config)
-    if target.budget is not None:
-        if "budget" in overrides:
-            overrides["budget"] = target.budget
-    if target.block_size is not None and "block_size" in overrides:
-        overrides["block_size"] = target.block_size
-    built = build_method(method, overrides)
+    built = build_method(method, method_class(method).work_config(config, target.budget, target.block_size))
     plan = plan_method(built, shape.model, shape.context_len, shape.elem_bytes, int(hw.values["device.memory_bytes"]),
                        int(hw.values["host.memory_bytes"]), shape.tied_embeddings)
     return plan.max_batch, plan.limited_by

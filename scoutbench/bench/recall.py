@@ -101,18 +101,24 @@ class ProfilePrompts:
 
 
 def longbench_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int) -> ProfilePrompts:
-    """The first `limit` records of a LongBench dataset as the official prompts middle-truncated to `length` tokens
-    (`LongBenchTask`), with their ids and the data's source."""
+    """The first `limit` records of a LongBench dataset whose official prompt has at least `length` tokens, middle-
+    truncated to exactly `length` (`LongBenchTask`, then `truncate_middle_ids`: the drift depends on the context,
+    so the profile is at the length asked for), with their ids and the data's source."""
+    from scoutbench.errors import UsageError
     from scoutbench.workloads import longbench
 
     rows, source = longbench.load_task_data(dataset, data_dir)
-    rows = rows[:limit]
+    whole = longbench.LongBenchTask(dataset, rows, tokenizer, 2**62, source)
+    picked = [i for i, row in enumerate(rows) if len(whole.input_ids(row)) >= length][:limit]
+    if not picked:
+        raise UsageError(f"no {dataset} record has {length} prompt tokens (the longest has "
+                         f"{max(len(whole.input_ids(row)) for row in rows)}); lower --len")
     task = longbench.LongBenchTask(dataset, rows, tokenizer, length, source)
-    prompts = [task.input_ids(row) for row in rows]
+    prompts = [longbench.truncate_middle_ids(task.input_ids(rows[i]), length) for i in picked]
     return ProfilePrompts(prompts, {
         "prompts": "longbench", "dataset": dataset, "data_source": source,
-        "records": [{"index": i, "_id": row.get("_id"), "tokens": len(ids)}
-                    for i, (row, ids) in enumerate(zip(rows, prompts, strict=True))]})
+        "records": [{"index": i, "_id": rows[i].get("_id"), "tokens": len(ids)}
+                    for i, ids in zip(picked, prompts, strict=True)]})
 
 
 def _decode_trace(engine: DecodeEngine, method: ScoutAttention, steps: int, batch: int, length: int, seed: int,

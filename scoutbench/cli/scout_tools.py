@@ -48,10 +48,11 @@ def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
               help="real: the model runs on the prompt (--dataset's records, else random tokens); synthetic: random "
                    "K/V, whose selection churns without real drift (its intervals describe no real workload).")
 @click.option("--dataset", default=None, help="Profile on real LongBench records of this dataset (e.g. gov_report), "
-              "each prompt middle-truncated to --len tokens, instead of random tokens.")
+              "those of at least --len tokens, each prompt middle-truncated to --len, instead of random tokens.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder of official LongBench <dataset>.jsonl files (default: the hub archive).")
-@click.option("--limit", default=1, show_default=True, type=int, help="Records of --dataset profiled (its first N).")
+@click.option("--limit", default=1, show_default=True, type=int,
+              help="Records of --dataset profiled (its first N of at least --len tokens).")
 @click.option("--budget", default=None, type=LENGTH, help="ScoutAttention's token budget (default 2048; e.g. 2k).")
 @click.option("--block-size", default=None, type=LENGTH, help="ScoutAttention's block size (default 32).")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
