@@ -240,8 +240,8 @@ def test_a_recalled_slot_is_read_only_once_its_copy_event_completed():
     event completed, and the emulated copy does not run before someone waits for it, so reading the slot earlier
     reads the old data; gating on the event is what keeps the device from reading it."""
     from scoutbench.emulated_cuda import emulated_cuda
-    from scoutbench.kernels.block_table import BlockTable
     from scoutbench.kernels.offload import CopyStream
+    from scoutbench.runtime.block_table import BlockTable
 
     with emulated_cuda():
         pool = torch.zeros(4, 8, device="cuda")

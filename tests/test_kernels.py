@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from scoutbench.kernels.attention import decode_attention, partial_attention
-from scoutbench.kernels.block_table import BlockTable, region_attention
+from scoutbench.kernels.attention import decode_attention, partial_attention, region_attention
 from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
 from scoutbench.kernels.partial_state import (
     PartialState,
@@ -18,6 +17,7 @@ from scoutbench.kernels.partial_state import (
     lse_natural_to_base2,
     merge_states,
 )
+from scoutbench.runtime.block_table import BlockTable
 
 ATOL = 1e-5
 
@@ -452,7 +452,7 @@ def test_block_table_split_selected_equals_the_torch_split(seed):
     """The one-call split of the CPU kernel library (`split_selected`) gives ScoutAttention's torch path bit for
     bit: `split`, the stable CPU-first order, `SplitPlan.pack` and `slot_mask`, on a table with resident, in-flight
     and host-only blocks, invalid selections and duplicate padding ids."""
-    from scoutbench.kernels.block_store import SplitPlan
+    from scoutbench.runtime.block_store import SplitPlan
 
     g = torch.Generator().manual_seed(seed)
     batch, heads, slots, max_blocks, k = 2, 3, 6, 40, 6
