@@ -18,7 +18,6 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import block_sparse_attention, region_attention
 from scoutbench.kernels.digest import CandidateBlocks
-from scoutbench.kernels.offload import DONE, PREFILL_CHUNK_TOKENS, CopyStream, CpuWorkerPool, host_empty
 from scoutbench.kernels.partial_state import PartialState, merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -34,6 +33,7 @@ from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import INDEX_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 from scoutbench.runtime.block_store import NUM_COUNTS, SplitPlan, TieredBlockStore
 from scoutbench.runtime.block_table import BlockTable, pad_last
+from scoutbench.runtime.offload import DONE, PREFILL_CHUNK_TOKENS, CopyStream, CpuWorkerPool, host_empty
 
 PRED_NORMS = ("next", "self")
 DEVICE_BLOCKS = ("resident", "selected")

@@ -276,7 +276,8 @@ def test_digest_table_select_is_the_masked_top_k(cpu_backend, heads_blocked, k):
     selectable blocks, exactly the ids of `CandidateBlocks.top` over them: descending score, none blocked; the
     blocked mask broadcast over heads (Scout's sinks and positions) or per head, k below, near and above the count."""
     from scoutbench.kernels import digest_native
-    from scoutbench.kernels.digest import CandidateBlocks, DigestTable, bound_from_digests
+    from scoutbench.kernels.digest import CandidateBlocks, bound_from_digests
+    from scoutbench.runtime.digest_table import DigestTable
 
     g = torch.Generator().manual_seed(k + heads_blocked)
     table = DigestTable(range(1), (2, 3, 70, 32), torch.float32, torch.device("cpu"))
@@ -490,7 +491,7 @@ def test_block_table_split_selected_equals_the_torch_split(seed):
 def test_digest_table_scores_equal_the_bound_kernel():
     """The CPU path's cached fp32 center/radius give the scores of the direct kernel (to fp32 rounding: the BLAS
     may sum differently for differently aligned operands)."""
-    from scoutbench.kernels.digest import DigestTable
+    from scoutbench.runtime.digest_table import DigestTable
 
     torch.manual_seed(3)
     keys = torch.randn(2, 2, 40, 8, dtype=torch.bfloat16)
@@ -504,7 +505,7 @@ def test_digest_table_scores_equal_the_bound_kernel():
 
 
 def test_digest_score_dtype_is_the_kv_dtype_on_cuda_only():
-    from scoutbench.kernels.digest import digest_score_dtype
+    from scoutbench.runtime.digest_table import digest_score_dtype
 
     assert digest_score_dtype(torch.bfloat16, "cuda") == torch.bfloat16
     assert digest_score_dtype(torch.float16, "cuda") == torch.float16
