@@ -34,8 +34,8 @@ import torch  # noqa: E402
 
 from scoutbench.kernels import cpu_attention  # noqa: E402
 from scoutbench.kernels.attention import block_sparse_attention, partial_attention  # noqa: E402
-from scoutbench.kernels.offload import HostArena, device_zeros  # noqa: E402
 from scoutbench.kernels.partial_state import PartialState  # noqa: E402
+from scoutbench.runtime.offload import HostArena, device_zeros  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -10,7 +10,6 @@ import torch
 
 from scoutbench.kernels.attention import StepLengths, decode_attention
 from scoutbench.kernels.backends import page_aligned
-from scoutbench.kernels.offload import device_zeros
 from scoutbench.methods.base import (
     AttendedTokens,
     AttentionMethod,
@@ -21,6 +20,7 @@ from scoutbench.methods.base import (
     transfer_stats,
 )
 from scoutbench.methods.work_model import LayerTerms, LayerWork
+from scoutbench.runtime.offload import device_zeros
 
 
 @dataclass

@@ -59,14 +59,6 @@ import torch
 
 from scoutbench.kernels.attention import StepLengths, block_sparse_attention_probs, partial_attention
 from scoutbench.kernels.backends import page_aligned
-from scoutbench.kernels.offload import (
-    CopyStream,
-    CpuWorkerPool,
-    HostArena,
-    device_zeros,
-    host_empty,
-    token_chunks,
-)
 from scoutbench.kernels.partial_state import PartialState, merged_output
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -80,6 +72,14 @@ from scoutbench.methods.base import (
 )
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import FP32_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
+from scoutbench.runtime.offload import (
+    CopyStream,
+    CpuWorkerPool,
+    HostArena,
+    device_zeros,
+    host_empty,
+    token_chunks,
+)
 
 OBSERVED_LOGIT_BYTES = 64 * 1024**2  # fp32 logits per piece of the prefill's observed attention weights
 

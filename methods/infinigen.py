@@ -61,14 +61,6 @@ from scoutbench.kernels.attention import (
     partial_attention,
 )
 from scoutbench.kernels.backends import page_aligned
-from scoutbench.kernels.offload import (
-    PREFILL_CHUNK_TOKENS,
-    CopyStream,
-    CpuWorkerPool,
-    HostArena,
-    device_zeros,
-    token_chunks,
-)
 from scoutbench.kernels.partial_state import merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -83,6 +75,14 @@ from scoutbench.methods.base import (
 )
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord, Transfer
+from scoutbench.runtime.offload import (
+    PREFILL_CHUNK_TOKENS,
+    CopyStream,
+    CpuWorkerPool,
+    HostArena,
+    device_zeros,
+    token_chunks,
+)
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 
 from scoutbench.kernels.attention import StepLengths, block_sparse_attention, decode_attention
 from scoutbench.kernels.backends import PAGE_TOKENS
-from scoutbench.kernels.digest import CandidateBlocks, DigestTable, block_digests
+from scoutbench.kernels.digest import CandidateBlocks, block_digests
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     Footprint,
@@ -35,6 +35,7 @@ from scoutbench.methods.base import (
 )
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
+from scoutbench.runtime.digest_table import DigestTable
 
 
 @dataclass

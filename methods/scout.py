@@ -16,11 +16,8 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.errors import UsageError
-from scoutbench.kernels.attention import block_sparse_attention
-from scoutbench.kernels.block_store import NUM_COUNTS, SplitPlan, TieredBlockStore
-from scoutbench.kernels.block_table import BlockTable, pad_last, region_attention
+from scoutbench.kernels.attention import block_sparse_attention, region_attention
 from scoutbench.kernels.digest import CandidateBlocks
-from scoutbench.kernels.offload import DONE, PREFILL_CHUNK_TOKENS, CopyStream, CpuWorkerPool, host_empty
 from scoutbench.kernels.partial_state import PartialState, merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -34,6 +31,9 @@ from scoutbench.methods.base import (
 )
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import INDEX_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
+from scoutbench.runtime.block_store import NUM_COUNTS, SplitPlan, TieredBlockStore
+from scoutbench.runtime.block_table import BlockTable, pad_last
+from scoutbench.runtime.offload import DONE, PREFILL_CHUNK_TOKENS, CopyStream, CpuWorkerPool, host_empty
 
 PRED_NORMS = ("next", "self")
 DEVICE_BLOCKS = ("resident", "selected")
@@ -89,7 +89,7 @@ class _CpuResult:
 class ScoutAttention(SparseLayerMethod):
     """ScoutAttention: Quest block selection split between a device pool and CPU attention over host blocks.
 
-    Storage (`TieredBlockStore`, scoutbench/kernels/block_store.py). Layers `< dense_layers` are FullKV on the
+    Storage (`TieredBlockStore`, scoutbench/runtime/block_store.py). Layers `< dense_layers` are FullKV on the
     device. A sparse layer keeps every complete block in host memory (pinned on CUDA), which the CPU kernel reads
     in place; on the device it keeps Quest digests (kmax/kmin of post-RoPE keys) of every complete block and one
     contiguous region per (sequence, KV head): `pool_slots` pool slots (`pool_factor` selections of `k_sel`

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from scoutbench.kernels.offload import join_copy_streams
+from scoutbench.runtime.offload import join_copy_streams
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
 # the stages in which the host waits for work it does not issue (the CPU worker, a transfer): not issue time

@@ -11,7 +11,7 @@
 The lent machine is a VM whose RAM grows on demand: fresh host memory fills at 0.13-0.3 GiB/s there, so an
 offloading method's 47.6 GiB host tier took minutes to touch, once per method and phase, and the phases were
 cut while ScoutAttention bound. Here the setup phase fills and registers one buffer of the sized cap, and
-each offloading method's host tier is a view of it in turn (scoutbench.kernels.offload.keep_host_memory).
+each offloading method's host tier is a view of it in turn (scoutbench.runtime.offload.keep_host_memory).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def host_command(args: argparse.Namespace) -> int:
     import torch
 
     emulate_if_asked()
-    from scoutbench.kernels.offload import measure_host_rates
     from scoutbench.planning import format_bytes
+    from scoutbench.runtime.offload import measure_host_rates
     from scoutbench.units import parse_bytes
 
     requested = parse_bytes(args.requested)
@@ -200,9 +200,9 @@ def compare_command(args: argparse.Namespace) -> int:
             import torch
 
             from scoutbench.devices import resolve_dtype
-            from scoutbench.kernels.offload import keep_host_memory
             from scoutbench.models import load_model
             from scoutbench.planning import format_bytes
+            from scoutbench.runtime.offload import keep_host_memory
             from scoutbench.units import parse_bytes
 
             device = torch.device("cuda", 0)

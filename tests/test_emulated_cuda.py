@@ -216,8 +216,8 @@ def test_scout_generation_loop_attends_blocks_in_flight_on_the_cpu(model, prompt
 def test_a_missing_wait_gives_a_wrong_result(model, prompt):
     """The emulated streams defer a copy until it is waited on: ScoutAttention's worker that does not wait for
     the device-to-host copy of its query and block ids reads stale host buffers, and the run fails."""
-    from scoutbench.kernels.offload import DONE
     from scoutbench.methods import scout
+    from scoutbench.runtime.offload import DONE
 
     name, make = _factory("scout")
     reference = teacher_tokens(model, make(), *prompt, 8)
@@ -242,8 +242,8 @@ def test_a_recalled_slot_is_read_only_once_its_copy_event_completed():
     event completed, and the emulated copy does not run before someone waits for it, so reading the slot earlier
     reads the old data; gating on the event is what keeps the device from reading it."""
     from scoutbench.emulated_cuda import emulated_cuda
-    from scoutbench.kernels.block_table import BlockTable
-    from scoutbench.kernels.offload import CopyStream
+    from scoutbench.runtime.block_table import BlockTable
+    from scoutbench.runtime.offload import CopyStream
 
     with emulated_cuda():
         pool = torch.zeros(4, 8, device="cuda")

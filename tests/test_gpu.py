@@ -129,7 +129,8 @@ def test_triton_kernel_matches_torch(dtype, atol, num_keys):
 def test_digest_table_on_cuda_scores_in_the_kv_dtype():
     """bf16 center/radius on the device (no fp32 copy of the digests per call): the scores still bound every
     key's logit and agree with the fp32 reference to bf16 precision."""
-    from scoutbench.kernels.digest import DigestTable, block_digests, upper_bound_scores
+    from scoutbench.kernels.digest import block_digests, upper_bound_scores
+    from scoutbench.runtime.digest_table import DigestTable
 
     keys = torch.randn(2, 8, 4096, 128, dtype=torch.bfloat16, device=CUDA)
     q = torch.randn(2, 40, 128, dtype=torch.bfloat16, device=CUDA)
@@ -149,7 +150,7 @@ def test_digest_table_on_cuda_scores_in_the_kv_dtype():
 
 
 def test_host_arena_is_pinned_exact_and_released():
-    from scoutbench.kernels.offload import HostArena, host_empty
+    from scoutbench.runtime.offload import HostArena, host_empty
 
     specs = {("k", 0): ((1000, 33), torch.bfloat16), ("ema", 0): ((7, 5), torch.float32)}
     arena = HostArena(specs, CUDA)

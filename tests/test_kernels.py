@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from scoutbench.kernels.attention import decode_attention, partial_attention
-from scoutbench.kernels.block_table import BlockTable, region_attention
+from scoutbench.kernels.attention import decode_attention, partial_attention, region_attention
 from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
 from scoutbench.kernels.partial_state import (
     PartialState,
@@ -18,6 +17,7 @@ from scoutbench.kernels.partial_state import (
     lse_natural_to_base2,
     merge_states,
 )
+from scoutbench.runtime.block_table import BlockTable
 
 ATOL = 1e-5
 
@@ -276,7 +276,8 @@ def test_digest_table_select_is_the_masked_top_k(cpu_backend, heads_blocked, k):
     selectable blocks, exactly the ids of `CandidateBlocks.top` over them: descending score, none blocked; the
     blocked mask broadcast over heads (Scout's sinks and positions) or per head, k below, near and above the count."""
     from scoutbench.kernels import digest_native
-    from scoutbench.kernels.digest import CandidateBlocks, DigestTable, bound_from_digests
+    from scoutbench.kernels.digest import CandidateBlocks, bound_from_digests
+    from scoutbench.runtime.digest_table import DigestTable
 
     g = torch.Generator().manual_seed(k + heads_blocked)
     table = DigestTable(range(1), (2, 3, 70, 32), torch.float32, torch.device("cpu"))
@@ -452,7 +453,7 @@ def test_block_table_split_selected_equals_the_torch_split(seed):
     """The one-call split of the CPU kernel library (`split_selected`) gives ScoutAttention's torch path bit for
     bit: `split`, the stable CPU-first order, `SplitPlan.pack` and `slot_mask`, on a table with resident, in-flight
     and host-only blocks, invalid selections and duplicate padding ids."""
-    from scoutbench.kernels.block_store import SplitPlan
+    from scoutbench.runtime.block_store import SplitPlan
 
     g = torch.Generator().manual_seed(seed)
     batch, heads, slots, max_blocks, k = 2, 3, 6, 40, 6
@@ -490,7 +491,7 @@ def test_block_table_split_selected_equals_the_torch_split(seed):
 def test_digest_table_scores_equal_the_bound_kernel():
     """The CPU path's cached fp32 center/radius give the scores of the direct kernel (to fp32 rounding: the BLAS
     may sum differently for differently aligned operands)."""
-    from scoutbench.kernels.digest import DigestTable
+    from scoutbench.runtime.digest_table import DigestTable
 
     torch.manual_seed(3)
     keys = torch.randn(2, 2, 40, 8, dtype=torch.bfloat16)
@@ -504,7 +505,7 @@ def test_digest_table_scores_equal_the_bound_kernel():
 
 
 def test_digest_score_dtype_is_the_kv_dtype_on_cuda_only():
-    from scoutbench.kernels.digest import digest_score_dtype
+    from scoutbench.runtime.digest_table import digest_score_dtype
 
     assert digest_score_dtype(torch.bfloat16, "cuda") == torch.bfloat16
     assert digest_score_dtype(torch.float16, "cuda") == torch.float16

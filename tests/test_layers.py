@@ -1,7 +1,7 @@
-"""The import layers of the package (docs/architecture.md): kernels at the bottom, methods on kernels, the CLI on
-top, no import from a higher layer and no import circle anywhere, lazy (function-level) imports included. Read from
-the source with `ast`, so a lazy import that breaks a layer is caught without running it; imports only for type
-checkers do not count."""
+"""The import layers of the package (docs/architecture.md): kernels at the bottom, the runtime on them,
+methods on both, the CLI on top, no import from a higher layer and no import circle anywhere, lazy
+(function-level) imports included. Read from the source with `ast`, so a lazy import that breaks a layer is
+caught without running it; imports only for type checkers do not count."""
 
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ def test_no_import_circle():
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {"scoutbench", *FOUNDATION}),
     ("kernels", {"scoutbench.kernels"}),
+    ("runtime", {"scoutbench.runtime"}),
     ("methods", {"scoutbench.methods", "scoutbench.timing", "scoutbench.workloads.synthetic"}),
     ("core", {"scoutbench.engine", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
               "scoutbench.devices", "scoutbench.planning", "scoutbench.method_args", "scoutbench.telemetry",
@@ -132,10 +133,16 @@ def test_kernels_import_only_kernels_and_the_foundation():
     assert _outside(_graph(), "scoutbench.kernels", {"scoutbench.kernels", *FOUNDATION}) == []
 
 
-def test_methods_import_only_kernels_timing_and_the_foundation():
-    """A method is built on the kernels and the stage timer; it never reaches up into the engine, the benchmarks,
-    the analysis or the CLI (those read the method's own declarations instead)."""
-    allowed = {"scoutbench.methods", "scoutbench.kernels", "scoutbench.timing", *FOUNDATION}
+def test_runtime_imports_only_kernels_and_the_foundation():
+    """Storage and transport sit on the compute kernels; a kernel never holds storage of its own (what allocates
+    host or device tiers lives in the runtime), so the kernels stay importable on their own."""
+    assert _outside(_graph(), "scoutbench.runtime", {"scoutbench.runtime", "scoutbench.kernels", *FOUNDATION}) == []
+
+
+def test_methods_import_only_kernels_runtime_timing_and_the_foundation():
+    """A method is built on the kernels, the runtime and the stage timer; it never reaches up into the engine, the
+    benchmarks, the analysis or the CLI (those read the method's own declarations instead)."""
+    allowed = {"scoutbench.methods", "scoutbench.kernels", "scoutbench.runtime", "scoutbench.timing", *FOUNDATION}
     assert _outside(_graph(), "scoutbench.methods", allowed) == []
 
 

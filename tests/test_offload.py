@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from scoutbench.kernels.offload import WORKER_SWITCH_INTERVAL_S, CpuWorkerPool, device_zeros
+from scoutbench.runtime.offload import WORKER_SWITCH_INTERVAL_S, CpuWorkerPool, device_zeros
 
 
 def test_device_zeros_on_cpu_are_zeroed_views_of_one_arena():

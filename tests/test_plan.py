@@ -220,7 +220,7 @@ def test_batch_auto_runs_the_planned_batch(tiny_qwen3):
 
 
 def test_arena_layout_is_exact_and_aligned():
-    from scoutbench.kernels.offload import ARENA_ALIGN_BYTES, HostArena, arena_layout
+    from scoutbench.runtime.offload import ARENA_ALIGN_BYTES, HostArena, arena_layout
 
     specs = {"a": ((3, 5), torch.bfloat16), "b": ((7,), torch.float32), "c": ((2, 0, 4), torch.bfloat16),
              "d": ((9,), torch.int64)}
@@ -261,7 +261,7 @@ def test_huge_page_advice_covers_the_aligned_interior_and_backs_the_arena():
     """huge_page_backing advises exactly the 2 MiB-aligned interior (nothing under 2 MiB), and a host arena big
     enough is backed by huge pages where Linux allows them, even on memory the allocator recycles (already faulted
     in as small pages), its tensors still zeroed views of one buffer."""
-    from scoutbench.kernels.offload import HUGE_PAGE_BYTES, HostArena, huge_page_backing
+    from scoutbench.runtime.offload import HUGE_PAGE_BYTES, HostArena, huge_page_backing
 
     assert huge_page_backing(torch.empty(HUGE_PAGE_BYTES // 2, dtype=torch.uint8)) == 0
     if _thp_mode() in (None, "never"):
@@ -308,8 +308,8 @@ def test_oom_retry_releases_the_failed_runs_host_arena_first(tiny_qwen3, monkeyp
     """`--batch auto`: an out-of-memory attempt unpins its host arena (method.close) before the next one binds."""
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.engine import DecodeEngine
-    from scoutbench.kernels.offload import HostArena
     from scoutbench.models import LoadedModel
+    from scoutbench.runtime.offload import HostArena
 
     events = []
     original_init, original_release, original_step = HostArena.__init__, HostArena.release, DecodeEngine.decode_step
@@ -351,8 +351,8 @@ def test_prefill_transients_are_chunked(tiny_qwen3, monkeypatch):
     tokens, ingesting a 1000-token prompt gives the same state as one piece (InfiniGen's channels and host tier,
     scout's host tier and digests)."""
     import scoutbench.kernels.digest as digest
-    import scoutbench.kernels.offload as offload
     import scoutbench.methods.scout as scout_module
+    import scoutbench.runtime.offload as offload
     from scoutbench.engine import DecodeEngine
     from scoutbench.methods import build_method
 

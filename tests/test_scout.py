@@ -243,7 +243,7 @@ def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt
 def test_the_decode_waits_for_the_cpu_attention_not_the_recall_staging(tiny_qwen3, prompt_300, monkeypatch):
     """The worker stages a recall after it has handed over its attention result: the layer's wait ends before the
     staging does (a slow staging here: 50 ms), and the recall is still issued before the layer's next split."""
-    from scoutbench.kernels.block_store import TieredBlockStore
+    from scoutbench.runtime.block_store import TieredBlockStore
 
     prompt, lengths, tokens = prompt_300
     method = ScoutAttention(budget=64, block_size=4, pr=True, recall_interval=2)

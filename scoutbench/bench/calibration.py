@@ -121,7 +121,7 @@ def copy_profile(device: torch.device, repeats: int) -> tuple[float, float]:
 
 def worker_task_overhead_s(repeats: int) -> float:
     """Round trip of an empty task through the CPU worker pool the offloading methods use."""
-    from scoutbench.kernels.offload import CpuWorkerPool
+    from scoutbench.runtime.offload import CpuWorkerPool
 
     pool = CpuWorkerPool(1)
     try:
@@ -132,7 +132,7 @@ def worker_task_overhead_s(repeats: int) -> float:
 
 def in_worker(fn: Callable[[], float]) -> float:
     """Run a measurement on the CPU worker thread (the host part of the methods runs there)."""
-    from scoutbench.kernels.offload import CpuWorkerPool
+    from scoutbench.runtime.offload import CpuWorkerPool
 
     pool = CpuWorkerPool(1)
     try:

@@ -356,8 +356,8 @@ def run_methods(configs: list[ThroughputConfig], loaded: LoadedModel, log: Calla
     import contextlib
 
     from scoutbench.engine import SyntheticKVCache
-    from scoutbench.kernels.offload import keep_host_memory, kept_host_memory
     from scoutbench.planning import format_bytes
+    from scoutbench.runtime.offload import keep_host_memory, kept_host_memory
 
     device = next(loaded.model.parameters()).device
     dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from scoutbench.kernels import cpu_attention
-from scoutbench.kernels.block_table import BlockTable
-from scoutbench.kernels.digest import DigestTable
-from scoutbench.kernels.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, token_chunks
+from scoutbench.runtime.block_table import BlockTable
+from scoutbench.runtime.digest_table import DigestTable
+from scoutbench.runtime.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, token_chunks
 
 NUM_COUNTS = 4  # n_cpu, n_selected, n_available, n_resident
 
