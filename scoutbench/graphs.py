@@ -11,7 +11,7 @@ its stage), and a step is the replay of its schedule, pieces and host points in 
 What a piece may do is what the method contract says (methods/base.py, "CUDA graphs"): read only device tensors
 that every step writes in place (tokens, positions, the method's per-step metadata written by `begin_step`), with
 no host read and no Python value that changes per step. tests/test_graphs.py replays every method under emulated
-CUDA (scoutbench/emulated_cuda.py, whose capture records device work without running it, as a GPU does) against
+CUDA (scoutbench/testing/emulated_cuda, whose capture records device work without running it, as a GPU does) against
 its eager logits, and a planted Python scalar makes it fail.
 
 A step's variant is its method's `graph_key()`: the first step of a key runs eagerly (it warms up what capture must

@@ -66,7 +66,7 @@ def sized_host_cap(requested_bytes: int, fill_gib_s: float, register_gib_s: floa
 def emulate_if_asked() -> None:
     """The dry run (SCOUTBENCH_EMULATE_CUDA=1): emulated CUDA for the whole process, as the CLI starts it."""
     if os.environ.get("SCOUTBENCH_EMULATE_CUDA") == "1":
-        from scoutbench.emulated_cuda import activate_from_environment
+        from scoutbench.testing.emulated_cuda import activate_from_environment
 
         activate_from_environment()
 

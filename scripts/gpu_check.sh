@@ -22,8 +22,9 @@
 # Usage: scripts/gpu_check.sh [DEST]    DEST: default $OUT (the device tool's folder), else results/gpu_check.
 #   DEST receives at most 8 files (what the device tool brings back): gpu_check_table.txt, gpu_check_results.json,
 #   gpu_check_pytest.txt, gpu_check_plan.txt, gpu_check_host.json, gpu_check_phases.txt, gpu_check_raw.tar.gz.
-# SCOUTBENCH_GPU_CHECK_CPU=1: the dry run, the same plumbing on a CPU through emulated CUDA (scoutbench/
-#   emulated_cuda.py, SCOUTBENCH_EMULATE_CUDA=1): tiny-qwen3 at 2k, `--device cuda`, explicit --gpu-mem/--host-mem.
+# SCOUTBENCH_GPU_CHECK_CPU=1: the dry run, the same plumbing on a CPU through emulated CUDA
+#   (scoutbench/testing/emulated_cuda, SCOUTBENCH_EMULATE_CUDA=1): tiny-qwen3 at 2k, `--device cuda`, explicit
+#   --gpu-mem/--host-mem.
 #   SCOUTBENCH_HOST_FILL_GIBS=0.2 fills fresh host memory no faster than the lent machine does.
 # Knobs (environment): GPU_CHECK_MODEL, GPU_CHECK_LEN, GPU_CHECK_METHODS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP,
 #   GPU_CHECK_HOST_MEM (the host-memory cap asked for: the host phase lowers it to what fills in time),

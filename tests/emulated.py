@@ -1,4 +1,4 @@
-"""Helpers of the emulated-CUDA tests: a method's CUDA path (scoutbench/emulated_cuda.py) against its CPU path on
+"""Helpers of the emulated-CUDA tests: a method's CUDA path (scoutbench/testing/emulated_cuda) against its CPU path on
 the same weights and teacher-forced tokens, with every host-device sync and copy recorded; the flashinfer
 stand-in (tests/flashinfer_standin.py) installed as `flashinfer`."""
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from scoutbench.emulated_cuda import EMULATED_DEVICE, SyncSite, emulated_cuda, to_emulated_device
 from scoutbench.engine import DecodeEngine
 from scoutbench.kernels import backends
 from scoutbench.methods.base import AttentionMethod
+from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, SyncSite, emulated_cuda, to_emulated_device
 
 
 def allowed_syncs(config: dict[str, Any]) -> list[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """A stand-in for `flashinfer` (the part scoutbench calls) that implements the contract of
 `BatchDecodeWithPagedKVCacheWrapper` as the current release documents and codes it, on emulated CUDA
-(scoutbench/emulated_cuda.py), and refuses what the real one refuses. Read from flashinfer-python 0.7.4
+(scoutbench/testing/emulated_cuda), and refuses what the real one refuses. Read from flashinfer-python 0.7.4
 (python/flashinfer/decode.py, include/flashinfer/utils.cuh) and checked against 0.6.17 / 0.6.18 / 0.7.1:
 
 - `__init__(float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False, ...)`: the
@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from scoutbench.emulated_cuda import EmulatedTensor
+from scoutbench.testing.emulated_cuda import EmulatedTensor
 
 __version__ = "0.7.4"
 HEAD_DIMS = (64, 128, 256, 512)

@@ -188,8 +188,8 @@ def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, exp
         expected.add("cpu:torch-region")
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.devices import resolve_device
-    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.models import LoadedModel
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     args = {"budget": 64, "block_size": 16, "dense_layers": 1} if name != "fullkv" else {}
     config = ThroughputConfig(method=name, method_args=args, model="tiny-qwen3", length=256, batch=2, steps=2,

@@ -282,9 +282,9 @@ def test_an_explicit_host_mem_is_what_the_host_check_uses(monkeypatch, tiny_qwen
     from emulated import emulated_model
 
     from scoutbench.bench.throughput import ThroughputConfig, check_memory, memory_need
-    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.methods import build_method
     from scoutbench.models import LoadedModel
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     method = build_method("scout", {})
     with emulated_cuda():

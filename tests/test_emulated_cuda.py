@@ -1,4 +1,4 @@
-"""Emulated CUDA (scoutbench/emulated_cuda.py): every method's CUDA-only branches run on a CPU, against the same
+"""Emulated CUDA (scoutbench/testing/emulated_cuda): every method's CUDA-only branches run on a CPU, against the same
 method's CPU path, before any GPU: pinned staging, non_blocking copies, copy streams whose work runs only when it
 is waited on, event-gated slot readiness; every host-device sync and every copied byte is recorded.
 
@@ -241,9 +241,9 @@ def test_a_recalled_slot_is_read_only_once_its_copy_event_completed():
     """Event-gated slot readiness (BlockTable): a slot filled by a copy-stream copy is pending until the copy's
     event completed, and the emulated copy does not run before someone waits for it, so reading the slot earlier
     reads the old data; gating on the event is what keeps the device from reading it."""
-    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.runtime.block_table import BlockTable
     from scoutbench.runtime.offload import CopyStream
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     with emulated_cuda():
         pool = torch.zeros(4, 8, device="cuda")
@@ -326,7 +326,7 @@ def test_batch_auto_retries_cleanly_after_a_failed_host_register():
     cleared, the retry's first kernel launch reports it as a fresh CUDA out-of-memory error, and `--batch auto`
     halves the batch once more than it must. One failed registration: one halving."""
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
-    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     args = {**gpu_configs.method_args("scout"), "dense_layers": 1}
     config = ThroughputConfig(method="scout", method_args=args, model="tiny-qwen3", length=256, batch="auto",
@@ -347,9 +347,9 @@ def test_a_host_register_error_that_is_no_memory_shortage_fails_without_halving(
     the batch for nothing and ran a smaller comparison than planned. It is one error naming the code, and CUDA's
     last error is cleared (the next launch does not fail)."""
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
-    from scoutbench.emulated_cuda import CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, emulated_cuda
     from scoutbench.errors import ScoutbenchError
     from scoutbench.planning import is_out_of_memory
+    from scoutbench.testing.emulated_cuda import CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, emulated_cuda
 
     args = {**gpu_configs.method_args("scout"), "dense_layers": 1}
     config = ThroughputConfig(method="scout", method_args=args, model="tiny-qwen3", length=256, batch="auto",
@@ -370,8 +370,8 @@ def test_a_comparison_takes_fresh_host_memory_once(monkeypatch, capsys, tmp_path
     grows on demand, 15.8 s per 2 GiB: every offloading method's run was cut while binding)."""
     from cli_runner import run_cli
 
-    from scoutbench.emulated_cuda import emulated_cuda
-    from scoutbench.kernels import offload
+    from scoutbench.runtime import offload
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     fills, arenas = [], []
     fresh, arena_init = offload.fresh_host_buffer, offload.HostArena.__init__

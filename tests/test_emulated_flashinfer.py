@@ -13,10 +13,10 @@ import torch
 from emulated import emulated_model, flashinfer_standin, run_emulated, small_qwen3, teacher_tokens
 from method_harness import ragged_prompt
 
-from scoutbench.emulated_cuda import EMULATED_DEVICE, emulated_cuda
 from scoutbench.kernels import backends
 from scoutbench.kernels.attention import decode_attention, partial_attention
 from scoutbench.methods import build_method
+from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, emulated_cuda
 
 # emulated CUDA runs where no real CUDA device is (it refuses otherwise); tests/test_gpu.py covers a real one
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")

@@ -1,4 +1,4 @@
-"""Emulated CUDA graphs (scoutbench/emulated_cuda.py, "CUDA graphs"): `torch.cuda.CUDAGraph`, `torch.cuda.graph`
+"""Emulated CUDA graphs (scoutbench/testing/emulated_cuda/graphs.py): `torch.cuda.CUDAGraph`, `torch.cuda.graph`
 and friends on a CPU, faithful enough that a graph bug shows up as a difference between replayed and eager results.
 
 Capture records device work without running it; a replay re-dispatches the recorded operations on the same tensors
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from scoutbench.emulated_cuda import EmulatedCudaHazard, emulated_cuda, to_emulated_device
+from scoutbench.testing.emulated_cuda import EmulatedCudaHazard, emulated_cuda, to_emulated_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
 

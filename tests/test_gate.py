@@ -11,7 +11,8 @@ import cli_runner
 import pytest
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
-from scoutbench.analysis.gate import compare, parse_ratio, parse_tolerances, point_key, run_gate
+from scoutbench.analysis.gate import compare, parse_ratio, parse_tolerances, run_gate
+from scoutbench.analysis.points import point_key
 from scoutbench.errors import UsageError
 
 

@@ -1,5 +1,5 @@
 """CUDA checks. scripts/gpu_check.sh runs them on a lent GPU; without one they run on emulated CUDA
-(scoutbench/emulated_cuda.py) in the default suite, so that every assertion here has run before a GPU is lent.
+(scoutbench/testing/emulated_cuda) in the default suite, so that every assertion here has run before a GPU is lent.
 Tests marked `gpu` need the hardware itself (the allocator's bytes, a real out-of-memory, compiled Triton) and
 are skipped without it (tests/conftest.py). Every method's CUDA path is compared with its CPU path on the same
 weights (the CPU paths are checked against FullKV and the paper's definitions by each method's own tests), the
@@ -31,7 +31,7 @@ def cuda_runtime():
     if REAL_CUDA:
         yield None
         return
-    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     with emulated_cuda() as runtime:
         yield runtime

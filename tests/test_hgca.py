@@ -363,8 +363,8 @@ def test_an_eager_step_on_emulated_cuda_issues_at_most_one_and_a_half_fullkv_ste
     deterministic. Before the lean step: 1.77x (997 against 562 at bench-attn16 2k, budget 256)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from scoutbench.emulated_cuda import EMULATED_DEVICE, emulated_cuda, to_emulated_device
     from scoutbench.engine import DecodeEngine
+    from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, emulated_cuda, to_emulated_device
     from scoutbench.timing import TorchCallCounter
 
     config = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=16,

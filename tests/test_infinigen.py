@@ -182,7 +182,7 @@ def _emulated_step_calls(method, lengths: list[int]) -> tuple[int, dict[tuple[st
     per-layer hooks, by the layer it works for (`before_layer` of layer i works for layer i + 1)."""
     from emulated import small_qwen3
 
-    from scoutbench.emulated_cuda import EMULATED_DEVICE, emulated_cuda, to_emulated_device
+    from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, emulated_cuda, to_emulated_device
     from scoutbench.timing import TorchCallCounter
 
     model = small_qwen3()

@@ -149,9 +149,9 @@ def test_m3_two_part_merge_with_empty_parts_on_every_path(where, monkeypatch):
     """Two parts, the first or the second or both empty, on the compiled merge, torch's CPU path and (emulated) CUDA:
     `merge_states` and `merged_output` (the output alone) give the non-empty part exactly, and the empty state for
     two empty parts; with none empty they equal the general merge of more parts."""
-    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.kernels import cpu_attention
     from scoutbench.kernels.partial_state import merged_output
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     if where == "emulated-cuda" and torch.cuda.is_available():
         pytest.skip("a real CUDA device is present")
@@ -189,9 +189,9 @@ def test_partial_attention_reads_a_steps_lengths(where, with_host, lengths, monk
     """`partial_attention` over a whole preallocated cache with a step's StepLengths (device lengths, the torch
     path's mask, host lengths where kept) equals the call with `valid_len`, on the compiled CPU kernel, torch's CPU
     kernel and (emulated) CUDA's torch path; a row without a valid key is the empty state."""
-    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.kernels import cpu_attention
     from scoutbench.kernels.attention import StepLengths
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     if where == "emulated-cuda" and torch.cuda.is_available():
         pytest.skip("a real CUDA device is present")

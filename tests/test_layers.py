@@ -98,10 +98,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("kernels", {"scoutbench.kernels"}),
     ("runtime", {"scoutbench.runtime"}),
     ("methods", {"scoutbench.methods", "scoutbench.timing", "scoutbench.workloads.synthetic"}),
+    ("testing", {"scoutbench.testing"}),
     ("core", {"scoutbench.engine", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
               "scoutbench.devices", "scoutbench.planning", "scoutbench.method_args", "scoutbench.telemetry",
               "scoutbench.profiling", "scoutbench.progress", "scoutbench.tiers", "scoutbench.step_stats",
-              "scoutbench.emulated_cuda", "scoutbench.decode_ops", "scoutbench.graphs"}),
+              "scoutbench.decode_ops", "scoutbench.graphs"}),
     ("workloads", {"scoutbench.workloads"}),
     ("analysis", {"scoutbench.analysis"}),
     ("bench and eval", {"scoutbench.bench", "scoutbench.eval"}),
@@ -144,6 +145,22 @@ def test_methods_import_only_kernels_runtime_timing_and_the_foundation():
     benchmarks, the analysis or the CLI (those read the method's own declarations instead)."""
     allowed = {"scoutbench.methods", "scoutbench.kernels", "scoutbench.runtime", "scoutbench.timing", *FOUNDATION}
     assert _outside(_graph(), "scoutbench.methods", allowed) == []
+
+
+def test_the_test_machinery_imports_only_kernels_timing_and_the_foundation():
+    """Emulated CUDA stands in for torch.cuda under whatever runs on it; it knows the kernels' device caches and
+    the stage timer's metadata calls, never the engine, a method or a benchmark."""
+    allowed = {"scoutbench.testing", "scoutbench.kernels", "scoutbench.timing", *FOUNDATION}
+    assert _outside(_graph(), "scoutbench.testing", allowed) == []
+
+
+def test_only_the_cli_imports_the_test_machinery():
+    """Test machinery stays out of the core: the CLI switches it on (`SCOUTBENCH_EMULATE_CUDA=1`), nothing else in
+    the package reaches it."""
+    graph = _graph()
+    assert sorted(f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
+                  if dep.startswith("scoutbench.testing") and not name.startswith(("scoutbench.testing",
+                                                                                    "scoutbench.cli"))) == []
 
 
 def test_bench_and_eval_do_not_import_each_other():

@@ -125,7 +125,7 @@ def test_call_counter_counts_this_threads_calls_and_not_metadata():
 
 
 def test_stage_timer_reuses_its_cuda_events_and_times_the_host_side():
-    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     with emulated_cuda():
         timer = StageTimer("cuda")

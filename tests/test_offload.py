@@ -57,7 +57,7 @@ def test_fresh_host_fill_follows_the_rate_hook(monkeypatch):
     touch of fresh host memory last nbytes / rate: the fill sleeps what the machine's own zeroing did not take."""
     from types import SimpleNamespace
 
-    from scoutbench.kernels import offload
+    from scoutbench.runtime import offload
 
     slept, clock = [], iter([100.0, 100.01, 200.0])  # the first zeroing takes 10 ms
     monkeypatch.setattr(offload, "time", SimpleNamespace(perf_counter=lambda: next(clock), sleep=slept.append))
@@ -74,8 +74,8 @@ def test_kept_host_memory_serves_the_arenas_in_turn(monkeypatch):
     """Within keep_host_memory (emulated CUDA) arenas made one after another are views of one buffer, filled and
     registered once, handed over zeroed; it grows for a larger arena; an arena made while another holds it gets
     its own memory; at the end the buffer is unregistered."""
-    from scoutbench.emulated_cuda import emulated_cuda
-    from scoutbench.kernels import offload
+    from scoutbench.runtime import offload
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     fills, registers = [], []
     fresh, register = offload.fresh_host_buffer, offload.register_host
@@ -112,9 +112,9 @@ def test_cuda_workers_leave_a_core_to_the_issuing_thread(monkeypatch, tiny_qwen3
     from emulated import emulated_model
     from gpu_configs import build
 
-    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.engine import DecodeEngine
-    from scoutbench.kernels import offload
+    from scoutbench.runtime import offload
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     monkeypatch.setattr(offload, "usable_cores", lambda: 16)
     with emulated_cuda():
@@ -137,8 +137,8 @@ def test_cuda_workers_leave_a_core_to_the_issuing_thread(monkeypatch, tiny_qwen3
 def test_oom_retry_empties_the_host_cache_only_where_torch_has_one(monkeypatch):
     """The out-of-memory retry's release on CUDA (emulated) with a torch that has neither
     torch.accelerator.empty_host_cache nor torch._C._host_emptyCache: nothing to empty, no AttributeError."""
-    from scoutbench.emulated_cuda import emulated_cuda
     from scoutbench.planning import release_cached_memory
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     monkeypatch.delattr(torch.accelerator, "empty_host_cache", raising=False)
     monkeypatch.delattr(torch._C, "_host_emptyCache", raising=False)
@@ -150,8 +150,8 @@ def test_host_rates_are_measured_on_fresh_chunks(monkeypatch):
     """The GPU check's host probe fills fresh chunks and keeps each until the end (a freed chunk's pages would
     serve the next one fast), so it sees the fill rate a VM's growth allows (the hook's 0.25 GiB/s here) and, on
     CUDA (emulated), registers what it filled."""
-    from scoutbench.emulated_cuda import emulated_cuda
-    from scoutbench.kernels import offload
+    from scoutbench.runtime import offload
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     live, fresh = [], offload.fresh_host_buffer
 

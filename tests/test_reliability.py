@@ -700,15 +700,8 @@ def _main(*args) -> tuple[int, str, str]:
 @settings(max_examples=150, **PROPERTY_SETTINGS)
 @given(baseline=result_files(), current=result_files(), allow_missing=st.booleans())
 def test_gate_never_crashes_and_never_passes_on_a_point_it_did_not_compare(baseline, current, allow_missing):
-    from scoutbench.analysis.gate import (
-        COMPARED,
-        GATED_KINDS,
-        THROUGHPUT_METRICS,
-        fail_if_regressed,
-        group_points,
-        load_side,
-        point_labels,
-    )
+    from scoutbench.analysis.gate import COMPARED, GATED_KINDS, fail_if_regressed, load_side
+    from scoutbench.analysis.points import THROUGHPUT_METRICS, group_points, point_labels
     from scoutbench.errors import ScoutbenchError
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -197,7 +197,7 @@ def test_legends_name_methods_as_papers_do():
     """Legends said `fullkv dense_layers=None` and `scout-pc pc=True`; now the paper's names, and a field only
     where it tells a method's own series apart."""
     from scoutbench.analysis.figures import legend_labels
-    from scoutbench.analysis.gate import point_key
+    from scoutbench.analysis.points import point_key
     from scoutbench.analysis.report import Point
 
     fullkv = make_result("fullkv", 40.0)
@@ -217,7 +217,7 @@ def test_legends_name_methods_as_papers_do():
 
 def test_error_bars_are_the_stored_interval_of_the_median_step():
     from scoutbench.analysis.figures import figure_value
-    from scoutbench.analysis.gate import point_key
+    from scoutbench.analysis.points import point_key
     from scoutbench.analysis.report import Point
 
     run = make_result("fullkv", 40.0, batch=2)

@@ -71,7 +71,7 @@ def test_nvml_samples_the_gpu_cuda_runs_on(monkeypatch, visible, cuda_index, exp
 def test_nvml_matches_the_uuid_torch_reports(monkeypatch):
     """On emulated CUDA with a device UUID (as torch's get_device_properties(i).uuid gives it, without a prefix),
     the UUID wins over a CUDA_VISIBLE_DEVICES ordinal that NVML numbers differently."""
-    from scoutbench.emulated_cuda import emulated_cuda
+    from scoutbench.testing.emulated_cuda import emulated_cuda
 
     nvml = fake_nvml()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")

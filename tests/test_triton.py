@@ -93,7 +93,7 @@ def test_kernel_all_rows_empty_is_the_empty_state():
 @pytest.mark.parametrize("name", ["hgca"])
 def test_methods_on_emulated_cuda_run_the_triton_kernel(name):
     """The lent H200 has triton and no flashinfer: on CUDA, HGCA's window goes through this kernel (InfiniGen's
-    fetched tokens and current token go through `decode_attention` with the step's lengths, as FullKV's cache). On emulated CUDA (scoutbench/emulated_cuda.py) with the kernel in the interpreter, in a
+    fetched tokens and current token go through `decode_attention` with the step's lengths, as FullKV's cache). On emulated CUDA (scoutbench/testing/emulated_cuda) with the kernel in the interpreter, in a
     ragged batch (valid lengths per row) across block boundaries and migrations: the logits equal the CPU path's,
     the kernel really ran, and the decode loop has no host sync."""
     import gpu_configs

@@ -7,9 +7,9 @@ so they are the same on every machine and every rerun: a method that starts read
 however noisy the clock. Both kinds are compared: what the work model derives from the run's selections, and
 what the method measured itself (`method_stats`, e.g. `h2d_bytes_per_step`, `recall.bytes`: `measured.<field>`),
 so that a run whose measured bytes grew (or a result edited to say so) fails even where the model's inputs did
-not change. Points match as in the timing gate (method and full config, model, dtype, length,
-batch, and the run settings: steps, warm-up, seed, prefill, kv_skew, dense layers; a point whose only counterpart
-differs in one is MISMATCH, naming it), but on any hardware: the device class is not checked.
+not change. Points match as in the timing gate (scoutbench/analysis/points.py: method and full config, model,
+dtype, length, batch, and the run settings: steps, warm-up, seed, prefill, kv_skew, dense layers; a point whose
+only counterpart differs in one is MISMATCH, naming it), but on any hardware: the device class is not checked.
 """
 
 from __future__ import annotations
@@ -19,15 +19,8 @@ import re
 import statistics
 from typing import Any
 
-from scoutbench.analysis.gate import (
-    GateReport,
-    Point,
-    Row,
-    group_points,
-    mismatch_row,
-    mismatched_settings,
-    point_labels,
-)
+from scoutbench.analysis.gate import GateReport, Row, mismatch_row
+from scoutbench.analysis.points import Point, group_points, mismatched_settings, point_labels
 from scoutbench.analysis.work import measured_work, result_shape, step_work, work_problem
 
 DEFAULT_COUNTER_TOLERANCE = 0.01  # selections are deterministic for a seed; 1% absorbs a rare tie broken otherwise

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scoutbench.analysis.gate import as_number
+from scoutbench.analysis.points import as_number
 from scoutbench.units import format_length
 
 if TYPE_CHECKING:
@@ -534,7 +534,7 @@ def _ablation_figure(report: Report, writer: FigureWriter) -> None:
 
 def _accuracy_rows(report: Report) -> dict[tuple, list[tuple[dict[str, Any], str, float, int | None]]]:
     """(model, dtype, max length) -> (result, task, score, records) of every accuracy score."""
-    from scoutbench.analysis.gate import canonical_method
+    from scoutbench.analysis.points import canonical_method
 
     rows: dict[tuple, list] = defaultdict(list)
     for r in report.accuracy:

@@ -306,7 +306,7 @@ class Projection:
     sources: list[str] = field(default_factory=list)
     measured_step_ms: float | None = None  # the run's own median step, when projected at its own shape
     prompt_len: int = 0  # the prompt length the row stands for: the measured run's --len, or the target --len
-    source: str = ""  # the measured point it was projected from (gate.PointKey.describe, with what varies)
+    source: str = ""  # the measured point it was projected from (points.PointKey.describe, with what varies)
     max_batch: int = 0  # the largest batch the profile's memory holds (planning); above it the step cannot run
 
     @property
@@ -364,7 +364,7 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
     them: method and config, model, dtype, length, batch and run settings); repeats are merged by the median of
     their measured fractions (they are deterministic for a seed, so repeats normally agree). Each projection names
     its source point, so rows projected to one target shape from different points can be told apart."""
-    from scoutbench.analysis.gate import point_key, point_labels
+    from scoutbench.analysis.points import point_key, point_labels
 
     groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for r in results:

@@ -32,7 +32,7 @@ from scoutbench.analysis.figures import (
     ablation_groups,
     draw_all,
 )
-from scoutbench.analysis.gate import (
+from scoutbench.analysis.points import (
     PointKey,
     as_number,
     batch_order,

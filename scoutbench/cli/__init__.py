@@ -107,7 +107,7 @@ def _run() -> None:
     from scoutbench.errors import ScoutbenchError, exit_code, is_terminated
 
     if os.environ.get("SCOUTBENCH_EMULATE_CUDA") == "1":  # CUDA code paths on a CPU (the GPU check's dry run)
-        from scoutbench.emulated_cuda import activate_from_environment
+        from scoutbench.testing.emulated_cuda import activate_from_environment
 
         activate_from_environment()
     try:
