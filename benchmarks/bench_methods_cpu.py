@@ -24,11 +24,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 import torch  # noqa: E402
 
 from scoutbench.bench.throughput import ThroughputConfig, run_throughput
-from scoutbench.engine import SyntheticKVCache
 from scoutbench.methods import ALL_METHODS, METHODS
 from scoutbench.models import load_model
 from scoutbench.timing import STAGES
 from scoutbench.units import format_length, parse_length
+from scoutbench.workloads.synthetic_kv import SyntheticKVCache
 
 MODEL = "bench-attn16"
 

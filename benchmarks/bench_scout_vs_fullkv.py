@@ -18,9 +18,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 
 from scoutbench.bench.throughput import ThroughputConfig, run_throughput  # noqa: E402
 from scoutbench.devices import resolve_device, resolve_dtype  # noqa: E402
-from scoutbench.engine import SyntheticKVCache  # noqa: E402
 from scoutbench.models import load_model  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
+from scoutbench.workloads.synthetic_kv import SyntheticKVCache  # noqa: E402
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
 

@@ -12,16 +12,13 @@ ScoutAttention and InfiniGen predict the next layer's query.
 
 from __future__ import annotations
 
-import math
 import sys
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from scoutbench import planning
 from scoutbench.decode_ops import DecodeOps, choose_form
 from scoutbench.graphs import GraphRunner
 from scoutbench.kernels import cpu_attention
@@ -29,6 +26,7 @@ from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
+from scoutbench.workloads.synthetic_kv import SyntheticKVCache, SyntheticPrefill
 
 
 class DecodeEngine:
@@ -153,62 +151,15 @@ class DecodeEngine:
     def prefill_synthetic(self, lengths: torch.Tensor, seed: int = 0, key_skew: float = DEFAULT_KV_SKEW,
                           skew_block: int = 32, on_layer: Callable[[int, int], None] | None = None,
                           shared_kv: SyntheticKVCache | None = None) -> bool:
-        """Skip the prompt's forward pass: fill every layer with random K/V (decode-only benchmarks). True when they
-        came from `shared_kv` rather than drawn here.
-
-        Keys and values are standard normal; with `key_skew > 0` each run of `skew_block` keys gets a log-normal
-        magnitude (scale `exp(key_skew * N(0, 1))`): real KV caches have heavy-hitter regions that stay important
-        across decode steps, which is the temporal locality block-sparse offloading relies on; i.i.d. keys
-        (`key_skew=0`) make every step's selection independent, the worst case for ScoutAttention's resident set.
-        No RoPE is applied: a standard normal vector rotated by any fixed rotation is again standard normal, so
-        rotating keys and observation queries at their positions would change no statistic, at a read and write
-        of every key per layer. The tensors are filled in fixed pieces, each from its own generator
-        (`_fill_standard_normal_`), in parallel on a CPU.
-
-        With `shared_kv`, a prefill it holds (same shape, lengths, seed and skew) is ingested from there, and one it
-        admits is kept there for the next method. Otherwise one K and one V buffer serve every layer (methods copy
-        what they keep, as the contract says): a fresh tensor per layer faulted its pages in again, 2 x 256 MB per
-        layer of bench-attn16 at 32k.
-        """
-        batch = lengths.shape[0]
-        seq_len = int(lengths.max())
-        key = (tuple(lengths.tolist()), self.num_layers, self.num_heads, self.num_kv_heads, self.head_dim,
-               self.dtype, self.device, seed, key_skew, skew_block)
-        kept = None if shared_kv is None else shared_kv.lookup(key)
-        if kept is not None:
-            self.adopt_prefill(kept, lengths, on_layer)
-            return True
-        lengths = lengths.to(self.device)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        obs_index = self._obs_index(lengths, seq_len)
-        kv_shape = (batch, self.num_kv_heads, seq_len, self.head_dim)
-        q_shape = (batch, self.num_heads, obs_index.shape[1], self.head_dim)
-        if shared_kv is not None:
-            shared_kv.clear()
-        layer_bytes = (2 * math.prod(kv_shape) + math.prod(q_shape)) * self.dtype.itemsize
-        keep = shared_kv is not None and shared_kv.admits(self.num_layers * layer_bytes, self.device)
-        layers, k, v = [], None, None
-        for i in range(self.num_layers):
-            if keep or k is None:
-                k = torch.empty(kv_shape, device=self.device, dtype=self.dtype)
-                v = torch.empty_like(k)
-            _fill_standard_normal_(k, generator)
-            if key_skew > 0:
-                num_runs = -(-seq_len // skew_block)
-                scale = torch.exp(key_skew * torch.randn((batch, self.num_kv_heads, num_runs, 1), generator=generator,
-                                                         device=self.device)).to(self.dtype)
-                k.mul_(scale.repeat_interleave(skew_block, dim=2)[:, :, :seq_len])
-            _fill_standard_normal_(v, generator)
-            q = torch.randn(q_shape, generator=generator, device=self.device, dtype=self.dtype)
-            self.method.ingest_prefill(i, q, k, v, lengths)
-            if keep:
-                layers.append((q, k, v))
-            if on_layer is not None:
-                on_layer(i + 1, self.num_layers)
-        if keep:
-            shared_kv.store(key, layers)
-        self._set_positions(lengths)
-        return False
+        """Skip the prompt's forward pass: ingest the synthetic workload's random K/V for every layer
+        (`workloads/synthetic_kv.py`; decode-only benchmarks). True when they came from `shared_kv` rather than
+        drawn here."""
+        prefill = SyntheticPrefill(tuple(lengths.tolist()), self._obs_index(lengths, int(lengths.max())).shape[1],
+                                   self.num_layers, self.num_heads, self.num_kv_heads, self.head_dim, self.dtype,
+                                   self.device, seed, key_skew, skew_block)
+        layers, reused = prefill.layers(shared_kv)
+        self.adopt_prefill(layers, lengths, on_layer)
+        return reused
 
     @staticmethod
     def _obs_index(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -271,71 +222,6 @@ def _gather_positions(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     batch, heads, _, dim = q.shape
     idx = index[:, None, :, None].expand(batch, heads, index.shape[1], dim)
     return torch.gather(q, 2, idx)
-
-
-class SyntheticKVCache:
-    """One synthetic prefill's per-layer `(q_obs, k, v)` (DecodeEngine.prefill_synthetic), kept between the methods of
-    one run on a CPU so that every method after the first ingests the very same tensors instead of drawing them
-    again: random K/V come at about 1.2 GB/s on 2 cores, 4 s of each method's prefill at bench-attn16 32k (4.3 GB).
-
-    It holds one prefill at a time, and only while host memory allows: `admits` keeps a prefill only where it fits
-    in the usable host memory left once the running method has allocated its caches, and `make_room` drops it
-    before a run whose planned memory would not fit beside it. On CUDA nothing is kept: drawing there takes
-    milliseconds, and device memory is the scarce tier.
-    """
-
-    def __init__(self) -> None:
-        self.key: Any = None
-        self.layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-
-    def lookup(self, key: Any) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
-        """The kept layers of the prefill that `key` describes, or None."""
-        return self.layers if self.layers and key == self.key else None
-
-    def admits(self, nbytes: int, device: torch.device) -> bool:
-        """Whether a prefill of `nbytes` on `device` may be kept (asked after `clear`, the run's caches allocated)."""
-        usable = planning.usable_host_bytes()
-        return device.type == "cpu" and usable is not None and nbytes <= usable
-
-    def store(self, key: Any, layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        self.key, self.layers = key, layers
-
-    def make_room(self, need_bytes: int) -> None:
-        """Drop the kept prefill if a run that will allocate `need_bytes` would not fit beside it."""
-        usable = planning.usable_host_bytes()
-        if self.layers and usable is not None and need_bytes > usable:
-            self.clear()
-
-    def clear(self) -> None:
-        self.key, self.layers = None, []
-
-
-# elements per piece of a synthetic K/V tensor, each piece from its own generator: the pieces, hence the values, do not
-# depend on the thread count, and a 32k bench-attn16 tensor (134 MB in fp32) makes 16 of them
-SYNTHETIC_PIECE_ELEMENTS = 1 << 21
-
-
-def _fill_standard_normal_(x: torch.Tensor, generator: torch.Generator) -> None:
-    """Fill contiguous `x` with N(0, 1), one seed per piece drawn from `generator`, the pieces in parallel on a CPU.
-
-    torch's CPU `normal_` runs on one thread (a generator is sequential); at about 0.6 GB/s the random K/V were
-    most of the default benchmark's wall time. Measured on 2 cores: 0.11-0.14 s instead of 0.23-0.26 s for one 134
-    MB tensor.
-    """
-    flat = x.view(-1)
-    pieces = flat.split(SYNTHETIC_PIECE_ELEMENTS)
-    seeds = torch.randint(2**62, (len(pieces),), generator=generator, device=generator.device).tolist()
-
-    def fill(piece: torch.Tensor, piece_seed: int) -> None:
-        piece.normal_(generator=torch.Generator(device=x.device).manual_seed(piece_seed))
-
-    workers = min(torch.get_num_threads(), len(pieces)) if x.device.type == "cpu" else 1
-    if workers <= 1:
-        for piece, piece_seed in zip(pieces, seeds, strict=True):
-            fill(piece, piece_seed)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(fill, pieces, seeds))
 
 
 def register_hf_attention(name: str = "scoutbench_fullkv") -> str:

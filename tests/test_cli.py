@@ -175,8 +175,8 @@ def test_throughput_table_never_cuts_a_number(monkeypatch, capsys, tmp_path):
 
 
 def test_methods_of_one_run_decode_the_prefill_they_would_alone(monkeypatch, capsys, tmp_path):
-    """`--method A --method B` draws the synthetic prefill once (engine.SyntheticKVCache): B's work counters, which
-    follow its selections over that K/V, are those of B run alone."""
+    """`--method A --method B` draws the synthetic prefill once (workloads/synthetic_kv.SyntheticKVCache): B's work
+    counters, which follow its selections over that K/V, are those of B run alone."""
     from scoutbench.analysis.counter_gate import work_counters
 
     common = ["--model", "tiny-qwen3", "--len", "512", "--steps", "3", "--warmup", "1", "--method-arg", "budget=128",

@@ -4,8 +4,13 @@ methods of a run (`SyntheticKVCache`) without changing what any of them decodes.
 import pytest
 import torch
 
-from scoutbench.engine import SYNTHETIC_PIECE_ELEMENTS, DecodeEngine, SyntheticKVCache, _fill_standard_normal_
+from scoutbench.engine import DecodeEngine
 from scoutbench.methods import ABLATION_METHODS, ALL_METHODS, build_method, method_field_names
+from scoutbench.workloads.synthetic_kv import (
+    SYNTHETIC_PIECE_ELEMENTS,
+    SyntheticKVCache,
+    _fill_standard_normal_,
+)
 
 LENGTHS = [200, 137]
 SPARSE_ARGS = {"budget": 96, "block_size": 16, "dense_layers": 1}

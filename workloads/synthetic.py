@@ -35,7 +35,7 @@ class SyntheticWorkload:
     prefill: str = "real"
     # synthetic prefill only: log-normal spread of key magnitude per 32-token run (heavy hitters that persist
     # across steps, i.e. temporal locality); default from real attention (DEFAULT_KV_SKEW); 0 = i.i.d. keys, every
-    # step's selection independent (worst case). See DecodeEngine.prefill_synthetic.
+    # step's selection independent (worst case). See synthetic_kv.SyntheticPrefill.
     kv_skew: float = DEFAULT_KV_SKEW
 
     def __post_init__(self) -> None:

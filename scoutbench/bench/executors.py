@@ -53,7 +53,7 @@ class ThroughputRunner:
     worker does not, since the workers on one host would each keep a copy beside the others' runs."""
 
     def __init__(self, share_kv: bool) -> None:
-        from scoutbench.engine import SyntheticKVCache
+        from scoutbench.workloads.synthetic_kv import SyntheticKVCache
 
         self._loaded: Any = None
         self._shared_kv = SyntheticKVCache() if share_kv else None

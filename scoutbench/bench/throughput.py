@@ -31,7 +31,7 @@ from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
 if TYPE_CHECKING:  # the engine (and its kernels) is imported where a run starts
-    from scoutbench.engine import SyntheticKVCache
+    from scoutbench.workloads.synthetic_kv import SyntheticKVCache
 
 
 # an offloading method's host arena is its planned host bytes within this fraction (alignment, per-layer staging;
@@ -355,9 +355,9 @@ def run_methods(configs: list[ThroughputConfig], loaded: LoadedModel, log: Calla
     `progress(where)` gives a run's progress callback (`where`: "[2/5] scout")."""
     import contextlib
 
-    from scoutbench.engine import SyntheticKVCache
     from scoutbench.planning import format_bytes
     from scoutbench.runtime.offload import keep_host_memory, kept_host_memory
+    from scoutbench.workloads.synthetic_kv import SyntheticKVCache
 
     device = next(loaded.model.parameters()).device
     dtype_name = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
