@@ -12,7 +12,7 @@ def _never(*args, **kwargs):
 
 
 def test_aliases_given_twice_are_refused(monkeypatch, capsys, tmp_path):
-    """`--method full --method fullkv` ran FullKV twice and reported one at 0.50x of the other."""
+    """`--method full --method fullkv` names one method twice: a usage error, not two runs of FullKV."""
     monkeypatch.setattr("scoutbench.models.load_model", _never)
     for command in (["throughput", *TINY_1K], ["sweep", "--len", "64"]):
         code, _, err = run_cli(monkeypatch, capsys, *command, "--method", "full", "--method", "fullkv",

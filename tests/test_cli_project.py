@@ -39,7 +39,8 @@ def _fake_profile(*args, **kwargs) -> dict:
 
 
 def test_project_table_names_each_source_point_and_the_prompt_length(tmp_path, monkeypatch, capsys):
-    """`project` printed identical rows for different source points, and `len 32773` for a 32k run."""
+    """`project` names the source point of each row where two rows share a target, and shows a 32k run's prompt
+    length as 32k."""
     runs = _projection_inputs(tmp_path)
     code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200")
     assert code == 0, err
@@ -62,7 +63,7 @@ def test_project_budget_and_block_size_without_a_method_that_has_them_are_refuse
 
 
 def test_calibrate_and_project_never_overwrite_silently(tmp_path, monkeypatch, capsys):
-    """`calibrate -o` and `project -o` replaced existing files, unlike every other command."""
+    """`calibrate -o` and `project -o` refuse an existing file without --overwrite, as every other command does."""
     monkeypatch.setattr("scoutbench.bench.calibration.calibrate", _never)  # refused before half a minute of measuring
     existing = tmp_path / "mine.json"
     existing.write_text("{}")

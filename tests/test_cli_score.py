@@ -15,7 +15,7 @@ from random_results import ODD_VALUES, PROPERTY_SETTINGS, run_main
 
 
 def test_score_refuses_a_nan_length(tmp_path, monkeypatch, capsys):
-    """`"length": NaN` was put in the 8k+ bucket."""
+    """`"length": NaN` is refused, not put in a LongBench-E bucket."""
     path = tmp_path / "qasper_e.jsonl"
     path.write_text('{"pred": "a", "answers": ["a"], "length": NaN}\n')
     code, out, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper_e", path, "--json")
@@ -23,8 +23,7 @@ def test_score_refuses_a_nan_length(tmp_path, monkeypatch, capsys):
 
 
 def test_score_prints_a_longbench_e_files_buckets(tmp_path, monkeypatch, capsys):
-    """A sibling found on the way: the table form of `score --dataset qasper_e` crashed (a dict formatted as a
-    number), only --json worked."""
+    """The table form of `score --dataset qasper_e` prints the buckets (the --json form has them too)."""
     path = tmp_path / "qasper_e.jsonl"
     path.write_text('{"pred": "Paris", "answers": ["Paris"], "length": 100}\n')
     code, out, err = run_cli(monkeypatch, capsys, "score", "--dataset", "qasper_e", path)

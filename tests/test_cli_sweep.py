@@ -19,7 +19,7 @@ def _words(text: str) -> str:
 
 
 def test_sweep_table_shows_the_cpu_wait_share():
-    """The sweep's final table showed idle 0.0 for HGCA on CPU while its JSON said 17.4%."""
+    """The sweep's final table shows a CPU run's main-thread wait share (HGCA's 17.4% here), as its JSON does."""
     from scoutbench.cli.sweep import _sweep_table
 
     manifest = {"settings": {"model": "tiny-qwen3", "prefill": "synthetic", "steps": 8}, "points": [
@@ -32,7 +32,7 @@ def test_sweep_table_shows_the_cpu_wait_share():
 
 
 def test_a_presets_own_budget_is_not_a_usage_error(monkeypatch, capsys, tmp_path):
-    """`sweep --preset lengths --method fullkv` blamed a --budget the user never passed."""
+    """`sweep --preset lengths --method fullkv` runs FullKV without the preset's budget, not a --budget usage error."""
     from scoutbench.errors import ScoutbenchError
 
     seen = {}

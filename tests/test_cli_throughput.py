@@ -36,8 +36,8 @@ def _words(text: str) -> str:
 
 
 def test_batch_auto_is_checked_against_free_memory_without_allocating(monkeypatch, capsys, tmp_path):
-    """`--batch auto --gpu-mem 1TiB` on CPU grew to 23 GB and was OOM-killed (exit 137): the planned batch
-    (179557) skipped the free-memory check. Free memory is faked here and the run itself is never reached."""
+    """`--batch auto --gpu-mem 1TiB` on a CPU plans a batch (179557) that free host memory cannot hold: refused
+    before anything is allocated. Free memory is faked here and the run itself is never reached."""
     import scoutbench.bench.throughput as throughput
 
     monkeypatch.setattr("scoutbench.planning.available_host_bytes", lambda: 8 * GIB)
@@ -67,7 +67,8 @@ def test_batch_auto_that_fits_free_memory_still_runs(monkeypatch, capsys, tmp_pa
 
 
 def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_comparison():
-    """The header said "batch 151" while ScoutAttention ran at 109, and "vs full" compared two batches."""
+    """At --batch auto the table gives each method's batch and labels the comparison with FullKV per sequence
+    where the batches differ."""
     from scoutbench.cli.throughput import _table
 
     def result(method, tok_s, batch):
@@ -86,7 +87,7 @@ def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_compari
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_kv_skew_must_be_finite(value, monkeypatch, capsys, tmp_path):
-    """`--kv-skew nan` was accepted and stored as the string "nan"."""
+    """`--kv-skew` takes finite numbers only."""
     monkeypatch.setattr("scoutbench.models.load_model", _never)
     code, out, err = run_cli(monkeypatch, capsys, "throughput", *TINY_1K, "--method", "fullkv", "--kv-skew", value,
                              "-o", tmp_path)
@@ -228,7 +229,7 @@ def test_synthetic_prefill_and_ragged_batch(monkeypatch, capsys, tmp_path):
 
 
 def test_memory_check_refuses_what_cannot_fit(monkeypatch, capsys, tmp_path):
-    """`--len 64m` used to grow until the kernel killed it (exit 137, no message): now one line before any work."""
+    """`--len 64m` needs more host memory than there is: one error line before any work, and no result file."""
     code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "scout", "--model", "tiny-qwen3", "--len",
                            "64m", "--prefill", "synthetic", "-o", str(tmp_path))
     line = _one_error_line(err)
@@ -282,9 +283,9 @@ def test_dense_layers_is_one_run_level_setting(monkeypatch, capsys, tmp_path):
 
 def test_each_method_is_freed_before_the_next_one_runs(monkeypatch, capsys, tmp_path):
     """A finished method's storage is freed as the run ends, without waiting for the garbage collector: the
-    context reaches the engine weakly (method -> context -> engine -> method was a cycle) and HGCA drops its
-    deferred bound methods at close. A FullKV left alive at 32k on bench-attn16 is 4 GB that the next method's
-    memory check counted as used."""
+    context reaches the engine weakly (method -> context -> engine -> method would be a cycle) and HGCA drops its
+    deferred bound methods at close. A FullKV left alive at 32k on bench-attn16 would be 4 GB that the next
+    method's memory check counts as used."""
     import gc
 
     from scoutbench.bench import throughput
@@ -332,8 +333,7 @@ def test_each_result_is_written_as_soon_as_its_method_finishes(monkeypatch, caps
 @pytest.mark.parametrize("where", ["resolve", "run"])
 def test_a_failing_method_writes_a_failed_result_and_the_next_one_runs(monkeypatch, capsys, tmp_path, where):
     """A method refused before the runs start (its memory check) or failing while it runs gets a failed result
-    with its error, and the other methods still run and are written; the command exits 1 and names it. (A
-    refusal of the second method once ended the command before the first one ran: no result at all.)"""
+    with its error, and the other methods still run and are written; the command exits 1 and names it."""
     import scoutbench.bench.throughput as throughput
 
     real = {"resolve": throughput.check_memory, "run": throughput.run_throughput}[where]

@@ -16,8 +16,7 @@ def _never(*args, **kwargs):
 
 
 def test_the_same_fault_has_the_same_exit_code_in_every_command(tmp_path, monkeypatch, capsys):
-    """Unwritable output was 2 in `report` and 1 in `throughput`; a bad model folder 2 in `plan`, 1 in
-    `throughput`."""
+    """An unwritable output is exit 1 and a bad model folder exit 2, in every command that takes them."""
     monkeypatch.setattr("scoutbench.bench.calibration.calibrate", _never)
     runs = write_results(tmp_path / "runs", [make_result("fullkv", 40.0)])
     unwritable = "/proc/forbidden/out"

@@ -275,7 +275,7 @@ def _with(result: dict, **workload) -> dict:
 
 
 def test_gate_refuses_nan_and_zero_throughput_instead_of_passing(tmp_path, monkeypatch, capsys):
-    """A NaN throughput passed ("ok"); zeros gave "improved" (step 0 ms) next to "REGRESSED" (0 tok/s)."""
+    """A NaN or zero throughput (or a zero baseline) is INVALID: never "ok", "improved" or "REGRESSED"."""
     base = write_results(tmp_path / "base", [make_result("fullkv", 100.0)])
     nan = make_result("fullkv", 100.0)
     nan["decode_throughput_tok_s"] = float("nan")
@@ -316,7 +316,7 @@ def test_gate_refuses_a_nan_accuracy_and_a_nan_ratio():
 @pytest.mark.parametrize("setting, base_value, cur_value", [
     ("steps", 8, 16), ("warmup", 2, 0), ("seed", 0, 1), ("kv_skew", 0.3, 0.075), ("prefill", "real", "synthetic")])
 def test_gate_refuses_points_run_with_other_settings_naming_the_setting(setting, base_value, cur_value):
-    """The baseline ran with other steps / warm-up / seed / kv_skew / prefill: compared without a note before."""
+    """A baseline run with other steps / warm-up / seed / kv_skew / prefill is a MISMATCH that names the setting."""
     baseline = [_with(make_result("fullkv", 100.0), **{setting: base_value})]
     current = [_with(make_result("fullkv", 60.0), **{setting: cur_value})]
     report = compare(baseline, current, parse_tolerances([]))
@@ -344,7 +344,7 @@ def test_ratio_gate_does_not_divide_points_run_with_other_settings():
 
 
 def test_gate_that_compared_nothing_fails(tmp_path, monkeypatch, capsys):
-    """`--allow-missing` with nothing matched said "gate passed (3 comparisons)"."""
+    """`--allow-missing` with nothing matched fails ("compared nothing"), for the timing and the counter gate."""
     base, cur = (write_results(tmp_path / "base", [make_result("fullkv", 100.0, length=4096 * i) for i in (1, 2, 4)]),
                  write_results(tmp_path / "cur", [make_result("fullkv", 100.0, length=3000)]))
     code, out = _gate(monkeypatch, capsys, base, cur, "--allow-missing")
@@ -365,7 +365,7 @@ def test_gate_passes_with_the_count_of_real_comparisons(tmp_path, monkeypatch, c
 
 
 def test_gate_labels_carry_the_dtype(tmp_path, monkeypatch, capsys):
-    """A failed float32 baseline point and a bfloat16 current one showed as one label, "skipped" and "new"."""
+    """A float32 baseline point and a bfloat16 current one get labels that tell them apart."""
     failed = make_result("fullkv", status="failed", error="boom")
     bf16 = make_result("fullkv", 100.0)
     bf16["model"]["dtype"] = "bfloat16"

@@ -23,7 +23,8 @@ def _never(*args, **kwargs):
     ["cosine", "--model", "smollm2-135m", "--len", "10k"],
 ])
 def test_prompts_longer_than_the_models_context_are_refused_before_loading(command, monkeypatch, capsys, tmp_path):
-    """smollm2 at --len 10k scored 0 silently; qwen2.5-0.5b took --len 40k and 1m."""
+    """A length past the model's context window (smollm2 at 10k, qwen2.5-0.5b at 40k and 1m) is a usage error before
+    any model loads, in every command that takes one."""
     monkeypatch.setattr("scoutbench.models.load_model", _never)
     monkeypatch.setattr("scoutbench.gguf_models.load_gguf_model", _never)
     out_flag = [] if command[0] == "cosine" else ["-o", str(tmp_path / ("o.json" if command[0] == "fidelity" else "o"))]
@@ -54,7 +55,7 @@ def test_a_real_prefill_past_the_window_of_a_loaded_model_is_refused(smollm2):
 
 
 def test_plan_refuses_an_unsupported_architecture_in_one_line(tmp_path, monkeypatch, capsys):
-    """`plan --model DIR` with a gpt2 config gave an AttributeError traceback."""
+    """`plan --model DIR` with an architecture the engine does not walk (gpt2) is one error line, no traceback."""
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2,
                                                                "n_head": 2, "vocab_size": 100, "bos_token_id": 0,

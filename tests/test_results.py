@@ -19,7 +19,7 @@ def _never(*args, **kwargs):
 
 
 def test_symlink_loops_and_broken_links_are_named(tmp_path, monkeypatch, capsys):
-    """A symlink loop as -o was reported as "File exists"."""
+    """A symlink loop or a broken symlink as -o is named as such, not reported as "File exists"."""
     monkeypatch.setattr("scoutbench.models.load_model", _never)
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
@@ -47,7 +47,7 @@ def test_messages_are_not_garbled(tmp_path):
 
 
 def test_accuracy_takes_its_lock_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    """A second accuracy run into the same folder found the lock only after the model had loaded."""
+    """A second accuracy run into a folder another run is writing is refused before its model loads."""
     from scoutbench.results import output_lock
 
     monkeypatch.setattr("scoutbench.models.load_model", _never)
