@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # same dense layers.
 DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LENGTH = 32 * 1024
-# (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes half a second
+# (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes over 100 ms
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
 
 

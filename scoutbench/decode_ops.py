@@ -2,7 +2,7 @@
 in one of three forms, chosen once per engine:
 
 - `cpu-kernel` (a CPU with the compiled library): `kernels/cpu_decode`, one call where HF makes ~45 torch ops and
-  at the memory rate where torch's sgemv read weights at half of it; sums within fp32 rounding of HF's.
+  at the memory rate where torch's sgemv reads weights at half of it; sums within fp32 rounding of HF's.
 - `fused` (CUDA, and a CPU without the library): few torch calls per layer, because on a GPU each call costs 5-20 us
   of host time and a decode step of thousands of them is launch-bound. One `F.rms_norm` per norm (HF's takes
   seven ops); RoPE as `x * cos + (x @ R) * sin` with R the signed permutation of HF's `rotate_half` (exact: R has

@@ -39,7 +39,7 @@ def cpu_model() -> str:
 def device_description(device: torch.device) -> dict[str, Any]:
     """The result's `device`: its `class` is what the gate matches baselines on (same GPU, or same CPU model, vector
     instruction set and threads). The instruction set is in the class because a VM's model name can hide it: Zen 3
-    and Zen 4 guests both read "AMD EPYC", and the CPU kernels run 3-4x apart on them (AVX2 against AVX-512)."""
+    and Zen 4 guests both read "AMD EPYC", and the CPU kernels take different paths on them (AVX2 or AVX-512, docs/platform.md)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         return {"type": "cuda", "name": name, "class": f"cuda:{name}", "index": device.index or 0}

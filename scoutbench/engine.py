@@ -58,7 +58,7 @@ class DecodeEngine:
         """Bind the method to this model and run shape; storage for `max_len` tokens per sequence. With
         `cuda_graphs` (a CUDA device) the decode steps replay captured graphs (scoutbench/graphs.py)."""
         # the method keeps its context, so a bound `self.predict_query` would make engine -> method -> engine a
-        # reference cycle: a finished run's KV storage (GBs) then lived on until the next full garbage collection
+        # reference cycle, which would keep a finished run's KV storage (GBs) until the next full garbage collection
         predict_query = weakref.WeakMethod(self.predict_query)
         host = weakref.WeakMethod(self.host)
         ctx = MethodContext(

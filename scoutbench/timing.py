@@ -57,8 +57,8 @@ UNCOUNTED_CALLS = METADATA_CALLS | {torch.Tensor.data_ptr, torch.Tensor.is_conti
 class TorchCallCounter(TorchFunctionMode):
     """Counts the torch calls issued by the thread that enters it (a torch function mode is thread-local: the
     CPU worker's calls are not the decode loop's), metadata reads excluded (`UNCOUNTED_CALLS`). Only the outermost call counts: what a
-    torch function calls inside itself runs with the mode off. About 2.5 us per call on top of the call itself,
-    so counted steps are never timed ones (bench/throughput.py counts extra steps after the timed ones)."""
+    torch function calls inside itself runs with the mode off. The mode adds Python work to every call, so
+    counted steps are never timed ones (bench/throughput.py counts extra steps after the timed ones)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,7 +82,7 @@ class StageTimer:
         self._step_start: object = None
         self._host_start = 0.0
         self._host_wait_s = 0.0
-        # CUDA: timing events reused from step to step (a fresh event per stage cost a call and an allocation each)
+        # CUDA: timing events reused from step to step (a fresh event per stage costs a call and an allocation)
         self._events: list[Any] = []
         self._next_event = 0
         self.enabled = True

@@ -120,3 +120,20 @@ def test_more_host_calls_per_step_fail(baseline):
     assert counter_gate(with_host, with_host).passed
     report = counter_gate(with_host, more)
     assert not report.passed and {row.metric for row in report.failures} == {"host.torch_calls_per_step"}
+
+
+def _with(result: dict, **workload) -> dict:
+    out = copy.deepcopy(result)
+    out["workload"].update(workload)
+    return out
+
+
+def test_counter_gate_refuses_other_settings_instead_of_regressed_or_improved():
+    """Same counters, other steps: "improved 0.625"; other kv_skew: "REGRESSED". Now MISMATCH, naming it."""
+    baseline = load_results([BASELINE / "run1"])
+    for setting, value in (("steps", 16), ("kv_skew", 0.3)):
+        current = [_with(r, **{setting: value}) for r in baseline]
+        report = counter_gate(baseline, current)
+        verdicts = {row.verdict for row in report.rows}
+        assert verdicts == {"MISMATCH"} and not report.passed, (setting, verdicts)
+        assert all(f"{setting} " in row.note for row in report.rows)

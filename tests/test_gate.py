@@ -3,17 +3,26 @@ exit codes (0 pass, 1 regression, 2 usage error or unreadable input) through the
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import cli_runner
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from random_results import BASELINE, PROPERTY_SETTINGS, result_files, run_main, write_documents
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
+from scoutbench.analysis.counter_gate import counter_gate
 from scoutbench.analysis.gate import compare, parse_ratio, parse_tolerances, run_gate
 from scoutbench.analysis.points import point_key
 from scoutbench.errors import UsageError
+from scoutbench.results import load_results
 
 
 def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:
@@ -253,3 +262,180 @@ def test_a_file_a_sweep_made_beside_its_points_matches_by_name_not_by_folder(tmp
     other = write_results(tmp_path / "other", [scout(tmp_path / "elsewhere", "recall_profile-ab12.json")])
     code, out = run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", other)
     assert code == 1 and "MISSING" in out, out
+
+
+def _gate(monkeypatch, capsys, base, cur, *extra) -> tuple[int, str]:
+    return run_cli(monkeypatch, capsys, "gate", "--baseline", base, "--current", cur, *extra)
+
+
+def _with(result: dict, **workload) -> dict:
+    out = copy.deepcopy(result)
+    out["workload"].update(workload)
+    return out
+
+
+def test_gate_refuses_nan_and_zero_throughput_instead_of_passing(tmp_path, monkeypatch, capsys):
+    """A NaN or zero throughput (or a zero baseline) is INVALID: never "ok", "improved" or "REGRESSED"."""
+    base = write_results(tmp_path / "base", [make_result("fullkv", 100.0)])
+    nan = make_result("fullkv", 100.0)
+    nan["decode_throughput_tok_s"] = float("nan")
+    nan_text = json.dumps(nan)  # json writes the literal NaN, which json.loads reads back as a float
+    assert "NaN" in nan_text
+    (tmp_path / "nan").mkdir()
+    (tmp_path / "nan" / "r.json").write_text(nan_text)
+    code, out = _gate(monkeypatch, capsys, base, tmp_path / "nan")
+    assert code == 1 and "INVALID" in out and "not a measurement" in out and "gate passed" not in out, out
+    as_written = make_result("fullkv", 100.0)
+    as_written["decode_throughput_tok_s"] = "nan"  # how scoutbench itself writes a non-finite float
+    write_results(tmp_path / "nan_text", [as_written])
+    code, out = _gate(monkeypatch, capsys, base, tmp_path / "nan_text")
+    assert code == 1 and "INVALID" in out, out
+    zero = make_result("fullkv", 100.0)
+    zero["decode_throughput_tok_s"] = 0.0
+    zero["decode_step_ms"]["median"] = 0.0
+    report = compare([make_result("fullkv", 100.0)], [zero], parse_tolerances([]))
+    assert {row.verdict for row in report.rows} == {"INVALID"} and not report.passed
+    report = compare([zero], [make_result("fullkv", 100.0)], parse_tolerances([]))  # a zero baseline too
+    assert {row.verdict for row in report.rows} == {"INVALID"} and "refresh the baseline" in report.rows[0].note
+
+
+def test_gate_refuses_a_nan_accuracy_and_a_nan_ratio():
+    report = compare([make_accuracy("scout", {"qasper": 40.0})], [make_accuracy("scout", {"qasper": float("nan")})],
+                     parse_tolerances([]))
+    assert [row.verdict for row in report.rows] == ["INVALID"] and not report.passed
+    zero_score = compare([make_accuracy("scout", {"qasper": 0.0})], [make_accuracy("scout", {"qasper": 0.0})],
+                         parse_tolerances([]))
+    assert [row.verdict for row in zero_score.rows] == ["ok"]  # 0 is a real accuracy score, unlike 0 tok/s
+    scout = make_result("scout", 200.0, config=SCOUT_CONFIG)
+    scout["decode_throughput_tok_s"] = float("nan")
+    report = run_gate(None, [make_result("fullkv", 50.0), scout], parse_tolerances([]),
+                      [parse_ratio("scout/fullkv>=2")])
+    assert [row.verdict for row in report.ratio_rows] == ["INVALID"] and not report.passed
+
+
+@pytest.mark.parametrize("setting, base_value, cur_value", [
+    ("steps", 8, 16), ("warmup", 2, 0), ("seed", 0, 1), ("kv_skew", 0.3, 0.075), ("prefill", "real", "synthetic")])
+def test_gate_refuses_points_run_with_other_settings_naming_the_setting(setting, base_value, cur_value):
+    """A baseline run with other steps / warm-up / seed / kv_skew / prefill is a MISMATCH that names the setting."""
+    baseline = [_with(make_result("fullkv", 100.0), **{setting: base_value})]
+    current = [_with(make_result("fullkv", 60.0), **{setting: cur_value})]
+    report = compare(baseline, current, parse_tolerances([]))
+    (row,) = report.rows
+    assert row.verdict == "MISMATCH" and not report.passed
+    assert f"{setting} {base_value} in the baseline vs {cur_value} now" in row.note
+
+
+def test_gate_refuses_a_run_level_setting_and_a_dtype_difference():
+    dense = make_result("fullkv", 100.0)
+    dense["dense_layers"] = 2  # a run-level option (--dense-layers) is part of the point too
+    (row,) = compare([make_result("fullkv", 100.0)], [dense], parse_tolerances([])).rows
+    assert row.verdict == "MISMATCH" and "dense_layers unset in the baseline vs 2 now" in row.note
+    bf16 = make_result("fullkv", 100.0)
+    bf16["model"]["dtype"] = "bfloat16"
+    (row,) = compare([make_result("fullkv", 100.0)], [bf16], parse_tolerances([])).rows
+    assert row.verdict == "MISMATCH" and "dtype float32 in the baseline vs bfloat16 now" in row.note
+
+
+def test_ratio_gate_does_not_divide_points_run_with_other_settings():
+    scout = _with(make_result("scout", 400.0, config=SCOUT_CONFIG), steps=32)
+    report = run_gate(None, [make_result("fullkv", 50.0), scout], parse_tolerances([]),
+                      [parse_ratio("scout/fullkv>=2")])
+    assert [row.verdict for row in report.ratio_rows] == ["MISSING"]
+
+
+def test_gate_that_compared_nothing_fails(tmp_path, monkeypatch, capsys):
+    """`--allow-missing` with nothing matched fails ("compared nothing"), for the timing and the counter gate."""
+    base, cur = (write_results(tmp_path / "base", [make_result("fullkv", 100.0, length=4096 * i) for i in (1, 2, 4)]),
+                 write_results(tmp_path / "cur", [make_result("fullkv", 100.0, length=3000)]))
+    code, out = _gate(monkeypatch, capsys, base, cur, "--allow-missing")
+    assert code == 1 and "compared nothing" in out and "gate passed" not in out, out
+    baseline = load_results([BASELINE / "run1"])
+    report = counter_gate(baseline, [], allow_missing=True)
+    assert not report.passed and report.comparisons == 0
+    code, out = run_cli(monkeypatch, capsys, "gate", "--counters", "--baseline", BASELINE / "run1",
+                        "--current", cur, "--allow-missing")
+    assert code == 1 and "compared nothing" in out, out
+
+
+def test_gate_passes_with_the_count_of_real_comparisons(tmp_path, monkeypatch, capsys):
+    base = write_results(tmp_path / "base", [make_result("fullkv", 100.0), make_result("fullkv", 50.0, length=8192)])
+    cur = write_results(tmp_path / "cur", [make_result("fullkv", 100.0)])
+    code, out = _gate(monkeypatch, capsys, base, cur, "--allow-missing")
+    assert code == 0 and "gate passed (2 comparisons; 1 skipped)" in out, out
+
+
+def test_gate_labels_carry_the_dtype(tmp_path, monkeypatch, capsys):
+    """A float32 baseline point and a bfloat16 current one get labels that tell them apart."""
+    failed = make_result("fullkv", status="failed", error="boom")
+    bf16 = make_result("fullkv", 100.0)
+    bf16["model"]["dtype"] = "bfloat16"
+    report = compare([failed, make_result("quest", 90.0)], [bf16, make_result("quest", 90.0)], parse_tolerances([]))
+    labels = {row.verdict: row.point for row in report.rows}
+    assert labels["skipped"] != labels["new"] and "float32" in labels["skipped"] and "bfloat16" in labels["new"]
+
+
+def test_a_failed_sweep_point_is_failed_in_the_gate_not_run_with_other_settings():
+    """Guards the point identity (the gate judges only what is comparable): a failed sweep point's file lacked the
+    workload's kv_skew, so with the settings in the key it would have read as "run with other settings" (MISMATCH)
+    instead of FAILED."""
+    from scoutbench.bench.throughput import ThroughputConfig, failed_result
+
+    cfg = ThroughputConfig(method="fullkv", model="tiny-qwen3", length=4096, steps=8, warmup=2, prefill="synthetic")
+    failed = failed_result(cfg, "out of memory", {"type": "cpu", "class": "cpu:Test CPU:2t"}, "float32")
+    ok = make_result("fullkv", 100.0)
+    ok["workload"]["kv_skew"] = cfg.kv_skew
+    (row,) = compare([ok], [failed], parse_tolerances([])).rows
+    assert row.verdict == "FAILED" and row.note == "out of memory"
+
+
+def test_gate_says_when_batch_auto_chose_other_batches():
+    def auto(batch):
+        result = make_result("scout", 100.0 * batch, batch=batch, config=SCOUT_CONFIG)
+        result["batch_plan"] = {"mode": "auto", "planned": batch}
+        return result
+
+    (tok_s, step) = sorted(compare([auto(16)], [auto(12)], parse_tolerances([])).rows, key=lambda r: r.metric)
+    assert "--batch auto ran at 16 in the baseline vs 12 now" in step.note
+
+
+@settings(max_examples=150, **PROPERTY_SETTINGS)
+@given(baseline=result_files(), current=result_files(), allow_missing=st.booleans())
+def test_gate_never_crashes_and_never_passes_on_a_point_it_did_not_compare(baseline, current, allow_missing):
+    from scoutbench.analysis.gate import COMPARED, GATED_KINDS, fail_if_regressed, load_side
+    from scoutbench.analysis.points import THROUGHPUT_METRICS, group_points, point_labels
+    from scoutbench.errors import ScoutbenchError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base, cur = write_documents(Path(tmp) / "base", baseline), write_documents(Path(tmp) / "cur", current)
+        extra = ["--allow-missing"] if allow_missing else []
+        code, out, err = run_main("gate", "--baseline", base, "--current", cur, *extra)
+        assert code in (0, 1, 2) and "Traceback" not in err, err
+        code, out, err = run_main("gate", "--counters", "--baseline", base, "--current", cur, *extra)
+        assert code in (0, 1, 2) and "Traceback" not in err, err
+        try:
+            base_results = load_side([str(base)], "baseline", lambda path, why: None)
+            cur_results = load_side([str(cur)], "current", lambda path, why: None)
+            report = run_gate(base_results, cur_results, parse_tolerances([]), [], allow_missing=allow_missing)
+        except ScoutbenchError:
+            return  # refused as a whole (no usable results, other hardware): never a pass
+    for row in report.rows:
+        if row.verdict in COMPARED:  # a comparison is of two measured values
+            assert math.isfinite(row.baseline) and math.isfinite(row.current), row
+            if row.metric in THROUGHPUT_METRICS:
+                assert row.baseline > 0 and row.current > 0, row
+    if not report.passed:
+        with pytest.raises(ScoutbenchError):
+            fail_if_regressed(report)
+        return
+    fail_if_regressed(report)
+    assert report.comparisons > 0
+    gated = [r for r in [*base_results, *cur_results] if r.get("kind") in GATED_KINDS]
+    labels = point_labels(gated)
+    for key, point in group_points([r for r in base_results if r.get("kind") in GATED_KINDS]).items():
+        if not point.ok:
+            continue
+        rows = [r for r in report.rows if r.point == key.describe(labels.get(key))]
+        # every baseline point was compared, or is listed as skipped with its reason (missing and allowed to be,
+        # or without a gated metric): never passed over in silence
+        assert any(r.compared for r in rows) or any(r.verdict == "skipped" and r.note for r in rows), (key, rows)
+        assert allow_missing or not any("not in current run" in r.note for r in rows)

@@ -122,3 +122,16 @@ def test_the_dense_layers_flag_sets_the_methods_dense_layers_field():
     from scoutbench.methods.base import DENSE_LAYERS_FIELD
 
     assert DENSE_LAYERS.field == DENSE_LAYERS_FIELD
+
+
+TINY_1K = ("--model", "tiny-qwen3", "--len", "1k", "--steps", "2", "--warmup", "0")
+
+
+def test_block_size_without_a_method_that_has_one_is_refused_like_budget(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    for command in (["throughput", *TINY_1K], ["sweep", "--len", "64"], ["plan", "--len", "1k", "--gpu-mem", "1GiB",
+                                                                      "--model", "tiny-qwen3"]):
+        output = [] if command[0] == "plan" else ["-o", str(tmp_path / command[0])]
+        code, _, err = run_cli(monkeypatch, capsys, *command, "--method", "fullkv", "--method", "hgca",
+                               "--block-size", "16", *output)
+        assert code == 2 and "--block-size: no selected method has a block size" in err, (command, err)

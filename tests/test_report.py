@@ -4,8 +4,14 @@ numbers follow from the inputs, and every unused input listed with its reason.""
 from __future__ import annotations
 
 import json
+import math
 import sys
+import tempfile
+from pathlib import Path
 
+from cli_runner import run_cli
+from hypothesis import given, settings
+from random_results import PROPERTY_SETTINGS, result_files, write_documents
 from result_factory import SCOUT_CONFIG, make_accuracy, make_result, write_results
 
 from scoutbench.analysis.report import build_report
@@ -268,3 +274,62 @@ def test_a_field_that_told_only_a_dropped_series_apart_is_not_in_the_legend(tmp_
     assert ">ScoutAttention<" in svg and ">FullKV<" in svg and "budget" not in svg
     assert any("series with one length only, not drawn: ScoutAttention, budget 512" in why
                for _, why in report.skipped)
+
+
+def test_report_shows_the_median_of_two_runs_not_the_lower_one(tmp_path):
+    from scoutbench.analysis.report import build_report
+
+    folder = write_results(tmp_path / "runs", [make_result("fullkv", 19.0), make_result("fullkv", 25.0)])
+    report = build_report([folder], tmp_path / "out")
+    (point,) = report.points
+    assert point.tok_s == 22.0
+    summary = report.summary.read_text()
+    assert "| 22.00 |" in summary and "| 19.00 |" not in summary and "median of 2 runs" in summary
+
+
+def test_report_and_gate_skip_a_foreign_schema_and_a_result_without_its_step_time(tmp_path, monkeypatch, capsys):
+    from scoutbench.analysis.report import build_report
+
+    folder = write_results(tmp_path / "runs", [make_result("fullkv", 40.0)])
+    (folder / "future.json").write_text(json.dumps({**make_result("scout", 80.0), "schema_version": 99}))
+    no_step = make_result("quest", 60.0)
+    del no_step["decode_step_ms"]
+    (folder / "no_step.json").write_text(json.dumps(no_step))
+    report = build_report([folder], tmp_path / "out")
+    skipped = {Path(what).name: why for what, why in report.skipped}
+    assert [p.method for p in report.points] == ["fullkv"]
+    assert "schema_version 99, but this scoutbench reads schema_version 2" in skipped["future.json"]
+    assert "missing decode_step_ms" in skipped["no_step.json"]
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--current", folder, "--ratio", "quest/fullkv>=1")
+    assert code == 1 and "skipped" in out and "schema_version 99" in out and "MISSING" in out, out + err
+
+
+def test_report_without_matplotlib_names_the_extra_in_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    (tmp_path / "empty").mkdir()
+    code, out, err = run_cli(monkeypatch, capsys, "report", tmp_path / "empty", "-o", tmp_path / "out")
+    assert code == 1 and err.strip() == ("error: scoutbench report (its figures) needs matplotlib, which is not "
+                                         "installed: pip install 'scoutbench[report]'"), err
+
+
+def test_readme_install_line_installs_the_report_extra():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    install = next(line for line in readme.splitlines() if "pip install torch" in line)
+    assert '".[report]"' in install
+
+
+@settings(max_examples=25, **PROPERTY_SETTINGS)
+@given(documents=result_files())
+def test_report_never_crashes_on_random_result_files(documents):
+    from scoutbench.analysis.report import build_report
+    from scoutbench.errors import ScoutbenchError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_documents(Path(tmp) / "runs", documents)
+        try:
+            report = build_report([folder], Path(tmp) / "out", formats=("svg",))  # the cheapest to render
+        except ScoutbenchError:
+            return
+        assert report.summary.exists()
+        for point in report.points:  # only measurements are plotted and tabulated
+            assert math.isfinite(point.tok_s) and point.tok_s > 0 and math.isfinite(point.step_ms)

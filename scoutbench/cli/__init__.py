@@ -84,7 +84,7 @@ def main() -> None:
     """Entry point: user-fixable errors become one line on stderr and the exit code of the one table
     (scoutbench.errors.EXIT_CODES, docs/exit_codes.md)."""
     # OpenMP threads that spin while waiting steal the cores a concurrent CPU attention worker (or a loaded
-    # machine) needs: measured 2-10x slower CPU steps with the default policy. Must be set before torch loads.
+    # machine) needs (docs/platform.md, "OpenMP wait policy"). Must be set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints as `\udce9`, not a traceback
         if hasattr(stream, "reconfigure"):

@@ -1,0 +1,28 @@
+"""Helpers of the emulated CUDA graph tests: capture a piece into a graph, and the error a refused capture
+raised first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+NOT_PERMITTED = "operation not permitted when stream is capturing"
+INVALIDATED = "operation failed due to a previous error during capture"
+
+
+def capture(piece, *args, **kwargs):
+    """Capture `piece(*args)` into a fresh graph as torch.cuda.graph does; returns (graph, what the piece returned)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, **kwargs):
+        out = piece(*args)
+    return graph, out
+
+
+def refused(piece, *args, **kwargs) -> RuntimeError:
+    """The error a capture of `piece` raised first (torch.cuda.graph's capture_end then reports the capture as
+    invalidated, with that error as its context, as CUDA and torch do)."""
+    with pytest.raises(RuntimeError, match=INVALIDATED) as raised:
+        capture(piece, *args, **kwargs)
+    first = raised.value.__context__
+    assert isinstance(first, RuntimeError), raised.value
+    return first

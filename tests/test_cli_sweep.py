@@ -1,0 +1,59 @@
+"""`scoutbench sweep` (scoutbench/cli/sweep.py): its table, presets and SIGTERM."""
+
+from __future__ import annotations
+
+from cli_runner import run_cli
+
+
+def _rendered(table) -> str:
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+def _words(text: str) -> str:
+    """The text with its line wraps and padding collapsed (a caption wraps at the table's width)."""
+    return " ".join(text.split())
+
+
+def test_sweep_table_shows_the_cpu_wait_share():
+    """The sweep's final table shows a CPU run's main-thread wait share (HGCA's 17.4% here), as its JSON does."""
+    from scoutbench.cli.sweep import _sweep_table
+
+    manifest = {"settings": {"model": "tiny-qwen3", "prefill": "synthetic", "steps": 8}, "points": [
+        {"method": "hgca", "method_args": {}, "len": 4096, "batch": 1, "status": "ok", "batch_used": 1,
+         "decode_throughput_tok_s": 10.0, "decode_step_ms_median": 100.0, "gpu_idle_frac": None,
+         "main_thread_wait_frac": 0.174}]}
+    text = _rendered(_sweep_table(manifest))
+    row = next(line for line in text.splitlines() if "hgca" in line)
+    assert "17.4" in row and "(the mean step); step ms: the median step" in _words(text)
+
+
+def test_a_presets_own_budget_is_not_a_usage_error(monkeypatch, capsys, tmp_path):
+    """`sweep --preset lengths --method fullkv` runs FullKV without the preset's budget, not a --budget usage error."""
+    from scoutbench.errors import ScoutbenchError
+
+    seen = {}
+
+    def record(points, *args, **kwargs):
+        seen["points"] = points
+        raise ScoutbenchError("stop before running")
+
+    monkeypatch.setattr("scoutbench.bench.sweep.run_sweep", record)
+    code, _, err = run_cli(monkeypatch, capsys, "sweep", "--preset", "lengths", "--scale", "cpu", "--method", "fullkv",
+                           "-o", tmp_path / "s")
+    assert code == 1 and "stop before running" in err, err
+    assert {p.method for p in seen["points"]} == {"fullkv"} and all(p.args == {} for p in seen["points"])
+
+
+def test_sigterm_in_a_sweep_keeps_the_finished_points_and_says_so(tmp_path, monkeypatch, capsys):
+    from scoutbench.errors import Terminated
+
+    def terminated(*args, **kwargs):
+        raise Terminated()
+
+    monkeypatch.setattr("scoutbench.bench.sweep.run_sweep", terminated)
+    code, _, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "-o", tmp_path / "s")
+    assert code == 143 and "kept the finished points" in err and err.strip().endswith("terminated"), err
