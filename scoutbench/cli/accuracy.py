@@ -120,8 +120,9 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
 
     from scoutbench.api import accuracy_records, accuracy_tasks, check_accuracy_context, default_max_length
     from scoutbench.devices import resolve_device, resolve_dtype
-    from scoutbench.eval.accuracy import comparison_tables, run_comparison, tables_markdown
+    from scoutbench.eval.accuracy import run_comparison
     from scoutbench.eval.generation import method_specs
+    from scoutbench.eval.tables import comparison_tables, tables_markdown
     from scoutbench.models import PRESETS, context_window, loaded_context_window
     from scoutbench.results import check_writable, json_text, output_lock, utc_now
     from scoutbench.workloads import resolve_datasets
