@@ -93,7 +93,7 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     no-argument run of `scoutbench throughput`), the shared settings go to the methods that have them, and every
     method's fields, workload and context are checked before anything loads. `run_options` are the config's other
     fields (`force`, `profile_dir`, `count_steps`, `cuda_graphs`, `nvtx`, `command`, ...)."""
-    from scoutbench.bench.throughput import ThroughputConfig, check_context_fits, use_cuda_graphs
+    from scoutbench.bench.resolve import ThroughputConfig, check_context_fits, use_cuda_graphs
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import METHODS
@@ -245,7 +245,7 @@ def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("ful
 
 def check_accuracy_context(names: Iterable[str], model: str, window: int | None, length: int,
                            max_length: int | None) -> None:
-    """Prompts plus answers must fit the model's trained window (a passkey past it scored 0 without a word), as
+    """Prompts plus answers must fit the model's trained window (past it a passkey scores 0 without a word), as
     each dataset's suite sizes them: passkey prompts are sized to `length`, LongBench prompts are middle-truncated
     to `max_length` (as the official pred.py does; the default leaves the official 500 tokens for the chat wrapper
     and the answer)."""

@@ -251,7 +251,7 @@ def test_memory_check_refuses_what_cannot_fit(monkeypatch, capsys, tmp_path):
 
 def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
     """What the check compares is exactly the planner's method footprint plus workspace, times the batch."""
-    from scoutbench.bench.throughput import ThroughputConfig, check_memory, memory_need
+    from scoutbench.bench.resolve import ThroughputConfig, check_memory, memory_need
     from scoutbench.methods import build_method
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import LoadedModel
@@ -281,7 +281,7 @@ def test_an_explicit_host_mem_is_what_the_host_check_uses(monkeypatch, tiny_qwen
     read 0.8 x MemAvailable whatever --host-mem said). Without --host-mem, MemAvailable stays the budget."""
     from emulated import emulated_model
 
-    from scoutbench.bench.throughput import ThroughputConfig, check_memory, memory_need
+    from scoutbench.bench.resolve import ThroughputConfig, check_memory, memory_need
     from scoutbench.methods import build_method
     from scoutbench.models import LoadedModel
     from scoutbench.testing.emulated_cuda import emulated_cuda
@@ -433,16 +433,18 @@ def test_a_failing_method_writes_a_failed_result_and_the_next_one_runs(monkeypat
     """A method refused before the runs start (its memory check) or failing while it runs gets a failed result
     with its error, and the other methods still run and are written; the command exits 1 and names it. (A
     refusal of the second method once ended the command before the first one ran: no result at all.)"""
+    import scoutbench.bench.resolve as resolve
     import scoutbench.bench.throughput as throughput
 
-    real = {"resolve": throughput.check_memory, "run": throughput.run_throughput}[where]
+    module = {"resolve": resolve, "run": throughput}[where]
+    real = {"resolve": resolve.check_memory, "run": throughput.run_throughput}[where]
 
     def fail_for_quest(cfg_or_run, *args, **kwargs):
         if cfg_or_run.method == "quest":
             raise ScoutbenchError("quest: needs about 9 GiB of host memory but only 1 GiB is usable")
         return real(cfg_or_run, *args, **kwargs)
 
-    monkeypatch.setattr(throughput, {"resolve": "check_memory", "run": "run_throughput"}[where], fail_for_quest)
+    monkeypatch.setattr(module, {"resolve": "check_memory", "run": "run_throughput"}[where], fail_for_quest)
     code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "quest", "--method", "fullkv", *TINY,
                              "-o", str(tmp_path), "--json")
     assert code == 1 and "1 of 2 methods failed (quest)" in err, err
