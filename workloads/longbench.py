@@ -42,7 +42,7 @@ NO_CHAT_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repo
 # Datasets that also stop at a newline (and must generate at least one token), as pred.py does for samsum.
 NEWLINE_STOP_DATASETS = frozenset({"samsum"})
 
-HUB_REPO = "zai-org/LongBench"  # was THUDM/LongBench, which now redirects here
+HUB_REPO = "zai-org/LongBench"  # THUDM/LongBench redirects here
 HUB_ARCHIVE = "data.zip"
 DATA_HINT = (f"download {HUB_ARCHIVE} from https://huggingface.co/datasets/{HUB_REPO}, unzip it and pass "
              "--data-dir DIR (DIR/<name>.jsonl)")
