@@ -64,7 +64,8 @@ ProgressCallback = Callable[[str, int, int], None]  # (task name, samples done, 
 
 
 class Task(Protocol):
-    """What the runner needs from a workload (LongBenchTask, PasskeyTask)."""
+    """What the runner needs from a task (a registered suite builds it, workloads/suite.py: LongBenchTask,
+    PasskeyTask)."""
 
     records: list[dict[str, Any]]
     max_new_tokens: int
