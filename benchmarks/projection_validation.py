@@ -26,7 +26,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from scoutbench.analysis.projection import Target, load_hardware, project_results
+from scoutbench.analysis.hardware import load_hardware
+from scoutbench.analysis.projection import Target, project_results
 from scoutbench.results import load_results
 from scoutbench.units import format_length
 

@@ -93,7 +93,7 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     no-argument run of `scoutbench throughput`), the shared settings go to the methods that have them, and every
     method's fields, workload and context are checked before anything loads. `run_options` are the config's other
     fields (`force`, `profile_dir`, `count_steps`, `cuda_graphs`, `nvtx`, `command`, ...)."""
-    from scoutbench.bench.throughput import ThroughputConfig, check_context_fits, use_cuda_graphs
+    from scoutbench.bench.resolve import ThroughputConfig, check_context_fits, use_cuda_graphs
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.method_args import MethodSettings, resolve_method_args
     from scoutbench.methods import METHODS
@@ -166,16 +166,17 @@ def throughput(methods: str | Sequence[str] = ("fullkv", "scout"), **settings: A
 # ---------------------------------------------------------------------------------------------- accuracy
 def accuracy_records(names: Iterable[str], data_dir: str | Path | None = None, data_revision: str | None = None,
                      limit: int | None = None) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """The LongBench records of each dataset in `names` (the first `limit`), and where each came from (a folder,
-    a parquet mirror or the hub archive at `data_revision`); passkey tasks are generated, not read. Read before any
-    model loads: a data file that cannot be used is refused (exit 2) in seconds."""
-    from scoutbench.workloads import longbench, passkey
+    """The records of each dataset in `names` whose suite reads data (the first `limit`), and where each came from
+    (LongBench: a folder, a parquet mirror or the hub archive at `data_revision`); passkey tasks are generated, not
+    read. Read before any model loads: a data file that cannot be used is refused (exit 2) in seconds."""
+    from scoutbench.workloads import suite_for
 
     records, sources = {}, {}
     for name in names:
-        if name in passkey.TASKS:
+        loaded = suite_for(name).load_records(name, data_dir, data_revision)
+        if loaded is None:
             continue
-        rows, sources[name] = longbench.load_task_data(name, data_dir, data_revision)
+        rows, sources[name] = loaded
         records[name] = rows[:limit]
     return records, sources
 
@@ -183,18 +184,27 @@ def accuracy_records(names: Iterable[str], data_dir: str | Path | None = None, d
 def accuracy_tasks(names: Iterable[str], loaded: LoadedModel, records: Mapping[str, list[dict[str, Any]]],
                    sources: Mapping[str, Any], max_length: int | None, length: int, limit: int | None = None,
                    depth: float | None = None, seed: int = 0) -> list[Any]:
-    """The tasks of `names` for `loaded`'s tokenizer: LongBench tasks of `records`, truncated to `max_length`
-    tokens, and passkey tasks of `length` tokens (`limit` samples, 10 by default, at `depth`)."""
-    from scoutbench.workloads import longbench, passkey
+    """The tasks of `names` for `loaded`'s tokenizer, each built by its suite: LongBench tasks of `records`,
+    truncated to `max_length` tokens, and passkey tasks of `length` tokens (`limit` samples, 10 by default, at
+    `depth`)."""
+    from scoutbench.workloads import suite_for
+    from scoutbench.workloads.suite import TaskSettings
 
-    tasks: list[Any] = []
+    settings = TaskSettings(max_length, length, limit, depth, seed)
+    return [suite_for(name).task(name, loaded.tokenizer, records.get(name), sources.get(name), settings)
+            for name in names]
+
+
+def default_max_length(names: Iterable[str], loaded: LoadedModel) -> int | None:
+    """The prompt limit of `names` when none is given: the first of their suites' own (LongBench's official rule
+    for the model's window); None when no suite has one."""
+    from scoutbench.workloads import suite_for
+
     for name in names:
-        if name in passkey.TASKS:
-            tasks.append(passkey.PasskeyTask(name, loaded.tokenizer, length, limit or 10, depth, seed))
-        else:
-            tasks.append(longbench.LongBenchTask(name, records[name], loaded.tokenizer, max_length,
-                                                 source=sources[name]))
-    return tasks
+        limit = suite_for(name).default_max_length(loaded.name, loaded.model.config)
+        if limit is not None:
+            return limit
+    return None
 
 
 def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("fullkv",), *,
@@ -214,7 +224,6 @@ def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("ful
     from scoutbench.eval.generation import method_specs
     from scoutbench.models import context_window, loaded_context_window
     from scoutbench.results import output_lock
-    from scoutbench.workloads import longbench
 
     names = _names(datasets)
     specs = method_specs(list(dict.fromkeys(_names(methods))), dict(method_args or {}),
@@ -225,8 +234,8 @@ def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("ful
         loaded = load_model(model, revision=revision, device=device, dtype=dtype, seed=seed)
         if loaded.tokenizer is None:
             raise UsageError(f"model {model!r} has no tokenizer; accuracy tasks need text (use smollm2-135m)")
-        if records and max_length is None:
-            max_length = longbench.default_max_length(loaded.name, loaded.model.config)
+        if max_length is None:
+            max_length = default_max_length(names, loaded)
         check_accuracy_context(names, loaded.name, loaded_context_window(loaded), length, max_length)
         tasks = accuracy_tasks(names, loaded, records, sources, max_length, length, limit, depth, seed)
         outcomes = run_comparison(tasks, loaded, specs, out_dir, max_length, seed, limit, on_progress=on_progress,
@@ -236,23 +245,16 @@ def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("ful
 
 def check_accuracy_context(names: Iterable[str], model: str, window: int | None, length: int,
                            max_length: int | None) -> None:
-    """Prompts plus answers must fit the model's trained window (a passkey past it scored 0 without a word):
-    passkey prompts are sized to `length`, LongBench prompts are middle-truncated to `max_length` (as the official
-    pred.py does; the default leaves the official 500 tokens for the chat wrapper and the answer)."""
-    from scoutbench.models import check_context
-    from scoutbench.units import format_length
-    from scoutbench.workloads import longbench, longbench_metrics, passkey
+    """Prompts plus answers must fit the model's trained window (past it a passkey scores 0 without a word), as
+    each dataset's suite sizes them: passkey prompts are sized to `length`, LongBench prompts are middle-truncated
+    to `max_length` (as the official pred.py does; the default leaves the official 500 tokens for the chat wrapper
+    and the answer)."""
+    from scoutbench.workloads import suite_for
+    from scoutbench.workloads.suite import TaskSettings
 
+    settings = TaskSettings(max_length=max_length, length=length)
     for name in names:
-        if name in passkey.TASKS:
-            check_context(model, window, length + passkey.MAX_NEW_TOKENS,
-                          f"{name} prompts of --len {format_length(length)} plus a {passkey.MAX_NEW_TOKENS}-token "
-                          "answer", "lower --len")
-        elif max_length is not None:
-            answer = longbench.max_new_tokens_table()[longbench_metrics.base_dataset(name)]
-            check_context(model, window, max_length + answer,
-                          f"{name} prompts truncated to --max-length {max_length} plus a {answer}-token answer",
-                          "lower --max-length (or omit it: the default fits)")
+        suite_for(name).check_context(name, model, window, settings)
 
 
 # ---------------------------------------------------------------------------------------------- results

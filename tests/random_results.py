@@ -45,7 +45,8 @@ FIELDS = [("schema_version",), ("kind",), ("method",), ("status",), ("error",), 
 
 
 def _templates() -> list[dict]:
-    from scoutbench.analysis.projection import Target, load_hardware, projection_document
+    from scoutbench.analysis.hardware import load_hardware
+    from scoutbench.analysis.projection import Target, projection_document
 
     projection = projection_document(copy.deepcopy(CI_RUNS), load_hardware("h200"), Target())
     return [*CI_RUNS, make_result("fullkv", 100.0), make_result("scout", 300.0, config=SCOUT_CONFIG, idle_frac=0.1),

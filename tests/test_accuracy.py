@@ -224,7 +224,7 @@ def test_accuracy_checks_every_option_before_loading_the_model(tmp_path, monkeyp
     (b'{"pred": "caf\xe9"}\n', "not UTF-8 text"),
 ])
 def test_malformed_prediction_file_is_one_error_naming_it(tmp_path, content, message):
-    from scoutbench.eval.accuracy import read_predictions
+    from scoutbench.eval.predictions import read_predictions
 
     path = tmp_path / "qasper.jsonl"
     path.write_bytes(content)
@@ -454,7 +454,7 @@ def test_agreement_scores_each_prediction_against_fullkvs_own(smollm2):
 def test_comparison_tables_while_no_task_is_finished_by_every_configuration():
     """`accuracy --summarize` on a run in progress where no task is finished by every configuration: the mean row
     has nothing to average ("-"), not a ZeroDivisionError (it raised once the fidelity table was in)."""
-    from scoutbench.eval.accuracy import comparison_tables
+    from scoutbench.eval.tables import comparison_tables
     from scoutbench.methods.fullkv import FullKV
 
     fidelity = {"steps": 32, "compared_steps": 10, "top1_agreement": 90.0, "kl_mean": 0.1}

@@ -104,7 +104,7 @@ def test_unknown_command_did_you_mean(monkeypatch, capsys):
 
 def test_sweep_and_accuracy_take_dense_layers():
     """The same option in a sweep (every point's sparse method) and in accuracy/fidelity (the method's field)."""
-    from scoutbench.bench.sweep import Grid, expand
+    from scoutbench.bench.sweep_grid import Grid, expand
     from scoutbench.eval.generation import method_spec
 
     points = expand(Grid(("fullkv", "hgca", "scout"), (4096,), (1,), dense_layers=3))

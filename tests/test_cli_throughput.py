@@ -334,16 +334,18 @@ def test_each_result_is_written_as_soon_as_its_method_finishes(monkeypatch, caps
 def test_a_failing_method_writes_a_failed_result_and_the_next_one_runs(monkeypatch, capsys, tmp_path, where):
     """A method refused before the runs start (its memory check) or failing while it runs gets a failed result
     with its error, and the other methods still run and are written; the command exits 1 and names it."""
+    import scoutbench.bench.resolve as resolve
     import scoutbench.bench.throughput as throughput
 
-    real = {"resolve": throughput.check_memory, "run": throughput.run_throughput}[where]
+    module = {"resolve": resolve, "run": throughput}[where]
+    real = {"resolve": resolve.check_memory, "run": throughput.run_throughput}[where]
 
     def fail_for_quest(cfg_or_run, *args, **kwargs):
         if cfg_or_run.method == "quest":
             raise ScoutbenchError("quest: needs about 9 GiB of host memory but only 1 GiB is usable")
         return real(cfg_or_run, *args, **kwargs)
 
-    monkeypatch.setattr(throughput, {"resolve": "check_memory", "run": "run_throughput"}[where], fail_for_quest)
+    monkeypatch.setattr(module, {"resolve": "check_memory", "run": "run_throughput"}[where], fail_for_quest)
     code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "quest", "--method", "fullkv", *TINY,
                              "-o", str(tmp_path), "--json")
     assert code == 1 and "1 of 2 methods failed (quest)" in err, err

@@ -221,7 +221,7 @@ def test_an_unclassified_fault_is_one_line_that_says_it_is_a_bug(monkeypatch, ca
     def broken(*args, **kwargs):
         raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
 
-    monkeypatch.setattr("scoutbench.analysis.projection.load_hardware", broken)
+    monkeypatch.setattr("scoutbench.analysis.hardware.load_hardware", broken)
     code, out, err = run_cli(monkeypatch, capsys, "project", BASELINE, "--hardware", "h200")
     assert code == 1 and _one_line(err, internal=True) == (
         "error: internal error, a bug in scoutbench (TypeError: unsupported operand type(s) for +: 'int' and "

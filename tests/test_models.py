@@ -44,7 +44,7 @@ def test_longbench_max_length_beyond_the_context_is_refused(monkeypatch, capsys,
 
 
 def test_a_real_prefill_past_the_window_of_a_loaded_model_is_refused(smollm2):
-    from scoutbench.bench.throughput import ThroughputConfig, check_context_fits
+    from scoutbench.bench.resolve import ThroughputConfig, check_context_fits
     from scoutbench.errors import UsageError
     from scoutbench.models import LoadedModel
 

@@ -11,14 +11,8 @@ import math
 import pytest
 from cli_runner import run_cli
 
-from scoutbench.analysis.projection import (
-    Target,
-    hardware_names,
-    load_hardware,
-    parse_hardware,
-    project_results,
-    project_step,
-)
+from scoutbench.analysis.hardware import hardware_names, load_hardware, parse_hardware
+from scoutbench.analysis.projection import Target, project_results, project_step
 from scoutbench.analysis.work import MeasuredWork, Shape, measured_work, result_shape, step_work
 from scoutbench.bench.throughput import ThroughputConfig, run_throughput
 from scoutbench.errors import UsageError

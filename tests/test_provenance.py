@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from scoutbench import results
-from scoutbench.eval.accuracy import prediction_row, prompt_sha256, prompts_sha256
+from scoutbench.eval.predictions import prediction_row, prompt_sha256, prompts_sha256
 from scoutbench.workloads import longbench as lb
 
 DATA = Path(__file__).parent / "data" / "longbench"

@@ -9,7 +9,8 @@ import pytest
 
 from scoutbench.analysis.counter_gate import work_counters
 from scoutbench.bench.executors import RayExecutor
-from scoutbench.bench.sweep import MANIFEST, Grid, Settings, expand, run_sweep
+from scoutbench.bench.sweep import MANIFEST, run_sweep
+from scoutbench.bench.sweep_grid import Grid, Settings, expand
 from scoutbench.results import load_results
 
 ray = pytest.importorskip("ray")

@@ -1,4 +1,4 @@
-"""A throughput run is resolved once (scoutbench.bench.throughput.ResolvedRun): device, dtype, method and budget plan,
+"""A throughput run is resolved once (scoutbench.bench.resolve.ResolvedRun): device, dtype, method and budget plan,
 batch and memory plan are decided at the edge and the run executes them; the free-memory check runs once per
 method, before the first method starts."""
 
@@ -14,10 +14,11 @@ TINY = ("--model", "tiny-qwen3", "--len", "64", "--steps", "1", "--warmup", "0",
 
 @pytest.mark.parametrize("batch", [["--batch", "2"], ["--batch", "auto", "--gpu-mem", "1.15GiB"]])
 def test_the_memory_check_runs_once_per_method_and_before_the_first_run(batch, monkeypatch, capsys, tmp_path):
+    import scoutbench.bench.resolve as resolve
     import scoutbench.bench.throughput as throughput
 
     events = []
-    real_check, real_run = throughput.check_memory, throughput._run_at_batch
+    real_check, real_run = resolve.check_memory, throughput._run_at_batch
 
     def check(cfg, *args, **kwargs):
         events.append(("check", cfg.method))
@@ -27,7 +28,7 @@ def test_the_memory_check_runs_once_per_method_and_before_the_first_run(batch, m
         events.append(("run", run.method))
         return real_run(run, *args, **kwargs)
 
-    monkeypatch.setattr(throughput, "check_memory", check)
+    monkeypatch.setattr(resolve, "check_memory", check)
     monkeypatch.setattr(throughput, "_run_at_batch", run_at_batch)
     code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest", *TINY,
                              *batch, "-o", tmp_path, "--json")

@@ -14,7 +14,8 @@ import pytest
 from cli_runner import run_cli, signal_once_started
 from result_factory import make_result
 
-from scoutbench.bench.sweep import MANIFEST, PRESETS, Grid, Settings, SweepPoint, expand, run_sweep
+from scoutbench.bench.sweep import MANIFEST, run_sweep
+from scoutbench.bench.sweep_grid import PRESETS, Grid, Settings, SweepPoint, expand
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.results import LOCK_NAME, load_results
 

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from result_factory import make_result
 
-from scoutbench.bench.sweep import MANIFEST, Settings, SweepPoint, run_sweep
+from scoutbench.bench.sweep import MANIFEST, run_sweep
+from scoutbench.bench.sweep_grid import Settings, SweepPoint
 from scoutbench.errors import UsageError
 from scoutbench.results import LOCK_NAME
 
@@ -259,12 +260,13 @@ def test_a_large_grid_resolves_each_setting_once_and_rewrites_its_manifest_rarel
     not timed: the method fields are resolved once per setting, and a sweep of fast points rewrites its manifest at
     its start, every MANIFEST_INTERVAL_S, and at its end."""
     import scoutbench.bench.sweep as sweep
+    import scoutbench.bench.sweep_grid as sweep_grid
     import scoutbench.results as results
-    from scoutbench.bench.sweep import Grid, expand
+    from scoutbench.bench.sweep_grid import Grid, expand
 
     resolved = []
-    real_resolve = sweep.resolve_method_args
-    monkeypatch.setattr(sweep, "resolve_method_args", lambda *a: resolved.append(a) or real_resolve(*a))
+    real_resolve = sweep_grid.resolve_method_args
+    monkeypatch.setattr(sweep_grid, "resolve_method_args", lambda *a: resolved.append(a) or real_resolve(*a))
     grid = Grid(("fullkv", "quest"), tuple(range(64, 64 + 300)), tuple(range(1, 101)), budgets=(256, 512))
     points = expand(grid)
     assert len(points) == 300 * 100 * 3 and len(resolved) == 2  # fullkv has no budget: one point per (len, batch)

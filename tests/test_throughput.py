@@ -10,7 +10,7 @@ from scoutbench.errors import ScoutbenchError
 
 def test_memory_need_is_the_planners_footprint(monkeypatch, tiny_qwen3):
     """What the check compares is exactly the planner's method footprint plus workspace, times the batch."""
-    from scoutbench.bench.throughput import ThroughputConfig, check_memory, memory_need
+    from scoutbench.bench.resolve import ThroughputConfig, check_memory, memory_need
     from scoutbench.methods import build_method
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import LoadedModel
@@ -39,7 +39,7 @@ def test_an_explicit_host_mem_is_what_the_host_check_uses(monkeypatch, tiny_qwen
     demand reports less MemAvailable than it can have. Without --host-mem, MemAvailable is the budget."""
     from emulated import emulated_model
 
-    from scoutbench.bench.throughput import ThroughputConfig, check_memory, memory_need
+    from scoutbench.bench.resolve import ThroughputConfig, check_memory, memory_need
     from scoutbench.methods import build_method
     from scoutbench.models import LoadedModel
     from scoutbench.testing.emulated_cuda import emulated_cuda

@@ -31,6 +31,7 @@ from typing import Any
 
 from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.workloads import longbench_metrics as metrics
+from scoutbench.workloads.suite import Suite, TaskSettings
 
 # The dataset registry lives with the metrics (torch-free, shared with `scoutbench score`).
 DATASETS = metrics.DATASETS
@@ -41,7 +42,7 @@ NO_CHAT_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repo
 # Datasets that also stop at a newline (and must generate at least one token), as pred.py does for samsum.
 NEWLINE_STOP_DATASETS = frozenset({"samsum"})
 
-HUB_REPO = "zai-org/LongBench"  # was THUDM/LongBench, which now redirects here
+HUB_REPO = "zai-org/LongBench"  # THUDM/LongBench redirects here
 HUB_ARCHIVE = "data.zip"
 DATA_HINT = (f"download {HUB_ARCHIVE} from https://huggingface.co/datasets/{HUB_REPO}, unzip it and pass "
              "--data-dir DIR (DIR/<name>.jsonl)")
@@ -373,3 +374,47 @@ class LongBenchTask:
         if self.dataset.endswith("_e"):
             result["buckets"] = metrics.dataset_score_e(self.dataset, rows)
         return result
+
+
+# ---------------------------------------------------------------------------------------------- the suite
+class LongBenchSuite(Suite):
+    """LongBench v1's 21 datasets and the 13 LongBench-E files, read from a folder, a parquet mirror or the hub
+    archive; `all` stands for the 21."""
+
+    usage = f"LongBench: {', '.join(DATASETS)}, their _e variants, or 'all'"
+
+    def datasets(self) -> tuple[str, ...]:
+        return (*DATASETS, *E_DATASETS)
+
+    def groups(self) -> dict[str, tuple[tuple[str, ...], str]]:
+        return {"all": (DATASETS, f"the {len(DATASETS)} LongBench v1 datasets")}
+
+    def listing(self) -> list[dict[str, str]]:
+        return [{"name": name, "suite": "LongBench-E" if name.endswith("_e") else "LongBench",
+                 "metric": metrics.metric_name(name)} for name in self.datasets()]
+
+    def load_records(self, dataset: str, data_dir: str | Path | None,
+                     revision: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return load_task_data(dataset, data_dir, revision)
+
+    def task(self, dataset: str, tokenizer: Any, records: list[dict[str, Any]] | None, source: dict[str, Any] | None,
+             settings: TaskSettings) -> LongBenchTask:
+        return LongBenchTask(dataset, records or [], tokenizer, settings.max_length, source=source)
+
+    def default_max_length(self, model_name: str, config: Any) -> int | None:
+        return default_max_length(model_name, config)
+
+    def check_context(self, dataset: str, model: str, window: int | None, settings: TaskSettings) -> None:
+        """Prompts are middle-truncated to --max-length (as the official pred.py does; the default leaves the
+        official 500 tokens for the chat wrapper and the answer), then the dataset's answer length is added."""
+        if settings.max_length is None:
+            return
+        from scoutbench.models import check_context
+
+        answer = max_new_tokens_table()[metrics.base_dataset(dataset)]
+        check_context(model, window, settings.max_length + answer,
+                      f"{dataset} prompts truncated to --max-length {settings.max_length} plus a {answer}-token "
+                      "answer", "lower --max-length (or omit it: the default fits)")
+
+
+SUITE = LongBenchSuite()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from scoutbench.errors import UsageError
+from scoutbench.workloads.suite import Suite, TaskSettings
 
 TASKS = ("passkey", "passkey-multi")
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -160,3 +161,33 @@ def _haystack(filler_count: int, needles: list[tuple[float, str]]) -> str:
         if position < filler_count:
             parts.append(FILLER)
     return "".join(parts).rstrip(" ")
+
+
+class PasskeySuite(Suite):
+    """passkey and passkey-multi: prompts generated from a seed at --len tokens (no data to read)."""
+
+    usage = ", ".join(TASKS)
+
+    def datasets(self) -> tuple[str, ...]:
+        return TASKS
+
+    def listing(self) -> list[dict[str, str]]:
+        return [{"name": name, "suite": "passkey", "metric": "passkey_exact"} for name in TASKS]
+
+    def task(self, dataset: str, tokenizer: Any, records: list[dict[str, Any]] | None, source: dict[str, Any] | None,
+             settings: TaskSettings) -> PasskeyTask:
+        """`settings.limit` prompts (10 by default) of `settings.length` tokens at `settings.depth`."""
+        return PasskeyTask(dataset, tokenizer, settings.length, settings.limit or 10, settings.depth, settings.seed)
+
+    def check_context(self, dataset: str, model: str, window: int | None, settings: TaskSettings) -> None:
+        """Prompts are sized to --len; with the answer they must fit the window (past it a passkey scores 0 without
+        a word)."""
+        from scoutbench.models import check_context
+        from scoutbench.units import format_length
+
+        check_context(model, window, settings.length + MAX_NEW_TOKENS,
+                      f"{dataset} prompts of --len {format_length(settings.length)} plus a {MAX_NEW_TOKENS}-token "
+                      "answer", "lower --len")
+
+
+SUITE = PasskeySuite()

@@ -1,6 +1,6 @@
 """`scoutbench report`: the paper's figures and a markdown summary from any mix of result files.
 
-Figures (`analysis/figures.py`): throughput vs input length per method (paper Figure 8), throughput vs batch size
+Figures (`analysis/figures/`): throughput vs input length per method (paper Figure 8), throughput vs batch size
 (Figure 9), ScoutAttention throughput vs block size (Figure 10), stacked latency breakdown with idle time (Figure
 11), the ablation bars with speed-up labels (Figure 12) and accuracy vs token budget, as PNG and vector files. A
 figure is drawn wherever the results have the points it needs; everything that is not used (unreadable files,

@@ -53,39 +53,20 @@ def _common_options(func):
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
-def _expand_datasets(names: tuple[str, ...]) -> list[str]:
-    import difflib
-
-    from scoutbench.workloads import longbench, passkey
-
-    known = [*longbench.DATASETS, *longbench.E_DATASETS, *passkey.TASKS, "all"]
-    expanded: list[str] = []
-    for name in names:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"unknown --dataset {name!r}{hint} (LongBench: {', '.join(longbench.DATASETS)}, their "
-                             "_e variants, or 'all'; or passkey, passkey-multi)")
-        for item in (longbench.DATASETS if name == "all" else (name,)):
-            if item not in expanded:
-                expanded.append(item)
-    return expanded
-
-
 def _list_datasets(as_json: bool) -> None:
-    """`--dataset list`: every name --dataset accepts, with its official metric."""
-    from scoutbench.workloads import longbench_metrics, passkey
+    """`--dataset list`: every name --dataset accepts (each registered suite's datasets, then their groups), with
+    its official metric."""
+    from scoutbench.workloads import suites
 
-    rows = [{"name": name, "suite": "LongBench-E" if name.endswith("_e") else "LongBench",
-             "metric": longbench_metrics.metric_name(name)}
-            for name in [*longbench_metrics.DATASETS, *longbench_metrics.E_DATASETS]]
-    rows += [{"name": name, "suite": "passkey", "metric": "passkey_exact"} for name in passkey.TASKS]
+    rows = [row for suite in suites() for row in suite.listing()]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
         click.echo(f"{row['name']:<22} {row['suite']:<12} {row['metric']}")
-    click.echo("all                    the 21 LongBench v1 datasets")
+    for suite in suites():
+        for group, (_, description) in suite.groups().items():
+            click.echo(f"{group:<22} {description}")
 
 
 @click.command("accuracy")
@@ -137,20 +118,21 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scoutbench.api import accuracy_records, accuracy_tasks, check_accuracy_context
+    from scoutbench.api import accuracy_records, accuracy_tasks, check_accuracy_context, default_max_length
     from scoutbench.devices import resolve_device, resolve_dtype
-    from scoutbench.eval.accuracy import comparison_tables, run_comparison, tables_markdown
+    from scoutbench.eval.accuracy import run_comparison
     from scoutbench.eval.generation import method_specs
+    from scoutbench.eval.tables import comparison_tables, tables_markdown
     from scoutbench.models import PRESETS, context_window, loaded_context_window
     from scoutbench.results import check_writable, json_text, output_lock, utc_now
-    from scoutbench.workloads import longbench
+    from scoutbench.workloads import resolve_datasets
 
     # every option is checked before the model loads (a minute for a real model) and before any data is read
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     if fidelity_steps < 0:
         raise UsageError(f"--fidelity-steps must be 0 (off) or more, got {fidelity_steps}")
-    names = _expand_datasets(datasets)
+    names = resolve_datasets(datasets)  # each name through the workload registry
     budget_list = None if budgets is None else [_parse_len(b.strip(), "--budget") for b in budgets.split(",")]
     specs = method_specs(list(dict.fromkeys(methods)), parse_method_args(method_args), budget_list,
                          dense_layers, block_size)
@@ -174,8 +156,8 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
     loaded, _ = _load(model, device, dtype, seed)
     if loaded.tokenizer is None:
         raise UsageError(f"model {model!r} has no tokenizer; accuracy tasks need text (use smollm2-135m)")
-    if records and length_limit is None:
-        length_limit = longbench.default_max_length(loaded.name, loaded.model.config)
+    if length_limit is None:
+        length_limit = default_max_length(names, loaded)
     check_accuracy_context(names, model, loaded_context_window(loaded), passkey_len, length_limit)
     tasks = accuracy_tasks(names, loaded, records, sources, length_limit, passkey_len, limit, depth, seed)
 

@@ -37,7 +37,8 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
             overwrite, as_json):
     """Project each method's decode step from measured runs (RESULTS: files or folders) onto a hardware profile,
     at the runs' shapes or at --model/--len/--batch: projected tok/s, step breakdown and device idle."""
-    from scoutbench.analysis.projection import Target, load_hardware, projection_document
+    from scoutbench.analysis.hardware import load_hardware
+    from scoutbench.analysis.projection import Target, projection_document
     from scoutbench.errors import UsageError
     from scoutbench.models import parse_dtype
     from scoutbench.results import check_writable, json_text, load_results, write_json_atomic
@@ -121,7 +122,7 @@ def _print_table(document: dict) -> None:
 def calibrate_command(device, repeats, output, overwrite, as_json):
     """Measure this machine's profile: weight-streaming and attention rates, copy bandwidth and per-copy cost, the
     CPU worker's gather and attention rates, and the engine's per-layer overhead (about half a minute)."""
-    from scoutbench.analysis.projection import parse_hardware
+    from scoutbench.analysis.hardware import parse_hardware
     from scoutbench.bench.calibration import calibrate
     from scoutbench.devices import resolve_device
     from scoutbench.results import check_writable, json_text, write_json_atomic

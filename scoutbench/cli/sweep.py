@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from scoutbench.bench.sweep import PRESETS  # light: no torch at import time
+from scoutbench.bench.sweep_grid import PRESETS  # light: no torch at import time
 from scoutbench.cli.options import DTYPE, SEED, STEPS, WARMUP, revision_option, rich_console
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 
@@ -39,7 +39,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
     become the command's defaults, so a flag given on the command line still wins (click's default_map)."""
     if path is None:
         return None
-    from scoutbench.bench.sweep import config_defaults, read_config
+    from scoutbench.bench.sweep_grid import config_defaults, read_config
 
     by_flag = {opt.lstrip("-").replace("-", "_"): (p.name, bool(getattr(p, "multiple", False)))
                for p in ctx.command.params for opt in p.opts if opt.startswith("--") and p.name not in ("config", "as_json")}
@@ -96,7 +96,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     from dataclasses import replace
 
     from scoutbench.bench.executors import make_executor
-    from scoutbench.bench.sweep import Grid, Settings, expand, run_sweep
+    from scoutbench.bench.sweep import run_sweep
+    from scoutbench.bench.sweep_grid import Grid, Settings, expand
     from scoutbench.cli.options import expand_methods, parse_method_args
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.errors import ScoutbenchError, UsageError

@@ -21,6 +21,9 @@ so a rerun of the same command finds its own files: samples already on disk are 
 as soon as it is generated (an interruption loses at most the sample in flight), and a line left half-written by
 an interruption is dropped and regenerated. Lines are checked against the data (`_id` at each index), so
 predictions for other data are never mixed in.
+
+The row files themselves (their format, reading them back, appending to them) are `eval/predictions.py`; the
+comparison tables of the results, `eval/tables.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -43,7 +45,17 @@ from scoutbench.devices import device_description
 from scoutbench.errors import UsageError
 from scoutbench.eval.fidelity import compare_steps, fullkv_reference
 from scoutbench.eval.generation import Generation, MethodSpec, SharedPrefill, generate_text, model_eos_ids
-from scoutbench.eval.score import fidelity_file_name, prediction_row_problem
+from scoutbench.eval.predictions import (
+    append_row,
+    fidelity_row_problem,
+    prediction_row,
+    prompt_sha256,
+    prompts_sha256,
+    read_predictions,
+    read_rows,
+    record_id,
+)
+from scoutbench.eval.score import fidelity_file_name
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.models import LoadedModel
 from scoutbench.results import envelope, output_lock, write_json_atomic
@@ -52,7 +64,8 @@ ProgressCallback = Callable[[str, int, int], None]  # (task name, samples done, 
 
 
 class Task(Protocol):
-    """What the runner needs from a workload (LongBenchTask, PasskeyTask)."""
+    """What the runner needs from a task (a registered suite builds it, workloads/suite.py: LongBenchTask,
+    PasskeyTask)."""
 
     records: list[dict[str, Any]]
     max_new_tokens: int
@@ -66,10 +79,6 @@ class Task(Protocol):
     def score(self, rows: list[dict[str, Any]]) -> dict[str, Any]: ...
 
 
-def record_id(record: dict[str, Any], index: int) -> str:
-    return str(record.get("_id", index))
-
-
 def run_dir(out_dir: str | Path, loaded: LoadedModel, method: dict[str, Any], dtype: torch.dtype,
             device: torch.device, max_length: int | None, seed: int) -> Path:
     """`out_dir/<model>/<method>-<hash of everything that changes a prediction>`: a rerun finds its own files."""
@@ -78,92 +87,6 @@ def run_dir(out_dir: str | Path, loaded: LoadedModel, method: dict[str, Any], dt
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
     model_dir = re.sub(r"[^A-Za-z0-9._-]+", "--", loaded.name.strip("/"))
     return Path(out_dir) / model_dir / f"{method['method']}-{digest}"
-
-
-# ---------------------------------------------------------------------------------------------- row files
-def read_rows(path: Path, records: list[dict[str, Any]], problem: Callable[[Any], str | None],
-              repair: bool = True) -> list[dict[str, Any]]:
-    """Rows already written for `records` (one JSON object per line, `index` and `_id` checked against the data).
-    An unterminated last line (a write cut by an interruption) is removed from the file (`repair`; a reader of a
-    run in progress only skips it); any other bad line is an error naming the file and line (exit 2, like a malformed sweep manifest)."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    complete_end = data.rfind(b"\n") + 1
-    if complete_end < len(data) and repair:
-        with open(path, "r+b") as handle:
-            handle.truncate(complete_end)
-    try:
-        text = data[:complete_end].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); delete the file to regenerate it") from None
-    rows = []
-    for line_number, line in enumerate(text.splitlines(), start=1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path} line {line_number}: not valid JSON ({exc.msg}); delete the file to "
-                                  "regenerate it") from None
-        why = problem(row)
-        if why:
-            raise UsageError(f"{path} line {line_number}: {why}; delete the file to regenerate it")
-        index = len(rows)
-        if index >= len(records):
-            break  # a previous run with a larger --limit: only the selected samples count
-        expected = record_id(records[index], index)
-        if not isinstance(row, dict) or row.get("index") != index or str(row.get("_id")) != expected:
-            raise UsageError(f"{path} line {line_number}: expected sample {index} (_id {expected}); the file "
-                                  "was made from other data: delete it or use another -o")
-        rows.append(row)
-    return rows
-
-
-def prompt_sha256(input_ids: list[int]) -> str:
-    """Hash of exactly what the model was given for one record (its token ids after template, truncation and chat
-    wrapper): two runs with equal hashes prompted identically (lm-eval's per-sample `prompt_hash`)."""
-    return hashlib.sha256(",".join(map(str, input_ids)).encode()).hexdigest()
-
-
-def prompts_sha256(rows: list[dict[str, Any]]) -> str | None:
-    """One hash of a task's prompts in order (lm-eval's `task_hashes`); None if a row predates prompt hashes."""
-    hashes = [row.get("prompt_sha256") for row in rows]
-    return None if None in hashes else hashlib.sha256("".join(hashes).encode()).hexdigest()
-
-
-def read_predictions(path: Path, records: list[dict[str, Any]], repair: bool = True) -> list[dict[str, Any]]:
-    return read_rows(path, records, prediction_row_problem, repair)
-
-
-def fidelity_row_problem(row: Any) -> str | None:
-    if not isinstance(row, dict):
-        return f"expected a JSON object, got {type(row).__name__}"
-    for key in ("top1", "kl", "cosine"):
-        if not isinstance(row.get(key), list) or len(row[key]) != row.get("steps"):
-            return f"{key} must be a list of `steps` numbers"
-    return None
-
-
-def prediction_row(index: int, record: dict[str, Any], pred: str, input_ids: list[int],
-                   cpu_s: float | None = None, shared_prefill_cpu_s: float | None = None) -> dict[str, Any]:
-    """The official prediction fields, plus `_id`/`index` (resume) and the CPU seconds it cost: `cpu_s` is this
-    method's own work (its decode, and the prefill when it was not shared), `shared_prefill_cpu_s` the dense
-    prefill that every method of the record decoded from (None when not shared)."""
-    row = {"pred": pred, "answers": record["answers"], "all_classes": record.get("all_classes"),
-           "length": record["length"], "_id": record_id(record, index), "index": index,
-           "input_tokens": len(input_ids), "prompt_sha256": prompt_sha256(input_ids)}
-    if cpu_s is not None:
-        row |= {"cpu_s": round(cpu_s, 2), "shared_prefill_cpu_s": None if shared_prefill_cpu_s is None
-                else round(shared_prefill_cpu_s, 2)}
-    return row
-
-
-def _append_row(path: Path, row: dict[str, Any]) -> None:
-    """One line, flushed and synced: an interruption loses at most the line being written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(json.dumps(row, ensure_ascii=False) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
 
 
 # ---------------------------------------------------------------------------------------------- configurations
@@ -234,7 +157,7 @@ def predict_task(task: Task, loaded: LoadedModel, configs: list[Config], fidelit
             pred = generate_text(loaded.model, loaded.tokenizer, config.spec, prompt_ids, task.max_new_tokens,
                                  stop_ids, task.min_new_tokens)
             row = prediction_row(index, record, pred, prompt_ids, time.process_time() - start)
-            _append_row(config.predictions_path(task), row)
+            append_row(config.predictions_path(task), row)
             rows[config.label].append(row)
         else:
             _predict_shared(task, loaded, index, prompt_ids, pending, pending_fidelity, fidelity_steps, stop_ids,
@@ -248,7 +171,7 @@ def _check_prompts(task: Task, files: dict[Path, list[dict[str, Any]]]) -> None:
     """A resumed row counts only if the model was given this run's prompt for it: its `prompt_sha256` must be the
     hash of the record's prompt now. The folder and `_id` say which run and sample a row belongs to, not which text
     was behind the id (another --data-dir or --data-revision with the same ids, another template or truncation).
-    Rows written before prompt hashes were recorded have none and are kept."""
+    A row without a hash (a file from a version that records none) is kept."""
     hashes: dict[int, str] = {}
     for path, rows in files.items():
         for line, row in enumerate(rows, start=1):
@@ -280,7 +203,7 @@ def _predict_shared(task: Task, loaded: LoadedModel, index: int, prompt_ids: lis
             reference = generation
         pred = loaded.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         row = prediction_row(index, record, pred, prompt_ids, time.process_time() - start, prefill_s)
-        _append_row(config.predictions_path(task), row)
+        append_row(config.predictions_path(task), row)
         rows[config.label].append(row)
     if not pending_fidelity:
         return
@@ -292,7 +215,7 @@ def _predict_shared(task: Task, loaded: LoadedModel, index: int, prompt_ids: lis
         steps = compare_steps(reference, config.spec, shared)
         row = {"_id": record_id(record, index), "index": index, "steps": len(steps["top1"]), **steps,
                "cpu_s": round(time.process_time() - start, 2)}
-        _append_row(config.fidelity_path(task, fidelity_steps), row)
+        append_row(config.fidelity_path(task, fidelity_steps), row)
         fidelity[config.label].append(row)
 
 
@@ -429,101 +352,3 @@ def _result(config: Config, reference: Config, tasks: list[Task], rows: dict[str
     if write:
         write_json_atomic(result_path, result, overwrite=True)
     return result, result_path
-
-
-# ---------------------------------------------------------------------------------------------- comparison tables
-def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> list[tuple[str, list[str],
-                                                                                      list[list[str]]]]:
-    """The method configurations side by side, one row per task plus the mean over tasks: (title, header, rows)
-    for the official score with its change relative to FullKV, the agreement with FullKV's own predictions, the
-    teacher-forced fidelity (when measured) and the CPU seconds per record. Plain strings, for the terminal and
-    for markdown alike."""
-    reference = next((r for r in results if r["method_repr"] == repr(FullKV())), None)
-    compared = [r for r in results if r is not reference]
-
-    def entry(result: dict[str, Any] | None, name: str) -> dict[str, Any]:
-        return (result or {}).get("results", {}).get(name) or {}
-
-    def n_of(name: str) -> str:
-        return "/".join(str(c) for c in sorted({entry(r, name).get("n") for r in results} - {None}))
-
-    def mean(values: list[float | None]) -> float | None:
-        return None if not values or any(v is None for v in values) else sum(values) / len(values)
-
-    def fmt(value: float | None, digits: int = 2) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    def change(score: float | None, base: float | None) -> str:
-        return "" if score is None or not base else f" ({100 * (score - base) / base:+.1f}%)"
-
-    # the mean over the tasks that every configuration has (all of them once a run has finished)
-    done = [t for t in task_names if all(entry(r, t) for r in results)]
-    partial = "" if len(done) == len(task_names) else f" ({len(done)} of {len(task_names)} tasks)"
-    mean_label = "mean" + partial
-    rows = []
-    for name in [*task_names, "mean"]:
-        if name == "mean":
-            scores = [mean([entry(r, t).get("score") for t in done]) for r in results]
-            base = mean([entry(reference, t).get("score") for t in done]) if reference else None
-            first = [mean_label, "", ""]
-        else:
-            scores = [entry(r, name).get("score") for r in results]
-            base = entry(reference, name).get("score")
-            first = [name, next((entry(r, name)["metric"] for r in results if entry(r, name)), ""), n_of(name)]
-        rows.append([*first, *(fmt(score) + ("" if r is reference else change(score, base))
-                               for score, r in zip(scores, results, strict=True))])
-    tables = [("official score (change vs FullKV)", ["task", "metric", "n", *(r["label"] for r in results)], rows)]
-    header = ["task", "n", *(r["label"] for r in compared)]
-
-    def agreement(result: dict[str, Any], names: list[str]) -> str:
-        vs = [entry(result, name).get("vs_fullkv") for name in names]
-        if not all(vs):
-            return "-"
-        return (f"{fmt(mean([v['exact_match'] for v in vs]), 1)} / "
-                f"{fmt(mean([v['metric_vs_fullkv_pred'] for v in vs]), 1)}")
-
-    if any(entry(r, t).get("vs_fullkv") for r in compared for t in task_names):
-        rows = [[name, n_of(name), *(agreement(r, [name]) for r in compared)] for name in task_names]
-        rows.append([mean_label, "", *(agreement(r, done) for r in compared)])
-        tables.append(("agreement with FullKV's prediction: exact match % / metric with FullKV's prediction as the "
-                       "reference", header, rows))
-
-    def fidelity(result: dict[str, Any], names: list[str]) -> str:
-        fids = [entry(result, name).get("fidelity") for name in names]
-        if not fids or not all(f and f["compared_steps"] for f in fids):
-            return "-"
-        steps = sum(f["compared_steps"] for f in fids)  # the mean over every compared (record, step)
-        top1 = sum(f["top1_agreement"] * f["compared_steps"] for f in fids) / steps
-        kl = sum(f["kl_mean"] * f["compared_steps"] for f in fids) / steps
-        return f"{fmt(top1, 1)} / {kl:.3g}"
-
-    steps = next((entry(r, t)["fidelity"]["steps"] for r in compared for t in task_names
-                  if entry(r, t).get("fidelity")), None)
-    if steps:
-        rows = [[name, n_of(name), *(fidelity(r, [name]) for r in compared)] for name in task_names]
-        rows.append(["all steps" + partial, "", *(fidelity(r, done) for r in compared)])
-        tables.append((f"teacher-forced fidelity over FullKV's first {steps} generated tokens: top-1 agreement % / "
-                       "KL(FullKV || method) nats", header, rows))
-
-    def cpu(result: dict[str, Any], name: str) -> str:
-        own, fid = entry(result, name).get("cpu_s_per_record"), (entry(result, name).get("fidelity") or {})
-        extra = fid.get("cpu_s_per_record")
-        return fmt(own, 0) + ("" if extra is None else f" + {extra:.0f}")
-
-    if any(entry(r, t).get("cpu_s_per_record") is not None for r in results for t in task_names):
-        rows = [[name, n_of(name), fmt(max((entry(r, name)["shared_prefill_cpu_s_per_record"] for r in results
-                                            if "shared_prefill_cpu_s_per_record" in entry(r, name)), default=None), 0),
-                 *(cpu(r, name) for r in results)] for name in task_names]
-        tables.append(("CPU seconds per record: the shared dense prefill, then each configuration's decode "
-                       "(+ its teacher-forced fidelity)", ["task", "n", "prefill", *(r["label"] for r in results)],
-                       rows))
-    return tables
-
-
-def tables_markdown(tables: list[tuple[str, list[str], list[list[str]]]]) -> str:
-    parts = []
-    for title, header, rows in tables:
-        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"

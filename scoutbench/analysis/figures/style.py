@@ -1,0 +1,320 @@
+"""What every figure of the report shares: the output formats and the writer that saves them, the paper's names
+and one colour per method (the registry's display order picks it), legend labels, the median step's throughput
+with its 95% interval as error bars, and the layout helpers (groups of points, file names, titles, legends) the
+figure families draw with (`figures/throughput.py`, `figures/accuracy.py`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scoutbench.analysis.points import as_number
+from scoutbench.units import format_length
+
+if TYPE_CHECKING:
+    from scoutbench.analysis.report import Point, Report
+
+FIGURE_FORMATS = ("png", "pdf", "svg")
+DEFAULT_FIGURE_FORMATS = ("png", "pdf")
+PNG_DPI = 300
+# the file stems figures are written under (with `_<group>` suffixes when there are several of one type): what a
+# rerun of `report --overwrite` replaces
+FIGURE_STEMS = ("throughput_vs_length", "batch_scaling", "block_size", "latency_breakdown", "ablation",
+                "accuracy_vs_budget")
+# Okabe-Ito's colour-blind-safe palette: one colour per method family in registration order (the dense reference
+# first, so black), the proposed method's family vermillion; families past its end (third-party ones) continue with
+# matplotlib's tab10. A family's other registered forms (ablation variants, presets) are lighter tints of its colour.
+FAMILY_COLORS = ("#000000", "#56B4E9", "#009E73", "#E69F00", "#CC79A7", "#0072B2", "#999999")
+PROPOSED_COLOR = "#D55E00"
+EXTRA_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+LIGHTEST_TINT = 0.7  # the share of white that a family's variants' tints approach (the first gets the most)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", ":", "-.")
+HATCHES = (None, "///", "...", "xxx")  # a method's second, third... series of bars
+STAGE_COLORS = {"qkv_proj": "#4c72b0", "predict": "#8172b3", "attn_device": "#55a868", "idle": "#c44e52",
+                "merge": "#937860", "o_proj": "#64b5cd", "mlp": "#dd8452", "other": "#b0b0b0"}
+STAGE_LABELS = {"qkv_proj": "QKV projection", "predict": "query prediction", "attn_device": "device attention",
+                "idle": "idle (waiting)", "merge": "merge", "o_proj": "output projection", "mlp": "MLP",
+                "other": "other"}
+# readable names of the config fields and run settings a legend may have to show
+FIELD_LABELS = {"block_size": "block", "dense_layers": "dense layers", "recall_interval": "recall every",
+                "kv_skew": "KV skew", "warmup": "warm-up"}
+STYLE = {"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,
+         "ytick.labelsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+         "grid.alpha": 0.3, "grid.linewidth": 0.5, "errorbar.capsize": 2.5, "legend.frameon": False,
+         # TrueType (Type 42) fonts in PDF (venues reject Type 3), text kept as text in SVG, and no creation date or
+         # random ids in either, so that a re-render of the same results gives the same file
+         "pdf.fonttype": 42, "svg.fonttype": "none", "svg.hashsalt": "scoutbench"}
+WIDTH_IN = 5.0  # a figure's width: a single column of a two-column paper at about 70%, or half a text width
+HEIGHT_IN = 3.2
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    """`png,pdf` -> ("png", "pdf"); an unknown format is a one-line usage error."""
+    from scoutbench.errors import UsageError
+
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
+    unknown = [f for f in formats if f not in FIGURE_FORMATS]
+    if unknown or not formats:
+        raise UsageError(f"bad --figure-format {text!r}: use one or more of {', '.join(FIGURE_FORMATS)}, "
+                         "comma-separated")
+    return formats
+
+
+# ---- names and colours ----------------------------------------------------------------------------------------
+
+def method_color(method: str) -> str:
+    """The method's colour in every figure: its family's, and for a family's other registered forms (scout-base,
+    scout-pc, infinigen-dynamic, ...) a tint of it, lightest first in registration order."""
+    from scoutbench.methods import METHODS, PROPOSED_METHOD, method_family
+
+    family = method_family(method) or method
+    if family == PROPOSED_METHOD:
+        base = PROPOSED_COLOR
+    else:
+        families = [f for f in dict.fromkeys(method_family(n) for n in METHODS.names()) if f != PROPOSED_METHOD]
+        rank = families.index(family) if family in families else len(families)
+        base = FAMILY_COLORS[rank] if rank < len(FAMILY_COLORS) else \
+            EXTRA_COLORS[(rank - len(FAMILY_COLORS)) % len(EXTRA_COLORS)]
+    forms = [n for n in METHODS.names() if method_family(n) == family and n != family]
+    name = METHODS.canonical(method) if method in METHODS else method
+    if name not in forms:
+        return base
+    return _tint(base, LIGHTEST_TINT * (len(forms) - forms.index(name)) / (len(forms) + 1))
+
+
+def _tint(color: str, white: float) -> str:
+    """`color` mixed with `white` parts of white (0: the colour, 1: white)."""
+    channels = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * white):02x}" for c in channels)
+
+
+def method_display(method: str, config: dict[str, Any]) -> str:
+    """How a paper names a run: the method's display name, plus its ablation variant unless it is the method's own
+    default (`ScoutAttention (+PC)`, `ScoutAttention`, `FullKV`), or, for another registered form of a method, the
+    fields its registration sets (`InfiniGen (dynamic count on)`); an unknown method keeps its id."""
+    from scoutbench.methods import METHODS, ablation_variant, method_class
+
+    cls = method_class(method)
+    if cls is None:
+        return method
+    name = cls.display_name or cls.name
+    variant = ablation_variant(method, config)
+    if variant is not None:
+        return f"{name} ({variant})" if variant != ablation_variant(cls.name, {}) else name
+    preset = METHODS.preset(method)
+    return f"{name} ({', '.join(field_text(k, v) for k, v in preset.items())})" if preset else name
+
+
+def field_text(name: str, value: Any) -> str:
+    return f"{FIELD_LABELS.get(name, name.replace('_', ' '))} {_value_text(name, value)}"
+
+
+def _value_text(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int) and name in ("budget", "len") and value >= 1024 and value % 1024 == 0:
+        return format_length(value)
+    return "-" if value is None else str(value)
+
+
+def legend_labels(points: list[Point], exclude: tuple[str, ...] = ()) -> dict[Any, str]:
+    """Each point's legend label: the paper's name of its method plus only the config fields and run settings that
+    differ among that method's points here (`ScoutAttention, budget 1k`), never a field that only tells methods
+    apart (FullKV's `dense_layers` null against a sparse method's 2). Two different series never share a label."""
+    by_method: dict[str, list[Point]] = defaultdict(list)
+    for p in points:
+        by_method[p.method].append(p)
+    labels: dict[Any, str] = {}
+    for method, members in by_method.items():
+        fields = [{**p.config, **json.loads(p.key.settings)} for p in members]
+        names = sorted({name for f in fields for name in f} - set(exclude))
+        varying = [n for n in names if len({json.dumps(f.get(n), sort_keys=True, default=str) for f in fields}) > 1]
+        for p, f in zip(members, fields, strict=True):
+            parts = [field_text(n, f.get(n)) for n in varying]
+            labels[p.key] = ", ".join([method_display(method, p.config), *parts])
+    owners: dict[str, set[str]] = defaultdict(set)
+    for p in points:
+        owners[labels[p.key]].add(p.method)
+    for p in points:  # e.g. `scout --method-arg pc=off` beside `scout-base`: both are "co-attention"
+        if len(owners[labels[p.key]]) > 1:
+            labels[p.key] = f"{labels[p.key]} [{p.method}]"
+    return labels
+
+
+def device_text(result: dict[str, Any]) -> str:
+    """`NVIDIA H200` or `Intel Xeon Processor (AVX512, 2 threads)`: the device class without its separators."""
+    device = result.get("device") if isinstance(result.get("device"), dict) else {}
+    name = re.sub(r"\((R|TM|tm)\)", "", str(device.get("name") or device.get("class") or "unknown device"))
+    name = re.sub(r"\s+", " ", name).strip()
+    if device.get("type") != "cpu":
+        return name
+    parts = str(device.get("class", "")).split(":")
+    isa = parts[2] if len(parts) > 3 else None
+    threads = device.get("threads")
+    details = [d for d in (isa, f"{threads} threads" if threads else None) if d]
+    return f"{name} ({', '.join(details)})" if details else name
+
+
+def where_text(fields: tuple[str, ...], values: tuple, points: list[Point]) -> str:
+    """The fixed part of a figure as a subtitle: `tiny-qwen3, float32, 16k tokens, batch 1, Intel Xeon (...)`."""
+    parts = []
+    for name, value in zip(fields, values, strict=True):
+        if name == "length":
+            parts.append(f"{format_length(value)} tokens")
+        elif name == "batch":
+            parts.append(f"batch {value}")
+        elif name == "device":
+            parts.append(device_text(points[0].result))
+        else:
+            parts.append(str(value))
+    return ", ".join(parts)
+
+
+# ---- values ---------------------------------------------------------------------------------------------------
+
+def median_step_tok_s(run: dict[str, Any], step_ms: float | None = None) -> float | None:
+    """batch x 1000 / the median step (or `step_ms`): a run's throughput at its median step, None if not a
+    measurement."""
+    step = as_number((run.get("decode_step_ms") or {}).get("median")) if step_ms is None else step_ms
+    batch = (run.get("workload") or {}).get("batch")
+    if step is None or not math.isfinite(step) or step <= 0 or not isinstance(batch, int) or batch < 1:
+        return None
+    return batch * 1000.0 / step
+
+
+def figure_value(point: Point) -> tuple[float, tuple[float, float] | None]:
+    """(throughput at the median step, its 95% interval or None): the median over the repeats of each. A run's
+    interval is used only where it holds its own median (hand-edited or older results without one get no bar)."""
+    values, lows, highs = [], [], []
+    for run in point.runs:
+        value = median_step_tok_s(run)
+        if value is None:
+            continue
+        values.append(value)
+        step = run.get("decode_step_ms") or {}
+        low_ms, high_ms = as_number(step.get("ci95_low")), as_number(step.get("ci95_high"))
+        median = as_number(step.get("median"))
+        if low_ms is not None and high_ms is not None and math.isfinite(low_ms) and math.isfinite(high_ms) \
+                and 0 < low_ms <= median <= high_ms:
+            lows.append(median_step_tok_s(run, high_ms))
+            highs.append(median_step_tok_s(run, low_ms))
+    value = statistics.median(values) if values else point.tok_s
+    if not lows:
+        return value, None
+    low, high = statistics.median(lows), statistics.median(highs)
+    return value, (min(low, value), max(high, value))
+
+
+def error_bars(values: list[float], intervals: list[tuple[float, float] | None]) -> list[list[float]] | None:
+    """matplotlib's yerr (distances below and above) from intervals; None when no point has one."""
+    if all(i is None for i in intervals):
+        return None
+    below = [v - i[0] if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    above = [i[1] - v if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    return [below, above]
+
+
+# ---- drawing ----------------------------------------------------------------------------------------------------
+
+class FigureWriter:
+    """Saves figures in the chosen formats into a folder and records them in the report."""
+
+    def __init__(self, report: Report, out: Path, formats: tuple[str, ...]) -> None:
+        self.report, self.out, self.formats = report, out, formats
+
+    def save(self, fig: Any, stem: str, title: str) -> None:
+        import matplotlib.pyplot as plt
+
+        files = []
+        for fmt in self.formats:
+            path = self.out / f"{stem}.{fmt}"
+            metadata = {"CreationDate": None} if fmt == "pdf" else {"Date": None} if fmt == "svg" else None
+            fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight", pad_inches=0.03, metadata=metadata)
+            files.append(path)
+        plt.close(fig)
+        self.report.figures.append((title, files))
+
+
+
+def point_field(p: Point, name: str) -> Any:
+    return {"model": p.key.model, "dtype": p.key.dtype, "length": p.key.length, "batch": p.key.batch,
+            "device": p.device, "method": p.method}[name]
+
+
+def group_points(points: list[Point], fields: tuple[str, ...]) -> dict[tuple, list[Point]]:
+    groups: dict[tuple, list[Point]] = defaultdict(list)
+    for p in points:
+        groups[tuple(point_field(p, f) for f in fields)].append(p)
+    return dict(sorted(groups.items(), key=lambda item: str(item[0])))
+
+
+def file_stems(stem: str, groups: list[tuple], fields: tuple[str, ...] = ()) -> dict[tuple, str]:
+    """`stem` for one group; otherwise a suffix made of the group fields that differ between groups
+    (`latency_breakdown_len16k_b1`), named by `fields` where given."""
+    if len(groups) == 1:
+        return {groups[0]: stem}
+    differing = [i for i in range(len(groups[0])) if len({g[i] for g in groups}) > 1]
+    names = {}
+    for g in groups:
+        suffix = "_".join(_stem_part(fields[i] if i < len(fields) else "", g[i]) for i in differing)
+        names[g] = f"{stem}_{re.sub(r'[^A-Za-z0-9.=-]+', '-', suffix).strip('-')}"
+    return names
+
+
+def _stem_part(name: str, value: Any) -> str:
+    if name == "length" and isinstance(value, int):
+        return f"len{format_length(value)}"
+    if name == "batch":
+        return f"b{value}"
+    return "none" if value is None else str(value)
+
+
+def set_title(ax: Any, title: str, where: str) -> None:
+    """The figure's title over what it holds fixed, wrapped to the figure's width (about 15 characters an inch)."""
+    width = max(40, int(ax.figure.get_figwidth() * 15))
+    ax.set_title(f"{title}\n{textwrap.fill(where, width)}", fontsize=8.5, loc="left")
+
+
+def series_styles(series: dict[str, list[Point]]) -> dict[str, dict[str, Any]]:
+    """One colour per method; a method's second, third... series (other budgets, say) get other markers, dashes
+    and bar hatches in the same colour."""
+    seen: dict[str, int] = defaultdict(int)
+    styles = {}
+    for label, members in series.items():
+        method = members[0].method
+        index = seen[method]
+        seen[method] += 1
+        styles[label] = {"color": method_color(method), "marker": MARKERS[index % len(MARKERS)],
+                         "linestyle": LINESTYLES[index % len(LINESTYLES)], "hatch": HATCHES[index % len(HATCHES)]}
+    return styles
+
+
+def ordered_series(points: list[Point], labels: dict[Any, str]) -> dict[str, list[Point]]:
+    from scoutbench.methods import display_rank
+
+    series: dict[str, list[Point]] = defaultdict(list)
+    for p in sorted(points, key=lambda p: (display_rank(p.method), labels[p.key])):
+        series[labels[p.key]].append(p)
+    return dict(series)
+
+
+def dodge(index: int, count: int) -> float:
+    """The factor that moves series `index` of `count` sideways on a log2 axis (about 3% of a doubling apart)."""
+    return 2.0 ** (0.03 * (index - (count - 1) / 2))
+
+
+def place_legend(ax: Any, count: int) -> None:
+    """Inside the axes for a few series; for more, in two columns under the axes, so that the figure keeps its
+    width (never clipped: figures are saved with a tight bounding box)."""
+    if count <= 4:
+        ax.legend(loc="best")
+    else:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, borderaxespad=0.0)
+

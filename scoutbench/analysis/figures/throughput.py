@@ -1,0 +1,237 @@
+"""The throughput figures of the report, the paper's figure types: throughput vs input length (Figure 8) and vs
+batch size (Figure 9), block size (Figure 10), the latency breakdown with its idle time (Figure 11) and the
+ablation (Figure 12). Throughput is the median step's (batch x 1000 / median step ms), the number the stored
+interval belongs to, with that interval as error bars."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from scoutbench.analysis.figures.style import (
+    HEIGHT_IN,
+    STAGE_COLORS,
+    STAGE_LABELS,
+    WIDTH_IN,
+    dodge,
+    error_bars,
+    figure_value,
+    file_stems,
+    group_points,
+    legend_labels,
+    method_color,
+    ordered_series,
+    place_legend,
+    point_field,
+    series_styles,
+    set_title,
+    where_text,
+)
+from scoutbench.units import format_length
+
+if TYPE_CHECKING:
+    from scoutbench.analysis.figures.style import FigureWriter
+    from scoutbench.analysis.report import Point, Report
+
+
+def draw_throughput(report: Report, writer: FigureWriter) -> None:
+    """Every throughput figure the points allow; what cannot be drawn is listed in `report.skipped`."""
+    if not report.points:
+        report.skipped.append(("throughput figures", "no successful throughput results"))
+        return
+    line_figure(report, writer, "length", "throughput_vs_length", "Decode throughput vs input length")
+    line_figure(report, writer, "batch", "batch_scaling", "Decode throughput vs batch size")
+    block_size_figure(report, writer)
+    breakdown_figure(report, writer)
+    ablation_figure(report, writer)
+
+
+def line_figure(report: Report, writer: FigureWriter, axis: str, stem: str, title: str) -> None:
+    """Throughput against `axis` (length or batch), one line per series, for each fixed rest of the point."""
+    import matplotlib.pyplot as plt
+
+    fixed = ("model", "dtype", "batch" if axis == "length" else "length", "device")
+    plotted = [p for p in report.points if isinstance(point_field(p, axis), int)]  # batch "auto" has no x position
+    groups = {g: ps for g, ps in group_points(plotted, fixed).items() if len({point_field(p, axis) for p in ps}) > 1}
+    if not groups:
+        what = "lengths" if axis == "length" else "batch sizes"
+        report.skipped.append((stem, f"no model/{fixed[2]} has results at two or more {what}"))
+        return
+    names = file_stems(stem, list(groups), fixed)
+    for group, points in groups.items():
+        series = ordered_series(points, legend_labels(points))
+        lone = [label for label, members in series.items() if len({point_field(p, axis) for p in members}) < 2]
+        if lone:  # a point no other of its series' points joins into a line (another sweep's, say)
+            report.skipped.append((names[group], f"series with one {axis} only, not drawn: {'; '.join(lone)}"))
+            points = [p for label, members in series.items() if label not in lone for p in members]
+            if not points:
+                continue
+            # labelled again without them: a field that told only a dropped series apart names nothing here
+            series = ordered_series(points, legend_labels(points))
+        fig, ax = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN))
+        styles = series_styles(series)
+        for index, (label, members) in enumerate(series.items()):
+            members.sort(key=lambda p: point_field(p, axis))
+            values = [figure_value(p) for p in members]
+            ys = [v for v, _ in values]
+            shift = dodge(index, len(series))  # error bars at one x side by side, not on top of each other
+            ax.errorbar([point_field(p, axis) * shift for p in members], ys, yerr=error_bars(ys, [i for _, i in values]),
+                        label=label, markersize=4, linewidth=1.4, **styles[label])
+        ticks = sorted({point_field(p, axis) for p in points})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [format_length(t) if axis == "length" else str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("input length (tokens)" if axis == "length" else "batch size (sequences)")
+        ax.set_ylabel("decode throughput (tok/s)")
+        ax.set_ylim(bottom=0)
+        where = where_text(fixed, group, points)
+        set_title(ax, title, where)
+        place_legend(ax, len(series))
+        writer.save(fig, names[group], f"{title} ({where})")
+
+
+def block_size_figure(report: Report, writer: FigureWriter) -> None:
+    import matplotlib.pyplot as plt
+
+    stem, title = "block_size", "Decode throughput vs block size"
+    fixed = ("model", "dtype", "length", "batch", "device")
+    with_blocks = [p for p in report.points if isinstance(p.config.get("block_size"), int)
+                   and not isinstance(p.config.get("block_size"), bool)]
+    groups = {g: ps for g, ps in group_points(with_blocks, fixed).items()
+              if len({p.config["block_size"] for p in ps}) > 1}
+    if not groups:
+        report.skipped.append((stem, "no point has results at two or more block sizes"))
+        return
+    names = file_stems(stem, list(groups), fixed)
+    for group, points in groups.items():
+        series = ordered_series(points, legend_labels(points, exclude=("block_size",)))
+        styles = series_styles(series)
+        sizes = sorted({p.config["block_size"] for p in points})
+        width = 0.8 / len(series)
+        fig, ax = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN))
+        for i, (label, members) in enumerate(series.items()):
+            by_size = {p.config["block_size"]: figure_value(p) for p in members}
+            shown = [s for s in sizes if s in by_size]
+            ys = [by_size[s][0] for s in shown]
+            xs = [sizes.index(s) + (i - (len(series) - 1) / 2) * width for s in shown]
+            ax.bar(xs, ys, width * 0.92, label=label, color=styles[label]["color"], hatch=styles[label]["hatch"],
+                   edgecolor="white", linewidth=0.3, yerr=error_bars(ys, [by_size[s][1] for s in shown]),
+                   ecolor="#333333")
+            for x, s in zip(xs, shown, strict=True):
+                top = by_size[s][1][1] if by_size[s][1] else by_size[s][0]
+                ax.annotate(f"{by_size[s][0]:.3g}", (x, top), ha="center", va="bottom", fontsize=7,
+                            xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(sizes)), [str(s) for s in sizes])
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel("decode throughput (tok/s)")
+        ax.margins(y=0.15)
+        ax.grid(axis="x", visible=False)
+        where = where_text(fixed, group, points)
+        set_title(ax, title, where)
+        if len(series) > 1:  # beside the bars, never over them
+            ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        writer.save(fig, names[group], f"{title} ({where})")
+
+
+def breakdown_figure(report: Report, writer: FigureWriter) -> None:
+    """Stacked per-stage latency per method at one (model, length, batch, device); the idle share (the GPU stalled
+    on CPU work or copies; on a CPU the main thread waiting for its worker) labelled on each bar."""
+    import matplotlib.pyplot as plt
+
+    from scoutbench.methods import display_rank
+    from scoutbench.timing import STAGES
+
+    stem, title = "latency_breakdown", "Decode latency breakdown per step"
+    fixed = ("model", "dtype", "length", "batch", "device")
+    usable = [p for p in report.points if p.breakdown_ms() is not None]
+    if not usable:
+        report.skipped.append((stem, "no result has latency_breakdown_ms"))
+        return
+    groups = group_points(usable, fixed)
+    names = file_stems(stem, list(groups), fixed)
+    for group, points in groups.items():
+        labels = legend_labels(points)
+        points.sort(key=lambda p: (display_rank(p.method), labels[p.key]))
+        rotate = len(points) > 5
+        ticks = [labels[p.key] if rotate else textwrap.fill(labels[p.key], 14) for p in points]
+        fig, ax = plt.subplots(figsize=(min(7.5, max(WIDTH_IN, 1.6 + 0.6 * len(points))), HEIGHT_IN + 0.4))
+        bottoms = [0.0] * len(points)
+        breakdowns = [p.breakdown_ms() or {} for p in points]
+        for stage in STAGES:
+            values = [breakdown.get(stage, 0.0) for breakdown in breakdowns]
+            ax.bar(range(len(points)), values, 0.6, bottom=bottoms, label=STAGE_LABELS.get(stage, stage),
+                   color=STAGE_COLORS.get(stage), hatch="////" if stage == "idle" else None, edgecolor="white",
+                   linewidth=0.3)
+            bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+        for i, p in enumerate(points):
+            word = "idle" if p.on_gpu else "wait"  # CPU: the main thread's wait
+            ax.annotate(f"{word} {100 * float(p.wait_frac or 0.0):.0f}%", (i, bottoms[i]), ha="center",
+                        va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(points)), ticks, rotation=30 if rotate else 0, ha="right" if rotate else "center")
+        ax.set_ylabel("ms per decode step (mean)")
+        ax.set_xlim(-0.6, len(points) - 0.4)
+        ax.margins(y=0.12)
+        ax.grid(axis="x", visible=False)
+        handles, legend_names = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], legend_names[::-1], loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  borderaxespad=0.0)  # the stack's order, top first
+        where = where_text(fixed, group, points)
+        set_title(ax, title, where)
+        writer.save(fig, names[group], f"{title} ({where})")
+
+
+def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
+    """Groups of runs of one method family that differ only in its ablation fields (ScoutAttention: pc/pr), with
+    at least two variants, in the order the method declares (the paper's)."""
+    from scoutbench.methods import ablation_order, method_class
+
+    groups: dict[tuple, list[Point]] = defaultdict(list)
+    for p in points:
+        if p.variant is None:
+            continue
+        cls = method_class(p.method)
+        rest = json.dumps({k: v for k, v in p.config.items() if k not in cls.ablation_fields}, sort_keys=True,
+                          default=str)
+        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest, cls.name)].append(p)
+    out = {}
+    for group, members in sorted(groups.items(), key=lambda item: str(item[0])):
+        by_variant = {p.variant: p for p in members}
+        if len(by_variant) > 1:
+            out[group] = [by_variant[v] for v in ablation_order(members[0].method) if v in by_variant]
+    return out
+
+
+def ablation_figure(report: Report, writer: FigureWriter) -> None:
+    import matplotlib.pyplot as plt
+
+    from scoutbench.methods import ABLATION_METHODS, method_class
+
+    stem = "ablation"
+    groups = ablation_groups(report.points)
+    if not groups:
+        report.skipped.append((stem, f"no point has two or more of {' / '.join(ABLATION_METHODS)}"))
+        return
+    keys = [group[:5] for group in groups]
+    if len(set(keys)) < len(keys):  # same point, different other fields (e.g. budgets): number them
+        keys = [key + (str(i),) for i, key in enumerate(keys, 1)]
+    names = file_stems(stem, keys, ("model", "dtype", "length", "batch", "device"))
+    for (group, members), key in zip(groups.items(), keys, strict=True):
+        cls = method_class(members[0].method)
+        title = f"Ablation of {cls.display_name or cls.name}"
+        values = [figure_value(p) for p in members]
+        ys = [v for v, _ in values]
+        fig, ax = plt.subplots(figsize=(max(3.4, 1.1 * len(members) + 1.2), HEIGHT_IN))
+        ax.bar(range(len(members)), ys, 0.6, color=[method_color(p.method) for p in members],
+               yerr=error_bars(ys, [i for _, i in values]), ecolor="#333333")
+        for i, (value, interval) in enumerate(values):
+            ax.annotate(f"{value / ys[0]:.2f}x", (i, interval[1] if interval else value), ha="center", va="bottom",
+                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(members)), [p.variant for p in members])
+        ax.set_ylabel("decode throughput (tok/s)")
+        ax.margins(y=0.15)
+        ax.grid(axis="x", visible=False)
+        where = where_text(("model", "dtype", "length", "batch", "device"), group[:5], members)
+        set_title(ax, f"{title} (speed-up vs {members[0].variant})", where)
+        writer.save(fig, names[key], f"{title} ({where})")

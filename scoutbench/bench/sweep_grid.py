@@ -1,0 +1,238 @@
+"""Planning a sweep: its axes (`Grid`), the settings every point shares (`Settings`), the paper's presets, the
+points a grid expands to (`SweepPoint`, `expand`) and the `--config` file that describes them; running and
+resuming the points is `bench/sweep.py`.
+
+Presets reproduce the paper's performance figures at two scales: `paper` (Qwen3-14B shapes, 8k-64k, each method
+at its own largest batch as in the paper, `--batch auto`, or batch 16-64 for Figure 9: a GPU) and `cpu` (the
+attention-dominated `bench-attn16` shape, 16 layers of which 2 dense as in the paper's models, at 4k-32k, batch
+1-4: minutes on two cores). Every axis a preset sets can be overridden by the matching flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scoutbench.errors import UsageError
+from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
+from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
+from scoutbench.units import format_length
+
+# the registry says which methods the paper's figures compare, which one they are about and its ablation
+COMPARED = tuple(COMPARED_METHODS)
+ABLATION = tuple(ABLATION_METHODS)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes of a sweep; `method_args` maps a field name to the values to sweep."""
+
+    methods: tuple[str, ...]
+    lengths: tuple[int, ...]
+    batches: tuple[int | str, ...]  # a size, or "auto": each method's largest batch (scoutbench/planning.py)
+    budgets: tuple[int | None, ...] = (None,)
+    block_sizes: tuple[int | None, ...] = (None,)
+    method_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    dense_layers: int | None = None  # one setting for every sparse method of the sweep (None: their default)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every point of a sweep shares; a rerun into the same folder must use the same settings."""
+
+    model: str = "tiny-qwen3"
+    steps: int = 16
+    warmup: int = 3
+    device: str = "auto"
+    dtype: str | None = None
+    seed: int = 0
+    prefill: str = "real"
+    gpu_mem: int | None = None  # bytes, for batch "auto"
+    host_mem: int | None = None
+
+
+@dataclass(frozen=True)
+class Scale:
+    model: str
+    lengths: tuple[int, ...]
+    batches: tuple[int | str, ...]
+    budget: int
+    block_sizes: tuple[int, ...] = (32,)
+    steps: int = 16
+    warmup: int = 3
+
+
+@dataclass(frozen=True)
+class Preset:
+    figure: str
+    methods: tuple[str, ...]
+    paper: Scale
+    cpu: Scale
+
+    def grid_and_settings(self, scale: str) -> tuple[Grid, Settings]:
+        s = self.paper if scale == "paper" else self.cpu
+        grid = Grid(self.methods, s.lengths, s.batches, (s.budget,), s.block_sizes)
+        return grid, Settings(model=s.model, steps=s.steps, warmup=s.warmup, prefill="synthetic")
+
+
+K = 1024
+# Paper setting (section 5): Qwen3-14B, sparse budget 2048, block size 32, decode only, methods compared at their own
+# maximum batch (FullKV is capped by memory: that is the point of Figure 8). The CPU scale keeps the
+# paper's budget/length ratios (1/4 .. 1/32) on the bench-attn16 shape, where attention dominates a step as it
+# does on a GPU at long context. The paper does not name its three block sizes; 16/32/64 bracket its default.
+_CPU_STEPS = dict(steps=8, warmup=2)
+PRESETS: dict[str, Preset] = {
+    "lengths": Preset("Figure 8: decode throughput vs input length", COMPARED,
+                      Scale("qwen3-14b", (8 * K, 16 * K, 32 * K, 64 * K), ("auto",), 2048),
+                      Scale("bench-attn16", (4 * K, 8 * K, 16 * K, 32 * K), (1,), 1024, **_CPU_STEPS)),
+    "batch": Preset("Figure 9: decode throughput vs batch size", COMPARED,
+                    Scale("qwen3-14b", (32 * K,), (16, 32, 64), 2048),
+                    Scale("bench-attn16", (8 * K,), (1, 2, 4), 512, **_CPU_STEPS)),
+    "block-size": Preset("Figure 10: ScoutAttention throughput vs block size", (PROPOSED_METHOD,),
+                         Scale("qwen3-14b", (32 * K,), ("auto",), 2048, (16, 32, 64)),
+                         Scale("bench-attn16", (16 * K,), (2,), 1024, (16, 32, 64), **_CPU_STEPS)),
+    "breakdown": Preset("Figure 11: latency breakdown with GPU idle time", COMPARED,
+                        Scale("qwen3-14b", (32 * K,), ("auto",), 2048),
+                        Scale("bench-attn16", (16 * K,), (1,), 1024, **_CPU_STEPS)),
+    "ablation": Preset("Figure 12: ablation, parallel co-attention then +PC then +PC+PR", ABLATION,
+                       Scale("qwen3-14b", (32 * K,), ("auto",), 2048),
+                       Scale("bench-attn16", (16 * K,), (1,), 1024, **_CPU_STEPS)),
+}
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    method: str
+    length: int
+    batch: int | str
+    method_args: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return dict(self.method_args)
+
+    def point_id(self, model: str) -> str:
+        """Deterministic file stem, e.g. `scout_bench-attn16_len16k_b1_block_size-32_budget-1024`; a hash is
+        appended when the readable form had to be altered, so two different points never share a file."""
+        parts = [self.method, model.replace("/", "--"), f"len{format_length(self.length)}", f"b{self.batch}"]
+        # a recall profile is named by its file's stem: the folder it sits in is no part of the point
+        parts += [f"{k}-{Path(str(v)).stem if k == 'recall_profile' else v}" for k, v in self.method_args]
+        readable = "_".join(parts)
+        safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", readable).strip("._") or "point"
+        if safe != readable or len(safe) > 150:
+            identity = json.dumps([self.method, model, self.length, self.batch, self.method_args], default=str)
+            safe = f"{safe[:150]}_{hashlib.sha1(identity.encode()).hexdigest()[:8]}"
+        return safe
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
+
+    def stamp(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """What the point's file records (`sweep_point`) and a rerun compares before it counts the point as done:
+        the point (its fields are JSON values already) and the sweep's settings (`settings_record`)."""
+        return {"settings": settings, "point": self.describe()}
+
+
+def settings_record(settings: Settings) -> dict[str, Any]:
+    """The settings as a sweep's files record them (JSON read back)."""
+    return json.loads(json.dumps(asdict(settings), default=str))
+
+
+def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[SweepPoint]:
+    """Cartesian product of the axes, lengths outermost (an interrupted sweep has whole lengths done).
+
+    Each point's method fields come from scoutbench.method_args (the rules every command shares): --budget,
+    --block-size, --dense-layers and --method-arg apply only to methods with such a field (FullKV has no budget),
+    so the product collapses where an axis does not apply. `defaults` are the flags whose values are a preset's
+    sizes, not the user's: they are never an error.
+    """
+    keys = sorted(grid.method_args)
+    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid.method_args[k] for k in keys))]
+    # each method's distinct field settings, resolved once (they do not depend on length or batch: a grid of a
+    # million points resolves its few settings, not a million), in the axes' order
+    args_of: dict[str, dict[tuple[tuple[str, Any], ...], None]] = {method: {} for method in grid.methods}
+    for budget, block_size, common in itertools.product(grid.budgets, grid.block_sizes, combos):
+        settings = MethodSettings.of(common, budget=budget, block_size=block_size, dense_layers=grid.dense_layers,
+                                     defaults=defaults)
+        for method, args in resolve_method_args(list(grid.methods), settings).items():
+            args_of[method][tuple(sorted(args.items()))] = None
+    points: dict[SweepPoint, None] = {}
+    for length, batch, method in itertools.product(grid.lengths, grid.batches, grid.methods):
+        for args in args_of[method]:
+            points[SweepPoint(method, length, batch, args)] = None
+    return list(points)
+
+
+# ---- --config -------------------------------------------------------------------------------------------------
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A sweep config file: YAML (.yaml/.yml) or TOML (.toml), a mapping of option names to values."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            raise UsageError(f"--config {path}: use a .yaml, .yml or .toml file")
+    except (OSError, ValueError) as exc:  # yaml.YAMLError and TOMLDecodeError are ValueErrors or close to them
+        raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - yaml's own errors: one line, never a traceback
+        raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of option names to values, got {type(data).__name__}")
+    return data
+
+
+def config_defaults(config: dict[str, Any], by_flag: dict[str, tuple[str, bool]]) -> dict[str, Any]:
+    """Config entries as the command's defaults: keys are long flag names (dashes or underscores), lists become
+    repeated values, `method_arg` may be a mapping of field -> value(s)."""
+    import difflib
+
+    defaults: dict[str, Any] = {}
+    for key, value in config.items():
+        flag = str(key).replace("-", "_")
+        if flag not in by_flag:
+            close = difflib.get_close_matches(flag, list(by_flag), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"--config: unknown option {key!r}{hint} (keys are the sweep flags' long names)")
+        if value is None:
+            continue
+        if flag == "method_arg" and isinstance(value, dict):
+            value = [f"{field}={item}" for field, items in value.items()
+                     for item in (items if isinstance(items, list) else [items])]
+        name, multiple = by_flag[flag]
+        if multiple:  # a repeatable flag: a list, or one value
+            value = tuple(str(item) for item in (value if isinstance(value, list) else [value]))
+        elif isinstance(value, (list, dict)):
+            raise UsageError(f"--config: {key!r} takes one value, got {value!r}")
+        else:  # as the command line gives it: a string that the option's own type parses (a flag takes true/false),
+            # so YAML's `true` is no step count and 2.5 no integer (click would take them as 1 and 2, and `.inf` would raise)
+            value = str(value)
+        defaults[name] = value
+    return defaults
+
+
+def write_config(path: Path, config: dict[str, Any]) -> None:
+    import yaml
+
+    from scoutbench.analysis.export import write_text
+
+    text = ("# scoutbench sweep: the resolved grid and settings of this folder; rerun or resume it with\n"
+            f"#   scoutbench sweep --config {path} -o {path.parent}\n"
+            + yaml.safe_dump({k: v for k, v in config.items() if v not in (None, [], {})}, sort_keys=False))
+    write_text(path, text, overwrite=True)
