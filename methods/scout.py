@@ -19,6 +19,7 @@ from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import block_sparse_attention, region_attention
 from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.kernels.partial_state import PartialState, merge_states
+from scoutbench.methods import SCOUT_ABLATION, SCOUT_ABLATION_FIELDS
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
@@ -153,10 +154,9 @@ class ScoutAttention(SparseLayerMethod):
     name: ClassVar[str] = "scout"
     display_name: ClassVar[str] = "ScoutAttention"
     layer_ahead: ClassVar[bool] = True
-    # paper Figure 12, in its order: parallel co-attention, + pre-computation, + periodic recall
-    ablation_fields: ClassVar[tuple[str, ...]] = ("pc", "pr")
-    ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {
-        (False, False): "co-attention", (True, False): "+PC", (False, True): "+PR", (True, True): "+PC+PR"}
+    # the ablation (paper Figure 12), declared in methods/__init__.py (SCOUT_ABLATION)
+    ablation_fields: ClassVar[tuple[str, ...]] = SCOUT_ABLATION_FIELDS
+    ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {v.values: v.label for v in SCOUT_ABLATION}
     artefact_fields: ClassVar[tuple[str, ...]] = ("recall_profile",)
     work_fractions: ClassVar[dict[str, float]] = {
         "cpu_budget_frac": 0.0,  # share of the budget attended on the CPU

@@ -31,7 +31,7 @@ from typing import Any
 from scoutbench.bench.executors import Runner, ThroughputRunner
 from scoutbench.errors import UsageError, error_text
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
-from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
+from scoutbench.methods import COMPARED_METHODS, PAPER_ABLATION_METHODS, PROPOSED_METHOD
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
@@ -39,9 +39,10 @@ MANIFEST = "sweep.json"
 MANIFEST_INTERVAL_S = 2.0  # the least time between two rewrites of the manifest while points finish
 COMPACT_MANIFEST_POINTS = 1000  # a larger manifest is written without indentation: 10x faster to write
 CONFIG = "sweep_config.yaml"  # the resolved grid and settings, written beside the points (a valid --config)
-# the registry says which methods the paper's figures compare, which one they are about and its ablation
+# the registry says which methods the paper's figures compare, which one they are about and its ablation (the
+# variants of the paper's Figure 12)
 COMPARED = tuple(COMPARED_METHODS)
-ABLATION = tuple(ABLATION_METHODS)
+ABLATION = tuple(PAPER_ABLATION_METHODS)
 
 
 @dataclass(frozen=True)
