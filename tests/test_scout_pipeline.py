@@ -164,10 +164,10 @@ def _license_text_prompt(tokenizer, num_tokens: int) -> tuple[torch.Tensor, torc
 
 
 def test_budget_covering_the_context_equals_fullkv_on_a_real_model(smollm2):
-    """Regression: with the default layer-ahead prediction and recall, a budget that covers the
-    whole context leaves nothing to the CPU, so scout equals FullKV up to fp32 summation order. Before the fix a
-    block leaving the local window became host-only and was attended on the CPU with the *predicted* query (KL
-    1e-5 at each block boundary on SmolLM2). The decode crosses a block boundary at position 304."""
+    """With the default layer-ahead prediction and recall, a budget that covers the whole context leaves nothing
+    to the CPU, so scout equals FullKV up to fp32 summation order. A block leaving the local window stays on the
+    device; were it host-only, the CPU part would attend it with the *predicted* query (KL 1e-5 at each block
+    boundary on SmolLM2). The decode crosses a block boundary at position 304."""
     model = smollm2.model
     prompt, lengths = _license_text_prompt(smollm2.tokenizer, 300)
     reference, tokens = fullkv_reference(model, prompt, lengths, 10)
