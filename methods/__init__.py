@@ -9,7 +9,7 @@ throughput, sweep, report, `gate --counters` and `project` without a change anyw
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scoutbench.registry import Registry
 
@@ -26,10 +26,29 @@ METHODS.register("infinigen", "scoutbench.methods.infinigen:InfiniGen")
 METHODS.register("infinigen-dynamic", "scoutbench.methods.infinigen:InfiniGen", preset={"dynamic_count": True})
 METHODS.register("hgca", "scoutbench.methods.hgca:HGCA")
 METHODS.register("scout", "scoutbench.methods.scout:ScoutAttention", "scoutattention")
-# ScoutAttention ablation variants (paper Figure 12): parallel co-attention, +PC, +PR (+PC+PR = scout).
-METHODS.register("scout-base", "scoutbench.methods.scout:ScoutAttention", preset={"pc": False, "pr": False})
-METHODS.register("scout-pc", "scoutbench.methods.scout:ScoutAttention", preset={"pc": True, "pr": False})
-METHODS.register("scout-pr", "scoutbench.methods.scout:ScoutAttention", preset={"pc": False, "pr": True})
+
+
+class AblationVariant(NamedTuple):
+    name: str  # the registered name
+    label: str  # how the ablation figure labels it
+    values: tuple[bool, ...]  # the values of the method's `ablation_fields`
+    in_paper: bool  # one of the bars of the paper's figure
+
+
+# ScoutAttention's ablation, declared once: PC (layer-ahead pre-computation) and PR (periodic recall) switched off
+# one by one, in the order the figure shows them. The registry's presets below, ABLATION_METHODS, the sweep's
+# `ablation` preset (PAPER_ABLATION_METHODS: the paper's Figure 12 has no PR-only bar) and ScoutAttention's
+# `ablation_fields`/`ablation_variants` all come from here.
+SCOUT_ABLATION_FIELDS = ("pc", "pr")
+SCOUT_ABLATION = (AblationVariant("scout-base", "co-attention", (False, False), True),
+                  AblationVariant("scout-pc", "+PC", (True, False), True),
+                  AblationVariant("scout-pr", "+PR", (False, True), False),
+                  AblationVariant("scout", "+PC+PR", (True, True), True))
+for _variant in SCOUT_ABLATION:
+    if _variant.name != "scout":
+        METHODS.register(_variant.name, "scoutbench.methods.scout:ScoutAttention",
+                         preset=dict(zip(SCOUT_ABLATION_FIELDS, _variant.values, strict=True)))
+del _variant
 
 # The distinct algorithms (tests, benchmarks and `scoutbench throughput` without --method run these; `--method all`
 # adds the ablation variants).
@@ -38,11 +57,12 @@ ALL_METHODS = ["fullkv", "quest", "infinigen", "hgca", "scout"]
 # both ways, its fixed fetch (budget - 1 tokens a step: its slowest, its most accurate) and its own dynamic count.
 SPEED_METHODS = ["fullkv", "quest", "infinigen", "infinigen-dynamic", "hgca", "scout"]
 # What the paper's figures compare (Figures 8, 9 and 11: Quest keeps every token on the device, it is not one of the
-# offloading systems compared; InfiniGen both ways), the method they are about (Figure 10) and its ablation
-# (Figure 12).
+# offloading systems compared; InfiniGen both ways), the method they are about (Figure 10) and its ablation: every
+# variant, and those of the paper's Figure 12.
 COMPARED_METHODS = ["fullkv", "infinigen", "infinigen-dynamic", "hgca", "scout"]
 PROPOSED_METHOD = "scout"
-ABLATION_METHODS = ["scout-base", "scout-pc", "scout"]
+ABLATION_METHODS = [variant.name for variant in SCOUT_ABLATION]
+PAPER_ABLATION_METHODS = [variant.name for variant in SCOUT_ABLATION if variant.in_paper]
 
 
 def build_method(name: str, args: dict[str, Any]) -> AttentionMethod:

@@ -29,7 +29,7 @@ def allowed_syncs(config: dict[str, Any]) -> list[tuple[str, str]]:
     if config.get("dynamic_count"):
         allowed.append(("methods/infinigen.py", "self._mean_count[slot].item()"))
     if config.get("dense_layers") == 0 and config.get("pc") and not config.get("oracle"):
-        allowed += [("methods/scout.py", "plan.event.synchronize()"), ("methods/scout.py", "event.synchronize()")]
+        allowed.append(("runtime/scout_transport.py", "event.synchronize()"))
     return allowed
 
 

@@ -121,14 +121,14 @@ def test_cuda_workers_leave_a_core_to_the_issuing_thread(monkeypatch, tiny_qwen3
         method = build(name)
         DecodeEngine(emulated_model(tiny_qwen3), method).start(2, 300)
         try:
-            pool = getattr(method, "_pool", None) or method.pool
+            pool = getattr(method, "_pool", None) or getattr(method, "pool", None) or method.transport.pool
             assert pool.submit(torch.get_num_threads).result() == 15
         finally:
             method.close()
     method = build(name)
     DecodeEngine(tiny_qwen3, method).start(2, 300)
     try:
-        pool = getattr(method, "_pool", None) or method.pool
+        pool = getattr(method, "_pool", None) or getattr(method, "pool", None) or method.transport.pool
         assert pool.intra_op_threads == (1 if name == "hgca" else None)  # HGCA: one (docs/platform.md)
     finally:
         method.close()

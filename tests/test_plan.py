@@ -350,14 +350,14 @@ def test_prefill_transients_are_chunked(tiny_qwen3, monkeypatch):
     """The methods' prompt-sized temporaries come in chunks of PREFILL_CHUNK_TOKENS: with the chunk shrunk to 64
     tokens, ingesting a 1000-token prompt gives the same state as one piece (InfiniGen's channels and host tier,
     scout's host tier and digests)."""
-    import scoutbench.methods.scout as scout_module
-    import scoutbench.runtime.digest_table as digest
+    import scoutbench.runtime.block_store as block_store
+    import scoutbench.runtime.digest_table as digest_table
     import scoutbench.runtime.offload as offload
     from scoutbench.engine import DecodeEngine
     from scoutbench.methods import build_method
 
-    def ingest(chunk):
-        for module in (offload, digest, scout_module):
+    def ingest(chunk):  # where the chunk is read: the runtime's token_chunks, scout's host tier and its digests
+        for module in (offload, block_store, digest_table):
             monkeypatch.setattr(module, "PREFILL_CHUNK_TOKENS", chunk)
         state = []
         for name, args in (("infinigen", {"dense_layers": 1}),

@@ -20,12 +20,12 @@ from typing import Any
 
 from scoutbench.errors import UsageError
 from scoutbench.method_args import MethodSettings, SharedFlag, resolve_method_args
-from scoutbench.methods import ABLATION_METHODS, COMPARED_METHODS, PROPOSED_METHOD
+from scoutbench.methods import COMPARED_METHODS, PAPER_ABLATION_METHODS, PROPOSED_METHOD
 from scoutbench.units import format_length
 
 # the registry says which methods the paper's figures compare, which one they are about and its ablation
 COMPARED = tuple(COMPARED_METHODS)
-ABLATION = tuple(ABLATION_METHODS)
+ABLATION = tuple(PAPER_ABLATION_METHODS)
 
 
 @dataclass(frozen=True)

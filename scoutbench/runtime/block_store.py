@@ -13,7 +13,7 @@
   `step_slots` sets once per step and whose pool part the method opens for the slots it reads (`open_pool`).
 
 `SplitPlan` is one layer's split for one step packed into one int64 tensor (one device-to-host copy), read through
-named views instead of offsets.
+named views instead of offsets; `split_selection` makes it from a selection and the block table.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from scoutbench.kernels import cpu_attention
+from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.runtime.block_table import BlockTable
 from scoutbench.runtime.digest_table import DigestTable
 from scoutbench.runtime.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, token_chunks
@@ -86,6 +87,28 @@ class SplitPlan:
         return self.data[..., 3 * self.k + 2]
 
 
+def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, victims: torch.Tensor,
+                    available: torch.Tensor, every_resident: bool = False) -> tuple[SplitPlan, torch.Tensor]:
+    """Split a selection `ids` (`valid` entries) between the device pool and the CPU: B_cpu = B_pred minus B_gpu,
+    the selected blocks the pool does not hold ready. Returns the `SplitPlan` (with the recall's `victims` and
+    `available`) and the pool slots the device part reads `[B, Hkv, pool_slots]`: the selected resident ones, or
+    with `every_resident` every resident block whose copy has landed. On a CPU with the kernel library one call
+    (`BlockTable.split_selected`), elsewhere the same in torch ops."""
+    k = ids.shape[-1]
+    fused = None if every_resident else table.split_selected(ids, valid, victims, available)
+    if fused is not None:
+        return SplitPlan(fused[0], k), fused[1]
+    on_dev, pending, slot = table.split(ids, valid)
+    on_cpu = valid & ~on_dev
+    order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first
+    split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
+                           valid.sum(-1), available, table.resident_count())
+    if every_resident:
+        pool = slice(0, table.num_slots)
+        return split, (table.slot_block[..., pool] >= 0) & table.slot_ready[..., pool]
+    return split, table.slot_mask(on_dev, slot)
+
+
 class TieredBlockStore:
     """Host tier, device region and block tables of the sparse `layers` (see the module docstring)."""
 
@@ -142,6 +165,20 @@ class TieredBlockStore:
         return self._blocked_host[layer]
 
     # ------------------------------------------------------------------ prefill
+    def selectable(self, positions: torch.Tensor, max_position: int, k: int) -> tuple[CandidateBlocks, torch.Tensor]:
+        """The blocks a selection of `k` may pick when the new token sits at `positions` (complete blocks `j` with
+        `sink_blocks <= j < tail - local_blocks`), and which of the k selections are valid `[B, Hkv, k]` (the
+        prefill's initial selection; a decode step's are the method's, updated in place)."""
+        b, device = self.block_size, positions.device
+        num_scored = max(1, max_position // b)
+        limit = (positions // b - (self.n_ring - 1)).clamp(min=0)
+        excluded = None
+        if self.sink_blocks:
+            excluded = (torch.arange(num_scored, device=device) < self.sink_blocks)[None, None, :]
+        candidates = CandidateBlocks.build(num_scored, limit, k, excluded, device)
+        count = candidates.count.expand(positions.shape[0], self.kv_heads)  # [B, 1]: nothing excluded per head
+        return candidates, torch.arange(k, device=device)[None, None, :] < count[:, :, None]
+
     def ingest_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> None:
         """Complete prompt blocks to the host tier with their digests; sink and local/tail blocks to the region."""
         b, B, Hkv, D = self.block_size, self.batch, self.kv_heads, self.head_dim
@@ -189,10 +226,10 @@ class TieredBlockStore:
         """Keep the block that leaves the local window this step on the device: move it from its ring slot (which
         the new tail block is about to overwrite) into a free pool slot, a device-to-device copy.
 
-        The block was on the device all along; without this hand-off it became host-only the moment it turned
-        selectable, so its attention moved to the CPU and used the *predicted* query. With a budget covering the
-        whole context, scout then drifted from FullKV at every block boundary until a recall brought the block
-        back. Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
+        The block is on the device all along; without this hand-off it would become host-only the moment it
+        turns selectable, so its attention would move to the CPU and use the *predicted* query, and with a budget
+        covering the whole context scout would drift from FullKV at every block boundary until a recall brought
+        the block back. Rows whose pool is full leave the block to the host tier, as the paper's GPU keeps
         a fixed set of blocks; the periodic recall brings it back when it matters. No host-device copy or sync:
         which rows move is computed on the device from the positions (a list built on the host cost a blocking
         `torch.tensor(..., device=cuda)` copy per block boundary), every (sequence, KV head) row takes part, and
@@ -330,6 +367,30 @@ class TieredBlockStore:
         return event
 
     # ------------------------------------------------------------------ accounting
+    @staticmethod
+    def bytes_per_sequence(layers: int, context_len: int, kv_heads: int, head_dim: int, elem_bytes: int,
+                           block_size: int, pool_slots: int, sink_blocks: int, local_blocks: int, recall_blocks: int
+                           ) -> tuple[int, int, int]:
+        """What `layers` sparse layers of such stores hold per sequence for a context of `context_len` tokens:
+        (device bytes, host bytes, the prefill's device transient)."""
+        if not layers:
+            return 0, 0, 0
+        kv = 2 * kv_heads * head_dim * elem_bytes  # K and V of one token
+        n_blocks = -(-context_len // block_size)
+        # device tokens per (sequence, KV head): the pool's slots, the sink slots and the local/tail ring
+        region = (pool_slots + sink_blocks + local_blocks + 1) * block_size
+        # per sparse layer: digests, the slotted region and its BlockTable (int64 block -> slot, int64 + bool per
+        # slot); once: the recall's device staging (K and V) and the region's open tokens per slot
+        block_table = kv_heads * ((n_blocks + 1) * 8 + (pool_slots + 1) * 9)
+        device = layers * (n_blocks * 2 * kv_heads * head_dim * elem_bytes + region * kv + block_table)
+        device += recall_blocks * block_size * kv + kv_heads * (region // block_size) * 8
+        # the host arena: every block, and on CUDA two pinned recall staging buffers (a CPU recall copies host rows
+        # into the pool directly)
+        host = layers * n_blocks * block_size * kv + 2 * recall_blocks * block_size * kv
+        # prefill: one chunk of blocks made contiguous for its D2H copy, and the initial resident K (then V) blocks
+        prefill = (min(PREFILL_CHUNK_TOKENS, context_len) + recall_blocks * block_size) * kv // 2
+        return device, host, prefill
+
     def device_bytes(self) -> int:
         tensors = [*self.dev_k.values(), *self.dev_v.values()]
         return sum(t.numel() * t.element_size() for t in tensors) + self.digests.device_bytes()
