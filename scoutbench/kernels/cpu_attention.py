@@ -1,4 +1,5 @@
-"""The compiled CPU decode-attention kernel (`cpu_attention.cpp`): built on first use, called through ctypes.
+"""The compiled CPU kernel library (`csrc/`: one .cpp per operation, shared headers): built on first use, called
+through ctypes; this module serves its decode attention.
 
 The same library holds a decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
 attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), InfiniGen's token
@@ -11,12 +12,13 @@ the attention). This kernel reads bf16 directly (AVX512-BF16 dot products where 
 selected blocks of a host tier in place (index-driven: no gather copy), splits long rows into chunks merged by LSE
 (flash-decoding split-K) over its own threads, and returns the natural-log LSE `merge_states` takes.
 
-Build: `g++ -O3 -march=native` into a shared object cached under `$SCOUTBENCH_CACHE/kernels` (default
-`~/.cache/scoutbench/kernels`), keyed by the source's hash, the compiler's version and the CPU's flags: a few
-seconds, once per machine. It needs only a C++ compiler (`$CXX`, else g++/c++): no torch or Python headers, nothing
-at `pip install` time. The cached library is verified before it is loaded and rebuilt (with one warning) when it
-does not verify; concurrent first uses (pytest-xdist, Ray workers) build once (`scoutbench.cache`). The build is
-bounded by `BUILD_TIMEOUT_S` and leaves no temp file when it fails, times out or is interrupted.
+Build: one `g++ -O3 -march=native` of every `csrc/*.cpp` into a shared object cached under
+`$SCOUTBENCH_CACHE/kernels` (default `~/.cache/scoutbench/kernels`), keyed by the hash of every source file (`.cpp`
+and `.h`), the compiler's version and the CPU's flags: seconds, once per machine. It needs only a C++ compiler
+(`$CXX`, else g++/c++): no torch or Python headers, nothing at `pip install` time. The cached library is verified
+before it is loaded and rebuilt (with one warning) when it does not verify; concurrent first uses (pytest-xdist, Ray
+workers) build once (`scoutbench.cache`). The build is bounded by `BUILD_TIMEOUT_S` and leaves no temp file when it
+fails, times out or is interrupted.
 
 `SCOUTBENCH_CPU_ATTENTION` picks the CPU backend: `auto` (default: the kernel, or torch's kernels with a one-line
 warning when the build fails), `native` (the kernel or an error), `torch` (force torch's kernels, the tested
@@ -44,7 +46,7 @@ import torch
 from scoutbench.cache import cache_root, provide
 from scoutbench.errors import ScoutbenchError, UsageError
 
-SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+SOURCE_DIR = Path(__file__).with_name("csrc")  # the library's C++: one .cpp per operation, shared headers
 ABI_VERSION = 6
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
 BACKEND_CHOICES = ("auto", "native", "torch")
@@ -56,7 +58,8 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp-sim
 # the whole build (the compiler's version, each flag set tried, a wait for a concurrent build of the same library): a
 # compiler that hangs costs a run this long once, then torch's kernels serve it (normal builds: 5-20 s)
 BUILD_TIMEOUT_S = 120
-LIBRARY_NAME = f"{SOURCE.stem}.so"
+LIBRARY_STEM = "cpu_attention"
+LIBRARY_NAME = f"{LIBRARY_STEM}.so"
 
 
 class NativeUnavailable(ScoutbenchError):
@@ -118,11 +121,21 @@ def _run_bounded(cmd: list[str], deadline: float) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(cmd, process.returncode, out, err)
 
 
+def sources(folder: Path | None = None) -> list[Path]:
+    """The library's translation units (the `.cpp` files of `folder`, default `SOURCE_DIR`), in name order."""
+    return sorted((folder or SOURCE_DIR).glob("*.cpp"))
+
+
+def source_files(folder: Path | None = None) -> list[Path]:
+    """Every file the build reads (`.cpp` and `.h`), in name order: the cache key covers each one."""
+    return sorted(p for p in (folder or SOURCE_DIR).iterdir() if p.suffix in (".cpp", ".h"))
+
+
 def _compile(compiler: str, deadline: float, folder: Path) -> None:
     """The library into `folder` (a staging folder of `cache.provide`), with the first flag set the compiler takes."""
     errors = []
     for arch in FLAG_SETS:
-        cmd = [compiler, *BASE_FLAGS, *arch, str(SOURCE), "-o", str(folder / LIBRARY_NAME)]
+        cmd = [compiler, *BASE_FLAGS, *arch, *map(str, sources()), "-o", str(folder / LIBRARY_NAME)]
         result = _run_bounded(cmd, deadline)
         if result.returncode == 0:
             return
@@ -134,11 +147,11 @@ def _build(compiler: str) -> Path:
     """The cached, verified shared object for this source, compiler and CPU; compiled now if missing or if the
     cached one does not verify (`scoutbench.cache`: a truncated library would kill the process when mapped)."""
     deadline = time.monotonic() + BUILD_TIMEOUT_S
-    source = SOURCE.read_bytes()
+    source = b"\0".join(part for path in source_files() for part in (path.name.encode(), path.read_bytes()))
     version = _run_bounded([compiler, "--version"], deadline).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
-    folder, rebuilt_because = provide(cache_dir() / f"{SOURCE.stem}-{key}",
+    folder, rebuilt_because = provide(cache_dir() / f"{LIBRARY_STEM}-{key}",
                                       functools.partial(_compile, compiler, deadline),
                                       lock_timeout_s=max(deadline - time.monotonic(), 0.0))
     if rebuilt_because is not None:

@@ -1,4 +1,4 @@
-"""A decode step's work around attention on the CPU, through the compiled kernel (`cpu_attention.cpp`): the linears,
+"""A decode step's work around attention on the CPU, through the compiled kernel (`csrc/decode.cpp`): the linears,
 HF's RMSNorm, and the attention prologue (q/k/v projections, q/k norms, RoPE) in one call; `F.linear` and the HF
 modules elsewhere.
 

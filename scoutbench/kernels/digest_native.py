@@ -1,5 +1,5 @@
 """Quest digest scoring and top-k on a CPU (fp32) through the compiled kernel (`sb_digest_scores` of
-`cpu_attention.cpp`, built and cached with the attention kernel).
+`csrc/digest.cpp`, built and cached with the attention kernel).
 
 Why: ScoutAttention scores every complete block of a sparse layer once per layer and step (1024 blocks x 8 KV heads
 x 2 x 128 fp32 = 8 MB at 32k on bench-attn16). torch's batched matmul with 4 query heads per KV head, then a
