@@ -45,9 +45,10 @@ import torch
 
 from scoutbench.cache import cache_root, provide
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.kernels import native_abi
+from scoutbench.kernels.native_abi import ABI_VERSION
 
 SOURCE_DIR = Path(__file__).with_name("csrc")  # the library's C++: one .cpp per operation, shared headers
-ABI_VERSION = 6
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
 BACKEND_CHOICES = ("auto", "native", "torch")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -131,6 +132,14 @@ def source_files(folder: Path | None = None) -> list[Path]:
     return sorted(p for p in (folder or SOURCE_DIR).iterdir() if p.suffix in (".cpp", ".h"))
 
 
+def source_digest(folder: Path | None = None) -> bytes:
+    """The hash of every source file's name and bytes: a change to any `.cpp` or `.h` changes the cache key."""
+    digest = hashlib.sha256()
+    for path in source_files(folder):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.digest()
+
+
 def _compile(compiler: str, deadline: float, folder: Path) -> None:
     """The library into `folder` (a staging folder of `cache.provide`), with the first flag set the compiler takes."""
     errors = []
@@ -144,10 +153,10 @@ def _compile(compiler: str, deadline: float, folder: Path) -> None:
 
 
 def _build(compiler: str) -> Path:
-    """The cached, verified shared object for this source, compiler and CPU; compiled now if missing or if the
+    """The cached, verified shared object for these sources, compiler and CPU; compiled now if missing or if the
     cached one does not verify (`scoutbench.cache`: a truncated library would kill the process when mapped)."""
     deadline = time.monotonic() + BUILD_TIMEOUT_S
-    source = b"\0".join(part for path in source_files() for part in (path.name.encode(), path.read_bytes()))
+    source = source_digest()
     version = _run_bounded([compiler, "--version"], deadline).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
@@ -169,34 +178,11 @@ def _load() -> ctypes.CDLL:
 
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.sb_abi_version.restype = ctypes.c_int
-    library.sb_isa.restype = ctypes.c_char_p
-    library.sb_attention.restype = ctypes.c_int
-    library.sb_attention.argtypes = [ctypes.c_int, i64, i64, i64, i64, i64, ptr, ptr, ptr, *[i64] * 8, i64, ptr, i64,
-                                     i64, ptr, i64, ctypes.c_float, ptr, ptr, ptr, i64, ctypes.c_int]
-    if library.sb_abi_version() != ABI_VERSION:
-        raise NativeUnavailable(f"stale kernel build (ABI {library.sb_abi_version()}, expected {ABI_VERSION})")
-    library.sb_linear.restype = ctypes.c_int
-    library.sb_linear.argtypes = [ctypes.c_int, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
-    library.sb_rms_norm.restype = ctypes.c_int
-    library.sb_rms_norm.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ctypes.c_float, ptr]
-    library.sb_attention_prologue.restype = ctypes.c_int
-    library.sb_attention_prologue.argtypes = [ctypes.c_int, i64, i64, *[ptr] * 7, i64, i64, i64, ptr, ptr,
-                                              ctypes.c_float, *[ptr] * 5, ctypes.c_int]
-    library.sb_digest_scores.restype = ctypes.c_int
-    library.sb_digest_scores.argtypes = [i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr,
-                                         ctypes.c_int]
-    library.sb_top_tokens.restype = ctypes.c_int
-    library.sb_top_tokens.argtypes = [i64, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int]
-    library.sb_split_plan.restype = ctypes.c_int
-    library.sb_split_plan.argtypes = [i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr]
-    library.sb_merge2.restype = ctypes.c_int
-    library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
-    library.sb_helper_spin_us.restype = ctypes.c_int
-    library.sb_copy_rows.restype = ctypes.c_int
-    library.sb_copy_rows.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
-    return library
+    """`library` with every entry point's signature (`native_abi.SIGNATURES`), once its ABI version matches."""
+    built = native_abi.abi_version(library)
+    if built != ABI_VERSION:
+        raise NativeUnavailable(f"stale kernel build (ABI {built}, expected {ABI_VERSION})")
+    return native_abi.bind(library)
 
 
 @functools.lru_cache(maxsize=1)
