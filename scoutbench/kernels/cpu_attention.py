@@ -4,11 +4,11 @@ through ctypes; this module serves its decode attention.
 The same library holds a decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
 attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), InfiniGen's token
 speculation (`top_tokens` below), ScoutAttention's pool/CPU split (`BlockTable.split_selected`), and the two-part
-merge that `partial_state.merge_states` takes on a CPU (one call where torch made seven).
+merge that `partial_state.merge_states` takes on a CPU (one call where torch makes seven).
 
-Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
-fp32's bytes/s, and a sparse call first had to gather the selected blocks into a buffer (the gather cost as much as
-the attention). This kernel reads bf16 directly (AVX512-BF16 dot products where the CPU has them), walks the
+Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and reads bf16 KV at half of
+fp32's bytes/s, and a sparse call through it first gathers the selected blocks into a buffer (the gather costs as
+much as the attention). This kernel reads bf16 directly (AVX512-BF16 dot products where the CPU has them), walks the
 selected blocks of a host tier in place (index-driven: no gather copy), splits long rows into chunks merged by LSE
 (flash-decoding split-K) over its own threads, and returns the natural-log LSE `merge_states` takes.
 
@@ -298,9 +298,8 @@ def copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], dst_rows: torc
     them). The ids are checked once for every pair: one out of range raises IndexError before any copy.
 
     On a CPU through the kernel, one pass over the bytes, where `index_select` into a buffer then `index_copy_` out
-    of it read and wrote every byte twice (ScoutAttention's recall of 128 fp32 blocks of 32 x 128, K and V, 4 MiB:
-    484-494 us against 590-659 us, alternating in one process). Elsewhere, or where the kernel does not take the
-    pair, torch's `index_copy_` of an `index_select`."""
+    of it read and write every byte twice. Elsewhere, or where the kernel does not take the pair, torch's
+    `index_copy_` of an `index_select`."""
     n = dst_rows.numel()
     if src_rows.numel() != n:
         raise ValueError(f"copy_rows: {n} destination rows but {src_rows.numel()} source rows")

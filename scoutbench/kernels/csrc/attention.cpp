@@ -1,7 +1,8 @@
 // CPU decode attention with log-sum-exp, full or index-driven (selected blocks attended in place), bf16 or fp32.
 //
-// Compiled on first use by scoutbench/kernels/cpu_attention.py (g++ -O3 -march=native, cached by source hash and
-// CPU flags) and called through ctypes with raw pointers; the Python side documents the contract. In short:
+// Compiled on first use with the library's other files by scoutbench/kernels/cpu_attention.py (g++ -O3
+// -march=native, cached by the sources' hash and the CPU's flags) and called through ctypes with raw pointers; the
+// Python side documents the contract. In short:
 //   rows r = b * H + h (H selection rows per sequence, row h reads KV head h / rows_per_kv), G queries per row,
 //   q [B*H, G, D] in the KV dtype; token p < len[r] of row r lives in block j = p / block_size at
 //   k + b*kb + h_kv*kh + id(r, j)*kid + (p % block_size)*ktok, id = ids ? ids[b*ids_b + h*ids_h + j] : j
@@ -103,7 +104,8 @@ void store_row_as(float* dst, const float* acc, int64_t D, float inv) {
   for (int64_t d = 0; d < D; ++d) dst[d] = acc[Chunk ? even_odd_slot(d, Chunk) : d] * inv;
 }
 
-// the chunk as a constant: even_odd_slot's divisions by a run-time chunk took 5-6 us of a bf16 sparse call's 8 rows
+// the chunk as a constant, so that even_odd_slot's divisions compile to shifts (a run-time divisor costs
+// microseconds per call on a few rows)
 void store_row(float* dst, const float* acc, int64_t D, float inv, int chunk) {
   switch (chunk) {
     case 16: return store_row_as<16>(dst, acc, D, inv);

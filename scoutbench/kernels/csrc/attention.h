@@ -122,23 +122,19 @@ constexpr int64_t even_odd_slot(int64_t d, int64_t chunk) {
 constexpr int kMaxGroup = 32;  // queries per row on the vector paths (stack arrays); larger groups: portable
 // Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
 // the running max), then one max update and rescale per query, then PV over the whole step. 32: a bf16 step's K and
-// V rows (16 KiB) and the rows prefetched for the next one fit the 48 KiB L1 together (64-token steps, twice that,
-// measured 7% slower on sparse bf16 calls, 2-5% on full ones; fp32 the same either way).
+// V rows (16 KiB) and the rows prefetched for the next one fit the 48 KiB L1 together, where 64-token steps do not
+// (docs/platform.md has the measurements).
 constexpr int kStepTokens = 32;
 // Software prefetch: the K and V rows of the tokens kPrefetchTokens ahead, issued a share at a time through the
-// step's QK tiles and PV tiles, so that the memory system sees an even demand while the core computes. Issued in
-// bursts (all of a tile's rows in the first query's pass), the reads barely overlapped the arithmetic: a full call's
-// time was its compute plus its DRAM reads, on one core and two. Spread evenly they overlap: measured on 64k full
-// calls 16% (bf16) and 8% (fp32) faster, on sparse 2048-token selections 24% faster (bf16), than the bursts. One
-// step ahead (16 or 24 tokens: 5-14% slower; 64 with 64-token steps: the L1 note above), for long runs and for the
-// sparse selections' 32-token blocks alike, which the hardware prefetcher does not follow from block to block.
+// step's QK tiles and PV tiles, so that the memory system sees an even demand while the core computes: spread so,
+// the reads overlap the arithmetic, where a burst of a tile's rows in the first query's pass leaves a call's time
+// its compute plus its DRAM reads. One step ahead, for long runs and for the sparse selections' 32-token blocks
+// alike, which the hardware prefetcher does not follow from block to block (docs/platform.md: the distances tried).
 constexpr int64_t kPrefetchTokens = kStepTokens;
 // fp32 V rows (512 bytes a token at head_dim 128) are the exception: the hardware prefetcher follows that stream
-// within a block, and software prefetches beside it slowed full calls by 5-7% (issue 19: with V prefetched only for
-// the first 8 tokens of each block and of each item, B/A 0.931-0.950 on 64k full fp32 calls, 0.975-0.997 on sparse
-// ones; with no V prefetch at all 0.930-0.956 full but 1.028 sparse, whose 32-token blocks need the start). bf16
-// V rows (256 bytes) need every prefetch: V only at block heads gave 1.30 on full and sparse bf16 calls; fp32 K and
-// V both only at block heads gave 1.11-1.13.
+// within a block, and software prefetches beside it slow full calls, so fp32 V rows are prefetched only for the
+// first kFp32VHeadTokens tokens of each block and of each item (sparse selections' 32-token blocks need the start).
+// bf16 V rows (256 bytes) need every prefetch (docs/platform.md has the A/B runs).
 constexpr int64_t kFp32VHeadTokens = 8;
 
 // One item's walk, as both vector kernels make it: the K and V cursors of its tokens, and a second pair that runs

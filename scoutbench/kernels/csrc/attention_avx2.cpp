@@ -1,9 +1,9 @@
-// ------------------------------------------------------------------------------------------ AVX2 kernel
-// CPUs with AVX2 and FMA but no AVX-512: AMD Zen 2 and 3 (the EPYC hosts of DGX A100 and of many GPU servers, and
-// our CI machines), Intel's client cores and its servers before Skylake-SP. The AVX-512 kernel's schedule (softmax
-// steps, QK tiles, the spread software prefetch) on 8-lane vectors: a tile is 8 tokens, and bf16 is widened by a
-// shift and a mask into its even and odd elements (16-element chunks stored as even | odd, as store_row undoes).
-// The portable loop it replaces here read 64k-token KV at 0.08-0.12 of the machine's read bandwidth.
+// The AVX2 decode-attention kernel, for CPUs with AVX2 and FMA but no AVX-512: AMD Zen 2 and 3 (the EPYC hosts of
+// DGX A100 and of many GPU servers, and the CI machines), Intel's client cores and its servers before Skylake-SP.
+// The AVX-512 kernel's schedule (softmax steps, QK tiles, the spread software prefetch) on 8-lane vectors: a tile is
+// 8 tokens, and bf16 is widened by a shift and a mask into its even and odd elements (16-element chunks stored as
+// even | odd, as store_row undoes). On these CPUs the portable loop reads KV at about a tenth of the machine's read
+// bandwidth (docs/platform.md).
 #include "attention.h"
 
 #ifdef SB_AVX2
@@ -29,8 +29,8 @@ inline __m256 exp2_ps8(__m256 x) {
 
 // QK of one query against a tile of n <= 8 token rows: the tile's scores (unscaled), in token order. q is fp32 (bf16
 // K: each 16-chunk as even | odd, matching bf16_even_odd8). fp32 runs token-major, each K row read in address order
-// (as on AVX-512; chunk-major measured 1.05 slower on Zen 3), bf16 chunk-major, each q chunk pair loaded once for the
-// tile's rows (token-major measured 1.05-1.07 slower on full calls).
+// (as on AVX-512), bf16 chunk-major, each q chunk pair loaded once for the tile's rows: the faster order of each on
+// Zen 3 (docs/platform.md).
 template <int D, bool BF16, bool FULL>
 inline __m256 tile_scores8(const float* qg, const void* const* kp, int n) {
   __m256 acc[kTile8];
@@ -95,7 +95,7 @@ void attend_avx2(const Args& a, const Item& item, State st) {
   const T* q = static_cast<const T*>(a.q) + item.row * G * D;
   alignas(32) float qf[kMaxGroup * D];  // fp32 q; bf16: each 16-chunk as even | odd (even_odd_slot's layout)
   for (int i = 0; i < G * D; i += 16) {
-    if constexpr (BF16) {  // widened as K is; placed element by element, it took 5-8 us of an 8-row sparse call
+    if constexpr (BF16) {  // widened as K is, a vector at a time: element by element costs microseconds a call
       __m256 even, odd;
       bf16_even_odd8(reinterpret_cast<const uint16_t*>(q) + i, even, odd);
       _mm256_store_ps(qf + i, even);

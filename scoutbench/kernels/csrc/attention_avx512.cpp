@@ -24,7 +24,7 @@ inline __m512 exp2_ps(__m512 x) {
 
 // QK of one query against a tile of 16 token rows: scores (base-2 logits) of the tile, in token order. The loops
 // run token-major, so the first query's pass reads each row in address order: a stream the hardware prefetcher
-// follows (column-major, a tile's lines arrive in a stride-of-a-row order it did not, and DRAM latency showed).
+// follows (column-major, a tile's lines arrive in a stride-of-a-row order it does not, and DRAM latency shows).
 template <int D>
 inline __m512 tile_scores_f32(const float* qg, const float* const* kp, int n) {
   constexpr int C = D / 16;

@@ -5,7 +5,7 @@
 namespace sb {
 namespace {
 
-constexpr int64_t kMinParallelCopyBytes = 256 * 1024;  // likewise for a row copy
+constexpr int64_t kMinParallelCopyBytes = 256 * 1024;  // bytes below which a copy runs on the caller alone
 
 }  // namespace
 }  // namespace sb

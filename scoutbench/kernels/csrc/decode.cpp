@@ -9,8 +9,8 @@ namespace {
 // ------------------------------------------------------------------------------------------ decode linear
 // y [M, N] = x [M, K] W^T (+ bias [N]) with W [N, K] row-major (nn.Linear's weight), fp32 or bf16, accumulated in
 // fp32; a bf16 result is rounded to nearest even, as torch rounds. At decode M is the batch, so a linear is a read
-// of W: MKL's sgemv read it at ~12 GB/s on our AMD machines (its AVX-512 paths are Intel's), four rows of W
-// against each row of x at a time read it at 25-28 GB/s on one core. Tasks are runs of kLinearRows rows of W.
+// of W: four rows of W against each row of x at a time stream it at about twice the rate of MKL's sgemv on AMD
+// CPUs, whose AVX-512 paths are Intel's (docs/platform.md). Tasks are runs of kLinearRows rows of W.
 constexpr int64_t kLinearRows = 64;
 
 #ifdef SB_AVX512
@@ -101,8 +101,8 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
   }
 #elif defined(SB_AVX2)
   (void)xbf;
-  // rows under a page read four at a time ran 1.2-1.7x slower than the plain loop below, one row after the other
-  // (Zen 3: 4 MB fp32 at K = 256, 2 threads), rows of a page or more 1.1-1.4x faster
+  // four rows at a time where a row is a page or more; shorter rows are faster one after the other in the plain
+  // loop below (Zen 3, docs/platform.md)
   const int64_t four_row_end = K * static_cast<int64_t>(sizeof(T)) >= kFourRowMinBytes ? n1 : n0;
   for (; n + 4 <= four_row_end; n += 4) {
     for (int64_t m = 0; m < M; ++m) {
@@ -117,7 +117,7 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
   for (; n < n1; ++n) {
     const T* w = W + n * K;
 #ifdef SB_AVX2
-    // short rows, one after the other: the row 4 ahead prefetched (4 MB fp32 at K = 256: 230-238 vs 247-268 us)
+    // short rows, one after the other: the row 4 ahead prefetched
     if (n + 4 < n1) prefetch_row(W + (n + 4) * K, static_cast<int>(K * sizeof(T)));
 #endif
     for (int64_t m = 0; m < M; ++m) {

@@ -37,9 +37,8 @@ void scores_g4(const float* row, const float* both, int64_t width, int64_t num_b
 }
 
 #ifdef SB_AVX2
-// scores_g4 on 8-lane vectors, two blocks at a time (8 independent FMA chains), with a prefetch 16 blocks ahead:
-// 8.4 MB of digests (bench-attn16's layer at 32k) in 0.66-0.69 ms against the compiler-vectorised scores_g4's
-// 0.75-0.84 (Zen 3, 2 threads, alternating processes); without the prefetch 1.33 ms, 8 blocks ahead alike.
+// scores_g4 on 8-lane vectors, two blocks at a time (8 independent FMA chains, where the compiler's loop leaves one
+// chain per query bound by the FMA latency), with a prefetch 16 blocks ahead (docs/platform.md has the timings).
 constexpr int64_t kDigestPrefetchBlocks = 16;
 
 template <typename Emit>
@@ -111,11 +110,11 @@ void row_scores(const float* row, const float* q_row, int64_t group, int64_t dim
 }
 
 // The k best (score, block) pairs of a row so far, worst on top: a block below the worst costs one comparison,
-// made while the next digests stream in (a top-k after the row's scoring cost 10 us per row on its own).
+// made while the next digests stream in, so that the selection costs no pass of its own over the row's scores.
 class TopK {
  public:
   using Entry = std::pair<float, int64_t>;
-  // a function object, not a function: std::push_heap then inlines it (a function pointer cost 4x)
+  // a function object, not a function: std::push_heap then inlines it (a function pointer is an indirect call)
   struct Better {
     bool operator()(const Entry& a, const Entry& b) const {
       return a.first > b.first || (a.first == b.first && a.second < b.second);

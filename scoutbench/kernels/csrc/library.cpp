@@ -1,9 +1,9 @@
-// The library's identity and its one thread pool.
-//
-//
-// The library also holds a decode step's other CPU kernels, on the same pool (each section says why): the decode
-// linear, HF's RMSNorm and attention prologue (kernels/cpu_decode.py), Quest digest scores with their top-k
-// (kernels/digest_native.py), InfiniGen's token top-n, and the two-part LSE merge (kernels/cpu_attention.py).
+// The library's identity (its ABI version, the vector ISA this build takes, the pool's helper spin) and its one
+// thread pool, which every kernel shares: decode attention (attention*.cpp), the decode linear, HF's RMSNorm and
+// attention prologue (decode.cpp), Quest digest scores with their top-k (digest.cpp), InfiniGen's token top-n
+// (top_tokens.cpp), ScoutAttention's split (split_plan.cpp), row copies (copy_rows.cpp) and the two-part LSE
+// merge (merge.cpp). Each file says why its kernel exists; scoutbench/kernels/native_abi.py declares every
+// extern "C" function for ctypes.
 #include "pool.h"
 
 namespace sb {
@@ -23,6 +23,8 @@ using namespace sb;
 
 extern "C" {
 
+// native_abi.ABI_VERSION: raised with any change of an entry point's parameters, so that a stale cached build is
+// refused rather than called with the wrong arguments
 int sb_abi_version() { return 6; }
 
 int sb_helper_spin_us() { return Pool::spin_us(); }

@@ -10,7 +10,7 @@ namespace sb {
 // while its last items finish on other threads it takes items of the other published jobs instead of spinning.
 // Helpers take items of any published job, but only while fewer callers than the call's thread count are inside
 // the pool: on 2 cores ScoutAttention's main thread and its worker then each keep a core and the helper waits,
-// where a third runnable thread made every call's last item wait for a time slice.
+// where a third runnable thread would make every call's last item wait for a time slice.
 class Pool {
  public:
   template <typename Fn>
@@ -149,10 +149,10 @@ class Pool {
   }
 
   // Whether a job was published within spin_us() of the helper's last one. A helper asleep on the condition
-  // variable took 30-70 us to start on these VMs, so a call of a few hundred microseconds ran mostly on its caller
-  // (a 4 MB linear: 67-70 us asleep, 34-38 us awake); a decode step's calls come tens to hundreds of microseconds
-  // apart, and ScoutAttention's CPU part once per layer. The helper yields between checks, so any other runnable
-  // thread (the worker's Python, an OpenMP team) takes the core before it.
+  // variable takes tens of microseconds to wake on a VM, so a call of a few hundred microseconds would run mostly on
+  // its caller (docs/platform.md); a decode step's calls come tens to hundreds of microseconds apart, and
+  // ScoutAttention's CPU part once per layer. The helper yields between checks, so any other runnable thread (the
+  // worker's Python, an OpenMP team) takes the core before it.
   bool spin_for_job(uint64_t seen) const {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
     for (int i = 0;; ++i) {

@@ -7,7 +7,8 @@ namespace {
 
 // ------------------------------------------------------------------------------------------ ScoutAttention's split
 // One layer's split of a selection between the device pool and the CPU part (BlockTable.split, the CPU-first order,
-// SplitPlan.pack and BlockTable.slot_mask in one pass per row; ~28 torch ops per layer before). Per row r:
+// SplitPlan.pack and BlockTable.slot_mask in one pass per row, where the torch path makes ~28 ops per layer).
+// Per row r:
 // slot = block_slot[clamp(id)], resident = valid && slot >= 0, ready = slot_ready[resident ? slot : trash],
 // on_device = resident && ready, pending = resident && !ready, on_cpu = valid && !on_device.
 void split_row(int64_t k, const int64_t* ids, const uint8_t* valid, const int64_t* block_slot, int64_t max_blocks,

@@ -9,8 +9,8 @@ namespace {
 // InfiniGen's speculation on a CPU: for each row r (a (sequence, KV head) pair), token t < len of its partial keys
 // k [t, P] scores max_g q_g . k_t over the row's G partial queries; the n best tokens (ties by lower index) are
 // written in ascending token order, so that the attention reading them in place walks the tier in address order.
-// torch's path (a [G, P] x [P, N] matmul with P = 26 channels, a mask, a group max and topk over 32k tokens) took
-// ~4 ms per layer on bench-attn16 at 32k: a narrow matmul MKL reads at a third of the memory rate, then the top-k.
+// torch's path is a [G, P] x [P, N] matmul with P = 26 channels, which MKL reads at a third of the memory rate, a
+// mask, a group max and topk over the row's tokens; here one pass scores and a histogram select picks.
 #ifdef SB_AVX512
 // 16 tokens at a time, C chunks of 16 channels (the last masked): per query, each token's partial dot product is a
 // vector, and reduce16 sums the tile's 16 of them at once (as the attention kernel's QK does).
@@ -123,7 +123,7 @@ inline uint32_t order_key(float f) {
 }
 
 // The take-th largest key of keys[0, len) (1 <= take <= len), by three histogram passes over 11, 11 and 10 bits:
-// no comparison branches (std::nth_element's mispredicted ones cost 0.3 ms per 32k-token row here).
+// no comparison branches (std::nth_element's mispredict on random scores).
 uint32_t kth_largest_key(const uint32_t* keys, int64_t len, int64_t take) {
   uint32_t prefix = 0, prefix_mask = 0;
   int64_t remaining = take;
