@@ -2,20 +2,12 @@
 // small vector helpers several kernels use (a tile's prefetch, reductions, bf16 widening).
 #pragma once
 
-#include <pthread.h>
-
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <functional>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <mutex>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>

@@ -1,6 +1,15 @@
 // The library's thread pool: every kernel splits its work into tasks that run on it.
 #pragma once
 
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <new>
+#include <thread>
+
 #include "common.h"
 
 #pragma GCC visibility push(hidden)
