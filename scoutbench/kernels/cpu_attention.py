@@ -57,7 +57,8 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 FLAG_SETS = (("-march=native",), ("-mcpu=native",), ())
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno")
 # the whole build (the compiler's version, each flag set tried, a wait for a concurrent build of the same library): a
-# compiler that hangs costs a run this long once, then torch's kernels serve it (normal builds: 5-20 s)
+# compiler that hangs costs a run this long once, then torch's kernels serve it (a normal build of the ten
+# translation units, one after the other in one compiler process: 10-40 s)
 BUILD_TIMEOUT_S = 120
 LIBRARY_STEM = "cpu_attention"
 LIBRARY_NAME = f"{LIBRARY_STEM}.so"
