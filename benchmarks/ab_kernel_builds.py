@@ -1,21 +1,21 @@
-"""Two versions of the CPU kernel library (`scoutbench/kernels/cpu_attention.cpp`), compared on decode steps or calls.
+"""Two versions of the CPU kernel library (`scoutbench/kernels/csrc/`), compared on decode steps or calls.
 
-This machine's speed moves 2-5x between runs and by 10-25% within minutes, so two builds timed in separate runs
-cannot be told apart at a few percent. Here both builds are loaded into one process (each its own shared object and
+A shared machine's speed moves severalfold between runs and by tens of percent within minutes, so two builds timed
+in separate runs cannot be told apart at a few percent. Here both builds are loaded into one process (each its own shared object and
 thread pool) and a method's decode steps alternate between them (A B B A ...), on one engine and one KV cache.
-The library loaded second came out 3-9% faster in A/A runs (the same source twice), so each comparison runs in
-both orders, in fresh processes, and reports the geometric mean of the two B/A ratios, which cancels that bias.
+The library loaded second runs a few percent faster in A/A runs (the same sources twice; docs/platform.md), so each
+comparison runs in both orders, in fresh processes, and reports the geometric mean of the two B/A ratios, which
+cancels that bias.
 
 `--calls sparse|full` times single attention calls instead, those of benchmarks/bench_sparse_attention.py (64k
 tokens, 2048 of them in blocks of 32 for the sparse call, 32 query / 8 KV heads, head_dim 128, `--dtype`), A B B A
 in the same way: a kernel change shows there before it is diluted in a decode step. Its processes set
-`SCOUTBENCH_KERNEL_SPIN_US=0`: a build's helper kept awake after its call took a core from the other build's next
-one (an A/A run of the digest scorer's calls gave 0.92 and 1.23 so), so a change to the pool's waiting cannot be
-judged here.
+`SCOUTBENCH_KERNEL_SPIN_US=0`: a build's helper kept awake after its call takes a core from the other build's next
+one (docs/platform.md), so a change to the pool's waiting cannot be judged here.
 
-    git show HEAD~1:scoutbench/kernels/cpu_attention.cpp > /tmp/old.cpp
-    python benchmarks/ab_kernel_builds.py /tmp/old.cpp scoutbench/kernels/cpu_attention.cpp --method scout
-    python benchmarks/ab_kernel_builds.py /tmp/old.cpp scoutbench/kernels/cpu_attention.cpp --calls sparse --dtype bf16
+    mkdir -p /tmp/old && git archive HEAD~1 scoutbench/kernels/csrc | tar -x -C /tmp/old
+    python benchmarks/ab_kernel_builds.py /tmp/old/scoutbench/kernels/csrc scoutbench/kernels/csrc --method scout
+    python benchmarks/ab_kernel_builds.py /tmp/old/scoutbench/kernels/csrc scoutbench/kernels/csrc --calls sparse
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
 
     builds = {}
     for name, source in (("first", first), ("second", second)):
-        cpu_attention.SOURCE = source
+        cpu_attention.SOURCE_DIR = source
         cpu_attention.library.cache_clear()
         builds[name] = cpu_attention.library()
         if builds[name] is None:
@@ -105,8 +105,8 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("a", type=Path, help="baseline cpu_attention.cpp")
-    parser.add_argument("b", type=Path, help="candidate cpu_attention.cpp")
+    parser.add_argument("a", type=Path, help="the baseline's source folder (a copy of scoutbench/kernels/csrc)")
+    parser.add_argument("b", type=Path, help="the candidate's source folder")
     parser.add_argument("--method", default="scout")
     parser.add_argument("--model", default="bench-attn16")
     parser.add_argument("--len", default="32k")

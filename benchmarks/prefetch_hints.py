@@ -1,6 +1,6 @@
 """Where this CPU puts a line that a software prefetch fetched from DRAM, for each locality hint.
 
-The CPU attention kernel (`scoutbench/kernels/cpu_attention.cpp`) prefetches K and V rows ahead of its loops, and
+The CPU attention kernel (`scoutbench/kernels/csrc/attention_*.cpp`) prefetches K and V rows ahead of its loops, and
 its tuning notes (docs/platform.md) compare prefetch hints. What a hint does is the CPU's choice: Intel's cores put
 `_MM_HINT_T1`/`T2` lines in L2, AMD's before Zen 4 put every hint's line in L1, as `T0` does. Then "a prefetch into
 L2" is no different from the near one, and each prefetch holds one of the core's few L1 miss buffers until DRAM

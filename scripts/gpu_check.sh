@@ -56,7 +56,9 @@ else
     BUDGET=()  # each method's default: 2048, the paper's
     DTYPE=()  # bf16 on CUDA
     HOST_PROBE=(--probe 512MiB --probe-chunk 16MiB)  # 4 s at 0.13 GiB/s
-    TESTS=("$REPO/tests/test_gpu.py" "$REPO/tests/test_backends.py" "$REPO/tests/test_kernels.py")
+    TESTS=("$REPO/tests/test_gpu.py" "$REPO/tests/test_backends.py" "$REPO/tests/test_partial_state.py"
+           "$REPO/tests/test_attention.py" "$REPO/tests/test_digest.py" "$REPO/tests/test_top_tokens.py"
+           "$REPO/tests/test_block_table.py")
     # seconds per phase (H200). setup: CUDA, the model's random init on the GPU, the kept host buffer (its fill and
     # registration get 75% of the limit: the host phase sizes the cap for that); max_batch: per method a 64k
     # synthetic prefill + 2 + 6 steps (+ the counted steps and a graph capture); equal_batch: FullKV and Quest

@@ -1,4 +1,4 @@
-"""The CPU attention kernel (scoutbench/kernels/cpu_attention.cpp) and its torch fallback against an fp64
+"""The CPU attention kernel (scoutbench/kernels/csrc/attention*.cpp) and its torch fallback against an fp64
 reference: dense and index-driven (selected blocks read in place), bf16 and fp32, GQA groups, head dims, ragged and
 empty rows, LSE, probabilities; exact mergeability with `merge_states`; the build-failure and forced fallbacks."""
 
@@ -349,14 +349,16 @@ def test_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
 
 
 # The kernel's paths and a CPU that takes each (GCC's -march names). A machine builds only its own path, and CI's
-# has no AVX-512, so each path is compiled here for its CPU (syntax and templates, nothing runs): issue 19's machine
-# change once left a whole kernel unbuilt and 10x slower without a failing test.
+# has no AVX-512, so each path is compiled here for its CPU (syntax and templates, nothing runs, every file of the
+# library): a path that no test machine builds would otherwise break unseen, and a CPU that falls back to the
+# portable loop runs about 10x slower while every parity test still passes.
 ISA_MARCH = {"portable": "x86-64", "avx2": "haswell", "avx512": "skylake-avx512", "avx512-bf16": "sapphirerapids"}
 
 
-def _gxx(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["g++", "-std=c++17", "-fopenmp-simd", *args, str(cpu_attention.SOURCE)],
-                          capture_output=True, text=True, timeout=120)
+def _gxx(*args: str, sources: list | None = None) -> subprocess.CompletedProcess:
+    files = sources if sources is not None else cpu_attention.sources()
+    return subprocess.run(["g++", "-std=c++17", "-fopenmp-simd", *args, *map(str, files)],
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("g++") is None, reason="needs g++ on x86-64")
@@ -365,7 +367,9 @@ def test_every_vector_path_compiles_and_is_the_one_its_cpu_takes(isa):
     march = f"-march={ISA_MARCH[isa]}"
     built = _gxx("-fsyntax-only", "-w", march)
     assert built.returncode == 0, built.stderr[-2000:]
-    macros = set(re.findall(r"#define (SB_AVX2|SB_AVX512|__AVX512BF16__) ", _gxx("-E", "-dM", march).stdout))
+    library = [cpu_attention.SOURCE_DIR / "library.cpp"]  # sb_isa(): the path it names is the one common.h takes
+    macros = set(re.findall(r"#define (SB_AVX2|SB_AVX512|__AVX512BF16__) ",
+                            _gxx("-E", "-dM", march, sources=library).stdout))
     expected = {"portable": set(), "avx2": {"SB_AVX2"}, "avx512": {"SB_AVX512"},
                 "avx512-bf16": {"SB_AVX512", "__AVX512BF16__"}}[isa]
     assert macros == expected

@@ -1,22 +1,24 @@
-"""The compiled CPU decode-attention kernel (`cpu_attention.cpp`): built on first use, called through ctypes.
+"""The compiled CPU kernel library (`csrc/`: one .cpp per operation, shared headers): built on first use, called
+through ctypes; this module serves its decode attention.
 
 The same library holds a decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
 attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), InfiniGen's token
 speculation (`top_tokens` below), ScoutAttention's pool/CPU split (`BlockTable.split_selected`), and the two-part
-merge that `partial_state.merge_states` takes on a CPU (one call where torch made seven).
+merge that `partial_state.merge_states` takes on a CPU (one call where torch makes seven).
 
-Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and read bf16 KV at half of
-fp32's bytes/s, and a sparse call first had to gather the selected blocks into a buffer (the gather cost as much as
-the attention). This kernel reads bf16 directly (AVX512-BF16 dot products where the CPU has them), walks the
+Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and reads bf16 KV at half of
+fp32's bytes/s, and a sparse call through it first gathers the selected blocks into a buffer (the gather costs as
+much as the attention). This kernel reads bf16 directly (AVX512-BF16 dot products where the CPU has them), walks the
 selected blocks of a host tier in place (index-driven: no gather copy), splits long rows into chunks merged by LSE
 (flash-decoding split-K) over its own threads, and returns the natural-log LSE `merge_states` takes.
 
-Build: `g++ -O3 -march=native` into a shared object cached under `$SCOUTBENCH_CACHE/kernels` (default
-`~/.cache/scoutbench/kernels`), keyed by the source's hash, the compiler's version and the CPU's flags: a few
-seconds, once per machine. It needs only a C++ compiler (`$CXX`, else g++/c++): no torch or Python headers, nothing
-at `pip install` time. The cached library is verified before it is loaded and rebuilt (with one warning) when it
-does not verify; concurrent first uses (pytest-xdist, Ray workers) build once (`scoutbench.cache`). The build is
-bounded by `BUILD_TIMEOUT_S` and leaves no temp file when it fails, times out or is interrupted.
+Build: one `g++ -O3 -march=native` of every `csrc/*.cpp` into a shared object cached under
+`$SCOUTBENCH_CACHE/kernels` (default `~/.cache/scoutbench/kernels`), keyed by the hash of every source file (`.cpp`
+and `.h`), the compiler's version and the CPU's flags: seconds, once per machine. It needs only a C++ compiler
+(`$CXX`, else g++/c++): no torch or Python headers, nothing at `pip install` time. The cached library is verified
+before it is loaded and rebuilt (with one warning) when it does not verify; concurrent first uses (pytest-xdist, Ray
+workers) build once (`scoutbench.cache`). The build is bounded by `BUILD_TIMEOUT_S` and leaves no temp file when it
+fails, times out or is interrupted.
 
 `SCOUTBENCH_CPU_ATTENTION` picks the CPU backend: `auto` (default: the kernel, or torch's kernels with a one-line
 warning when the build fails), `native` (the kernel or an error), `torch` (force torch's kernels, the tested
@@ -43,9 +45,10 @@ import torch
 
 from scoutbench.cache import cache_root, provide
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.kernels import native_abi
+from scoutbench.kernels.native_abi import ABI_VERSION
 
-SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-ABI_VERSION = 6
+SOURCE_DIR = Path(__file__).with_name("csrc")  # the library's C++: one .cpp per operation, shared headers
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
 BACKEND_CHOICES = ("auto", "native", "torch")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -54,9 +57,11 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 FLAG_SETS = (("-march=native",), ("-mcpu=native",), ())
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno")
 # the whole build (the compiler's version, each flag set tried, a wait for a concurrent build of the same library): a
-# compiler that hangs costs a run this long once, then torch's kernels serve it (normal builds: 5-20 s)
+# compiler that hangs costs a run this long once, then torch's kernels serve it (a normal build of the ten
+# translation units, one after the other in one compiler process: 10-40 s)
 BUILD_TIMEOUT_S = 120
-LIBRARY_NAME = f"{SOURCE.stem}.so"
+LIBRARY_STEM = "cpu_attention"
+LIBRARY_NAME = f"{LIBRARY_STEM}.so"
 
 
 class NativeUnavailable(ScoutbenchError):
@@ -118,11 +123,29 @@ def _run_bounded(cmd: list[str], deadline: float) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(cmd, process.returncode, out, err)
 
 
+def sources(folder: Path | None = None) -> list[Path]:
+    """The library's translation units (the `.cpp` files of `folder`, default `SOURCE_DIR`), in name order."""
+    return sorted((folder or SOURCE_DIR).glob("*.cpp"))
+
+
+def source_files(folder: Path | None = None) -> list[Path]:
+    """Every file the build reads (`.cpp` and `.h`), in name order: the cache key covers each one."""
+    return sorted(p for p in (folder or SOURCE_DIR).iterdir() if p.suffix in (".cpp", ".h"))
+
+
+def source_digest(folder: Path | None = None) -> bytes:
+    """The hash of every source file's name and bytes: a change to any `.cpp` or `.h` changes the cache key."""
+    digest = hashlib.sha256()
+    for path in source_files(folder):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.digest()
+
+
 def _compile(compiler: str, deadline: float, folder: Path) -> None:
     """The library into `folder` (a staging folder of `cache.provide`), with the first flag set the compiler takes."""
     errors = []
     for arch in FLAG_SETS:
-        cmd = [compiler, *BASE_FLAGS, *arch, str(SOURCE), "-o", str(folder / LIBRARY_NAME)]
+        cmd = [compiler, *BASE_FLAGS, *arch, *map(str, sources()), "-o", str(folder / LIBRARY_NAME)]
         result = _run_bounded(cmd, deadline)
         if result.returncode == 0:
             return
@@ -131,14 +154,14 @@ def _compile(compiler: str, deadline: float, folder: Path) -> None:
 
 
 def _build(compiler: str) -> Path:
-    """The cached, verified shared object for this source, compiler and CPU; compiled now if missing or if the
+    """The cached, verified shared object for these sources, compiler and CPU; compiled now if missing or if the
     cached one does not verify (`scoutbench.cache`: a truncated library would kill the process when mapped)."""
     deadline = time.monotonic() + BUILD_TIMEOUT_S
-    source = SOURCE.read_bytes()
+    source = source_digest()
     version = _run_bounded([compiler, "--version"], deadline).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
-    folder, rebuilt_because = provide(cache_dir() / f"{SOURCE.stem}-{key}",
+    folder, rebuilt_because = provide(cache_dir() / f"{LIBRARY_STEM}-{key}",
                                       functools.partial(_compile, compiler, deadline),
                                       lock_timeout_s=max(deadline - time.monotonic(), 0.0))
     if rebuilt_because is not None:
@@ -156,34 +179,11 @@ def _load() -> ctypes.CDLL:
 
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.sb_abi_version.restype = ctypes.c_int
-    library.sb_isa.restype = ctypes.c_char_p
-    library.sb_attention.restype = ctypes.c_int
-    library.sb_attention.argtypes = [ctypes.c_int, i64, i64, i64, i64, i64, ptr, ptr, ptr, *[i64] * 8, i64, ptr, i64,
-                                     i64, ptr, i64, ctypes.c_float, ptr, ptr, ptr, i64, ctypes.c_int]
-    if library.sb_abi_version() != ABI_VERSION:
-        raise NativeUnavailable(f"stale kernel build (ABI {library.sb_abi_version()}, expected {ABI_VERSION})")
-    library.sb_linear.restype = ctypes.c_int
-    library.sb_linear.argtypes = [ctypes.c_int, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
-    library.sb_rms_norm.restype = ctypes.c_int
-    library.sb_rms_norm.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ctypes.c_float, ptr]
-    library.sb_attention_prologue.restype = ctypes.c_int
-    library.sb_attention_prologue.argtypes = [ctypes.c_int, i64, i64, *[ptr] * 7, i64, i64, i64, ptr, ptr,
-                                              ctypes.c_float, *[ptr] * 5, ctypes.c_int]
-    library.sb_digest_scores.restype = ctypes.c_int
-    library.sb_digest_scores.argtypes = [i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr,
-                                         ctypes.c_int]
-    library.sb_top_tokens.restype = ctypes.c_int
-    library.sb_top_tokens.argtypes = [i64, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int]
-    library.sb_split_plan.restype = ctypes.c_int
-    library.sb_split_plan.argtypes = [i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr]
-    library.sb_merge2.restype = ctypes.c_int
-    library.sb_merge2.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
-    library.sb_helper_spin_us.restype = ctypes.c_int
-    library.sb_copy_rows.restype = ctypes.c_int
-    library.sb_copy_rows.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
-    return library
+    """`library` with every entry point's signature (`native_abi.SIGNATURES`), once its ABI version matches."""
+    built = native_abi.abi_version(library)
+    if built != ABI_VERSION:
+        raise NativeUnavailable(f"stale kernel build (ABI {built}, expected {ABI_VERSION})")
+    return native_abi.bind(library)
 
 
 @functools.lru_cache(maxsize=1)
@@ -299,9 +299,8 @@ def copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], dst_rows: torc
     them). The ids are checked once for every pair: one out of range raises IndexError before any copy.
 
     On a CPU through the kernel, one pass over the bytes, where `index_select` into a buffer then `index_copy_` out
-    of it read and wrote every byte twice (ScoutAttention's recall of 128 fp32 blocks of 32 x 128, K and V, 4 MiB:
-    484-494 us against 590-659 us, alternating in one process). Elsewhere, or where the kernel does not take the
-    pair, torch's `index_copy_` of an `index_select`."""
+    of it read and write every byte twice. Elsewhere, or where the kernel does not take the pair, torch's
+    `index_copy_` of an `index_select`."""
     n = dst_rows.numel()
     if src_rows.numel() != n:
         raise ValueError(f"copy_rows: {n} destination rows but {src_rows.numel()} source rows")

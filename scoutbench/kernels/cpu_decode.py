@@ -1,13 +1,14 @@
-"""A decode step's work around attention on the CPU, through the compiled kernel (`cpu_attention.cpp`): the linears,
+"""A decode step's work around attention on the CPU, through the compiled kernel (`csrc/decode.cpp`): the linears,
 HF's RMSNorm, and the attention prologue (q/k/v projections, q/k norms, RoPE) in one call; `F.linear` and the HF
 modules elsewhere.
 
-Why: at decode this work is a fixed cost of every method's step, and on a CPU it was a large one.
-- A linear of a few rows (the batch) is a read of its weight. torch's CPU linear (MKL's sgemv) read weights at ~12
-  GB/s on our AMD machines, where one core streams 25-28 GB/s. The kernel reads four weight rows against each
-  input row at a time, in fp32 or bf16, accumulating in fp32 as torch does (bf16 results rounded to nearest even).
-- HF's prologue is ~45 torch ops per layer (norms in six ops each, RoPE through `rotate_half` for q and k), ~8 us
-  each on these machines: 0.35 ms per layer of bench-attn16, more than its projections' read.
+Why: at decode this work is a fixed cost of every method's step, and on a CPU a large one.
+- A linear of a few rows (the batch) is a read of its weight. torch's CPU linear (MKL's sgemv) reads weights at
+  about half the rate one core streams on AMD CPUs (docs/platform.md). The kernel reads four weight rows against
+  each input row at a time, in fp32 or bf16, accumulating in fp32 as torch does (bf16 results rounded to nearest
+  even).
+- HF's prologue is ~45 torch ops per layer (norms in six ops each, RoPE through `rotate_half` for q and k), each
+  microseconds of host time: on bench-attn16 more than its projections' read.
 
 Each function returns None where it does not serve the call (not a CPU, not fp32/bf16, more than `MAX_ROWS` rows, a
 non-contiguous weight, autograd, or `SCOUTBENCH_CPU_ATTENTION=torch` / no kernel build), and the caller then runs

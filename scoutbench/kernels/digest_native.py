@@ -1,15 +1,15 @@
 """Quest digest scoring and top-k on a CPU (fp32) through the compiled kernel (`sb_digest_scores` of
-`cpu_attention.cpp`, built and cached with the attention kernel).
+`csrc/digest.cpp`, built and cached with the rest of the kernel library).
 
 Why: ScoutAttention scores every complete block of a sparse layer once per layer and step (1024 blocks x 8 KV heads
 x 2 x 128 fp32 = 8 MB at 32k on bench-attn16). torch's batched matmul with 4 query heads per KV head, then a
-group max and a scale, read it at about 0.42 ms per layer on our 2-core machines (0.3 ms is the read itself);
-the kernel reads each digest once for the group's four query heads and writes the group max, one row per pool task
-(a free core takes half the rows). Its sums run in another order than the matmul's, so scores differ in the last bits
+group max and a scale, reads it well below the memory rate; the kernel reads each digest once for the group's four
+query heads and writes the group max, one row per pool task (a free core takes half the rows; docs/platform.md has
+the timings). Its sums run in another order than the matmul's, so scores differ in the last bits
 (within 1e-5 of ~30 here); the selection is the same but on such near-ties.
 
-`top_blocks` also selects in the same call (`DigestTable.select`): torch's masked top-k of 64 of 1024 blocks per row
-took 0.15 ms per layer here; the kernel keeps each row's best k in a heap as the scores come.
+`top_blocks` also selects in the same call (`DigestTable.select`), where torch's masked top-k of 64 of 1024 blocks
+per row is a pass of its own: the kernel keeps each row's best k in a heap as the scores come.
 
 It serves the CPU where `cpu_attention` does (`SCOUTBENCH_CPU_ATTENTION` other than `torch`, a compiler at hand);
 elsewhere, or when the build fails, `digest.bound_from_digests` and `CandidateBlocks.top` use torch.
