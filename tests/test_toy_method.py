@@ -7,10 +7,12 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import torch
 from cli_runner import run_cli
 
 from scoutbench.kernels.attention import decode_attention
@@ -171,3 +173,26 @@ def test_scoped_registry_restores_on_error():
         assert "toy-temporary" in METHODS and METHODS.load("toy-temporary") is RecentWindow
         raise RuntimeError
     assert "toy-temporary" not in METHODS
+
+
+def test_attention_without_explicit_stages_is_booked_as_attention(tiny_qwen3):
+    """A method that never calls `ctx.timer.stage(...)` still has its decode booked as `attn_device`, not `other`:
+    the engine times every method's decode there (a method's own stages inside it, idle or merge, stay theirs)."""
+    from scoutbench.engine import DecodeEngine
+
+    class Unstaged(FullKV):
+        def decode(self, layer, q, k, v):
+            time.sleep(0.002)  # the attention's cost, with no stage of its own
+            keys, values = self.keys[layer], self.values[layer]
+            keys[self._batch_index, :, self.step.positions] = k
+            values[self._batch_index, :, self.step.positions] = v
+            return decode_attention(q, keys, values, self.ctx.scale, lengths=self._step_lengths)
+
+    engine = DecodeEngine(tiny_qwen3, Unstaged())
+    engine.start(batch=1, max_len=40)
+    logits = engine.prefill(torch.randint(0, 100, (1, 32)), torch.tensor([32]))
+    engine.timer.begin_step()
+    engine.decode_step(logits.argmax(-1))
+    record = engine.timer.end_step()
+    layers = tiny_qwen3.config.num_hidden_layers
+    assert record["attn_device"] >= 2.0 * layers and record["other"] < 2.0 * layers, record
