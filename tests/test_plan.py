@@ -350,8 +350,8 @@ def test_prefill_transients_are_chunked(tiny_qwen3, monkeypatch):
     """The methods' prompt-sized temporaries come in chunks of PREFILL_CHUNK_TOKENS: with the chunk shrunk to 64
     tokens, ingesting a 1000-token prompt gives the same state as one piece (InfiniGen's channels and host tier,
     scout's host tier and digests)."""
-    import scoutbench.kernels.digest as digest
     import scoutbench.methods.scout as scout_module
+    import scoutbench.runtime.digest_table as digest
     import scoutbench.runtime.offload as offload
     from scoutbench.engine import DecodeEngine
     from scoutbench.methods import build_method
