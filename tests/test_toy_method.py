@@ -239,3 +239,17 @@ def test_sinks_window_selects_the_sinks_and_the_newest_blocks():
     block_ids, valid = method.select(1, torch.zeros(2, 4, 16))
     assert block_ids[:, 0].tolist() == [[0, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5]]
     assert valid[:, 0].tolist() == [5 * 8 + 8, 5 * 8 + 1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
+def test_sinks_window_replays_its_eager_logits_from_cuda_graphs():
+    """The hook runs inside the captured region: on emulated CUDA (tests/test_graphs.py) the toy's replayed steps
+    over a ragged batch, crossing block boundaries, give its eager logits."""
+    from emulated import run_emulated, small_qwen3
+    from method_harness import ragged_prompt
+
+    model = small_qwen3()
+    run = run_emulated(model, lambda: SinksWindow(budget=48, block_size=8, dense_layers=1),
+                       *ragged_prompt(model.config.vocab_size, [120, 83], seed=3), 24, cuda_graphs=True)
+    assert run.graphs["captured"] and run.graphs["replayed_steps"] >= 24 - 2 * run.graphs["variants"], run.graphs
+    assert max(run.max_diff()) <= 2e-4 and run.unexpected_syncs() == []
