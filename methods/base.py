@@ -1,4 +1,4 @@
-"""The method contract: a small dataclass that owns its KV storage and returns decode attention.
+"""The method contract's runtime: a small dataclass that owns its KV storage and returns decode attention.
 
 The engine (scoutbench/engine.py) runs the layer loop and calls, per run and per step:
 
@@ -12,7 +12,10 @@ The engine (scoutbench/engine.py) runs the layer loop and calls, per run and per
     close()                                     release workers and buffers (always called)
 
 Hyper-parameters are dataclass fields, validated in __post_init__; `repr(method)` is the full constructor call
-and goes into every result, as kvpress does.
+and goes into every result, as kvpress does. The engine times each `decode` as the `attn_device` stage (a method
+times only what differs inside it: `idle`, `merge`). What else is known about a method (labels, argument
+conversion, memory plan, work model) is declared beside the runtime: methods/declarations.py. A block-selection
+method is one hook on methods/selection.py.
 
 CUDA graphs (scoutbench/graphs.py). `begin_step` and `end_step` always run eagerly: they are the step's plan, where
 host arithmetic (positions, block boundaries, what is due) becomes device metadata written in place. The per-layer
@@ -26,44 +29,24 @@ captured pieces with graphs; `fn` communicates with the device code through buff
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from scoutbench.errors import UsageError
+# the declarations beside the runtime, and the names the methods have always imported from here
+from scoutbench.methods.declarations import DEFAULT_DENSE_LAYERS as DEFAULT_DENSE_LAYERS
+from scoutbench.methods.declarations import DENSE_LAYERS_FIELD as DENSE_LAYERS_FIELD
+from scoutbench.methods.declarations import Footprint as Footprint
+from scoutbench.methods.declarations import MemoryPlan, MethodArgs, MethodLabels, WorkModel
+from scoutbench.methods.declarations import ModelShape as ModelShape
+from scoutbench.methods.declarations import dense_layers_of as dense_layers_of
+from scoutbench.methods.declarations import sparse_layer_range as sparse_layer_range
 from scoutbench.timing import StageTimer
-
-if typing.TYPE_CHECKING:
-    from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
 
 # The prompt queries the engine hands every method at prefill (initial selection, InfiniGen's SVD, HGCA's scores).
 OBS_WINDOW = 256
-
-# Every sparse method keeps its first layers dense (FullKV storage, `FullKV.for_layers`) through this one field,
-# with one default: a comparison then compares the same sparse layers (`--dense-layers` sets it for every method
-# at once). 2, after Quest §3.4: the first two layers are under 10% sparse in the models it measured.
-DENSE_LAYERS_FIELD = "dense_layers"
-DEFAULT_DENSE_LAYERS = 2
-
-
-def dense_layers_of(method: AttentionMethod) -> int | None:
-    """The layers a method keeps dense (None: it has no such field, e.g. FullKV, which is dense everywhere)."""
-    return getattr(method, DENSE_LAYERS_FIELD, None)
-
-
-def sparse_layer_range(name: str, dense_layers: int, num_layers: int) -> range:
-    """The layers of a `num_layers` model that a method keeping its first `dense_layers` dense runs sparse. None
-    of them is refused (exit 2): the run would be FullKV's work recorded under the sparse method's name, budget
-    and `sparse: true`."""
-    if dense_layers >= num_layers:
-        raise UsageError(f"{name}: dense_layers {dense_layers} keeps all {num_layers} layers of the model dense, so "
-                         f"nothing would run sparse; use --dense-layers below {num_layers}, or --method fullkv")
-    return range(dense_layers, num_layers)
-
 
 @dataclass
 class StepInfo:
@@ -110,63 +93,15 @@ class MethodContext:
         return 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The config numbers that memory planning needs (from a transformers config, no model built)."""
-
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> ModelShape:
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return cls(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
-                   cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size)
-
-    def kv_bytes_per_token_layer(self, elem_bytes: int) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * elem_bytes
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """Per-sequence memory of a method at a context length: what must sit on the device, what lives on the host."""
-
-    device_bytes_per_seq: int
-    host_bytes_per_seq: int
-    # device transient of ingest_prefill per sequence, on top of the prompt's K/V the engine hands over (what a
-    # method's chunked copies and fp32 temporaries hold at once): the planner's prefill workspace adds it
-    prefill_bytes_per_seq: int = 0
-
-
 @dataclass
-class AttentionMethod:
-    """The contract (module docstring). What the rest of scoutbench knows about a method comes from here: its
-    fields (the dataclass), its statistics (`stats`), its memory (`memory_footprint`), its work model
-    (`work_fractions`, `measure_work`, `sparse_layer_work`: what `project` and `gate --counters` count) and the
-    metadata below."""
+class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel):
+    """The runtime contract (module docstring). What else the rest of scoutbench knows about a method is declared
+    beside it, one small class per concern (methods/declarations.py): its labels in reports (`MethodLabels`), its
+    fields and their conversion from `--method-arg` (`MethodArgs`), its memory (`MemoryPlan.memory_footprint`) and
+    its work model (`WorkModel`: what `project` and `gate --counters` count)."""
 
-    name: ClassVar[str] = ""  # the family: every registered name of this class (scout-pc, ...) is one algorithm
-    display_name: ClassVar[str] = ""  # how figures name the algorithm (empty: `name`)
     # True when the method needs before_layer (the engine skips the call otherwise).
     layer_ahead: ClassVar[bool] = False
-    # True for the dense reference that tables compare every method with (`vs fullkv`): FullKV.
-    reference: ClassVar[bool] = False
-    # Ablation variants (report's ablation figure): values of `ablation_fields` -> the variant's label, in the order
-    # the figure shows them; empty for a method without variants.
-    ablation_fields: ClassVar[tuple[str, ...]] = ()
-    ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {}
-    # Fields that name a file made for one point from its other fields (ScoutAttention's `recall_profile`, which a
-    # sweep profiles into its folder): the point's other fields already say what ran, so reports neither label
-    # nor split series by them.
-    artefact_fields: ClassVar[tuple[str, ...]] = ()
-    # The shape-free fractions the work model measures (`measure_work`), with the value each takes when a result
-    # does not say (MeasuredWork accepts exactly these).
-    work_fractions: ClassVar[dict[str, float]] = {}
 
     def bind(self, ctx: MethodContext) -> None:
         self.ctx = ctx
@@ -204,77 +139,6 @@ class AttentionMethod:
 
     def close(self) -> None:
         pass
-
-    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
-        """Bytes per sequence (KV, digests, resident blocks, method buffers; not weights or activations),
-        for `scoutbench plan` and `--batch auto`. Must follow from the config, the budget and the block size."""
-        raise NotImplementedError
-
-    def config(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """The fields' default values (a field without a default is left out)."""
-        out = {}
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                out[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                out[f.name] = f.default_factory()
-        return out
-
-    @classmethod
-    def ablation_variant(cls, config: dict[str, Any]) -> str | None:
-        """The label of the ablation variant that `config` (every field given) is, or None."""
-        if not cls.ablation_variants:
-            return None
-        return cls.ablation_variants.get(tuple(bool(config.get(name)) for name in cls.ablation_fields))
-
-    # ---- work model (`project`, `gate --counters`; methods/work_model.py has the vocabulary) ------------------
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
-        """The shape-free fractions (`work_fractions`) of one measured run, from its method stats: what carries to
-        another model, length, batch and budget (e.g. "the CPU attends 9% of the budget")."""
-        return {}
-
-    @classmethod
-    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
-        """A run's config with `budget` / `block_size` replaced where given and where the method has them (the
-        measured fractions are relative to the budget, so they carry)."""
-        cfg = dict(config)
-        if budget is not None and cfg.get("budget") is not None:  # HGCA's budget=None (fraction policy) stays
-            cfg["budget"] = budget
-        if block_size is not None and "block_size" in cfg:
-            cfg["block_size"] = block_size
-        return cfg
-
-    @classmethod
-    def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
-        """Layers of a step that run dense on the device."""
-        return sparse_layer_range(cls.name, int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers).start
-
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """One sparse layer of a decode step for the batch at `terms.shape`, given the measured `fractions` and the
-        (possibly re-budgeted) `config`."""
-        raise UsageError(f"method {cls.name!r} declares no work model (AttentionMethod.sparse_layer_work): "
-                         "`project` and `gate --counters` cannot count its work")
-
-    @classmethod
-    def from_args(cls, overrides: dict[str, str], preset: dict[str, Any] | None = None) -> AttentionMethod:
-        """Build from `--method-arg key=value` strings, converting each to its field's type."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        hints = typing.get_type_hints(cls)
-        kwargs: dict[str, Any] = dict(preset or {})
-        for key, raw in overrides.items():
-            if key not in fields:
-                raise UsageError(f"{cls.name}: unknown --method-arg {key!r} (fields: {', '.join(fields) or 'none'})")
-            kwargs[key] = _convert(cls.name, key, raw, hints[key])
-        try:
-            return cls(**kwargs)
-        except (ValueError, TypeError) as exc:
-            raise UsageError(f"{cls.name}: {exc}") from None
 
 
 def transfer_stats(h2d_bytes: int, d2h_bytes: int, steps: int) -> dict[str, float]:
@@ -340,39 +204,6 @@ class AttendedTokens:
         mean = total / self._rows if self._rows else None
         within = None if budget is None or not self._rows else most <= budget
         return {"mean": mean, "max": most if self._rows else None, "budget": budget, "within_budget": within}
-
-
-def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
-    if not isinstance(raw, str):
-        return raw
-    base = _unwrap_optional(hint)
-    text = raw.strip()
-    if base is not str and text.lower() in ("none", "null") and base is not hint:
-        return None
-    try:
-        if base is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if base is int:
-            from scoutbench.units import parse_length
-
-            return parse_length(text) if text[-1:].lower() in "km" else int(text)
-        if base is float:
-            value = float(text)  # accepts inf; nan would pass every `>=`/`<=` field check unnoticed
-            if value != value:
-                raise ValueError
-            return value
-        return text
-    except (ValueError, UsageError):
-        raise UsageError(f"{method}: --method-arg {key}={raw!r} is not a valid {getattr(base, '__name__', base)}") from None
-
-
-def _unwrap_optional(hint: Any) -> Any:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args and typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else hint
 
 
 def require(condition: bool, message: str) -> None:

@@ -74,12 +74,15 @@ class FullKV(AttentionMethod):
         """Every layer attends every cached token (one count per step stands for all layers: they are equal)."""
         self._attended.add_host([p + 1 for p in step.positions_host], self.ctx.num_kv_heads)
 
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the step's new token k/v `[B, Hkv, D]` at each sequence's device position (two calls)."""
+        self.keys[layer][self._batch_index, :, self.step.positions] = k
+        self.values[layer][self._batch_index, :, self.step.positions] = v
+
     def decode(self, layer, q, k, v):
-        keys, values = self.keys[layer], self.values[layer]
         with self.ctx.timer.stage("attn_device"):
-            keys[self._batch_index, :, self.step.positions] = k
-            values[self._batch_index, :, self.step.positions] = v
-            return decode_attention(q, keys, values, self.ctx.scale, lengths=self._step_lengths)
+            self.append(layer, k, v)
+            return decode_attention(q, self.keys[layer], self.values[layer], self.ctx.scale, lengths=self._step_lengths)
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         return Footprint(shape.num_layers * page_aligned(context_len) * shape.kv_bytes_per_token_layer(elem_bytes), 0)

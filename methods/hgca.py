@@ -63,15 +63,13 @@ from scoutbench.kernels.partial_state import PartialState, merged_output
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
-    Footprint,
     MethodContext,
-    ModelShape,
     StepInfo,
     require,
     transfer_stats,
 )
+from scoutbench.methods.hgca_model import HGCAModel
 from scoutbench.methods.sparse import SparseLayerMethod
-from scoutbench.methods.work_model import FP32_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 from scoutbench.runtime.offload import (
     CopyStream,
     CpuWorkerPool,
@@ -85,12 +83,11 @@ OBSERVED_LOGIT_BYTES = 64 * 1024**2  # fp32 logits per piece of the prefill's ob
 
 
 @dataclass
-class HGCA(SparseLayerMethod):
+class HGCA(HGCAModel, SparseLayerMethod):
     """Recent window on the device, older tokens on the host attended sparsely by the CPU in the same layer."""
 
     name = "hgca"
     display_name = "HGCA"
-    work_fractions = {"cpu_host_frac": 0.0}  # fraction policy: tokens the CPU attends per (sequence, query head) / host tokens
     budget: int | None = 2048  # tokens attended per (sequence, KV head): window + sinks + CPU-selected; None: fractions
     window_share: float = 0.5  # with a budget: share of it held by the device window
     window_frac: float = 0.25  # without a budget: share of each sequence's tokens kept on the device
@@ -460,19 +457,7 @@ class HGCA(SparseLayerMethod):
         if hasattr(self, "_host_arena"):
             self._host_arena.release()
 
-    # ------------------------------------------------------------------ accounting
-    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
-        kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        dense, sparse = self.layer_split(shape)
-        window = self.window_target(context_len)
-        # the window's capacity: it may exceed its target by up to a migration block before it migrates
-        device = (dense * page_aligned(context_len) * kv
-                  + sparse * page_aligned(min(context_len, window + self.migrate_block)) * kv)
-        # the host arena: K/V and fp32 moving averages of the host part, migration staging (the CPU attention reads
-        # the host tier in place: no gather buffers)
-        host = sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv
-        return Footprint(device, host)
-
+    # ------------------------------------------------------------------ accounting (memory, work: HGCAModel)
     def stats(self):
         steps = max(self._steps, 1)
         cpu, device = self._cpu_pairs, self._device_pairs
@@ -488,40 +473,6 @@ class HGCA(SparseLayerMethod):
             "attended_tokens_per_head": self._attended.stats(self.budget),
             **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
         }
-
-    # ------------------------------------------------------------------ work model (project, gate --counters)
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
-        pairs = run.sparse_layer_mean("cpu_tokens_per_layer")  # (query head, token) pairs of the whole batch
-        host_tokens = run.stats.get("host_tokens_mean") or 0.0
-        per_head = pairs / (run.shape.batch * run.shape.model.num_heads) if pairs is not None else 0.0
-        return {"cpu_host_frac": per_head / host_tokens if host_tokens else 0.0}
-
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """The device window, and the CPU's selected host tokens (plus every query head's fp32 score average) in
-        the same layer, merged on the device."""
-        shape = terms.shape
-        m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
-        if config.get("budget") is not None:  # window + CPU tokens = budget, one selection per KV head
-            # the window grows a migration block past its target and drops back: half a block over it on average
-            window = min(round(config["budget"] * config.get("window_share", 0.5))
-                         + config.get("migrate_block", 32) / 2, N)
-            host = N - window
-            cpu_per_head = min(config["budget"] - window, host)
-            selection_heads = m.num_kv_heads
-        else:  # fraction policy (budget=None): each query head selects its own
-            window = min(math.ceil(config.get("window_frac", 0.25) * N), N)
-            host = N - window
-            cpu_per_head = min(fractions["cpu_host_frac"] * host, host)
-            selection_heads = m.num_heads
-        # K and V of the selected tokens per selection row, and the fp32 score average of every query head
-        host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * host * FP32_BYTES
-        return terms.layer("same_layer", device_kv_bytes=B * window * shape.kv_bytes_per_token,
-                           device_tokens=B * m.num_kv_heads * window, host_kv_bytes=host_bytes,
-                           cpu_tokens=B * m.num_heads * cpu_per_head / (m.num_heads // m.num_kv_heads),
-                           merge_bytes=terms.merge_bytes, d2h=Transfer(terms.query_bytes, 1) + terms.new_kv,
-                           h2d=terms.result_back)
 
 
 def _unpacked(packed: torch.Tensor) -> PartialState:

@@ -64,19 +64,15 @@ from scoutbench.kernels.backends import page_aligned
 from scoutbench.kernels.partial_state import merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
-    OBS_WINDOW,
     AttendedTokens,
-    Footprint,
     MethodContext,
-    ModelShape,
     StepInfo,
     require,
     transfer_stats,
 )
+from scoutbench.methods.infinigen_model import InfiniGenModel
 from scoutbench.methods.sparse import SparseLayerMethod
-from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord, Transfer
 from scoutbench.runtime.offload import (
-    PREFILL_CHUNK_TOKENS,
     CopyStream,
     CpuWorkerPool,
     HostArena,
@@ -86,13 +82,12 @@ from scoutbench.runtime.offload import (
 
 
 @dataclass
-class InfiniGen(SparseLayerMethod):
+class InfiniGen(InfiniGenModel, SparseLayerMethod):
     """Partial keys on the device, full KV on the host, the next layer's important tokens prefetched."""
 
     name = "infinigen"
     display_name = "InfiniGen"
     layer_ahead = True
-    work_fractions = {"fetch_context_frac": 0.0}  # tokens fetched per (sequence, KV head, sparse layer) / context
     partial_ratio: float = 0.2  # fraction of head_dim kept as speculation channels
     alpha: float = 5.0  # a token counts if its speculated logit is within alpha of the head's max (inf: all)
     budget: int = 2048  # tokens attended per (sequence, KV head) and layer: budget - 1 fetched + the current one
@@ -473,25 +468,7 @@ class InfiniGen(SparseLayerMethod):
         if hasattr(self, "_host_arena"):
             self._host_arena.release()
 
-    # ------------------------------------------------------------------ accounting
-    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
-        kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        dense, sparse = self.layer_split(shape)
-        partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
-        fetch = min(self.budget - 1, context_len)
-        # the dense layers' FullKV rows and (on CUDA) the double-buffered fetch rows (the fetched tokens and the
-        # current one) are whole 16-token pages; on CUDA the speculated ids of both slots and their scores
-        speculated = fetch * shape.num_kv_heads * (2 * 8 + 4)
-        device = dense * page_aligned(context_len) * kv + partial_keys + 2 * page_aligned(fetch + 1) * kv + speculated
-        # the host arena: the sparse layers' KV, and on CUDA the pinned staging of both fetch slots and their ids
-        staging = 2 * fetch * (kv + shape.num_kv_heads * 8)
-        # prefill (skewing): one chunk of fp32 keys and einsum's copy of it; the observed queries in fp32, their
-        # einsum copy and their skewed product
-        window = min(OBS_WINDOW, context_len)
-        prefill = 4 * shape.head_dim * (2 * min(PREFILL_CHUNK_TOKENS, context_len) * shape.num_kv_heads
-                                         + 3 * window * shape.num_heads)
-        return Footprint(device, sparse * context_len * kv + staging, prefill)
-
+    # ------------------------------------------------------------------ accounting (memory, work: InfiniGenModel)
     def stats(self):
         ctx = self.ctx
         steps = max(self._steps, 1)
@@ -508,30 +485,3 @@ class InfiniGen(SparseLayerMethod):
             "device_kv_bytes": self.dense.stats()["device_kv_bytes"],
             "attended_tokens_per_head": self._attended.stats(self.budget),
         }
-
-    # ------------------------------------------------------------------ work model (project, gate --counters)
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
-        fetched = run.sparse_layer_mean("tokens_fetched_per_layer") or 0.0
-        return {"fetch_context_frac": fetched / run.shape.context_len}
-
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """Speculation over every cached token's partial key, `budget - 1` tokens fetched one layer ahead (the
-        alpha count only with dynamic_count). `terms.fetch_granularity`: `gathered` (this implementation, like
-        its recall): the host gathers the selected tokens into a staging buffer, then K and V go in one copy each;
-        `token`: one copy per token (all KV heads), as the ScoutAttention paper describes its InfiniGen baseline
-        (section 2.3: "4 KB per token per layer ... 800 MB/s")."""
-        shape = terms.shape
-        m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
-        cap = config["budget"] - 1
-        fetched = min(fractions["fetch_context_frac"] * N, cap, N) if config.get("dynamic_count") else min(cap, N)
-        # the method's own channel count (ceil, as `partial_dim` takes it), not a rounded one
-        partial_dim = math.ceil(config.get("partial_ratio", 0.2) * m.head_dim)
-        speculation = B * N * m.num_kv_heads * partial_dim * e
-        fetch_bytes = B * fetched * shape.kv_bytes_per_token
-        gathered = terms.fetch_granularity == "gathered"
-        return terms.layer("prefetch", predict_weight_bytes=terms.predict_weight_bytes, select_bytes=speculation,
-                           device_kv_bytes=fetch_bytes, device_tokens=B * m.num_kv_heads * (fetched + 1),  # + current
-                           host_gather_bytes=fetch_bytes if gathered else 0.0, d2h=terms.new_kv,
-                           h2d=Transfer(fetch_bytes, (2 if fetched else 0) if gathered else B * fetched))

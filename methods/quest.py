@@ -10,233 +10,26 @@ official code's own choice, one selection per query head among its KV head's blo
 `budget` tokens, so a KV head's group reads up to G times as many). The page size is `block_size`; the official
 code's setting (16-token pages, per-query-head selection) is the registered preset `quest-official`. Deviation from
 the official HF evaluation path, on purpose: no 3-block floor and a forced tail, as in the kernels the paper times.
+
+Everything but the selection (storage, digests, the step's plan, the dense layers, the attention over the selected
+blocks and the tail, statistics, memory and work model) is the block-selection base, methods/selection.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
-from typing import Any
 
-import torch
-
-from scoutbench.kernels.attention import StepLengths, block_sparse_attention, decode_attention
-from scoutbench.kernels.backends import PAGE_TOKENS
-from scoutbench.kernels.digest import CandidateBlocks, block_digests
-from scoutbench.methods.base import (
-    DEFAULT_DENSE_LAYERS,
-    Footprint,
-    MethodContext,
-    ModelShape,
-    StepInfo,
-    require,
-    sparse_layer_range,
-)
-from scoutbench.methods.fullkv import FullKV
-from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
-from scoutbench.runtime.digest_table import DigestTable
+from scoutbench.methods.selection import BlockSelection
 
 
 @dataclass
-class Quest(FullKV):
-    """FullKV's device cache plus block digests; sparse layers attend only the selected blocks and the tail."""
+class Quest(BlockSelection):
+    """A sparse layer attends the top `budget // block_size - 1` complete blocks by their digests' upper bound on
+    the query's score, and the tail block (fields: `budget`, `block_size`, `dense_layers` of the base)."""
 
     name = "quest"
     display_name = "Quest"
-    reference = False
-    work_fractions = {"attended_budget_frac": 1.0}  # tokens attended per (sequence, KV head, sparse layer) / budget
-    budget: int = 2048  # tokens attended per (sequence, KV head) in a sparse layer, tail block included
-    block_size: int = 32
-    dense_layers: int = DEFAULT_DENSE_LAYERS  # the first layers stay dense (under 10% sparsity there, Quest §3.4)
     per_query_head: bool = False  # one selection per query head (the official code) instead of per KV head
 
-    def __post_init__(self) -> None:
-        require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
-        require(self.budget >= self.block_size,
-                f"budget ({self.budget}) must hold at least one block of block_size ({self.block_size}) tokens")
-        require(self.dense_layers >= 0, f"dense_layers must be >= 0, got {self.dense_layers}")
-
-    @property
-    def page_budget(self) -> int:
-        """Blocks attended per (sequence, KV head), the tail block included."""
-        return self.budget // self.block_size
-
-    def bind(self, ctx: MethodContext) -> None:
-        # Storage rounded up to whole blocks, so that the cache is a blocked view (read in place on CPU; on CUDA a
-        # block gather is one index_select over it), and to whole flashinfer pages (FullKV's rows, which the dense
-        # layers read)
-        unit = math.lcm(self.block_size, PAGE_TOKENS)
-        rounded = math.ceil(ctx.max_len / unit) * unit
-        super().bind(dataclasses.replace(ctx, max_len=rounded))
-        batch, device, block, pages = ctx.batch, ctx.device, self.block_size, self.page_budget
-        num_blocks = rounded // block
-        digest_shape = (batch, ctx.num_kv_heads, num_blocks, ctx.head_dim)
-        self._sparse = sparse_layer_range(self.name, self.dense_layers, ctx.num_layers)
-        self.digests = DigestTable(self._sparse, digest_shape, ctx.dtype, device)
-        # the step's plan, written in place by begin_step (what every sparse layer and a captured graph read): the
-        # candidates (complete blocks before the tail), the tail block and its tokens, the order that puts the tail
-        # right after the valid selections, and the tokens attended
-        rows = ctx.num_heads if self.per_query_head else ctx.num_kv_heads  # selection rows per sequence
-        self._candidates = CandidateBlocks.static(batch, num_blocks, pages - 1, None, device)
-        self._tail_block = torch.zeros(batch, dtype=torch.long, device=device)
-        self._tail_len = torch.zeros(batch, dtype=torch.long, device=device)
-        # [selection | tail]: the top-k writes its ids into the front (`_top_out`), begin_step the tail at the end
-        self._ids = torch.zeros((batch, rows, pages), dtype=torch.long, device=device)
-        self._top_out = (torch.empty((batch, rows, pages - 1), dtype=self.digests.score_dtype, device=device),
-                         self._ids[..., : pages - 1])
-        self._order = torch.zeros((batch, rows, pages), dtype=torch.long, device=device)
-        self._page_slot = torch.arange(pages, device=device)
-        self._attended_len = StepLengths(batch, pages * block, ctx.dtype, device, with_host=not ctx.graphs)
-        # CUDA: the selection gathered into contiguous rows (one index_select per K and V) and attended there
-        self._gathered_k = self._gathered_v = None
-        if device.type == "cuda":
-            gather_shape = (batch, rows, pages * block, ctx.head_dim)
-            self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=device)
-            self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=device)
-            kv_head = torch.arange(rows, device=device) // (rows // ctx.num_kv_heads)
-            self._row_base = ((torch.arange(batch, device=device)[:, None] * ctx.num_kv_heads + kv_head[None, :])
-                              * num_blocks)[:, :, None]  # [B, rows, 1]: the first block of each row's KV head
-            # per sparse layer, its K and V caches as tables of blocks, and the gather buffers as rows of blocks
-            self._block_tables = {layer: tuple(c.view(-1, block * ctx.head_dim) for c in (self.keys[layer],
-                                                                                        self.values[layer]))
-                                  for layer in self._sparse}
-            self._gathered_rows = tuple(g.view(batch * rows * pages, -1) for g in (self._gathered_k,
-                                                                                 self._gathered_v))
-        self.reset_stats()
-
-    def reset_stats(self) -> None:
-        super().reset_stats()
-        # sum over decode steps of the mean tokens attended per (sequence, KV head); on the device, no sync
-        self._attended_sum = torch.zeros(self.ctx.num_layers, device=self.ctx.device)
-        self._steps = 0
-
-    def ingest_prefill(self, layer, q_obs, k, v, lengths):
-        super().ingest_prefill(layer, q_obs, k, v, lengths)
-        if layer in self.digests:
-            # Blocks that reach into a sequence's right padding get a wrong digest here; they are never candidates
-            # before decode completes them, and completing a block recomputes its digest (_update_digests).
-            self.digests.write_blocks(layer, k, self.block_size)
-
-    def begin_step(self, step: StepInfo) -> None:
-        super().begin_step(step)
-        block, pages = self.block_size, self.page_budget
-        lengths = [p + 1 for p in step.positions_host]  # tokens per sequence once the new one is appended
-        self._fits = max(math.ceil(n / block) for n in lengths) <= pages
-        # on the device, from the device positions (a host list would cost a synchronising copy)
-        torch.div(step.positions, block, rounding_mode="floor", out=self._tail_block)
-        torch.sub(step.positions + 1, self._tail_block * block, out=self._tail_len)
-        self._candidates.update(self._tail_block)  # the complete blocks before the tail
-        count = self._candidates.count  # [B, 1]: valid selections
-        self._ids[..., -1:].copy_(self._tail_block[:, None, None])
-        # attended order: the valid selections, the tail (entry pages - 1 of [selection | tail]), then padding
-        slot = self._page_slot[None, None, :]
-        self._order.copy_(torch.where(slot < count[:, :, None], slot,
-                                      torch.where(slot == count[:, :, None], pages - 1, slot - 1)))
-        selected_len = count[:, 0] * block + self._tail_len
-        # the same on the host, where a backend plans there (flashinfer)
-        self._attended_len.update(selected_len, [min((n - 1) // block, pages - 1) * block + (n - 1) % block + 1
-                                                 for n in lengths])
-        # statistics: every sparse layer attends the same tokens in a step
-        sparse = len(self._sparse)
-        mean_lengths = sum(lengths) / len(lengths)
-        self._attended_sum[: self.dense_layers] += mean_lengths
-        if self._fits:
-            self._attended_sum[self.dense_layers:] += mean_lengths
-            self._attended.add_host(lengths, self.ctx.num_kv_heads, layers=sparse)
-        else:
-            self._attended_sum[self.dense_layers:] += selected_len.float().mean()
-            self._attended.add(self._attended_len.valid_len[:, None].expand(-1, self._ids.shape[1]), layers=sparse)
-        # blocks that the new token completes: their digests are built once the step has appended it (end_step)
-        if step.uniform:
-            self._completed = [(slice(None), lengths[0] // block - 1)] if lengths[0] % block == 0 else []
-        else:
-            self._completed = [(slice(b, b + 1), n // block - 1) for b, n in enumerate(lengths) if n % block == 0]
-        self._steps += 1
-
-    def graph_key(self) -> bool:
-        """A context that fits the budget runs dense (FullKV's device work): its own variant."""
-        return self._fits
-
-    def end_step(self) -> None:
-        for layer in self._sparse:
-            self._update_digests(layer)
-
-    def _count_attended(self, step: StepInfo) -> None:
-        """Counted per step for the sparse layers in begin_step (the dense layers are not what the budget bounds)."""
-
-    def decode(self, layer, q, k, v):
-        if layer < self.dense_layers or self._fits:
-            return super().decode(layer, q, k, v)
-        keys, values = self.keys[layer], self.values[layer]
-        with self.ctx.timer.stage("attn_device"):
-            keys[self._batch_index, :, self.step.positions] = k
-            values[self._batch_index, :, self.step.positions] = v
-            block_ids = self._selected_blocks(layer, q)
-            if self._gathered_k is None:  # CPU: the selected blocks attended by id, in place
-                batch, kv_heads, num_tokens, head_dim = keys.shape
-                blocked = (batch, kv_heads, num_tokens // self.block_size, self.block_size, head_dim)
-                return block_sparse_attention(q, keys.view(blocked), values.view(blocked), block_ids, self.ctx.scale,
-                                              self._attended_len.valid_len).o.to(q.dtype)
-            flat_ids = (self._row_base + block_ids).view(-1)
-            for table, gathered in zip(self._block_tables[layer], self._gathered_rows, strict=True):
-                torch.index_select(table, 0, flat_ids, out=gathered)
-            return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, lengths=self._attended_len)
-
-    def _selected_blocks(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """Block ids `[B, H, page_budget]` a sparse layer attends (after the append): the selected complete blocks
-        in descending score order, then the tail block, then padding (H = Hkv, or Hq per query head)."""
-        self.digests.select(layer, q, self._candidates, self.per_query_head, out=self._top_out)
-        return self._ids.gather(-1, self._order)
-
-    def select(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(block ids `[B, H, page_budget]`, valid tokens `[B, H]`) of a sparse layer in this step: the selection
-        and the tail block (`_selected_blocks`), and how many leading tokens of those blocks are valid."""
-        block_ids = self._selected_blocks(layer, q)
-        return block_ids, self._attended_len.valid_len[:, None].expand(block_ids.shape[:2])
-
-    def _update_digests(self, layer: int) -> None:
-        for rows, block in self._completed:
-            start = block * self.block_size
-            kmax, kmin = block_digests(self.keys[layer][rows, :, start: start + self.block_size], self.block_size)
-            self._store_digests(layer, rows, slice(block, block + 1), kmax, kmin)
-
-    def _store_digests(self, layer: int, rows: slice, blocks: slice, kmax: torch.Tensor, kmin: torch.Tensor) -> None:
-        self.digests.write(layer, (rows, slice(None), blocks), kmax, kmin)
-
-    def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
-        kv = shape.kv_bytes_per_token_layer(elem_bytes)
-        sparse = len(sparse_layer_range(self.name, self.dense_layers, shape.num_layers))
-        digest_bytes_per_block = 2 * shape.num_kv_heads * shape.head_dim * elem_bytes
-        device = (shape.num_layers * context_len * kv
-                  + sparse * math.ceil(context_len / self.block_size) * digest_bytes_per_block)
-        return Footprint(device, 0)
-
-    def stats(self):
-        digest_bytes = self.digests.device_bytes()
-        attended = (self._attended_sum / max(self._steps, 1)).tolist()
-        return {**super().stats(), "digest_bytes": digest_bytes, "attended_tokens_per_layer": attended,
-                "attended_tokens_per_head": self._attended.stats(self.budget)}
-
-    # ------------------------------------------------------------------ work model (project, gate --counters)
-    @classmethod
-    def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
-        return sparse_layer_range(cls.name, int(config.get("dense_layers", 0)), num_layers).start
-
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
-        attended = run.sparse_layer_mean("attended_tokens_per_layer")
-        return {"attended_budget_frac": 1.0 if attended is None else attended / run.config["budget"]}
-
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """Every block digest read to select, then the selected blocks' KV attended on the device (per query head:
-        each query head reads its own selection, G per KV head)."""
-        shape = terms.shape
-        m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
-        tokens = min(fractions["attended_budget_frac"] * config["budget"], N)
-        selections = m.num_heads // m.num_kv_heads if config.get("per_query_head") else 1  # per KV head
-        digests = B * m.num_kv_heads * math.ceil(N / config["block_size"]) * 2 * m.head_dim * e
-        return terms.layer("none", select_bytes=digests,
-                           device_kv_bytes=B * selections * tokens * shape.kv_bytes_per_token,
-                           device_tokens=B * m.num_kv_heads * selections * tokens)
+    def select_blocks(self, layer, q):
+        self.digests.select(layer, q, self.candidates, self.per_query_head, out=self.top_out)

@@ -28,8 +28,9 @@ class SparseLayerMethod(AttentionMethod):
     `self.sparse_layers` reach the method's own `ingest_sparse_prefill` and `decode_sparse`.
 
     Each subclass declares the `dense_layers` field itself (default DEFAULT_DENSE_LAYERS), where it belongs among
-    its hyper-parameters: a field declared here would come first in every `repr(method)` and config. Quest is a
-    FullKV with every layer on the device: it shares the field, not this storage."""
+    its hyper-parameters: a field declared here would come first in every `repr(method)` and config. The
+    block-selection methods (Quest, methods/selection.py) keep every layer on the device: they share the field, not
+    this storage."""
 
     # dense_layers: int, the dataclass field of each subclass (see above)
 

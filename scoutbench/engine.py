@@ -208,7 +208,8 @@ class DecodeEngine:
                     method.before_layer(i, x, normed)
             with timer.stage("qkv_proj"):
                 q, k, v = ops.prologue(i, normed, self._cos, self._sin)
-            o = method.decode(i, q, k, v)
+            with timer.stage("attn_device"):  # a method's own stages inside (idle, merge) count as theirs
+                o = method.decode(i, q, k, v)
             with timer.stage("o_proj"):
                 x = ops.residual_linear(residual, layer.self_attn.o_proj, o)
             with timer.stage("mlp"):

@@ -108,12 +108,20 @@ class StageTimer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        """Time the block as stage `name`. A stage inside the same stage is the enclosing one (nothing more is
+        marked, no capture piece ends): the engine books every method's `decode` as `attn_device`, so a method
+        that times its own device work there costs nothing extra, and one that forgets is still booked right."""
+        if self._stack and self._stack[-1] == name:
+            yield
+            return
         if self.recorder is not None:
+            self._stack.append(name)
             self.recorder.enter_stage(name)
             try:
                 yield
             finally:
                 self.recorder.exit_stage(name)
+                self._stack.pop()
             return
         if not self.enabled:
             yield

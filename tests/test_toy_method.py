@@ -7,21 +7,43 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import torch
 from cli_runner import run_cli
 
 from scoutbench.kernels.attention import decode_attention
 from scoutbench.methods import METHODS, display_rank, is_reference, method_family
 from scoutbench.methods.base import AttendedTokens, Footprint, MethodContext, ModelShape, transfer_stats
 from scoutbench.methods.fullkv import FullKV
+from scoutbench.methods.selection import BlockSelection
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
 from scoutbench.results import load_results, write_json_atomic
 
 TOY = "toy-window"
+TOY_SINKS = "toy-sinks"
+
+
+@dataclass
+class SinksWindow(BlockSelection):
+    """Toy StreamingLLM-style selection: the first `sink_blocks` blocks and the newest complete ones (and the tail)."""
+
+    name = TOY_SINKS
+    display_name = "Sinks + window (toy)"
+    keeps_digests = False  # it scores no block
+    budget: int = 48
+    block_size: int = 8
+    dense_layers: int = 1
+    sink_blocks: int = 1
+
+    def select_blocks(self, layer, q):
+        slot = torch.arange(self.page_budget - 1, device=q.device)  # selection i: block i (a sink), or i blocks
+        newest = (self.tail_block - (self.page_budget - 1)).clamp(min=0)[:, None, None]  # after the oldest recent
+        self.selection.copy_(slot + (slot >= self.sink_blocks) * newest)
 
 
 @dataclass
@@ -82,15 +104,20 @@ def toy_registry():
     """The toy method registered for one test; the registry is restored afterwards, whatever happens."""
     with METHODS.scoped() as registry:
         registry.register(TOY, RecentWindow)
+        registry.register(TOY_SINKS, SinksWindow)
         yield registry
-    assert TOY not in METHODS
+    assert TOY not in METHODS and TOY_SINKS not in METHODS
 
 
 RUN = ("--model", "tiny-qwen3", "--len", "96", "--steps", "3", "--warmup", "1", "--device", "cpu")
 
 
-def test_toy_method_through_every_command(toy_registry, tmp_path, monkeypatch, capsys):
-    assert method_family(TOY) == TOY and not is_reference(TOY) and display_rank(TOY) == len(METHODS.names()) - 1
+@pytest.mark.parametrize("toy", [TOY, TOY_SINKS])
+def test_toy_method_through_every_command(toy_registry, tmp_path, monkeypatch, capsys, toy):
+    """The window toy (a whole method on `SparseLayerMethod`) and the sinks + window toy (a selection hook on
+    `BlockSelection`) go through the same commands."""
+    TOY = toy  # noqa: N806 - the name the steps below check
+    assert method_family(TOY) == TOY and not is_reference(TOY) and display_rank(TOY) == METHODS.names().index(TOY)
 
     # throughput (the reference beside it: its table compares with FullKV)
     code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", TOY, "--method", "fullkv", *RUN,
@@ -98,7 +125,7 @@ def test_toy_method_through_every_command(toy_registry, tmp_path, monkeypatch, c
     assert code == 0, err
     toy = next(r for r in load_results([tmp_path / "runs"]) if r["method"] == TOY)
     attended = toy["method_stats"]["attended_tokens_per_head"]
-    assert attended["max"] == 48 and attended["within_budget"] is True
+    assert attended["max"] == (48 if TOY == "toy-window" else 44) and attended["within_budget"] is True
 
     # sweep
     code, out, err = run_cli(monkeypatch, capsys, "sweep", "--method", TOY, "--method", "fullkv", *RUN,
@@ -115,7 +142,10 @@ def test_toy_method_through_every_command(toy_registry, tmp_path, monkeypatch, c
     point = next(r for r in load_results([tmp_path / "sweep"]) if r["method"] == TOY)
     worse = copy.deepcopy(point)
     worse["method_config"]["budget"] = 64  # a wider window: more KV read per step
-    worse["method_stats"]["attended_tokens_per_head"]["mean"] = 64.0
+    worse["method_stats"]["attended_tokens_per_head"]["mean"] *= 64 / 48
+    if "attended_tokens_per_layer" in worse["method_stats"]:
+        worse["method_stats"]["attended_tokens_per_layer"] = [
+            n * 64 / 48 for n in worse["method_stats"]["attended_tokens_per_layer"]]
     write_json_atomic(tmp_path / "worse" / "toy.json", {k: v for k, v in worse.items() if not k.startswith("_")})
     code, out, err = run_cli(monkeypatch, capsys, "gate", "--counters", "--baseline", tmp_path / "sweep",
                              "--current", tmp_path / "worse", "--allow-missing")
@@ -130,7 +160,9 @@ def test_toy_method_through_every_command(toy_registry, tmp_path, monkeypatch, c
     projected = next(p for p in document["projections"] if p["method"] == TOY)
     full = next(p for p in document["projections"] if p["method"] == "fullkv")
     assert projected["work_per_step"]["device_kv_bytes_per_step"] < full["work_per_step"]["device_kv_bytes_per_step"]
-    assert projected["measured_work"]["window_budget_frac"] == pytest.approx(1.0)
+    (fraction,) = METHODS.load(TOY).work_fractions
+    assert projected["measured_work"][fraction] == (pytest.approx(1.0) if TOY == "toy-window" else
+                                                    pytest.approx((5 * 8 + 2.5) / 48, abs=0.05))
 
     # report: figures and summary over the sweep and the projection
     code, out, err = run_cli(monkeypatch, capsys, "report", tmp_path / "sweep", tmp_path / "projection.json",
@@ -171,3 +203,53 @@ def test_scoped_registry_restores_on_error():
         assert "toy-temporary" in METHODS and METHODS.load("toy-temporary") is RecentWindow
         raise RuntimeError
     assert "toy-temporary" not in METHODS
+
+
+def test_attention_without_explicit_stages_is_booked_as_attention(tiny_qwen3):
+    """A method that never calls `ctx.timer.stage(...)` still has its decode booked as `attn_device`, not `other`:
+    the engine times every method's decode there (a method's own stages inside it, idle or merge, stay theirs)."""
+    from scoutbench.engine import DecodeEngine
+
+    class Unstaged(FullKV):
+        def decode(self, layer, q, k, v):
+            time.sleep(0.02)  # the attention's cost, with no stage of its own
+            keys, values = self.keys[layer], self.values[layer]
+            keys[self._batch_index, :, self.step.positions] = k
+            values[self._batch_index, :, self.step.positions] = v
+            return decode_attention(q, keys, values, self.ctx.scale, lengths=self._step_lengths)
+
+    engine = DecodeEngine(tiny_qwen3, Unstaged())
+    engine.start(batch=1, max_len=40)
+    logits = engine.prefill(torch.randint(0, 100, (1, 32)), torch.tensor([32]))
+    engine.timer.begin_step()
+    engine.decode_step(logits.argmax(-1))
+    record = engine.timer.end_step()
+    layers = tiny_qwen3.config.num_hidden_layers
+    assert record["attn_device"] >= 20.0 * layers and record["other"] < 20.0 * layers, record
+
+
+def test_sinks_window_selects_the_sinks_and_the_newest_blocks():
+    """The hook's selection through the base's plan, in a ragged batch: one sink block and the newest complete
+    blocks, then the tail; a sequence with no more complete blocks than selections attends all of them."""
+    from method_harness import hand_context, step_info
+
+    method = SinksWindow(budget=48, block_size=8, dense_layers=1)  # 6 pages: 5 selected blocks and the tail
+    method.bind(hand_context(batch=2, max_len=80))
+    method.begin_step(step_info([63, 40]))  # tail blocks 7 and 5
+    block_ids, valid = method.select(1, torch.zeros(2, 4, 16))
+    assert block_ids[:, 0].tolist() == [[0, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5]]
+    assert valid[:, 0].tolist() == [5 * 8 + 8, 5 * 8 + 1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
+def test_sinks_window_replays_its_eager_logits_from_cuda_graphs():
+    """The hook runs inside the captured region: on emulated CUDA (tests/test_graphs.py) the toy's replayed steps
+    over a ragged batch, crossing block boundaries, give its eager logits."""
+    from emulated import run_emulated, small_qwen3
+    from method_harness import ragged_prompt
+
+    model = small_qwen3()
+    run = run_emulated(model, lambda: SinksWindow(budget=48, block_size=8, dense_layers=1),
+                       *ragged_prompt(model.config.vocab_size, [120, 83], seed=3), 24, cuda_graphs=True)
+    assert run.graphs["captured"] and run.graphs["replayed_steps"] >= 24 - 2 * run.graphs["variants"], run.graphs
+    assert max(run.max_diff()) <= 2e-4 and run.unexpected_syncs() == []
