@@ -64,6 +64,7 @@ def declared_floors() -> list[str]:
 # The engine, kernels and backends, every method, the CLI and planner, and the emulated CUDA path.
 FLOOR_TESTS = ["tests/test_engine.py", "tests/test_partial_state.py", "tests/test_attention.py", "tests/test_digest.py",
                "tests/test_top_tokens.py", "tests/test_block_table.py", "tests/test_backends.py", "tests/test_scout.py",
+               "tests/test_scout_accounting.py", "tests/test_scout_pipeline.py", "tests/test_scout_recall.py",
                "tests/test_hgca.py", "tests/test_infinigen.py", "tests/test_quest.py", "tests/test_plan.py",
                "tests/test_cli.py", "tests/test_cli_throughput.py", "tests/test_throughput.py", "tests/test_units.py",
                "tests/test_registry.py", "tests/test_results.py", "tests/test_progress.py", "tests/test_telemetry.py",

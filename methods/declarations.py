@@ -3,7 +3,7 @@ per concern, each with its defaults, which `AttentionMethod` inherits (a method 
 else has to know the runtime):
 
     MethodLabels   how reports name and group it: display name, the dense reference, ablation variants, per-point
-                   files (analysis/report.py, analysis/figures.py, the registry's helpers in methods/__init__.py)
+                   files (analysis/report.py, analysis/figures/, the registry's helpers in methods/__init__.py)
     MethodArgs     its configuration: dataclass fields, defaults, `--method-arg key=value` strings converted to them
                    (scoutbench/method_args.py, the registry's `build_method`)
     MemoryPlan     its bytes per sequence at a shape and length, from its config alone (`scoutbench plan`,
