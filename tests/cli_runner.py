@@ -17,6 +17,20 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def rendered_table(table) -> str:
+    """A rich table as plain text, 250 columns wide (no wrap of a figure)."""
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+def collapsed_words(text: str) -> str:
+    """The text with its line wraps and padding collapsed (a caption wraps at the table's width)."""
+    return " ".join(text.split())
+
+
 def signal_once_started(proc, marker, timeout_s: float, what: str, signum: int | None = None) -> None:
     """Send `signum` (default SIGKILL) to `proc` as soon as it creates `marker` (a file it writes mid-run): the
     signal tests' shared wait."""

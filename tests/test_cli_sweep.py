@@ -2,20 +2,7 @@
 
 from __future__ import annotations
 
-from cli_runner import run_cli
-
-
-def _rendered(table) -> str:
-    from rich.console import Console
-
-    console = Console(width=250, record=True)
-    console.print(table)
-    return console.export_text()
-
-
-def _words(text: str) -> str:
-    """The text with its line wraps and padding collapsed (a caption wraps at the table's width)."""
-    return " ".join(text.split())
+from cli_runner import collapsed_words, rendered_table, run_cli
 
 
 def test_sweep_table_shows_the_cpu_wait_share():
@@ -26,9 +13,9 @@ def test_sweep_table_shows_the_cpu_wait_share():
         {"method": "hgca", "method_args": {}, "len": 4096, "batch": 1, "status": "ok", "batch_used": 1,
          "decode_throughput_tok_s": 10.0, "decode_step_ms_median": 100.0, "gpu_idle_frac": None,
          "main_thread_wait_frac": 0.174}]}
-    text = _rendered(_sweep_table(manifest))
+    text = rendered_table(_sweep_table(manifest))
     row = next(line for line in text.splitlines() if "hgca" in line)
-    assert "17.4" in row and "(the mean step); step ms: the median step" in _words(text)
+    assert "17.4" in row and "(the mean step); step ms: the median step" in collapsed_words(text)
 
 
 def test_a_presets_own_budget_is_not_a_usage_error(monkeypatch, capsys, tmp_path):

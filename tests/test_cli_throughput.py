@@ -7,7 +7,13 @@ import io
 import json
 
 import pytest
-from cli_runner import run_cli, signal_once_started, throughput_hanging_on_second_method
+from cli_runner import (
+    collapsed_words,
+    rendered_table,
+    run_cli,
+    signal_once_started,
+    throughput_hanging_on_second_method,
+)
 from result_factory import SCOUT_CONFIG, make_result
 
 from scoutbench.errors import ScoutbenchError
@@ -20,19 +26,6 @@ def _never(*args, **kwargs):
 
 
 GIB = 1024**3
-
-
-def _rendered(table) -> str:
-    from rich.console import Console
-
-    console = Console(width=250, record=True)
-    console.print(table)
-    return console.export_text()
-
-
-def _words(text: str) -> str:
-    """The text with its line wraps and padding collapsed (a caption wraps at the table's width)."""
-    return " ".join(text.split())
 
 
 def test_batch_auto_is_checked_against_free_memory_without_allocating(monkeypatch, capsys, tmp_path):
@@ -76,12 +69,12 @@ def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_compari
         r["device"]["type"], r["main_thread_wait_frac"] = "cpu", 0.1
         return r
 
-    text = _rendered(_table([result("fullkv", 151.0, 151), result("scout", 218.0, 109)]))
+    text = rendered_table(_table([result("fullkv", 151.0, 151), result("scout", 218.0, 109)]))
     assert "batch per method (--batch auto)" in text and "batch 151" not in text
     scout_row = next(line for line in text.splitlines() if line.strip().startswith("scout"))
     assert " 109 " in scout_row and "1.44x (2.00x/seq)" in scout_row
-    assert "tok/s: batch x timed steps / timed decode time (the mean step); step: the median step" in _words(text)
-    same = _rendered(_table([result("fullkv", 10.0, 2), result("scout", 20.0, 2)]))
+    assert "tok/s: batch x timed steps / timed decode time (the mean step); step: the median step" in collapsed_words(text)
+    same = rendered_table(_table([result("fullkv", 10.0, 2), result("scout", 20.0, 2)]))
     assert "batch 2 " in same and "2.00x" in same and "/seq" not in same
 
 
