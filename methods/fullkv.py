@@ -80,9 +80,8 @@ class FullKV(AttentionMethod):
         self.values[layer][self._batch_index, :, self.step.positions] = v
 
     def decode(self, layer, q, k, v):
-        with self.ctx.timer.stage("attn_device"):
-            self.append(layer, k, v)
-            return decode_attention(q, self.keys[layer], self.values[layer], self.ctx.scale, lengths=self._step_lengths)
+        self.append(layer, k, v)
+        return decode_attention(q, self.keys[layer], self.values[layer], self.ctx.scale, lengths=self._step_lengths)
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         return Footprint(shape.num_layers * page_aligned(context_len) * shape.kv_bytes_per_token_layer(elem_bytes), 0)

@@ -310,15 +310,13 @@ class HGCA(HGCAModel, SparseLayerMethod):
         (`ctx.host`)."""
         ctx = self.ctx
         window_k, window_v = self.window_k[layer], self.window_v[layer]
-        with ctx.timer.stage("attn_device"):
-            window_k[self._batch_index, :, self._window_slots] = k
-            window_v[self._batch_index, :, self._window_slots] = v
-            if self._cpu_active and self._q_host is not None:  # q to the worker: its copy to pinned memory
-                self._q_host[layer].copy_(q, non_blocking=True)
+        window_k[self._batch_index, :, self._window_slots] = k
+        window_v[self._batch_index, :, self._window_slots] = v
+        if self._cpu_active and self._q_host is not None:  # q to the worker: its copy to pinned memory
+            self._q_host[layer].copy_(q, non_blocking=True)
         if self._cpu_active:
             ctx.host(self._submit_cpu_attention, layer, q)
-        with ctx.timer.stage("attn_device"):
-            device_part = partial_attention(q, window_k, window_v, ctx.scale, lengths=self._window_lengths)
+        device_part = partial_attention(q, window_k, window_v, ctx.scale, lengths=self._window_lengths)
         if not self._cpu_active:  # nothing on the host yet (or window_frac = 1)
             ctx.host(self._finish_layer, layer, None)
             return device_part.o.to(q.dtype)

@@ -405,12 +405,11 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         slot = layer % 2
         with ctx.timer.stage("idle"):
             ctx.host(self._finish_fetch, layer)
-        with ctx.timer.stage("attn_device"):
-            self._append_partial_key(layer, k)
-            fetched_k, fetched_v = self._fetched[slot]
-            fetched_k[self._batch_index, :, self._current[slot]] = k
-            fetched_v[self._batch_index, :, self._current[slot]] = v
-            return decode_attention(q, fetched_k, fetched_v, ctx.scale, lengths=self._lengths[slot])
+        self._append_partial_key(layer, k)
+        fetched_k, fetched_v = self._fetched[slot]
+        fetched_k[self._batch_index, :, self._current[slot]] = k
+        fetched_v[self._batch_index, :, self._current[slot]] = v
+        return decode_attention(q, fetched_k, fetched_v, ctx.scale, lengths=self._lengths[slot])
 
     def _finish_fetch(self, layer: int) -> None:
         """Host work (CUDA): wait for layer `layer`'s fetch; the compute stream waits for its copy, the host not."""
@@ -445,15 +444,14 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         by LSE."""
         ctx, step = self.ctx, self.step
         ids, n = self._selected.pop(layer)
-        with ctx.timer.stage("attn_device"):
-            self._append_partial_key(layer, k)
-            self.host_k[layer][step.positions, self._batch_index] = k  # the host tier is this device's memory
-            self.host_v[layer][step.positions, self._batch_index] = v
-            valid = self._cpu_valid
-            if self.dynamic_count and not step.uniform:  # a short sequence has fewer tokens
-                valid = step.positions.clamp(max=n)
-            fetched = block_sparse_attention(q, *self._host_blocks[layer], ids, ctx.scale, valid)
-            current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
+        self._append_partial_key(layer, k)
+        self.host_k[layer][step.positions, self._batch_index] = k  # the host tier is this device's memory
+        self.host_v[layer][step.positions, self._batch_index] = v
+        valid = self._cpu_valid
+        if self.dynamic_count and not step.uniform:  # a short sequence has fewer tokens
+            valid = step.positions.clamp(max=n)
+        fetched = block_sparse_attention(q, *self._host_blocks[layer], ids, ctx.scale, valid)
+        current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
         with ctx.timer.stage("merge"):
             return merge_states(fetched, current).o.to(q.dtype)
 

@@ -208,13 +208,11 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         ctx, timer = self.ctx, self.ctx.timer
         inline = False
         if not (self.layer_ahead_active and layer - 1 >= 0):  # nothing planned this layer ahead
-            with timer.stage("attn_device"):
-                inline = self.layer_ahead_active  # synchronous: the worker is busy with the next layer's PC
-                self._trigger(layer, q, predicted=False, spawn=not inline)
+            inline = self.layer_ahead_active  # synchronous: the worker is busy with the next layer's PC
+            self._trigger(layer, q, predicted=False, spawn=not inline)
         split = self._splits[layer]
-        with timer.stage("attn_device"):
-            self.store.append(layer, k, v, self._ring_rows, self.step.positions_host if self._short else None)
-            A_gpu = self._gpu_attn(layer, q, split)  # line 10: A_gpu^i = GPUAttn(Q^i, B_gpu^i)
+        self.store.append(layer, k, v, self._ring_rows, self.step.positions_host if self._short else None)
+        A_gpu = self._gpu_attn(layer, q, split)  # line 10: A_gpu^i = GPUAttn(Q^i, B_gpu^i)
         with timer.stage("idle"):
             ctx.host(self._wait, layer, inline)  # line 11: A_cpu^i
         with timer.stage("merge"):
@@ -225,8 +223,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
                 A_cpu = self._cpu_states.pop(layer)
             A = A_gpu if A_cpu is None else merge_states(A_gpu, A_cpu)  # line 12: A^i = Merge(A_gpu^i, A_cpu^i)
             out = A.o.to(q.dtype)
-        with timer.stage("attn_device"):  # the statistics, and PR: a due recall issued after the attention
-            ctx.host(self._after_merge, layer)
+        ctx.host(self._after_merge, layer)  # the statistics, and PR: a due recall issued after the attention
         return out
 
     def _gpu_attn(self, layer: int, q: torch.Tensor, split: DeviceSplit) -> PartialState:

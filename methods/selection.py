@@ -194,18 +194,17 @@ class BlockSelection(AttentionMethod):
         if layer < self.dense_layers or self._fits:
             return self.kv.decode(layer, q, k, v)
         keys, values = self.keys[layer], self.values[layer]
-        with self.ctx.timer.stage("attn_device"):
-            self.kv.append(layer, k, v)
-            block_ids = self._selected_blocks(layer, q)
-            if self._gathered_k is None:  # CPU: the selected blocks attended by id, in place
-                batch, kv_heads, num_tokens, head_dim = keys.shape
-                blocked = (batch, kv_heads, num_tokens // self.block_size, self.block_size, head_dim)
-                return block_sparse_attention(q, keys.view(blocked), values.view(blocked), block_ids, self.ctx.scale,
-                                              self._attended_len.valid_len).o.to(q.dtype)
-            flat_ids = (self._row_base + block_ids).view(-1)
-            for table, gathered in zip(self._block_tables[layer], self._gathered_rows, strict=True):
-                torch.index_select(table, 0, flat_ids, out=gathered)
-            return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, lengths=self._attended_len)
+        self.kv.append(layer, k, v)
+        block_ids = self._selected_blocks(layer, q)
+        if self._gathered_k is None:  # CPU: the selected blocks attended by id, in place
+            batch, kv_heads, num_tokens, head_dim = keys.shape
+            blocked = (batch, kv_heads, num_tokens // self.block_size, self.block_size, head_dim)
+            return block_sparse_attention(q, keys.view(blocked), values.view(blocked), block_ids, self.ctx.scale,
+                                          self._attended_len.valid_len).o.to(q.dtype)
+        flat_ids = (self._row_base + block_ids).view(-1)
+        for table, gathered in zip(self._block_tables[layer], self._gathered_rows, strict=True):
+            torch.index_select(table, 0, flat_ids, out=gathered)
+        return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, lengths=self._attended_len)
 
     def _selected_blocks(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Block ids `[B, rows, page_budget]` a sparse layer attends (after the append): the selected complete
