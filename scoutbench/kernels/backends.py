@@ -69,6 +69,18 @@ def triton_available() -> bool:
     return torch.cuda.is_available() and _optional("triton")[0] is not None
 
 
+# The CUDA emulation (scoutbench/testing/emulated_cuda) sets this while it runs: its device serves each fused op with
+# the op's torch reference where a GPU runs the op's Triton kernel, so an emulated step issues what a GPU step issues
+FUSED_OPS_EMULATED = False
+
+
+def fused_ops_available(device: torch.device) -> bool:
+    """Whether the fused device ops (one launch each: scoutbench/kernels/fused_ops.py) serve `device`: CUDA where
+    triton is installed to compile their kernels, and emulated CUDA. Elsewhere a caller issues the ops the fused
+    one stands for (on a CPU its compiled kernels, on CUDA without triton the torch composite)."""
+    return device.type == "cuda" and (FUSED_OPS_EMULATED or triton_available())
+
+
 def _status(module_name: str) -> str:
     module, reason = _optional(module_name)
     if module is None:

@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from scoutbench.kernels import backends
 from scoutbench.testing.emulated_cuda.factories import EmulatedGenerator, EmulationMode
 from scoutbench.testing.emulated_cuda.graphs import (
     EmulatedCUDAGraph,
@@ -83,6 +84,7 @@ def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
         return runtime.current_stream()
 
     return {
+        (backends, "FUSED_OPS_EMULATED"): True,  # the fused ops' torch references stand for their Triton kernels
         (cuda, "is_available"): lambda: True,
         (cuda, "device_count"): lambda: 1,
         (cuda, "current_device"): lambda: 0,

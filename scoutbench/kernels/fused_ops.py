@@ -1,0 +1,145 @@
+"""Fused device ops: a sparse method's small per-layer steps as one launch each on CUDA.
+
+Why: on a GPU every torch call costs the host 5-20 us, and a sparse layer that scores its blocks, picks the top k,
+splits them between the device pool and the CPU, attends its region and merges the two parts in some sixty small
+calls is launch-bound (issue 34: the step must measure the methods, not Python). Each op here is a torch custom op
+(`torch.ops.scoutbench.*`) with
+
+- a CUDA kernel in Triton (`triton_select`, `triton_region`), compiled where triton is installed: one launch, one
+  torch call, one node of a CUDA graph;
+- a torch reference (the ops it stands for, composed as the unfused path composes them), which serves every other
+  device and is what the Triton kernels are tested against in triton's interpreter (tests/test_triton_fused.py);
+- a fake (meta) implementation, for capture and shape propagation.
+
+Callers use an op where `backends.fused_ops_available(device)` (CUDA with triton, and emulated CUDA, whose device
+runs the reference as a GPU runs the kernel); on a CPU they keep their compiled kernels, and on CUDA without triton
+the composite. The ops return fresh tensors: nothing a caller holds is written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scoutbench.kernels.digest import rank_from_digests
+from scoutbench.kernels.partial_state import _interpolated
+
+NUM_COUNTS = 4  # a split plan's counts per row: n_cpu, n_selected, n_available, n_resident
+
+
+# ---------------------------------------------------------------------------------------------- select and split
+@torch.library.custom_op("scoutbench::select_split", mutates_args=())
+def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor, k: int,
+                 block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Digest scoring, top-k and the resident/CPU split of one layer, for ScoutAttention's device side.
+
+    q `[B, Hq, D]`; digests `[B, Hkv, nB, 2D]` (`DigestTable`'s rows: the bound is `rank_from_digests`, the group
+    max, in the digests' dtype); blocked bool `[B, 1 or Hkv, nB]` and count `[B, 1 or Hkv]` (`CandidateBlocks`:
+    the blocks not selectable and the valid selections, at most k <= nB); the layer's `BlockTable` (block_slot
+    `[B, Hkv, nB' + 1]`, slot_ready and slot_block `[B, Hkv, S + 1]`, each with its trash column).
+
+    Returns (data, pool_use, scores): `SplitPlan` data `[B, Hkv, 3k + 4]` int64 (the first count selected ids,
+    those the pool does not hold ready first, each group in descending score order; whether each is in flight to
+    the pool; victims 0 and n_available 0, which a recall's eviction order overwrites; n_cpu, n_selected,
+    n_available, n_resident), the pool slots the device part reads `[B, Hkv, S]` bool, and the scores
+    `[B, Hkv, nB]` in the digests' dtype (a recall's eviction order reads them). Entries past n_selected are
+    padding: their values are unspecified."""
+    return _select_split_reference(q, digests, blocked, count, k, block_slot, slot_ready, slot_block)
+
+
+def _select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
+                            k: int, block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    scores = rank_from_digests(q, digests)
+    ids = torch.topk(scores.masked_fill(blocked, float("-inf")), k, dim=-1, sorted=True).indices
+    valid = torch.arange(k, device=q.device) < count.unsqueeze(-1)
+    valid = valid.expand(ids.shape)
+    num_slots, max_blocks = slot_ready.shape[-1] - 1, block_slot.shape[-1] - 1
+    slot = block_slot.gather(-1, ids.clamp(0, max_blocks))
+    resident = valid & (slot >= 0)
+    ready = slot_ready.gather(-1, torch.where(resident, slot, num_slots))
+    on_device, pending = resident & ready, resident & ~ready
+    on_cpu = valid & ~on_device
+    order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first
+    counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), torch.zeros_like(on_cpu[..., 0], dtype=torch.long),
+                          (slot_block[..., :num_slots] >= 0).sum(-1)], dim=-1)
+    data = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), torch.zeros_like(ids), counts], dim=-1)
+    pool_use = torch.zeros(slot_ready.shape, dtype=torch.bool, device=q.device)
+    pool_use.scatter_(-1, torch.where(on_device, slot, num_slots), True)
+    return data, pool_use[..., :num_slots].contiguous(), scores
+
+
+@select_split.register_fake
+def _(q, digests, blocked, count, k, block_slot, slot_ready, slot_block):
+    batch, num_kv_heads, num_blocks = digests.shape[:3]
+    num_slots = slot_ready.shape[-1] - 1
+    return (q.new_empty((batch, num_kv_heads, 3 * k + NUM_COUNTS), dtype=torch.long),
+            q.new_empty((batch, num_kv_heads, num_slots), dtype=torch.bool),
+            q.new_empty((batch, num_kv_heads, num_blocks), dtype=digests.dtype))
+
+
+@select_split.register_kernel("cuda")
+def _(q, digests, blocked, count, k, block_slot, slot_ready, slot_block):
+    from scoutbench.kernels import triton_select  # noqa: PLC0415 - triton is optional
+
+    return triton_select.select_split(q, digests, blocked, count, k, block_slot, slot_ready, slot_block)
+
+
+# ---------------------------------------------------------------------------------------------- region attention
+@torch.library.custom_op("scoutbench::region_attention", mutates_args=())
+def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, slot_tokens: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial attention of q `[B, Hq, D]` over a region k/v `[B, Hkv, S * b, D]` of S block slots, each (sequence,
+    KV head) row attending the first `slot_tokens[b, h, s]` tokens of slot s (`[B, Hkv, S]` int64; every row has
+    an open token). Returns (o fp32 `[B, Hq, D]`, natural-log lse fp32 `[B, Hq]`): `attention.region_attention`'s
+    contract, one launch."""
+    return _region_reference(q, k, v, scale, slot_tokens)
+
+
+def _region_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, slot_tokens: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, num_slots = slot_tokens.shape[1:]
+    block_size = k.shape[2] // num_slots
+    q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    closed = torch.arange(block_size, device=q.device) >= slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
+    logits = torch.matmul(q4, k.transpose(-1, -2)).float().mul_(scale)
+    logits.masked_fill_(closed.view(batch, num_kv_heads, 1, num_slots * block_size), float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    out = torch.matmul(torch.softmax(logits, dim=-1).to(v.dtype), v).float()
+    return out.view(batch, num_heads, head_dim), lse.view(batch, num_heads)
+
+
+@region_attention.register_fake
+def _(q, k, v, scale, slot_tokens):
+    batch, num_heads, head_dim = q.shape
+    return (q.new_empty((batch, num_heads, head_dim), dtype=torch.float32),
+            q.new_empty((batch, num_heads), dtype=torch.float32))
+
+
+@region_attention.register_kernel("cuda")
+def _(q, k, v, scale, slot_tokens):
+    from scoutbench.kernels import triton_region  # noqa: PLC0415 - triton is optional
+
+    return triton_region.region_attention(q, k, v, scale, slot_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- merged output
+@torch.library.custom_op("scoutbench::merged_output", mutates_args=())
+def merged_output(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """The output of the exact LSE merge of two partial states (`partial_state.merged_output`), cast to `dtype`:
+    the last step of every co-attention layer (ScoutAttention, HGCA, InfiniGen), one launch."""
+    return _interpolated(o_a, lse_a, o_b, lse_b).to(dtype)
+
+
+@merged_output.register_fake
+def _(o_a, lse_a, o_b, lse_b, dtype):
+    return o_a.new_empty(o_a.shape, dtype=dtype)
+
+
+@merged_output.register_kernel("cuda")
+def _(o_a, lse_a, o_b, lse_b, dtype):
+    from scoutbench.kernels import triton_region  # noqa: PLC0415 - triton is optional
+
+    return triton_region.merged_output(o_a, lse_a, o_b, lse_b, dtype)
