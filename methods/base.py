@@ -172,7 +172,8 @@ class AttendedTokens:
                 total.zero_()
 
     def accumulate(self, counts: torch.Tensor) -> None:
-        """Device work only: counts `[B, H]` of one layer into the static sum and max (`count_rows` the rows)."""
+        """Device work only: counts `[B, H]` of one layer (or `[L, B, H]` of L layers) into the static sum and max
+        (`count_rows` the rows)."""
         static_sum, static_max = self._static
         static_sum.add_(counts.sum())
         torch.maximum(static_max, counts.max(), out=static_max)

@@ -325,7 +325,7 @@ class HGCA(HGCAModel, SparseLayerMethod):
         with ctx.timer.stage("merge"):  # one captured piece: the CPU part's results to the device, and the merge
             if self._cpu_packed_device is not None:
                 self._cpu_packed_device[layer].copy_(self._cpu_packed[layer], non_blocking=True)
-            out = merged_output(device_part, self._cpu_part[layer]).to(q.dtype)
+            out = merged_output(device_part, self._cpu_part[layer], q.dtype)
             if self._lse_host is not None:  # the device LSE to the moving-average update
                 self._lse_host[layer].copy_(device_part.lse, non_blocking=True)
         ctx.host(self._finish_layer, layer, device_part.lse)

@@ -22,8 +22,9 @@ import torch
 
 from scoutbench.errors import UsageError
 from scoutbench.kernels.attention import block_sparse_attention, region_attention
+from scoutbench.kernels.backends import fused_ops_available
 from scoutbench.kernels.digest import CandidateBlocks
-from scoutbench.kernels.partial_state import PartialState, merge_states
+from scoutbench.kernels.partial_state import PartialState, merged_output
 from scoutbench.methods import SCOUT_ABLATION, SCOUT_ABLATION_FIELDS
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -37,8 +38,8 @@ from scoutbench.methods.base import (
 )
 from scoutbench.methods.scout_work import ScoutWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
-from scoutbench.runtime.block_store import NUM_COUNTS, TieredBlockStore, split_selection
-from scoutbench.runtime.block_table import pad_last
+from scoutbench.runtime.block_store import NUM_COUNTS, TieredBlockStore, select_split, split_selection
+from scoutbench.runtime.block_table import BlockTable, pad_last
 from scoutbench.runtime.scout_transport import (
     CoAttentionTransport,
     CpuResult,
@@ -143,22 +144,35 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
 
     def _split(self, layer: int, q: torch.Tensor) -> DeviceSplit:
         """Lines 5-6 on the device: B_pred = TopK(q K_digest^T), B_cpu = B_pred minus B_gpu (the pool's ready
-        blocks); with PR also the recall's eviction order. On CUDA the query and the split start for the host."""
+        blocks), in one launch where the fused ops serve the device; with PR also the recall's eviction order. On
+        CUDA the query and the split start for the host."""
         table = self.store.tables[layer]
-        B_pred, valid, scores = self._select(layer, q, (self._candidates, self._valid))  # line 5
         # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU
         # part. With CUDA graphs the eviction order is always made: whether a recall is due is the host's to know
-        if self.ctx.graphs or self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer]):
-            victims, available = table.victims(B_pred, valid, scores)
-            # a recall copies at most the k_sel blocks the CPU computed: the first k_sel victims are all it reads
-            victims, available = victims[..., : self.k_sel], available.clamp(max=self.k_sel)
-        else:  # no recall will read them this step
-            victims, available = self._no_victims
-        # line 6: split.ids holds B_cpu first, then the selected blocks of B_gpu; pool_use the slots the device reads
-        split, pool_use = split_selection(table, B_pred, valid, victims, available,
-                                          every_resident=self.device_blocks == "resident")
-        self.transport.send(layer, q, split)
-        return DeviceSplit(split, pool_use)
+        recall_order = self.ctx.graphs or self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer])
+        if self._fused_split:  # lines 5-6 into the layer's static plan
+            device_split = self._fused_splits[layer]
+            select_split(self.store, layer, q, self._candidates, recall_order, device_split.split,
+                         device_split.pool_use)
+        else:
+            B_pred, valid, scores = self._select(layer, q, (self._candidates, self._valid))  # line 5
+            if recall_order:  # a recall copies at most the k_sel blocks the CPU computed: its first k_sel victims
+                victims, available = table.victims(B_pred, valid, scores)
+                victims, available = victims[..., : self.k_sel], available.clamp(max=self.k_sel)
+            else:
+                victims, available = self._no_victims
+            # line 6: split.ids holds B_cpu first, then the selected blocks of B_gpu; pool_use the slots the device reads
+            device_split = DeviceSplit(*split_selection(table, B_pred, valid, victims, available,
+                                                        every_resident=self.device_blocks == "resident"))
+        self.transport.send(layer, q, device_split.split)
+        return device_split
+
+    def _victims(self, table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, scores: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recall's eviction order after the selection (`ids`, `valid`): a recall copies at most the k_sel
+        blocks the CPU computed, so the first k_sel victims are all it reads."""
+        victims, available = table.victims(ids, valid, scores)
+        return victims[..., : self.k_sel], available.clamp(max=self.k_sel)
 
     def _spawn(self, layer: int, q: torch.Tensor, predicted: bool, spawn: bool) -> None:
         """Line 7 (host): spawn CPUAttn(B_cpu) on the worker pool (or keep it for an inline run)."""
@@ -221,8 +235,8 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
                 A_cpu = self.transport.cpu_device[layer % 2]
             else:
                 A_cpu = self._cpu_states.pop(layer)
-            A = A_gpu if A_cpu is None else merge_states(A_gpu, A_cpu)  # line 12: A^i = Merge(A_gpu^i, A_cpu^i)
-            out = A.o.to(q.dtype)
+            # line 12: A^i = Merge(A_gpu^i, A_cpu^i)
+            out = A_gpu.o.to(q.dtype) if A_cpu is None else merged_output(A_gpu, A_cpu, q.dtype)
         ctx.host(self._after_merge, layer)  # the statistics, and PR: a due recall issued after the attention
         return out
 
@@ -233,7 +247,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         store.open_pool(split.pool_use)
         self._log_event("device", layer)
         # what this layer attends per (sequence, KV head): the device region's open tokens and the CPU part's blocks
-        self._attended.accumulate(torch.add(store.slot_tokens.sum(-1), split.split.n_cpu, alpha=self.block_size))
+        torch.add(store.slot_tokens.sum(-1), split.n_cpu, alpha=self.block_size, out=self._attended_row[layer])
         return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.slot_tokens)
 
     def _wait(self, layer: int, inline: bool) -> None:
@@ -312,6 +326,8 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
 
     def end_step(self) -> None:
         self._issue_recalls()  # the last layers' recalls
+        if self.sparse_layers:  # what every sparse layer attended this step, in four calls rather than four a layer
+            self._attended.accumulate(self._attended_rows)
         # the blocks this step's tokens completed: their digests, and their copy to the host tier (asynchronous on
         # CUDA); a completed block is the tail this step, selectable only once it has left the local window
         for layer in self.sparse_layers:
@@ -374,11 +390,20 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         excluded = (torch.arange(max_blocks, device=dev) < self.sink_blocks)[None, None, :] if self.sink_blocks \
             else None
         self._candidates = CandidateBlocks.static(B, max_blocks, self.k_sel, excluded, dev)
+        # lines 5-6 in one fused launch (a plan as wide as k_sel, from the selected blocks only), into each sparse
+        # layer's static plan
+        self._fused_split = (fused_ops_available(dev) and self.device_blocks == "selected"
+                             and self._candidates.k == self.k_sel)
+        self._fused_splits = {layer: DeviceSplit.empty(B, Hkv, self.k_sel, self.pool_slots, dev)
+                              for layer in self.sparse_layers} if self._fused_split else {}
         self._valid = torch.zeros((B, Hkv, self.k_sel), dtype=torch.bool, device=dev)
         self._ring_rows = torch.zeros(B, dtype=torch.long, device=dev)
         # per sparse layer, its device split, recorded when its selection is issued (at capture with CUDA graphs:
         # the tensors a replay rewrites); on a CPU the CPU part's state where the merge reads it
         self._attended = AttendedTokens(dev)
+        # tokens each sparse layer attends per (sequence, KV head) this step, one row per layer (views made once)
+        self._attended_rows = torch.zeros((len(self.sparse_layers), B, Hkv), dtype=torch.long, device=dev)
+        self._attended_row = dict(zip(self.sparse_layers, self._attended_rows, strict=True))
         self._splits: dict[int, DeviceSplit] = {}
         self._cpu_states: dict[int, PartialState | None] = {}
         self._tasks: dict[int, CpuTask] = {}  # spawned, until the layer's wait

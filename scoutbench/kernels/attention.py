@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from scoutbench.kernels import backends, cpu_attention
+from scoutbench.kernels import backends, cpu_attention, fused_ops
 from scoutbench.kernels.partial_state import PartialState, empty_state, expand_valid_len
 
 
@@ -241,6 +241,9 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         blocked = (batch, num_kv_heads, num_slots, block_size, head_dim)
         o, lse, _ = cpu_attention.attend(q, k.view(blocked), v.view(blocked), scale, ids, slot_tokens.sum(-1))
         return PartialState(o, lse)
+    if backends.fused_ops_available(q.device):  # one launch (fused_ops: its Triton kernel on a GPU)
+        backends.USAGE.add(q.device.type, "fused-region")
+        return PartialState(*fused_ops.region_attention(q, k, v, scale, slot_tokens))
     backends.USAGE.add(q.device.type, "torch-region")
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     if q.device.type == "cpu":

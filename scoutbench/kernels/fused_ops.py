@@ -22,34 +22,40 @@ import torch
 
 from scoutbench.kernels.digest import rank_from_digests
 from scoutbench.kernels.partial_state import _interpolated
+from scoutbench.runtime.block_table import eviction_order
 
 NUM_COUNTS = 4  # a split plan's counts per row: n_cpu, n_selected, n_available, n_resident
 
 
 # ---------------------------------------------------------------------------------------------- select and split
-@torch.library.custom_op("scoutbench::select_split", mutates_args=())
-def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor, k: int,
-                 block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Digest scoring, top-k and the resident/CPU split of one layer, for ScoutAttention's device side.
+@torch.library.custom_op("scoutbench::select_split", mutates_args=("data", "pool_use"))
+def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
+                 block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor, with_victims: bool,
+                 data: torch.Tensor, pool_use: torch.Tensor) -> None:
+    """Digest scoring, top-k, the resident/CPU split and (`with_victims`) a recall's eviction order of one layer,
+    for ScoutAttention's device side, written into the layer's preallocated plan (`data`, `pool_use`).
 
     q `[B, Hq, D]`; digests `[B, Hkv, nB, 2D]` (`DigestTable`'s rows: the bound is `rank_from_digests`, the group
     max, in the digests' dtype); blocked bool `[B, 1 or Hkv, nB]` and count `[B, 1 or Hkv]` (`CandidateBlocks`:
-    the blocks not selectable and the valid selections, at most k <= nB); the layer's `BlockTable` (block_slot
-    `[B, Hkv, nB' + 1]`, slot_ready and slot_block `[B, Hkv, S + 1]`, each with its trash column).
+    the blocks not selectable and the valid selections, at most k <= nB, where k = (data's width - 4) / 3); the
+    layer's `BlockTable` (block_slot `[B, Hkv, nB' + 1]`, slot_ready and slot_block `[B, Hkv, S + 1]`, each with its
+    trash column).
 
-    Returns (data, pool_use, scores): `SplitPlan` data `[B, Hkv, 3k + 4]` int64 (the first count selected ids,
-    those the pool does not hold ready first, each group in descending score order; whether each is in flight to
-    the pool; victims 0 and n_available 0, which a recall's eviction order overwrites; n_cpu, n_selected,
-    n_available, n_resident), the pool slots the device part reads `[B, Hkv, S]` bool, and the scores
-    `[B, Hkv, nB]` in the digests' dtype (a recall's eviction order reads them). Entries past n_selected are
-    padding: their values are unspecified."""
-    return _select_split_reference(q, digests, blocked, count, k, block_slot, slot_ready, slot_block)
+    Writes `SplitPlan` data `[B, Hkv, 3k + 4]` int64: the first count selected ids, those the pool does not hold
+    ready first, each group in descending score order; whether each is in flight to the pool; with `with_victims`
+    the first k slots of `block_table.eviction_order` and how many of them a recall may fill (at most k), else 0
+    and 0; n_cpu, n_selected, n_available, n_resident. And `pool_use` `[B, Hkv, S]` bool (S >= k): the pool slots
+    the device part reads. Entries of ids and pending past n_selected are padding: their values are unspecified."""
+    plan, used = select_split_reference(q, digests, blocked, count, (data.shape[-1] - NUM_COUNTS) // 3, block_slot,
+                                        slot_ready, slot_block, with_victims)
+    data.copy_(plan)
+    pool_use.copy_(used)
 
 
-def _select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
-                            k: int, block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
+                           k: int, block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor,
+                           with_victims: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_split` in torch ops: (data, pool_use), fresh."""
     scores = rank_from_digests(q, digests)
     ids = torch.topk(scores.masked_fill(blocked, float("-inf")), k, dim=-1, sorted=True).indices
     valid = torch.arange(k, device=q.device) < count.unsqueeze(-1)
@@ -61,28 +67,30 @@ def _select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: tor
     on_device, pending = resident & ready, resident & ~ready
     on_cpu = valid & ~on_device
     order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first
-    counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), torch.zeros_like(on_cpu[..., 0], dtype=torch.long),
-                          (slot_block[..., :num_slots] >= 0).sum(-1)], dim=-1)
-    data = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), torch.zeros_like(ids), counts], dim=-1)
+    if with_victims:
+        victims, available = eviction_order(slot_block, slot_ready, max_blocks, ids, valid, scores)
+        victims, available = victims[..., :k], available.clamp(max=k)
+    else:
+        victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
+    counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, (slot_block[..., :num_slots] >= 0).sum(-1)],
+                         dim=-1)
+    data = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
     pool_use = torch.zeros(slot_ready.shape, dtype=torch.bool, device=q.device)
     pool_use.scatter_(-1, torch.where(on_device, slot, num_slots), True)
-    return data, pool_use[..., :num_slots].contiguous(), scores
+    return data, pool_use[..., :num_slots]
 
 
 @select_split.register_fake
-def _(q, digests, blocked, count, k, block_slot, slot_ready, slot_block):
-    batch, num_kv_heads, num_blocks = digests.shape[:3]
-    num_slots = slot_ready.shape[-1] - 1
-    return (q.new_empty((batch, num_kv_heads, 3 * k + NUM_COUNTS), dtype=torch.long),
-            q.new_empty((batch, num_kv_heads, num_slots), dtype=torch.bool),
-            q.new_empty((batch, num_kv_heads, num_blocks), dtype=digests.dtype))
+def _(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data, pool_use):
+    return None
 
 
 @select_split.register_kernel("cuda")
-def _(q, digests, blocked, count, k, block_slot, slot_ready, slot_block):
+def _(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data, pool_use):
     from scoutbench.kernels import triton_select  # noqa: PLC0415 - triton is optional
 
-    return triton_select.select_split(q, digests, blocked, count, k, block_slot, slot_ready, slot_block)
+    triton_select.select_split(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data,
+                               pool_use)
 
 
 # ---------------------------------------------------------------------------------------------- region attention

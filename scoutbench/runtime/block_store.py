@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels import cpu_attention
+from scoutbench.kernels import cpu_attention, fused_ops
 from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.runtime.block_table import BlockTable
 from scoutbench.runtime.digest_table import DigestTable
@@ -87,6 +87,7 @@ class SplitPlan:
         return self.data[..., 3 * self.k + 2]
 
 
+
 def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, victims: torch.Tensor,
                     available: torch.Tensor, every_resident: bool = False) -> tuple[SplitPlan, torch.Tensor]:
     """Split a selection `ids` (`valid` entries) between the device pool and the CPU: B_cpu = B_pred minus B_gpu,
@@ -107,6 +108,19 @@ def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, v
         pool = slice(0, table.num_slots)
         return split, (table.slot_block[..., pool] >= 0) & table.slot_ready[..., pool]
     return split, table.slot_mask(on_dev, slot)
+
+
+def select_split(store: TieredBlockStore, layer: int, q: torch.Tensor, candidates: CandidateBlocks,
+                 with_victims: bool, split: SplitPlan, pool_use: torch.Tensor) -> None:
+    """`DigestTable.select`, `BlockTable.victims` (`with_victims`) and `split_selection` of one layer in one fused
+    device launch (`fused_ops.select_split`, where `backends.fused_ops_available`), into the layer's `split` and
+    `pool_use` (static buffers: a captured graph writes them in place)."""
+    digests = store.digests.digests[layer]
+    if candidates.num_blocks != digests.shape[2]:
+        digests = digests[:, :, : candidates.num_blocks]
+    table = store.tables[layer]
+    fused_ops.select_split(q, digests, candidates.blocked, candidates.count, table.block_slot, table.slot_ready,
+                           table.slot_block, with_victims, split.data, pool_use)
 
 
 class TieredBlockStore:
@@ -152,6 +166,7 @@ class TieredBlockStore:
             self.stage_k = torch.empty((staged, b, D), dtype=dtype, device=device)
             self.stage_v = torch.empty((staged, b, D), dtype=dtype, device=device)
         self.slot_tokens = torch.zeros((B, Hkv, self.n_slots), dtype=torch.long, device=device)
+        self._pool_tokens = self.slot_tokens[..., :pool_slots]  # the view `open_pool` writes (made once)
         self._batch_index = torch.arange(B, device=device)
         self._bh_rows = torch.arange(B * Hkv, device=device)  # row b * Hkv + h of every (sequence, KV head)
 
@@ -274,7 +289,7 @@ class TieredBlockStore:
 
     def open_pool(self, pool_use: torch.Tensor) -> None:
         """Open the pool slots a layer reads this time (bool `[B, Hkv, pool_slots]`) in `slot_tokens`."""
-        torch.mul(pool_use, self.block_size, out=self.slot_tokens[..., : self.pool_slots])
+        torch.mul(pool_use, self.block_size, out=self._pool_tokens)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, ring_rows: torch.Tensor,
                short_positions: list[int] | None = None) -> None:

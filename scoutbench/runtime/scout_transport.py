@@ -71,6 +71,16 @@ class DeviceSplit:
 
     split: SplitPlan  # device: the selected blocks (CPU ones first), in-flight flags, victims, counts
     pool_use: torch.Tensor  # bool [B, Hkv, pool_slots]: pool slots read by the device part
+    n_cpu: torch.Tensor = field(init=False)  # [B, Hkv]: the view of split's n_cpu (made once)
+
+    def __post_init__(self) -> None:
+        self.n_cpu = self.split.n_cpu
+
+    @classmethod
+    def empty(cls, batch: int, kv_heads: int, k: int, pool_slots: int, device: torch.device) -> DeviceSplit:
+        """A layer's static split, which `block_store.select_split` rewrites in place."""
+        return cls(SplitPlan(torch.zeros((batch, kv_heads, SplitPlan.width(k)), dtype=torch.long, device=device), k),
+                   torch.zeros((batch, kv_heads, pool_slots), dtype=torch.bool, device=device))
 
 
 def split_record(split: DeviceSplit, table: BlockTable) -> dict[str, Any]:
@@ -116,11 +126,14 @@ class CoAttentionTransport:
         if self.cuda:  # pinned transport of the tasks (query, split) and of the CPU part's result
             self.q_host = [host_empty((B, H, D), dtype, device) for _ in range(2)]
             self.split_host = [host_empty((B, Hkv, SplitPlan.width(k)), torch.long, device) for _ in range(2)]
-            self.out_o = [host_empty((B, H, D), torch.float32, device) for _ in range(2)]
-            self.out_lse = [host_empty((B, H), torch.float32, device) for _ in range(2)]
-            # the CPU part's result where the merge reads it: static device buffers per parity
-            self.cpu_device = [PartialState(torch.zeros((B, H, D), device=device),
-                                            torch.full((B, H), float("-inf"), device=device)) for _ in range(2)]
+            # the CPU part's result, output and LSE side by side `[B, H, D + 1]` (one copy to the device): pinned,
+            # and where the merge reads it, static device buffers per parity (the empty state until a result lands)
+            self.out_host = [host_empty((B, H, D + 1), torch.float32, device) for _ in range(2)]
+            self.out_device = [torch.zeros((B, H, D + 1), device=device) for _ in range(2)]
+            self.out_o, self.out_lse = [out[..., :D] for out in self.out_host], [out[..., D] for out in self.out_host]
+            self.cpu_device = [PartialState(out[..., :D], out[..., D]) for out in self.out_device]
+            for state in self.cpu_device:
+                state.lse.fill_(float("-inf"))
         self.copy = CopyStream(device)
         # recalls whose staging may still run; per parity, whether its staging buffers are free (the recall staged
         # there has been issued) and the copy that last read them
@@ -207,8 +220,7 @@ class CoAttentionTransport:
             o.zero_()
             lse.fill_(float("-inf"))
             return 0
-        o.copy_(state.o, non_blocking=True)
-        lse.copy_(state.lse, non_blocking=True)
+        self.out_device[task.parity].copy_(self.out_host[task.parity], non_blocking=True)  # `hand_over` wrote it
         event = torch.cuda.Event()
         event.record()
         self.parity_free[task.parity].append(event)  # the H2D read the pinned output buffer

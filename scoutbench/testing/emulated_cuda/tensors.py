@@ -134,7 +134,8 @@ class EmulatedTensor(torch.Tensor):
         if func in EMPTY_CALLS and runtime.poison_empty and not inplace_name(name):
             with runtime.lock:
                 return _wrap_result(poison(func(*inner_args, **inner_kwargs)), args, kwargs)
-        inplace = inplace_name(name) or name in _INPLACE_DUNDERS or "out" in kwargs or kwargs.get("inplace") is True
+        inplace = (inplace_name(name) or name in _INPLACE_DUNDERS or "out" in kwargs or kwargs.get("inplace") is True
+                   or writes_arguments(func))
         stream = runtime.current_stream()
         capture = runtime.capturing(stream)
         if capture is not None:
@@ -154,9 +155,21 @@ def inplace_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
+def writes_arguments(func: Any) -> bool:
+    """An operator whose schema writes its arguments (a custom op's `mutates_args`, such as
+    `scoutbench::select_split` filling a static plan): in-place device work, whatever its name."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(arg.alias_info is not None and arg.alias_info.is_write
+                                      for arg in schema.arguments)
+
+
 def _inplace_result(func: Any, args: tuple, kwargs: dict) -> Any:
     """What an in-place or `out=` operation returns without running: its `out` (several as torch's named tuple,
-    such as `torch.return_types.topk`), else the tensor it modified (`__setitem__`: None)."""
+    such as `torch.return_types.topk`), else the tensor it modified (`__setitem__`, and an operator that writes
+    its arguments and returns nothing: None)."""
+    schema = getattr(func, "_schema", None)
+    if schema is not None and not schema.returns:
+        return None
     out = kwargs.get("out")
     if isinstance(out, (tuple, list)):
         return getattr(torch.return_types, getattr(func, "__name__", ""), tuple)(out)
