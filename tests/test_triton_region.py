@@ -87,8 +87,12 @@ REGION_SHAPES = [
 ]
 
 
+def _shape_id(shape):
+    return "B{}-Hkv{}-G{}-D{}-S{}-b{}".format(*shape)
+
+
 @interpreted
-@pytest.mark.parametrize("shape", REGION_SHAPES, ids=lambda s: "B{}-Hkv{}-G{}-D{}-S{}-b{}".format(*s))
+@pytest.mark.parametrize("shape", REGION_SHAPES, ids=_shape_id)
 def test_region_kernel_matches_reference_fp32(shape):
     q, k, v, slot_tokens = _region_inputs(*shape, torch.float32, seed=sum(shape))
     got = triton_region.region_attention(q, k, v, SCALE, slot_tokens)
@@ -96,7 +100,7 @@ def test_region_kernel_matches_reference_fp32(shape):
 
 
 @interpreted
-@pytest.mark.parametrize("shape", [REGION_SHAPES[1], REGION_SHAPES[3]], ids=["G2-D128", "G5-D80"])
+@pytest.mark.parametrize("shape", REGION_SHAPES, ids=_shape_id)
 def test_region_kernel_fp16(shape):
     """fp16 inputs against the fp32 reference on the same (rounded) values (the kernel accumulates in fp32), and
     against the fp16 reference, which rounds its logits and probabilities to fp16, more loosely."""
@@ -165,13 +169,17 @@ def test_merge_kernel_bf16_within_one_unit():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_merge_kernel_empty_parts_are_exact(dtype):
     """A part with lse -inf (empty) gives the other part's output exactly; two empty parts give o_a, not NaN.
-    The values are ones bf16 holds, so the cast to bf16 is exact in the interpreter too."""
+    The values are ones bf16 holds (scaled by powers of two), so the cast to bf16 is exact in the interpreter too."""
     o_a, lse_a, o_b, lse_b = _merge_inputs(2, 6, 64, seed=3, representable_in=torch.bfloat16)
     lse_a[0, 0] = NEG_INF  # a empty: o_b
     lse_b[0, 1] = NEG_INF  # b empty: o_a
     lse_a[1, 2] = lse_b[1, 2] = NEG_INF  # both empty: o_a
     lse_a[1, 3], lse_b[1, 3] = NEG_INF, 80.0  # a empty, b far above zero
     lse_a[1, 4], lse_b[1, 4] = 80.0, NEG_INF
+    # where a is empty, an o_a far larger than o_b: o_a + 1 * (o_b - o_a) would lose o_b's low bits
+    o_a[0, 0] *= 1024
+    o_a[1, 3] *= 1024
+    o_b[0, 0] /= 16
     got = triton_region.merged_output(o_a, lse_a, o_b, lse_b, dtype)
     assert not got.isnan().any()
     for (row, head), part in {(0, 0): o_b, (0, 1): o_a, (1, 2): o_a, (1, 3): o_b, (1, 4): o_a}.items():
