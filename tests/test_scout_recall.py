@@ -93,9 +93,9 @@ def test_the_decode_waits_for_the_cpu_attention_not_the_recall_staging(tiny_qwen
     original = TieredBlockStore.stage
     staged = []
 
-    def slow_stage(store, layer, parity, bh, blocks):
+    def slow_stage(store, layer, parity, bh, slots, blocks):
         time.sleep(0.05)
-        original(store, layer, parity, bh, blocks)
+        original(store, layer, parity, bh, slots, blocks)
         staged.append(len(method.trace))  # where in the trace the staging ended
 
     monkeypatch.setattr(TieredBlockStore, "stage", slow_stage)

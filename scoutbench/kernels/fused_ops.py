@@ -8,7 +8,7 @@ calls is launch-bound (issue 34: the step must measure the methods, not Python).
 - a CUDA kernel in Triton (`triton_select`, `triton_region`), compiled where triton is installed: one launch, one
   torch call, one node of a CUDA graph;
 - a torch reference (the ops it stands for, composed as the unfused path composes them), which serves every other
-  device and is what the Triton kernels are tested against in triton's interpreter (tests/test_triton_fused.py);
+  device and is what the Triton kernels are tested against in triton's interpreter (tests/test_triton_region.py, tests/test_triton_select.py);
 - a fake (meta) implementation, for capture and shape propagation.
 
 Callers use an op where `backends.fused_ops_available(device)` (CUDA with triton, and emulated CUDA, whose device

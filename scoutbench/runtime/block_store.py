@@ -27,9 +27,10 @@ from scoutbench.kernels import cpu_attention, fused_ops
 from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.runtime.block_table import BlockTable
 from scoutbench.runtime.digest_table import DigestTable
-from scoutbench.runtime.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, token_chunks
+from scoutbench.runtime.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, host_empty, token_chunks
 
 NUM_COUNTS = 4  # n_cpu, n_selected, n_available, n_resident
+RECALL_INDEX_ROWS = 5  # a staged recall's index rows (TieredBlockStore._staged_index)
 
 
 @dataclass
@@ -156,6 +157,8 @@ class TieredBlockStore:
         if self.cuda:
             self.recall_k = [self.arena["rk", i] for i in parities]
             self.recall_v = [self.arena["rv", i] for i in parities]
+            # a recall's indices, staged beside its blocks (`RECALL_INDEX_ROWS` rows of n): one copy to the device
+            self.recall_index = [host_empty((RECALL_INDEX_ROWS * staged,), torch.long, device) for _ in parities]
         self.digests = DigestTable(layers, (B, Hkv, self.max_blocks, D), dtype, device)
         region = device_zeros({(kind, layer): ((B, Hkv, self.region, D), dtype) for kind in "kv" for layer in layers},
                               device)
@@ -343,42 +346,51 @@ class TieredBlockStore:
         docstring)."""
         return blocks * (self.batch * self.kv_heads) + bh
 
-    def stage(self, layer: int, parity: int, bh: torch.Tensor, blocks: torch.Tensor) -> None:
-        """The worker's half of a recall of blocks `blocks` of rows `bh`: on CUDA, gather them from the host tier
-        into this parity's pinned staging buffers (rows [0, n)); nothing on a CPU, where `load_staged` copies them
-        from the host tier into the pool directly."""
+    def stage(self, layer: int, parity: int, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor) -> None:
+        """The worker's half of a recall of blocks `blocks` of rows `bh` into pool `slots`: on CUDA, gather them
+        from the host tier into this parity's pinned staging buffers (rows [0, n)), with the indices the device
+        side reads (`_staged_index`); nothing on a CPU, where `load_staged` copies them from the host tier into the
+        pool directly."""
         if not self.cuda:
             return
         host_rows, n = self.host_rows(bh, blocks), bh.numel()
         torch.index_select(self.host_k[layer], 0, host_rows, out=self.recall_k[parity][:n])
         torch.index_select(self.host_v[layer], 0, host_rows, out=self.recall_v[parity][:n])
+        index = self._staged_index(parity, n)
+        torch.stack([bh, slots, blocks, bh * self.n_slots + slots, self.tables[layer].flat_slots(bh, slots)],
+                    out=index)
+
+    def _staged_index(self, parity: int, n: int) -> torch.Tensor:
+        """This parity's staged recall indices `[RECALL_INDEX_ROWS, n]` (contiguous, pinned): rows, pool slots,
+        blocks, region rows of the slots, and their `BlockTable.flat_slots`."""
+        return self.recall_index[parity][: RECALL_INDEX_ROWS * n].view(RECALL_INDEX_ROWS, n)
 
     def load_staged(self, layer: int, parity: int, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
                     copy_stream: Any) -> Any:
         """Copy the `n = bh.numel()` staged blocks into pool `slots` of rows `bh` and record them in the table
         (readable once the returned copy event, None on CPU, has completed)."""
         b, D, n = self.block_size, self.head_dim, bh.numel()
-        dst = bh * self.n_slots + slots
         dk, dv = self.dev_k[layer].view(-1, b * D), self.dev_v[layer].view(-1, b * D)
-        device = dk.device
         if self.cuda:
+            # the indices the worker staged, in one copy (on the compute stream, which the copy stream waits for)
+            bh, slots, blocks, dst, flat = self._staged_index(parity, n).to(dk.device, non_blocking=True).unbind(0)
             # blocks as flat rows of b * D: torch's CPU index_copy_ copies [n, b, D] blocks at half the rate of the
             # same bytes as [n, b * D] rows (140 vs 72 us for 128 fp32 blocks of 32 x 128)
             staged_k, staged_v = self.recall_k[parity][:n].view(n, b * D), self.recall_v[parity][:n].view(n, b * D)
 
             def job() -> None:
-                dst_d = _to_device(dst, device)
                 for stage, staged, pool in ((self.stage_k, staged_k, dk), (self.stage_v, staged_v, dv)):
                     rows = stage[:n].view(n, b * D)
                     rows.copy_(staged, non_blocking=True)
-                    pool.index_copy_(0, dst_d, rows)
+                    pool.index_copy_(0, dst, rows)
 
             _, event = copy_stream.run(job)
         else:
             host_k, host_v = self.host_k[layer].view(-1, b * D), self.host_v[layer].view(-1, b * D)
-            cpu_attention.copy_rows(((dk, host_k), (dv, host_v)), dst, self.host_rows(bh, blocks))
-            event = None
-        self.tables[layer].assign(_to_device(bh, device), _to_device(slots, device), _to_device(blocks, device), event)
+            cpu_attention.copy_rows(((dk, host_k), (dv, host_v)), bh * self.n_slots + slots,
+                                    self.host_rows(bh, blocks))
+            event, flat = None, None
+        self.tables[layer].assign(bh, slots, blocks, event, flat)
         return event
 
     # ------------------------------------------------------------------ accounting
@@ -415,10 +427,3 @@ class TieredBlockStore:
 
     def release(self) -> None:
         self.arena.release()
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on `device` without a blocking copy (pinned staging on CUDA)."""
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)

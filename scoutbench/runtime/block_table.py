@@ -36,6 +36,10 @@ class BlockTable:
         self.slot_block = torch.full((*shape, num_slots + 1), -1, dtype=torch.long, device=self.device)
         self.slot_ready = torch.zeros((*shape, num_slots + 1), dtype=torch.bool, device=self.device)
         self._pending: list[tuple[Any, torch.Tensor]] = []  # (copy event, flat slot indices)
+        # the views `assign` writes through, made once: a recall's bookkeeping issues only its own writes
+        rows = batch * num_kv_heads
+        self._block_slot_rows, self._slot_block_rows = self.block_slot.view(rows, -1), self.slot_block.view(rows, -1)
+        self._block_slot_trash, self._slot_ready_flat = self.block_slot[..., max_blocks], self.slot_ready.view(-1)
 
     # ------------------------------------------------------------------ queries
     def poll(self) -> None:
@@ -111,24 +115,29 @@ class BlockTable:
                 for b in range(self.batch)]
 
     # ------------------------------------------------------------------ updates
-    def assign(self, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, event: Any = None) -> None:
+    def assign(self, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, event: Any = None,
+               flat: torch.Tensor | None = None) -> None:
         """Put `blocks[n]` into slot `slots[n]` of row `bh[n]` (= b * Hkv + h); 1-D device tensors, unique
         (row, slot) pairs. The previous occupants become host-only. With an `event`, the slots are usable only
-        after `event` completes; with None they are ready at once (the data is already in place)."""
+        after `event` completes; with None they are ready at once (the data is already in place). `flat`: the
+        slots' `flat_slots`, where the caller has them."""
         if bh.numel() == 0:
             return
-        rows = self.batch * self.num_kv_heads
-        block_slot = self.block_slot.view(rows, -1)
-        slot_block = self.slot_block.view(rows, -1)
+        block_slot, slot_block = self._block_slot_rows, self._slot_block_rows
         old = slot_block[bh, slots]
         block_slot[bh, torch.where(old >= 0, old, self.max_blocks)] = -1
-        block_slot[:, self.max_blocks] = -1
+        self._block_slot_trash.fill_(-1)
         block_slot[bh, blocks] = slots
         slot_block[bh, slots] = blocks
-        flat = bh * (self.num_slots + 1) + slots
-        self.slot_ready.view(-1)[flat] = event is None
+        if flat is None:
+            flat = self.flat_slots(bh, slots)
+        self._slot_ready_flat[flat] = event is None
         if event is not None:
             self._pending.append((event, flat))
+
+    def flat_slots(self, bh: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Indices of slots `slots` of rows `bh` into the flattened `slot_ready` (`assign`'s `flat`)."""
+        return bh * (self.num_slots + 1) + slots
 
     def reset(self) -> None:
         self.block_slot.fill_(-1)

@@ -236,7 +236,7 @@ class CoAttentionTransport:
         copy_event = self.staging_copy[task.parity]
         if copy_event is not None:
             copy_event.synchronize()
-        self.store.stage(task.layer, task.parity, recall.bh, recall.blocks)
+        self.store.stage(task.layer, task.parity, recall.bh, recall.slots, recall.blocks)
 
     def staged_recalls(self, before_layer: int | None = None) -> Iterator[tuple[CpuTask, Recall]]:
         """Host: the pending recalls, in order (all of them, or those of the layers before `before_layer`), each
