@@ -61,7 +61,7 @@ def _select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: tor
     on_device, pending = resident & ready, resident & ~ready
     on_cpu = valid & ~on_device
     order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first
-    counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), torch.zeros_like(on_cpu[..., 0], dtype=torch.long),
+    counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), on_cpu.new_zeros(on_cpu.shape[:-1], dtype=torch.long),
                           (slot_block[..., :num_slots] >= 0).sum(-1)], dim=-1)
     data = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), torch.zeros_like(ids), counts], dim=-1)
     pool_use = torch.zeros(slot_ready.shape, dtype=torch.bool, device=q.device)

@@ -12,7 +12,7 @@ GPU the step is launch-bound (issue 34). Here one program handles one row, in fo
 1. scores: the digests are read once, in tiles of TILE_BLOCKS blocks; each tile is scored against the G query
    heads of the group (both = cat([q, |q|]) / 2 with q cast to the digests' dtype, as `rank_from_digests` does),
    products and sums in fp32 (no `tl.dot`: G is small, and triton's interpreter computes bf16 dots wrongly), the
-   group max rounded to the digests' dtype and stored;
+   group max rounded to the digests' dtype (to nearest: bf16 by hand, see `_rounded`) and stored;
 2. top k: the stored row is read back whole (BLOCK_NB = next_power_of_2(nB) lanes, at most MAX_BLOCKS), each
    score turned into an order-preserving int32 key (masked blocks get the key of -inf, as the reference's
    masked_fill) packed with its lane into one int64, and k rounds of max-and-retire pick the selections in
@@ -40,6 +40,18 @@ NUM_COUNTS = 4  # n_cpu, n_selected, n_available, n_resident (fused_ops.NUM_COUN
 MAX_BLOCKS = 16384  # blocks per row that step 2 holds in registers (BLOCK_NB lanes of int64)
 TILE_ELEMENTS = 8192  # elements of a digest tile [TILE_BLOCKS, BLOCK_2D] and of a slot tile [SLOT_TILE, K_PAD]
 RETIRED: tl.constexpr = tl.constexpr(-(2**63))  # packed key of a lane selected or past nB: below any block
+
+
+@triton.jit
+def _rounded(x, DTYPE: tl.constexpr):
+    """fp32 `x` rounded to DTYPE (to nearest, ties to even), still in fp32. bf16 by hand: triton's interpreter
+    truncates an fp32 -> bf16 cast (3.9, whatever the rounding asked), a GPU rounds it to nearest."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # 0xFFFF0000: the bf16 part of the fp32 word
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # NaN stays NaN
+    else:
+        return x.to(DTYPE).to(tl.float32)
 
 
 @triton.jit
@@ -82,10 +94,10 @@ def _select_split_kernel(
         best = tl.full([TILE_BLOCKS], float("-inf"), tl.float32)
         for g in tl.static_range(GROUP):
             q = tl.load(q_ptr + b * stride_qb + (h * GROUP + g) * stride_qh + q_d * stride_qd, mask=e_mask, other=0.0)
-            q = q.to(digests_ptr.dtype.element_ty).to(tl.float32)  # the reference casts q to the digests' dtype
+            q = _rounded(q.to(tl.float32), score_dtype)  # the reference casts q to the digests' dtype
             both = tl.where(offs_e < HEAD_DIM, q, tl.abs(q)) * 0.5
             best = tl.maximum(best, tl.sum(tile * both[None, :], axis=1))
-        tl.store(scores_row + n, best.to(score_dtype), mask=n_mask)
+        tl.store(scores_row + n, _rounded(best, score_dtype).to(score_dtype), mask=n_mask)
     tl.debug_barrier()  # the row is read back below by other threads of this program
 
     # ---- 2. top k: k rounds of max-and-retire over the packed (score key, lane) of the whole row
