@@ -115,7 +115,7 @@ def _select_split_kernel(
     ids = tl.zeros([K_PAD], tl.int64)
     for i in range(k):
         top = tl.max(packed, axis=0)
-        lane = BLOCK_NB - 1 - (top & 0xFFFFFFFF)
+        lane = BLOCK_NB - 1 - (top & 0x7FFFFFFF)  # the low word (< BLOCK_NB)
         ids = tl.where(offs_k == i, lane, ids)
         packed = tl.where(offs_n == lane, RETIRED, packed)
 
