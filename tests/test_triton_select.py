@@ -113,6 +113,7 @@ CASES = {
     "gqa2_batch3_ragged": (3, 2, 2, 16, 53, 9, {"valid_blocks": [53, 20, 6], "sink": 2}),
     "group5_per_head_mask": (1, 5, 2, 40, 70, 23, {"per_head": True}),
     "large_k_pool_full": (3, 2, 2, 8, 97, 60, {"valid_blocks": [97, 50, 61], "num_slots": 24, "resident": 24}),
+    "several_tiles": (2, 2, 2, 64, 150, 40, {"valid_blocks": [150, 99], "num_slots": 200, "resident": 120}),
     "table_shorter_than_row": (2, 2, 2, 16, 45, 12, {"table_blocks": 30, "resident": 20}),
     "table_longer_than_row": (2, 1, 3, 16, 45, 12, {"table_blocks": 64, "resident": 40}),
     "empty_pool": (2, 2, 2, 16, 33, 8, {"resident": 0}),
