@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests` (default), `triton` (the Triton kernel in its CPU interpreter), `lint`, `perf_gate` (CPU
+"""Sessions: `nox -s tests` (default), `triton` (the Triton kernels in their CPU interpreter), `lint`, `perf_gate` (CPU
 sweep + relative gate), `floors` (the declared dependency floors, and the lent H200's transformers), `compat` (every
 supported Python, 3.10-3.13, without torch), `tests_python` (the whole suite on each supported Python, where a CPU
 torch wheel for it can be installed), `tests_qwen` (opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run)
@@ -131,11 +131,13 @@ def tests_qwen(session: nox.Session) -> None:
 
 @nox.session
 def triton(session: nox.Session) -> None:
-    """tests/test_triton.py with triton installed: the kernel against the torch reference through the interpreter
-    (TRITON_INTERPRET=1 in a child pytest); SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
+    """tests/test_triton*.py with triton installed: each Triton kernel (decode, region and merge, select-and-split)
+    against its torch reference through the interpreter (TRITON_INTERPRET=1 in a child pytest);
+    SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
     _install(session, "test")
     session.install(TRITON)
-    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", *session.posargs,
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", "tests/test_triton_region.py",
+                "tests/test_triton_select.py", *session.posargs,
                 env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
 
 

@@ -71,7 +71,7 @@ def select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torc
         victims, available = eviction_order(slot_block, slot_ready, max_blocks, ids, valid, scores)
         victims, available = victims[..., :k], available.clamp(max=k)
     else:
-        victims, available = torch.zeros_like(ids), torch.zeros_like(ids[..., 0])
+        victims, available = torch.zeros_like(ids), ids.new_zeros(ids.shape[:-1])  # (k may be 0)
     counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, (slot_block[..., :num_slots] >= 0).sum(-1)],
                          dim=-1)
     data = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
