@@ -38,7 +38,13 @@ from scoutbench.methods.base import (
 )
 from scoutbench.methods.scout_work import ScoutWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
-from scoutbench.runtime.block_store import NUM_COUNTS, TieredBlockStore, select_split, split_selection
+from scoutbench.runtime.block_store import (
+    NUM_COUNTS,
+    RECALL_INDEX_ROWS,
+    TieredBlockStore,
+    select_split,
+    split_selection,
+)
 from scoutbench.runtime.block_table import BlockTable, pad_last
 from scoutbench.runtime.scout_transport import (
     CoAttentionTransport,
@@ -297,9 +303,9 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         self.transport.load(task, recall)
         element_size = self.store.host_k[layer].element_size()
         self._recalls[layer] += 1
-        # the recalled blocks (K and V) go to the device, with the destination rows and the table's three lists
+        # the recalled blocks (K and V) go to the device, with their staged indices (RECALL_INDEX_ROWS of n)
         self._recall_bytes += 2 * n * b * D * element_size
-        self._h2d_bytes += 2 * n * b * D * element_size + 4 * n * 8
+        self._h2d_bytes += 2 * n * b * D * element_size + RECALL_INDEX_ROWS * n * 8
         self._recall_blocks[layer] += int(n)
         if self.trace is not None:
             self.trace.append({"kind": "recall", "layer": layer, "step": task.step,
