@@ -64,6 +64,29 @@ def test_a_replayed_piece_equals_eager_over_steps(cuda):
     assert graph.replays == STEPS
 
 
+@torch.library.custom_op("scoutbench_tests::scaled_into", mutates_args=("out",))
+def scaled_into(x: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """A custom op that writes its argument and returns nothing (as fused_ops.select_split fills a static plan)."""
+    out.copy_(x * scale)
+
+
+@scaled_into.register_fake
+def _(x, scale, out):
+    return None
+
+
+def test_a_custom_op_that_writes_its_arguments_is_recorded_and_replayed(cuda):
+    """(1) A custom op's `mutates_args` make it in-place device work whatever its name: recorded, not run, at
+    capture, and run again at every replay (it ran at capture and never again before the schema was read)."""
+    static_x, out = torch.ones(4, device="cuda"), torch.zeros(4, device="cuda")
+    graph, result = capture(lambda: (scaled_into(static_x, 2.0, out), out + 1)[1])
+    assert torch.equal(out.cpu(), torch.zeros(4)) and torch.isnan(result.cpu()).all()  # nothing ran yet
+    for step in range(1, STEPS):
+        static_x.fill_(float(step))
+        graph.replay()
+        assert torch.equal(out.cpu(), torch.full((4,), 2.0 * step)) and torch.equal(result.cpu(), out.cpu() + 1)
+
+
 def test_a_python_scalar_baked_into_a_piece_makes_replay_differ(cuda):
     """(2) A position passed as a Python int and used as an index is the capture's value at every replay."""
     def write(cache, value, position: int):

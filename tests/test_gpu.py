@@ -126,6 +126,60 @@ def test_triton_kernel_matches_torch(dtype, atol, num_keys):
     torch.testing.assert_close(got.o.cpu(), ref.o, atol=atol, rtol=0)
 
 
+@pytest.mark.gpu  # compiled Triton (tests/test_triton_region.py runs the kernels in Triton's interpreter)
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)])
+def test_fused_region_and_merge_kernels_match_their_references(dtype, atol):
+    """The one-launch region attention and merge of fused_ops on the GPU, bf16 included (the interpreter's bf16
+    dot is wrong): Qwen3-14B's group of 5, 130 slots of 32 tokens, some closed and one partly open per row."""
+    pytest.importorskip("triton")
+    from scoutbench.kernels import fused_ops, triton_region
+
+    generator = torch.Generator().manual_seed(3)
+    batch, kv_heads, group, dim, slots, block = 3, 8, 5, 128, 130, 32
+    q = torch.randn(batch, kv_heads * group, dim, generator=generator).to(dtype)
+    k, v = (torch.randn(batch, kv_heads, slots * block, dim, generator=generator).to(dtype) for _ in range(2))
+    slot_tokens = torch.randint(0, 2, (batch, kv_heads, slots), generator=generator) * block
+    slot_tokens[..., -1] = 7  # the tail, partly open
+    ref_o, ref_lse = fused_ops._region_reference(q.float(), k.float(), v.float(), 0.088, slot_tokens)
+    o, lse = triton_region.region_attention(q.to(CUDA), k.to(CUDA), v.to(CUDA), 0.088, slot_tokens.to(CUDA))
+    torch.testing.assert_close(lse.cpu(), ref_lse, atol=atol, rtol=0)
+    torch.testing.assert_close(o.cpu(), ref_o, atol=atol, rtol=0)
+    other_o, other_lse = torch.randn_like(ref_o), ref_lse + torch.randn_like(ref_lse)
+    merged = triton_region.merged_output(o, lse, other_o.to(CUDA), other_lse.to(CUDA), dtype)
+    want = fused_ops.merged_output(o.cpu(), lse.cpu(), other_o, other_lse, dtype)
+    torch.testing.assert_close(merged.cpu().float(), want.float(), atol=atol, rtol=0)
+
+
+@pytest.mark.gpu  # compiled Triton (tests/test_triton_select.py runs the kernel in Triton's interpreter)
+def test_fused_select_split_kernel_matches_its_reference():
+    """ScoutAttention's one-launch selection and split at paper granularity on the GPU: 2048 blocks (64k tokens
+    of 32), k = 61, a pool of 122 slots half full, fp32 digests (distinct scores: the same selection)."""
+    pytest.importorskip("triton")
+    from scoutbench.kernels import fused_ops, triton_select
+
+    generator = torch.Generator().manual_seed(4)
+    batch, kv_heads, group, dim, blocks, k, slots = 2, 8, 5, 128, 2048, 61, 122
+    q = torch.randn(batch, kv_heads * group, dim, generator=generator)
+    digests = torch.randn(batch, kv_heads, blocks, 2 * dim, generator=generator)
+    blocked = torch.zeros(batch, 1, blocks, dtype=torch.bool)
+    blocked[:, :, :1] = True
+    blocked[1, :, 1500:] = True
+    count = (blocks - blocked.sum(-1)).clamp(max=k)
+    block_slot = torch.full((batch, kv_heads, blocks + 1), -1, dtype=torch.long)
+    slot_block = torch.full((batch, kv_heads, slots + 1), -1, dtype=torch.long)
+    resident = torch.randperm(blocks, generator=generator)[: slots // 2]
+    block_slot[:, :, resident] = torch.arange(slots // 2)
+    slot_block[:, :, : slots // 2] = resident
+    slot_ready = torch.zeros((batch, kv_heads, slots + 1), dtype=torch.bool)
+    slot_ready[:, :, : slots // 3] = True
+    inputs = (q, digests, blocked, count, block_slot, slot_ready, slot_block)
+    want_data, want_pool = fused_ops.select_split_reference(*inputs[:4], k, *inputs[4:], True)
+    data = torch.zeros_like(want_data, device=CUDA)
+    pool_use = torch.zeros_like(want_pool, device=CUDA)
+    triton_select.select_split(*(t.to(CUDA) for t in inputs), True, data, pool_use)
+    assert torch.equal(data.cpu(), want_data) and torch.equal(pool_use.cpu(), want_pool)
+
+
 def test_digest_table_on_cuda_scores_in_the_kv_dtype():
     """bf16 center/radius on the device (no fp32 copy of the digests per call): the scores still bound every
     key's logit and agree with the fp32 reference to bf16 precision."""
