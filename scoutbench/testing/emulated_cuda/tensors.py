@@ -134,7 +134,8 @@ class EmulatedTensor(torch.Tensor):
         if func in EMPTY_CALLS and runtime.poison_empty and not inplace_name(name):
             with runtime.lock:
                 return _wrap_result(poison(func(*inner_args, **inner_kwargs)), args, kwargs)
-        inplace = inplace_name(name) or name in _INPLACE_DUNDERS or "out" in kwargs or kwargs.get("inplace") is True
+        inplace = (inplace_name(name) or name in _INPLACE_DUNDERS or "out" in kwargs or kwargs.get("inplace") is True
+                   or writes_arguments(func))
         stream = runtime.current_stream()
         capture = runtime.capturing(stream)
         if capture is not None:
@@ -154,6 +155,13 @@ def inplace_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
+def writes_arguments(func: Any) -> bool:
+    """Whether `func` is a torch op (`torch.ops.*` overload, as a custom op's Python object calls it) whose schema
+    writes some of its arguments, whatever its name: a capture must record it as work on those tensors."""
+    return isinstance(func, torch._ops.OpOverload) and any(
+        argument.alias_info is not None and argument.alias_info.is_write for argument in func._schema.arguments)
+
+
 def _inplace_result(func: Any, args: tuple, kwargs: dict) -> Any:
     """What an in-place or `out=` operation returns without running: its `out` (several as torch's named tuple,
     such as `torch.return_types.topk`), else the tensor it modified (`__setitem__`: None)."""
@@ -162,7 +170,9 @@ def _inplace_result(func: Any, args: tuple, kwargs: dict) -> Any:
         return getattr(torch.return_types, getattr(func, "__name__", ""), tuple)(out)
     if out is not None:
         return out
-    return None if getattr(func, "__name__", "") == "__setitem__" else args[0]
+    if getattr(func, "__name__", "") == "__setitem__" or (writes_arguments(func) and not func._schema.returns):
+        return None
+    return args[0]
 
 
 _INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
