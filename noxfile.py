@@ -131,11 +131,13 @@ def tests_qwen(session: nox.Session) -> None:
 
 @nox.session
 def triton(session: nox.Session) -> None:
-    """tests/test_triton.py with triton installed: the kernel against the torch reference through the interpreter
-    (TRITON_INTERPRET=1 in a child pytest); SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
+    """tests/test_triton.py and tests/test_triton_speculate.py with triton installed: the kernels against their torch
+    references through the interpreter (TRITON_INTERPRET=1 in a child pytest); SCOUTBENCH_REQUIRE_TRITON turns a
+    missing triton into a failure."""
     _install(session, "test")
     session.install(TRITON)
-    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", *session.posargs,
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", "tests/test_triton_speculate.py",
+                *session.posargs,
                 env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
 
 
