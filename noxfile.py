@@ -131,13 +131,13 @@ def tests_qwen(session: nox.Session) -> None:
 
 @nox.session
 def triton(session: nox.Session) -> None:
-    """tests/test_triton*.py with triton installed: each Triton kernel (decode, region and merge, select-and-split)
-    against its torch reference through the interpreter (TRITON_INTERPRET=1 in a child pytest);
-    SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
+    """tests/test_triton*.py with triton installed: each Triton kernel (decode, region and merge, select-and-split,
+    InfiniGen's speculation count) against its torch reference through the interpreter (TRITON_INTERPRET=1 in a
+    child pytest); SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
     _install(session, "test")
     session.install(TRITON)
     session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", "tests/test_triton_region.py",
-                "tests/test_triton_select.py", *session.posargs,
+                "tests/test_triton_select.py", "tests/test_triton_speculate.py", *session.posargs,
                 env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
 
 

@@ -37,7 +37,9 @@ into the fetch target's front) and waiting for it. The current token is written 
 fetch target, so one attention call over the step's lengths (StepLengths) attends both; the worker copies it from
 there to the host tier, handed over at the next fetch into the same target (two layers on) or at the step's end.
 The dynamic count is part of the fetch's host point: the host reads the count there (the documented sync) and
-sizes the fetch with it, while the device derives the same n from the same count. The CPU path keeps host-sized
+sizes the fetch with it, while the device derives the same n from the same count. Where the fused device ops serve
+the device (`backends.fused_ops_available`), the count, each sequence's current slot, the attended lengths and the
+group max that the top-k ranks are one launch (`fused_ops.speculate_count_`, fifteen torch calls otherwise). The CPU path keeps host-sized
 spans (the compiled kernels read exact spans): the top-n by the kernel library, attention in place over the host
 tier, the current token merged by LSE. The counters of a fixed count are the step's plan (`begin_step`), those of
 the dynamic count the host point's.
@@ -53,14 +55,14 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels import cpu_attention
+from scoutbench.kernels import cpu_attention, fused_ops
 from scoutbench.kernels.attention import (
     StepLengths,
     block_sparse_attention,
     decode_attention,
     partial_attention,
 )
-from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.backends import fused_ops_available, page_aligned
 from scoutbench.kernels.partial_state import merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -147,6 +149,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self._selected: dict[int, tuple[torch.Tensor, int]] = {}  # CPU: layer -> its speculated (ids, n)
         self._cpu_valid: torch.Tensor | None = None  # CPU, fixed count, ragged batch: valid fetched tokens [B]
         self._fetched = None
+        self._fused_count = False  # the alpha count as one fused launch (CUDA: _bind_fetch)
         if on_cuda:
             self._bind_fetch(arena)
         self.copy = CopyStream(ctx.device)
@@ -188,6 +191,12 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self._current = current * 2 if shared else current
         self._lengths = lengths * 2 if shared else lengths
         self._mean_count = [torch.zeros((), dtype=torch.float32, device=ctx.device) for _ in range(2)]
+        # the alpha count as one fused launch (fused_ops.speculate_count_) where the device has it: the group max
+        # it ranks, and its kernel's global count and ticket (zero between launches)
+        self._fused_count = self.dynamic_count and fused_ops_available(ctx.device)
+        if self._fused_count:
+            self._ranked = torch.empty((batch, kv_heads, 1, ctx.max_len), dtype=torch.float32, device=ctx.device)
+            self._count_scratch = torch.zeros(2, dtype=torch.long, device=ctx.device)
 
     def reset_stats(self) -> None:
         self._attended = AttendedTokens()
@@ -294,8 +303,12 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         slot = layer % 2
         self._speculate_on_device(layer, q, slot)
         if self.dynamic_count:
-            # the attended lengths of the fetch target (on the host: set by _start_fetch, which knows n)
-            self._lengths[slot].update(self._current[slot] + 1, None)
+            # the attended lengths of the fetch target (on the host: set by _start_fetch, which knows n); the fused
+            # count wrote them on the device
+            if self._fused_count:
+                self._lengths[slot].set_host(None)
+            else:
+                self._lengths[slot].update(self._current[slot] + 1, None)
             with self.ctx.timer.stage("idle"):  # the host waits for the count: the GPU's idle time
                 self.ctx.host(self._start_fetch, layer)
         else:
@@ -340,9 +353,17 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
     def _speculate_on_device(self, layer: int, q: torch.Tensor, slot: int) -> None:
         """The CUDA path's speculation, in static shapes read by a captured graph: the top `capacity` tokens of each
         (sequence, KV head) into `self._ids[slot]`, sorted by score where the first n of them must be the top n;
-        with the alpha count, its mean into `self._mean_count[slot]` and the current token's slot after the n."""
+        with the alpha count, its mean into `self._mean_count[slot]` and the current token's slot after the n (and the
+        attended lengths, where the fused launch `_fused_count` writes them too)."""
         partial_q = self._partial_query(layer, q)
-        if self.dynamic_count:
+        if self._fused_count:  # the count, the current token's slot and the attended lengths in one launch
+            lengths = self._lengths[slot]
+            fused_ops.speculate_count_(torch.matmul(partial_q, self._partial_keys_t[layer]), self._uncached,
+                                       self.ctx.scale, self.alpha, self.capacity, self.step.positions, self._ranked,
+                                       self._mean_count[slot], self._current[slot], lengths.valid_len, lengths.bias,
+                                       self._count_scratch)
+            ranked, ordered = self._ranked, True
+        elif self.dynamic_count:
             scores = self._logits(layer, partial_q)
             counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
             torch.mean(counts, dtype=torch.float32, out=self._mean_count[slot])

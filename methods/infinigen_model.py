@@ -25,8 +25,11 @@ class InfiniGenModel(MemoryPlan, WorkModel):
         partial_keys = sparse * context_len * shape.num_kv_heads * self.partial_dim(shape.head_dim) * elem_bytes
         fetch = min(self.budget - 1, context_len)
         # the dense layers' FullKV rows and (on CUDA) the double-buffered fetch rows (the fetched tokens and the
-        # current one) are whole 16-token pages; on CUDA the speculated ids of both slots and their scores
+        # current one) are whole 16-token pages; on CUDA the speculated ids of both slots and their scores, and with
+        # the fused alpha count the group max of every slot that its top-k ranks (fp32)
         speculated = fetch * shape.num_kv_heads * (2 * 8 + 4)
+        if self.dynamic_count:
+            speculated += context_len * shape.num_kv_heads * 4
         device = dense * page_aligned(context_len) * kv + partial_keys + 2 * page_aligned(fetch + 1) * kv + speculated
         # the host arena: the sparse layers' KV, and on CUDA the pinned staging of both fetch slots and their ids
         staging = 2 * fetch * (kv + shape.num_kv_heads * 8)

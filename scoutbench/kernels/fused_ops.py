@@ -5,15 +5,17 @@ splits them between the device pool and the CPU, attends its region and merges t
 calls is launch-bound (issue 34: the step must measure the methods, not Python). Each op here is a torch custom op
 (`torch.ops.scoutbench.*`) with
 
-- a CUDA kernel in Triton (`triton_select`, `triton_region`), compiled where triton is installed: one launch, one
-  torch call, one node of a CUDA graph;
+- a CUDA kernel in Triton (`triton_select`, `triton_region`, `triton_speculate`), compiled where triton is installed:
+  one launch, one torch call, one node of a CUDA graph;
 - a torch reference (the ops it stands for, composed as the unfused path composes them), which serves every other
-  device and is what the Triton kernels are tested against in triton's interpreter (tests/test_triton_region.py, tests/test_triton_select.py);
+  device and is what the Triton kernels are tested against in triton's interpreter (tests/test_triton_*.py);
 - a fake (meta) implementation, for capture and shape propagation.
 
 Callers use an op where `backends.fused_ops_available(device)` (CUDA with triton, and emulated CUDA, whose device
 runs the reference as a GPU runs the kernel); on a CPU they keep their compiled kernels, and on CUDA without triton
-the composite. The ops return fresh tensors: nothing a caller holds is written.
+the composite. `select_split` and `speculate_count_` write a layer's static buffers (what a captured graph, the CPU
+worker and the host read, with views made once: copying fresh outputs into them would cost a call each);
+`region_attention` and `merged_output` return fresh tensors.
 """
 
 from __future__ import annotations
@@ -151,3 +153,62 @@ def _(o_a, lse_a, o_b, lse_b, dtype):
     from scoutbench.kernels import triton_region  # noqa: PLC0415 - triton is optional
 
     return triton_region.merged_output(o_a, lse_a, o_b, lse_b, dtype)
+
+
+# ---------------------------------------------------------------------------------------------- speculated count
+@torch.library.custom_op("scoutbench::speculate_count_",
+                         mutates_args=("ranked", "mean_count", "current", "valid_len", "bias", "scratch"))
+def speculate_count_(scores: torch.Tensor, uncached: torch.Tensor, scale: float, alpha: float, capacity: int,
+                     positions: torch.Tensor, ranked: torch.Tensor, mean_count: torch.Tensor, current: torch.Tensor,
+                     valid_len: torch.Tensor, bias: torch.Tensor, scratch: torch.Tensor) -> None:
+    """InfiniGen's dynamic fetch count for one layer (`methods/infinigen.py`, the CUDA path), in place.
+
+    scores `[B, Hkv, G, N]`: the partial query's raw scores against every slot of the partial keys; uncached fp32
+    `[B, 1, 1, N]`: 0 where a slot holds a cached token, -inf after; positions int64 `[B]`: each sequence's cached
+    tokens. The logits are `uncached + scale * fp32(scores)` (exactly fp32(score) * scale: the bias is 0 or -inf).
+    Writes
+    - ranked fp32 `[B, Hkv, 1, N]`: the group max of the logits, which the caller's top-k ranks;
+    - mean_count fp32 `[]`: the mean over all B * Hq query heads of the number of logits above the head's max
+      minus alpha (the original's count, which the host reads to size the fetch);
+    - current int64 `[B]`: min(position, n), n = clamp(mean_count, 1, capacity) floored, where each sequence's
+      current token goes after its fetched ones; valid_len int64 `[B]`: current + 1, the attended lengths;
+    - bias `[B, 1, 1, W]`: 0 for the first valid_len slots of each row of the fetch target, -inf after (the lengths'
+      mask, `StepLengths.bias`);
+    - scratch int64 `[2]`: the kernel's global count and ticket (zero before and after a call; the reference does
+      not touch it), owned by the caller so that no call allocates and two callers never share it.
+
+    Why in place, where the other ops return fresh tensors: every output is a buffer made once at bind that a
+    captured graph's later nodes and the host (`mean_count.item()`) read, so fresh outputs would each cost one copy
+    into it: four of the calls the op saves. It stands for fifteen calls per sparse layer (the logits' add, amax,
+    sub, gt, sum, mean, clamp, long, minimum and group amax; the lengths' add and copy, and their mask's index, lt
+    and where). The name ends in `_`, torch's mark of an in-place op; its schema marks the buffers it writes, which
+    is how a capture (on a GPU, and on emulated CUDA) records it as work on them."""
+    _speculate_count_reference(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current,
+                               valid_len, bias)
+
+
+def _speculate_count_reference(scores: torch.Tensor, uncached: torch.Tensor, scale: float, alpha: float,
+                               capacity: int, positions: torch.Tensor, ranked: torch.Tensor, mean_count: torch.Tensor,
+                               current: torch.Tensor, valid_len: torch.Tensor, bias: torch.Tensor) -> None:
+    logits = torch.add(uncached, scores, alpha=scale)  # fp32(score) * scale, exactly
+    counts = (logits > logits.amax(dim=-1, keepdim=True) - alpha).sum(dim=-1)
+    torch.mean(counts, dtype=torch.float32, out=mean_count)
+    # the integer bounds commute with the floor, which the conversion to int64 takes
+    torch.minimum(positions, mean_count.clamp(1, capacity).long(), out=current)
+    torch.add(current, 1, out=valid_len)
+    torch.amax(logits, dim=2, keepdim=True, out=ranked)
+    rows = bias.view(bias.shape[0], bias.shape[-1])
+    rows.zero_().masked_fill_(torch.arange(rows.shape[-1], device=rows.device) >= valid_len[:, None], float("-inf"))
+
+
+@speculate_count_.register_fake
+def _(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current, valid_len, bias, scratch):
+    return None
+
+
+@speculate_count_.register_kernel("cuda")
+def _(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current, valid_len, bias, scratch):
+    from scoutbench.kernels import triton_speculate  # noqa: PLC0415 - triton is optional
+
+    triton_speculate.speculate_count_(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count,
+                                      current, valid_len, bias, scratch)

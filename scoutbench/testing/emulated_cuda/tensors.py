@@ -167,15 +167,14 @@ def _inplace_result(func: Any, args: tuple, kwargs: dict) -> Any:
     """What an in-place or `out=` operation returns without running: its `out` (several as torch's named tuple,
     such as `torch.return_types.topk`), else the tensor it modified (`__setitem__`, and an operator that writes
     its arguments and returns nothing: None)."""
-    schema = getattr(func, "_schema", None)
-    if schema is not None and not schema.returns:
-        return None
     out = kwargs.get("out")
     if isinstance(out, (tuple, list)):
         return getattr(torch.return_types, getattr(func, "__name__", ""), tuple)(out)
     if out is not None:
         return out
-    return None if getattr(func, "__name__", "") == "__setitem__" else args[0]
+    if getattr(func, "__name__", "") == "__setitem__" or (writes_arguments(func) and not func._schema.returns):
+        return None
+    return args[0]
 
 
 _INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
