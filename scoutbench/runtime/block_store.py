@@ -30,7 +30,7 @@ from scoutbench.runtime.digest_table import DigestTable
 from scoutbench.runtime.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, host_empty, token_chunks
 
 NUM_COUNTS = 4  # n_cpu, n_selected, n_available, n_resident
-RECALL_INDEX_ROWS = 5  # a staged recall's index rows (TieredBlockStore._staged_index)
+RECALL_INDEX_ROWS = 4  # a staged recall's index rows (TieredBlockStore._staged_index)
 
 
 @dataclass
@@ -357,12 +357,11 @@ class TieredBlockStore:
         torch.index_select(self.host_k[layer], 0, host_rows, out=self.recall_k[parity][:n])
         torch.index_select(self.host_v[layer], 0, host_rows, out=self.recall_v[parity][:n])
         index = self._staged_index(parity, n)
-        torch.stack([bh, slots, blocks, bh * self.n_slots + slots, self.tables[layer].flat_slots(bh, slots)],
-                    out=index)
+        torch.stack([bh, slots, blocks, bh * self.n_slots + slots], out=index)
 
     def _staged_index(self, parity: int, n: int) -> torch.Tensor:
         """This parity's staged recall indices `[RECALL_INDEX_ROWS, n]` (contiguous, pinned): rows, pool slots,
-        blocks, region rows of the slots, and their `BlockTable.flat_slots`."""
+        blocks and the region rows of the slots."""
         return self.recall_index[parity][: RECALL_INDEX_ROWS * n].view(RECALL_INDEX_ROWS, n)
 
     def load_staged(self, layer: int, parity: int, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
@@ -373,7 +372,7 @@ class TieredBlockStore:
         dk, dv = self.dev_k[layer].view(-1, b * D), self.dev_v[layer].view(-1, b * D)
         if self.cuda:
             # the indices the worker staged, in one copy (on the compute stream, which the copy stream waits for)
-            bh, slots, blocks, dst, flat = self._staged_index(parity, n).to(dk.device, non_blocking=True).unbind(0)
+            bh, slots, blocks, dst = self._staged_index(parity, n).to(dk.device, non_blocking=True).unbind(0)
             # blocks as flat rows of b * D: torch's CPU index_copy_ copies [n, b, D] blocks at half the rate of the
             # same bytes as [n, b * D] rows (140 vs 72 us for 128 fp32 blocks of 32 x 128)
             staged_k, staged_v = self.recall_k[parity][:n].view(n, b * D), self.recall_v[parity][:n].view(n, b * D)
@@ -389,8 +388,8 @@ class TieredBlockStore:
             host_k, host_v = self.host_k[layer].view(-1, b * D), self.host_v[layer].view(-1, b * D)
             cpu_attention.copy_rows(((dk, host_k), (dv, host_v)), bh * self.n_slots + slots,
                                     self.host_rows(bh, blocks))
-            event, flat = None, None
-        self.tables[layer].assign(bh, slots, blocks, event, flat)
+            event = None
+        self.tables[layer].assign(bh, slots, blocks, event)
         return event
 
     # ------------------------------------------------------------------ accounting

@@ -115,12 +115,10 @@ class BlockTable:
                 for b in range(self.batch)]
 
     # ------------------------------------------------------------------ updates
-    def assign(self, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, event: Any = None,
-               flat: torch.Tensor | None = None) -> None:
+    def assign(self, bh: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, event: Any = None) -> None:
         """Put `blocks[n]` into slot `slots[n]` of row `bh[n]` (= b * Hkv + h); 1-D device tensors, unique
         (row, slot) pairs. The previous occupants become host-only. With an `event`, the slots are usable only
-        after `event` completes; with None they are ready at once (the data is already in place). `flat`: the
-        slots' `flat_slots`, where the caller has them."""
+        after `event` completes; with None they are ready at once (the data is already in place)."""
         if bh.numel() == 0:
             return
         block_slot, slot_block = self._block_slot_rows, self._slot_block_rows
@@ -129,15 +127,10 @@ class BlockTable:
         self._block_slot_trash.fill_(-1)
         block_slot[bh, blocks] = slots
         slot_block[bh, slots] = blocks
-        if flat is None:
-            flat = self.flat_slots(bh, slots)
+        flat = bh * (self.num_slots + 1) + slots
         self._slot_ready_flat[flat] = event is None
         if event is not None:
             self._pending.append((event, flat))
-
-    def flat_slots(self, bh: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Indices of slots `slots` of rows `bh` into the flattened `slot_ready` (`assign`'s `flat`)."""
-        return bh * (self.num_slots + 1) + slots
 
     def reset(self) -> None:
         self.block_slot.fill_(-1)
