@@ -57,9 +57,14 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels.attention import StepLengths, block_sparse_attention_probs, partial_attention
+from scoutbench.kernels.attention import (
+    StepLengths,
+    block_sparse_attention_probs,
+    merge_output,
+    partial_attention,
+)
 from scoutbench.kernels.backends import page_aligned
-from scoutbench.kernels.partial_state import PartialState, merged_output
+from scoutbench.kernels.partial_state import PartialState
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
@@ -325,7 +330,7 @@ class HGCA(HGCAModel, SparseLayerMethod):
         with ctx.timer.stage("merge"):  # one captured piece: the CPU part's results to the device, and the merge
             if self._cpu_packed_device is not None:
                 self._cpu_packed_device[layer].copy_(self._cpu_packed[layer], non_blocking=True)
-            out = merged_output(device_part, self._cpu_part[layer], q.dtype)
+            out = merge_output(device_part, self._cpu_part[layer], q.dtype)
             if self._lse_host is not None:  # the device LSE to the moving-average update
                 self._lse_host[layer].copy_(device_part.lse, non_blocking=True)
         ctx.host(self._finish_layer, layer, device_part.lse)

@@ -39,10 +39,10 @@ there to the host tier, handed over at the next fetch into the same target (two 
 The dynamic count is part of the fetch's host point: the host reads the count there (the documented sync) and
 sizes the fetch with it, while the device derives the same n from the same count. Where the fused device ops serve
 the device (`backends.fused_ops_available`), the count, each sequence's current slot, the attended lengths and the
-group max that the top-k ranks are one launch (`fused_ops.speculate_count_`, fifteen torch calls otherwise). The CPU path keeps host-sized
-spans (the compiled kernels read exact spans): the top-n by the kernel library, attention in place over the host
-tier, the current token merged by LSE. The counters of a fixed count are the step's plan (`begin_step`), those of
-the dynamic count the host point's.
+group max that the top-k ranks are one launch (`fused_ops.speculate_count_`, fifteen torch calls otherwise). The
+CPU path keeps host-sized spans (the compiled kernels read exact spans): the top-n by the kernel library, attention
+in place over the host tier, the current token merged by LSE. The counters of a fixed count are the step's plan
+(`begin_step`), those of the dynamic count the host point's.
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ from scoutbench.kernels.attention import (
     StepLengths,
     block_sparse_attention,
     decode_attention,
+    merge_output,
     partial_attention,
 )
 from scoutbench.kernels.backends import fused_ops_available, page_aligned
-from scoutbench.kernels.partial_state import merge_states
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
@@ -474,7 +474,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         fetched = block_sparse_attention(q, *self._host_blocks[layer], ids, ctx.scale, valid)
         current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
         with ctx.timer.stage("merge"):
-            return merge_states(fetched, current).o.to(q.dtype)
+            return merge_output(fetched, current, q.dtype)
 
     def _append_partial_key(self, layer: int, k: torch.Tensor) -> None:
         """The new token's partial key `[B, Hkv, 1, r]` at each sequence's device position."""

@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.errors import UsageError
-from scoutbench.kernels.attention import block_sparse_attention, region_attention
+from scoutbench.kernels.attention import block_sparse_attention, merge_output, region_attention
 from scoutbench.kernels.backends import fused_ops_available
 from scoutbench.kernels.digest import CandidateBlocks
-from scoutbench.kernels.partial_state import PartialState, merged_output
+from scoutbench.kernels.partial_state import PartialState
 from scoutbench.methods import SCOUT_ABLATION, SCOUT_ABLATION_FIELDS
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
@@ -45,7 +45,7 @@ from scoutbench.runtime.block_store import (
     select_split,
     split_selection,
 )
-from scoutbench.runtime.block_table import BlockTable, pad_last
+from scoutbench.runtime.block_table import pad_last
 from scoutbench.runtime.scout_transport import (
     CoAttentionTransport,
     CpuResult,
@@ -155,7 +155,8 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         table = self.store.tables[layer]
         # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU
         # part. With CUDA graphs the eviction order is always made: whether a recall is due is the host's to know
-        recall_order = self.ctx.graphs or self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer])
+        recall_order = self.ctx.graphs or self.pr and (self.beta_trigger
+                                                       or self._since[layer] + 1 >= self._intervals[layer])
         if self._fused_split:  # lines 5-6 into the layer's static plan
             device_split = self._fused_splits[layer]
             select_split(self.store, layer, q, self._candidates, recall_order, device_split.split,
@@ -167,18 +168,12 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
                 victims, available = victims[..., : self.k_sel], available.clamp(max=self.k_sel)
             else:
                 victims, available = self._no_victims
-            # line 6: split.ids holds B_cpu first, then the selected blocks of B_gpu; pool_use the slots the device reads
+            # line 6: split.ids holds B_cpu first, then the selected blocks of B_gpu; pool_use the slots the device
+            # reads
             device_split = DeviceSplit(*split_selection(table, B_pred, valid, victims, available,
                                                         every_resident=self.device_blocks == "resident"))
         self.transport.send(layer, q, device_split.split)
         return device_split
-
-    def _victims(self, table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, scores: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The recall's eviction order after the selection (`ids`, `valid`): a recall copies at most the k_sel
-        blocks the CPU computed, so the first k_sel victims are all it reads."""
-        victims, available = table.victims(ids, valid, scores)
-        return victims[..., : self.k_sel], available.clamp(max=self.k_sel)
 
     def _spawn(self, layer: int, q: torch.Tensor, predicted: bool, spawn: bool) -> None:
         """Line 7 (host): spawn CPUAttn(B_cpu) on the worker pool (or keep it for an inline run)."""
@@ -242,7 +237,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
             else:
                 A_cpu = self._cpu_states.pop(layer)
             # line 12: A^i = Merge(A_gpu^i, A_cpu^i)
-            out = A_gpu.o.to(q.dtype) if A_cpu is None else merged_output(A_gpu, A_cpu, q.dtype)
+            out = A_gpu.o.to(q.dtype) if A_cpu is None else merge_output(A_gpu, A_cpu, q.dtype)
         ctx.host(self._after_merge, layer)  # the statistics, and PR: a due recall issued after the attention
         return out
 

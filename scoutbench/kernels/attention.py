@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from scoutbench.kernels import backends, cpu_attention, fused_ops
-from scoutbench.kernels.partial_state import PartialState, empty_state, expand_valid_len
+from scoutbench.kernels.partial_state import PartialState, empty_state, expand_valid_len, merged_output
 
 
 def _packed(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -216,6 +216,15 @@ def block_sparse_attention_probs(q: torch.Tensor, k_blocks: torch.Tensor, v_bloc
         return PartialState(o, lse), probs
     keys, values = _gather_selected(k_blocks, v_blocks, block_ids, valid_len)
     return partial_attention_probs(q, keys, values, scale, valid_len)
+
+
+def merge_output(a: PartialState, b: PartialState, dtype: torch.dtype) -> torch.Tensor:
+    """A co-attention layer's output: the exact LSE merge of its two parts (`merged_output`) in `dtype`. One launch
+    where the fused ops serve the device (`fused_ops.merged_output`), one call of the compiled kernel and the cast on
+    a CPU, else torch's 5 calls and the cast."""
+    if backends.fused_ops_available(a.o.device):
+        return fused_ops.merged_output(a.o, a.lse, b.o, b.lse, dtype)
+    return merged_output(a, b).to(dtype)
 
 
 def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

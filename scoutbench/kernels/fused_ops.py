@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from scoutbench.kernels.digest import rank_from_digests
+from scoutbench.kernels.eviction import eviction_order
 from scoutbench.kernels.partial_state import _interpolated
-from scoutbench.runtime.block_table import eviction_order
 
 NUM_COUNTS = 4  # a split plan's counts per row: n_cpu, n_selected, n_available, n_resident
 
@@ -45,7 +45,7 @@ def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, 
 
     Writes `SplitPlan` data `[B, Hkv, 3k + 4]` int64: the first count selected ids, those the pool does not hold
     ready first, each group in descending score order; whether each is in flight to the pool; with `with_victims`
-    the first k slots of `block_table.eviction_order` and how many of them a recall may fill (at most k), else 0
+    the first k slots of `eviction.eviction_order` and how many of them a recall may fill (at most k), else 0
     and 0; n_cpu, n_selected, n_available, n_resident. And `pool_use` `[B, Hkv, S]` bool (S >= k): the pool slots
     the device part reads. Entries of ids and pending past n_selected are padding: their values are unspecified."""
     plan, used = select_split_reference(q, digests, blocked, count, (data.shape[-1] - NUM_COUNTS) // 3, block_slot,
@@ -139,7 +139,7 @@ def _(q, k, v, scale, slot_tokens):
 def merged_output(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
                   dtype: torch.dtype) -> torch.Tensor:
     """The output of the exact LSE merge of two partial states (`partial_state.merged_output`), cast to `dtype`:
-    the last step of every co-attention layer (ScoutAttention, HGCA, InfiniGen), one launch."""
+    the last step of a co-attention layer on the device (ScoutAttention, HGCA), one launch."""
     return _interpolated(o_a, lse_a, o_b, lse_b).to(dtype)
 
 

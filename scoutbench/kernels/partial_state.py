@@ -66,20 +66,11 @@ def merge_states(*states: PartialState) -> PartialState:
     return PartialState(out, total)
 
 
-def merged_output(a: PartialState, b: PartialState, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The output of `merge_states(a, b)` without its LSE, in `dtype` (fp32 when None), for a method that reads
-    only the output (a layer's merge on the decode path): one call of the compiled kernel on a CPU, one fused
-    launch where the fused ops serve the device (`fused_ops.merged_output`), else 5 calls and the cast."""
+def merged_output(a: PartialState, b: PartialState) -> torch.Tensor:
+    """The output of `merge_states(a, b)` without its LSE, for a method that reads only the output (5 calls off a
+    CPU; `attention.merge_output` is a layer's merge on the decode path)."""
     merged = cpu_attention.merge2(a.o, a.lse, b.o, b.lse)
-    if merged is not None:
-        return merged[0] if dtype is None else merged[0].to(dtype)
-    if dtype is not None and a.o.device.type == "cuda":
-        from scoutbench.kernels import backends, fused_ops  # noqa: PLC0415 - both import this module
-
-        if backends.fused_ops_available(a.o.device):
-            return fused_ops.merged_output(a.o, a.lse, b.o, b.lse, dtype)
-    out = _interpolated(a.o, a.lse, b.o, b.lse)
-    return out if dtype is None else out.to(dtype)
+    return merged[0] if merged is not None else _interpolated(a.o, a.lse, b.o, b.lse)
 
 
 def _interpolated(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ GPU the step is launch-bound (issue 34). Here one program handles one row, in fo
    0..k-1, so no two lanes write one entry);
 4. pool use and n_resident: for each tile of SLOT_TILE slots, a [SLOT_TILE, K_PAD] comparison with the
    selections on the device (no scatter, so no races), and the resident slots counted;
-5. with_victims: `block_table.eviction_order` over the row's S slots (S_PAD lanes; a slot holds a selected block
+5. with_victims: `eviction.eviction_order` over the row's S slots (S_PAD lanes; a slot holds a selected block
    by a [S_PAD, K_PAD] comparison), its first k by k rounds of min-and-retire over packed (key, slot) lanes
    (equal keys: the lower slot first, as the reference's stable argsort), and min(available, k); else zeros.
 
@@ -156,7 +156,7 @@ def _select_split_kernel(
         holder = tl.load(slot_block_row + s * stride_ss, mask=s_mask, other=-1)
         n_resident += (holder >= 0).to(tl.int64)
 
-    # ---- 5. the recall's eviction order (`block_table.eviction_order`): free slots first, then the resident blocks
+    # ---- 5. the recall's eviction order (`eviction.eviction_order`): free slots first, then the resident blocks
     # not selected whose copy has landed, lowest score first, ties to the lower slot; its first k and how many of
     # them a recall may fill
     victims = tl.zeros([K_PAD], tl.int64)

@@ -88,7 +88,6 @@ class SplitPlan:
         return self.data[..., 3 * self.k + 2]
 
 
-
 def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, victims: torch.Tensor,
                     available: torch.Tensor, every_resident: bool = False) -> tuple[SplitPlan, torch.Tensor]:
     """Split a selection `ids` (`valid` entries) between the device pool and the CPU: B_cpu = B_pred minus B_gpu,
