@@ -2,41 +2,24 @@
 interpreter. Skipped when triton is not installed (it is not a default dependency); `nox -s triton` (run by CI)
 installs it and requires it. The methods that use it on CUDA run on emulated CUDA with the kernel interpreted.
 
-TRITON_INTERPRET=1 must be set before triton is first imported (triton's own library functions are decorated at
-import), and setting it in this process would turn a CUDA run's compiled kernels into interpreted ones. So the
-checks run in a child pytest on this file with the variable set; in the parent they are skipped.
+How the checks run in the interpreter (a child pytest): tests/triton_interpreter.py.
 The interpreter computes `tl.dot` on bfloat16 inputs wrongly (triton 3.9: a bf16 load is fine, a bf16 dot is
 not), so bf16 is checked on CUDA only, in tests/test_gpu.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from triton_interpreter import child_run_test, interpreted, kernel_module
 
 from scoutbench.kernels.attention import partial_attention
 
-if os.environ.get("SCOUTBENCH_REQUIRE_TRITON") == "1":  # `nox -s triton` (CI): a missing triton is a failure
-    import triton  # noqa: F401
-
-pytest.importorskip("triton")
-triton_decode = pytest.importorskip("scoutbench.kernels.triton_decode")
-
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernel_checks_in_triton_interpreter's child")
+triton_decode = kernel_module("scoutbench.kernels.triton_decode")
 SCALE = 0.19
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child run")
-def test_kernel_checks_in_triton_interpreter():
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    summary = child.stdout.strip().splitlines()[-1]
-    assert child.returncode == 0 and " passed" in summary, child.stdout[-4000:] + child.stderr[-2000:]
+test_kernel_checks_in_triton_interpreter = child_run_test(__file__)
 
 
 def _inputs(batch, num_heads, num_kv_heads, num_keys, head_dim, dtype, seed=0):

@@ -2,9 +2,7 @@
 triton_region.py) against their torch references, run on CPU through the Triton interpreter. Skipped when triton is
 not installed (it is not a default dependency); `nox -s triton` (run by CI) installs it and requires it.
 
-TRITON_INTERPRET=1 must be set before triton is first imported (triton's own library functions are decorated at
-import), and setting it in this process would turn a CUDA run's compiled kernels into interpreted ones. So the
-checks run in a child pytest on this file with the variable set; in the parent they are skipped.
+How the checks run in the interpreter (a child pytest): tests/triton_interpreter.py.
 
 bfloat16: the interpreter computes `tl.dot` on bf16 inputs wrongly (triton 3.9: outputs off by 1e8 and more), so
 the region kernel, which multiplies with `tl.dot`, is checked in fp32 and fp16 only. The merge has no dot and is
@@ -14,34 +12,19 @@ checked in bf16 too, to one bf16 unit in the last place: the interpreter's fp32 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from triton_interpreter import child_run_test, interpreted, kernel_module
 
 from scoutbench.kernels.fused_ops import _region_reference
 from scoutbench.kernels.partial_state import _interpolated
 
-if os.environ.get("SCOUTBENCH_REQUIRE_TRITON") == "1":  # `nox -s triton` (CI): a missing triton is a failure
-    import triton  # noqa: F401
-
-pytest.importorskip("triton")
-triton_region = pytest.importorskip("scoutbench.kernels.triton_region")
-
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernel_checks_in_triton_interpreter's child")
+triton_region = kernel_module("scoutbench.kernels.triton_region")
 SCALE = 0.17
 NEG_INF = float("-inf")
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child run")
-def test_kernel_checks_in_triton_interpreter():
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    summary = child.stdout.strip().splitlines()[-1]
-    assert child.returncode == 0 and " passed" in summary, child.stdout[-4000:] + child.stderr[-2000:]
+test_kernel_checks_in_triton_interpreter = child_run_test(__file__)
 
 
 # ---------------------------------------------------------------------------------------------- region attention

@@ -2,43 +2,28 @@
 torch reference `fused_ops.select_split_reference`, run on CPU through the Triton interpreter. Skipped when
 triton is not installed; `SCOUTBENCH_REQUIRE_TRITON=1` (`nox -s triton`) makes a missing triton a failure.
 
-As in tests/test_triton.py, TRITON_INTERPRET=1 must be set before triton is first imported, so the checks run in
-a child pytest on this file with the variable set; in the parent they are skipped. The kernel has no `tl.dot`
+How the checks run in the interpreter (a child pytest): tests/triton_interpreter.py. The kernel has no `tl.dot`
 (the interpreter's bf16 dot is wrong), so bf16 digests are checked here too, with checks that ties allow.
 
 The contract leaves some entries unspecified, and the checks compare only what it specifies: per row, the first
-n_selected ids and pending flags (in order: the scores of the selectable blocks are distinct), the victims (0),
+n_selected ids and pending flags (in order: the scores of the selectable blocks are distinct), the victims (0, or
+the eviction order where asked),
 the counts, the pool slots in use and the scores.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from triton_interpreter import child_run_test, interpreted, kernel_module
 
 from scoutbench.kernels.digest import rank_from_digests
 from scoutbench.kernels.fused_ops import NUM_COUNTS, select_split_reference
 
-if os.environ.get("SCOUTBENCH_REQUIRE_TRITON") == "1":  # `nox -s triton` (CI): a missing triton is a failure
-    import triton  # noqa: F401
-
-pytest.importorskip("triton")
-triton_select = pytest.importorskip("scoutbench.kernels.triton_select")
-
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernel_checks_in_triton_interpreter's child")
+triton_select = kernel_module("scoutbench.kernels.triton_select")
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child run")
-def test_kernel_checks_in_triton_interpreter():
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    summary = child.stdout.strip().splitlines()[-1]
-    assert child.returncode == 0 and " passed" in summary, child.stdout[-4000:] + child.stderr[-2000:]
+test_kernel_checks_in_triton_interpreter = child_run_test(__file__)
 
 
 def _candidates(batch, num_kv_heads, num_blocks, k, sink, valid_blocks, per_head, generator):

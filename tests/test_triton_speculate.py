@@ -2,38 +2,22 @@
 CPU through the Triton interpreter: every output bit-identical. Skipped when triton is not installed (it is not a
 default dependency); `nox -s triton` (run by CI) installs it and requires it.
 
-As in tests/test_triton.py, TRITON_INTERPRET=1 must be set before triton is first imported, so the checks run in a
-child pytest on this file with the variable set; in the parent they are skipped.
+How the checks run in the interpreter (a child pytest): tests/triton_interpreter.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from triton_interpreter import child_run_test, interpreted, kernel_module
 
 from scoutbench.kernels.fused_ops import _speculate_count_reference
 
-if os.environ.get("SCOUTBENCH_REQUIRE_TRITON") == "1":  # `nox -s triton` (CI): a missing triton is a failure
-    import triton  # noqa: F401
-
-pytest.importorskip("triton")
-triton_speculate = pytest.importorskip("scoutbench.kernels.triton_speculate")
-
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernel_checks_in_triton_interpreter's child")
+triton_speculate = kernel_module("scoutbench.kernels.triton_speculate")
 SCALE = 0.19
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child run")
-def test_kernel_checks_in_triton_interpreter():
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    summary = child.stdout.strip().splitlines()[-1]
-    assert child.returncode == 0 and " passed" in summary, child.stdout[-4000:] + child.stderr[-2000:]
+test_kernel_checks_in_triton_interpreter = child_run_test(__file__)
 
 
 def _inputs(positions: list[int], num_kv_heads: int, group: int, num_slots: int, dtype: torch.dtype, seed: int = 0
