@@ -7,8 +7,7 @@ How the checks run in the interpreter (a child pytest): tests/triton_interpreter
 
 The contract leaves some entries unspecified, and the checks compare only what it specifies: per row, the first
 n_selected ids and pending flags (in order: the scores of the selectable blocks are distinct), the victims (0, or
-the eviction order where asked),
-the counts, the pool slots in use and the scores.
+the eviction order where asked), the counts, the pool slots in use and the scores.
 """
 
 from __future__ import annotations
