@@ -27,6 +27,30 @@ MIN_DOT = 16  # tl.dot needs every tile side >= 16
 
 
 @triton.jit
+def online_softmax_step(m_i, l_i, acc, scores, v, DOT_PRECISION: tl.constexpr):
+    """One key tile of an online softmax in fp32: `scores` `[G, N]` (scaled; -inf where a key is masked) and the
+    values `v` `[N, D]` into the running max `m_i`, sum `l_i` and output `acc`; returns the three. A tile of masked
+    keys before any valid one leaves the max at -inf: the shift is then 0, so alpha and p are exp(-inf) = 0, not
+    exp(NaN). Shared by this module's kernel and the region kernel (triton_region)."""
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(scores - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def online_softmax_result(m_i, l_i, acc):
+    """(output `[G, D]`, natural-log LSE `[G]`) of a finished online softmax: the empty state (0, -inf) for a row
+    without keys."""
+    has_keys = l_i > 0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    return acc / l_safe[:, None], tl.where(has_keys, m_i + tl.log(l_safe), float("-inf"))  # acc is 0 without keys
+
+
+@triton.jit
 def _partial_decode_kernel(
     q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, lse_ptr,
     scale, keys_per_split,
@@ -60,25 +84,17 @@ def _partial_decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    # Every block visited starts below `end`, so it holds at least one valid key and m_new stays finite.
+    # Every block visited starts below `end`, so it holds at least one valid key and the max stays finite.
     for block_start in range(start, end, BLOCK_N):
         n = block_start + offs_n
         kv_mask = (n < end)[:, None] & d_mask[None, :]
         k = tl.load(k_row + n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         scores = tl.where((n < end)[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_row + n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, DOT_PRECISION)
 
-    has_keys = l_i > 0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    lse = tl.where(has_keys, m_i + tl.log(l_safe), float("-inf"))
-    out = acc / l_safe[:, None]  # acc is 0 where there were no keys
+    out, lse = online_softmax_result(m_i, l_i, acc)
     tl.store(o_ptr + split * stride_os + batch_index * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out,
              mask=g_mask[:, None] & d_mask[None, :])
     tl.store(lse_ptr + split * stride_ls + batch_index * stride_lb + heads, lse, mask=g_mask)

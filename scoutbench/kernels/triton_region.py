@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from scoutbench.kernels.triton_decode import online_softmax_result, online_softmax_step
+
 BLOCK_N = 64  # keys per inner iteration (a tile may span several slots)
 MIN_DOT = 16  # tl.dot needs every tile side >= 16
 MERGE_TILE = 4096  # elements per program of the merge
@@ -74,22 +76,12 @@ def _region_kernel(
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_row + n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        # A tile of closed tokens before any open one leaves m_new at -inf: shift by 0 instead, so that alpha and
-        # p are exp(-inf) = 0, not exp(NaN).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        scores = tl.where(valid[None, :], scores, float("-inf"))  # a tile may close every token: the step shifts by 0
         v = tl.load(v_row + n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, v, DOT_PRECISION)
 
-    has_keys = l_i > 0  # every row has an open token by contract; a row without one gets the empty state
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    lse = tl.where(has_keys, m_i + tl.log(l_safe), float("-inf"))
-    out = acc / l_safe[:, None]
+    # every row has an open token by contract; a row without one gets the empty state
+    out, lse = online_softmax_result(m_i, l_i, acc)
     tl.store(o_ptr + batch_index * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out,
              mask=g_mask[:, None] & d_mask[None, :])
     tl.store(lse_ptr + batch_index * stride_lb + heads, lse, mask=g_mask)
