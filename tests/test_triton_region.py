@@ -16,7 +16,7 @@ import pytest
 import torch
 from triton_interpreter import child_run_test, interpreted, kernel_module
 
-from scoutbench.kernels.fused_ops import _region_reference
+from scoutbench.kernels.fused_ops import region_reference
 from scoutbench.kernels.partial_state import _interpolated
 
 triton_region = kernel_module("scoutbench.kernels.triton_region")
@@ -79,7 +79,7 @@ def _shape_id(shape):
 def test_region_kernel_matches_reference_fp32(shape):
     q, k, v, slot_tokens = _region_inputs(*shape, torch.float32, seed=sum(shape))
     got = triton_region.region_attention(q, k, v, SCALE, slot_tokens)
-    _assert_region_matches(got, _region_reference(q, k, v, SCALE, slot_tokens), atol=1e-5)
+    _assert_region_matches(got, region_reference(q, k, v, SCALE, slot_tokens), atol=1e-5)
 
 
 @interpreted
@@ -89,8 +89,8 @@ def test_region_kernel_fp16(shape):
     against the fp16 reference, which rounds its logits and probabilities to fp16, more loosely."""
     q, k, v, slot_tokens = _region_inputs(*shape, torch.float16, seed=1)
     got = triton_region.region_attention(q, k, v, SCALE, slot_tokens)
-    _assert_region_matches(got, _region_reference(q.float(), k.float(), v.float(), SCALE, slot_tokens), atol=2e-3)
-    _assert_region_matches(got, _region_reference(q, k, v, SCALE, slot_tokens), atol=1e-2)
+    _assert_region_matches(got, region_reference(q.float(), k.float(), v.float(), SCALE, slot_tokens), atol=2e-3)
+    _assert_region_matches(got, region_reference(q, k, v, SCALE, slot_tokens), atol=1e-2)
 
 
 @interpreted
@@ -105,7 +105,7 @@ def test_region_kernel_closed_leading_tiles_and_single_tokens():
     slot_tokens[1, 1, 4] = 16  # one full slot inside the first tile
     got = triton_region.region_attention(q, k, v, SCALE, slot_tokens)
     assert torch.isfinite(got[0]).all() and torch.isfinite(got[1]).all()
-    _assert_region_matches(got, _region_reference(q, k, v, SCALE, slot_tokens), atol=1e-5)
+    _assert_region_matches(got, region_reference(q, k, v, SCALE, slot_tokens), atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- merged output

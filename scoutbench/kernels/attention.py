@@ -254,21 +254,14 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         backends.USAGE.add(q.device.type, "fused-region")
         return PartialState(*fused_ops.region_attention(q, k, v, scale, slot_tokens))
     backends.USAGE.add(q.device.type, "torch-region")
+    if q.device.type != "cpu":  # CUDA without triton: the fused op's torch reference
+        return PartialState(*fused_ops.region_reference(q, k, v, scale, slot_tokens))
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    if q.device.type == "cpu":
-        keep = torch.arange(block_size, device=q.device) < slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
-        bias = torch.where(keep, 0.0, float("-inf")).view(batch, num_kv_heads, 1, num_slots * block_size)
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q4, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale)[:2]
-        return PartialState(out.float().reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
-    # 15 calls: the closed tokens masked in place in the fp32 logits, and one softmax beside the LSE (every row has
-    # an open token: the region always holds the current one)
-    closed = torch.arange(block_size, device=q.device) >= slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
-    logits = torch.matmul(q4, k.transpose(-1, -2)).float().mul_(scale)
-    logits.masked_fill_(closed.view(batch, num_kv_heads, 1, num_slots * block_size), float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)
-    out = torch.matmul(torch.softmax(logits, dim=-1).to(v.dtype), v).float()
-    return PartialState(out.view(batch, num_heads, head_dim), lse.view(batch, num_heads))
+    keep = torch.arange(block_size, device=q.device) < slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
+    bias = torch.where(keep, 0.0, float("-inf")).view(batch, num_kv_heads, 1, num_slots * block_size)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q4, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale)[:2]
+    return PartialState(out.float().reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
 
 
 def _gather_selected(k_blocks: torch.Tensor, v_blocks: torch.Tensor, block_ids: torch.Tensor,

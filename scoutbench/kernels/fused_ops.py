@@ -103,20 +103,24 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     KV head) row attending the first `slot_tokens[b, h, s]` tokens of slot s (`[B, Hkv, S]` int64; every row has
     an open token). Returns (o fp32 `[B, Hq, D]`, natural-log lse fp32 `[B, Hq]`): `attention.region_attention`'s
     contract, one launch."""
-    return _region_reference(q, k, v, scale, slot_tokens)
+    return region_reference(q, k, v, scale, slot_tokens)
 
 
-def _region_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, slot_tokens: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def region_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, slot_tokens: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`region_attention` in 15 torch calls (the unfused path on CUDA without triton, `attention.region_attention`):
+    the closed tokens masked in place in the logits, and one softmax beside the LSE (every row has an open token),
+    in fp32, or in fp64 for fp64 inputs (the exact reference tests/test_gpu.py holds the kernel to)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_slots = slot_tokens.shape[1:]
     block_size = k.shape[2] // num_slots
+    accumulate = torch.float64 if q.dtype == torch.float64 else torch.float32
     q4 = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     closed = torch.arange(block_size, device=q.device) >= slot_tokens.unsqueeze(-1)  # [B, Hkv, S, b]
-    logits = torch.matmul(q4, k.transpose(-1, -2)).float().mul_(scale)
+    logits = torch.matmul(q4, k.transpose(-1, -2)).to(accumulate).mul_(scale)
     logits.masked_fill_(closed.view(batch, num_kv_heads, 1, num_slots * block_size), float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
-    out = torch.matmul(torch.softmax(logits, dim=-1).to(v.dtype), v).float()
+    out = torch.matmul(torch.softmax(logits, dim=-1).to(v.dtype), v).to(accumulate)
     return out.view(batch, num_heads, head_dim), lse.view(batch, num_heads)
 
 
