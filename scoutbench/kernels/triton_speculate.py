@@ -36,6 +36,17 @@ BLOCK_W = 1024  # mask slots per store of the last program
 
 
 @triton.jit
+def _tile_logits(score_row, bias_row, slots, g_mask, num_slots, scale, stride_sn, stride_un):
+    """The logits `[BLOCK_G, BLOCK_N]` of a tile of slots: the uncached bias plus the scaled raw score, as the
+    reference's fp32 add; -inf for a head past the group or a slot past the row."""
+    n_mask = slots < num_slots
+    mask = g_mask[:, None] & n_mask[None, :]
+    score = tl.load(score_row + slots[None, :] * stride_sn, mask=mask, other=0.0).to(tl.float32)
+    uncached = tl.load(bias_row + slots * stride_un, mask=n_mask, other=float("-inf"))
+    return tl.where(mask, uncached[None, :] + scale * score, float("-inf"))
+
+
+@triton.jit
 def _speculate_count_kernel(
     scores_ptr, uncached_ptr, positions_ptr, ranked_ptr, mean_ptr, current_ptr, valid_ptr, bias_ptr, scratch_ptr,
     scale, alpha, capacity_f, num_heads_f, batch, num_slots, width,
@@ -61,26 +72,17 @@ def _speculate_count_kernel(
     head_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     for start in range(0, num_slots, BLOCK_N):
         slots = start + offs_n
-        n_mask = slots < num_slots
-        mask = g_mask[:, None] & n_mask[None, :]
-        score = tl.load(score_row + slots[None, :] * stride_sn, mask=mask, other=0.0).to(tl.float32)
-        uncached = tl.load(bias_row + slots * stride_un, mask=n_mask, other=float("-inf"))
-        logits = tl.where(mask, uncached[None, :] + scale * score, float("-inf"))
+        logits = _tile_logits(score_row, bias_row, slots, g_mask, num_slots, scale, stride_sn, stride_un)
         head_max = tl.maximum(head_max, tl.max(logits, axis=1))
-        tl.store(ranked_row + slots * stride_rn, tl.max(logits, axis=0), mask=n_mask)
+        tl.store(ranked_row + slots * stride_rn, tl.max(logits, axis=0), mask=slots < num_slots)
 
-    # pass 2: each head's logits above its max minus alpha
+    # pass 2: each head's logits above its max minus alpha (a masked one is -inf: never above)
     threshold = head_max - alpha
     count = tl.zeros([BLOCK_G], dtype=tl.int64)
     for start in range(0, num_slots, BLOCK_N):
         slots = start + offs_n
-        n_mask = slots < num_slots
-        mask = g_mask[:, None] & n_mask[None, :]
-        score = tl.load(score_row + slots[None, :] * stride_sn, mask=mask, other=0.0).to(tl.float32)
-        uncached = tl.load(bias_row + slots * stride_un, mask=n_mask, other=float("-inf"))
-        logits = uncached[None, :] + scale * score
-        above = mask & (logits > threshold[:, None])
-        count += tl.sum(above.to(tl.int64), axis=1)
+        logits = _tile_logits(score_row, bias_row, slots, g_mask, num_slots, scale, stride_sn, stride_un)
+        count += tl.sum((logits > threshold[:, None]).to(tl.int64), axis=1)
 
     tl.atomic_add(scratch_ptr, tl.sum(count, axis=0), sem="acq_rel", scope="gpu")
     ticket = tl.atomic_add(scratch_ptr + 1, 1, sem="acq_rel", scope="gpu")
