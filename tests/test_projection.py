@@ -25,26 +25,73 @@ SHAPE = Shape(ModelShape(num_layers=4, num_heads=8, num_kv_heads=2, head_dim=16,
 
 
 def profile(memory_bw=1e9, peak=1e15, bus_bw=1e9, overhead=0.0, host_attention=1e9, host_bw=1e9,
-            shares_device=False, **extra):
-    """A round-number profile: 1 GB/s everywhere makes every time = bytes x 1e-9 s."""
+            shares_device=False, efficiency=None, **extra):
+    """A round-number profile: 1 GB/s everywhere makes every time = bytes x 1e-9 s (every kernel at full
+    bandwidth and no hand-off cost unless `efficiency` says otherwise)."""
     def n(value):
         return {"value": value, "source": "test"}
 
+    kernels = {"dense_attention": 1.0, "digest_topk": 1.0, "block_sparse_16": 1.0, "block_sparse_32": 1.0,
+               "layer_handoff_s": 1e-30, **(efficiency or {})}
     data = {"name": "test",
             "device": {"memory_bytes": n(80e9), "memory_bw_bytes_s": n(memory_bw), "peak_flops": n(peak)},
             "bus": {"bw_bytes_s": n(bus_bw), "transfer_overhead_s": n(overhead) if overhead else n(1e-30)},
             "host": {"cores": n(8), "memory_bytes": n(512e9), "memory_bw_bytes_s": n(host_bw),
-                     "attention_bytes_s": n(host_attention), "shares_device": shares_device}}
+                     "attention_bytes_s": n(host_attention), "shares_device": shares_device},
+            "efficiency": {k: {**n(v), "basis": "assumed"} for k, v in kernels.items()}}
     data["device"].update({k: n(v) for k, v in extra.items()})
     return parse_hardware(data)
 
 
 def test_builtin_profiles_load_with_a_source_for_every_number():
+    """Every number has a source, device memory is what the device reports (whole MiB: nvidia-smi's
+    memory.total), and every kernel efficiency is there with its basis."""
+    from scoutbench.analysis.hardware import EFFICIENCIES
+
     assert PAPER_PROFILES <= set(hardware_names())
     for name in PAPER_PROFILES:
         hw = load_hardware(name)
         assert set(hw.values) == set(hw.sources) and all(s.strip() for s in hw.sources.values())
         assert hw.values["device.memory_bw_bytes_s"] > 1e11 and hw.labels["bus"]
+        assert hw.values["device.memory_bytes"] % 2**20 == 0, name
+        assert {f"efficiency.{k}" for k in EFFICIENCIES} == set(hw.bases) and set(hw.bases.values()) <= {
+            "measured", "assumed"}
+        assert all(0 < hw.efficiency(k) <= 1 for k in EFFICIENCIES if not k.endswith("_s"))
+    assert load_hardware("paper").values["device.memory_bytes"] == 81920 * 2**20  # an 80 GB A100 as it reports
+
+
+def test_profile_efficiencies_are_required_with_a_basis():
+    with open(load_hardware("paper").path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    for broken, message in ((lambda d: d.pop("efficiency"), "missing section 'efficiency'"),
+                            (lambda d: d["efficiency"].pop("block_sparse_16"), "efficiency.block_sparse_16 needs"),
+                            (lambda d: d["efficiency"]["digest_topk"].pop("basis"), "digest_topk needs a basis"),
+                            (lambda d: d["efficiency"]["dense_attention"].update(source=""), "has no source")):
+        copied = copy.deepcopy(data)
+        broken(copied)
+        with pytest.raises(UsageError, match=message):
+            parse_hardware(copied)
+
+
+def test_kernel_efficiencies_time_each_kernel_class_by_hand():
+    """Dense layers and contiguous KV at the dense kernel's efficiency, selected pages at their page size's, digests
+    at the selection kernel's, and one hand-off per layer with a host part (none for FullKV or Quest)."""
+    halves = {"dense_attention": 0.5, "digest_topk": 0.25, "block_sparse_16": 0.2, "block_sparse_32": 0.4,
+              "layer_handoff_s": 1e-3}
+    hw, full = profile(efficiency=halves), profile()
+    for block, efficiency in ((16, 0.2), (32, 0.4)):
+        config = {"budget": 512, "block_size": block, "dense_layers": 1}
+        work = step_work(MeasuredWork("quest", "quest", config), SHAPE)
+        sparse, dense = work.sparse, work.dense
+        slow, fast = project_step(work, hw, SHAPE.batch), project_step(work, full, SHAPE.batch)
+        extra_s = (work.num_sparse * (sparse.device_kv_bytes * (1 / efficiency - 1) + sparse.select_bytes * 3)
+                   + work.num_dense * dense.device_kv_bytes) * 1e-9
+        assert slow.step_ms - fast.step_ms == pytest.approx(extra_s * 1e3)
+    scout = step_work(MeasuredWork("scout", "scout", {"budget": 512, "block_size": 16, "dense_layers": 1}), SHAPE)
+    slow, fast = project_step(scout, hw, SHAPE.batch), project_step(scout, full, SHAPE.batch)
+    assert slow.stages_ms["other"] - fast.stages_ms["other"] == pytest.approx(scout.num_sparse * 1e-3 * 1e3)
+    assert slow.stages_ms["predict"] - fast.stages_ms["predict"] == pytest.approx(
+        scout.num_sparse * scout.sparse.select_bytes * 3 * 1e-9 * 1e3)
 
 
 def test_profile_without_a_source_is_refused(tmp_path):
@@ -193,7 +240,8 @@ def test_projection_scales_to_the_target_and_auto_batch_follows_planning(tiny_ru
     projections = {p.method: p for p in project_results(results, hw, target)}
     assert set(projections) == set(tiny_runs)
     shape = ModelShape.from_config(preset_config("qwen3-14b"))
-    plan = plan_method(build_method("fullkv", {}), shape, 65536, 2, int(80e9), int(hw.values["host.memory_bytes"]))
+    plan = plan_method(build_method("fullkv", {}), shape, 65536, 2, int(hw.values["device.memory_bytes"]),
+                       int(hw.values["host.memory_bytes"]))
     assert projections["fullkv"].batch == plan.max_batch and projections["fullkv"].batch_limited_by == "device"
     scout = projections["scout"]
     assert scout.batch > projections["fullkv"].batch
@@ -282,7 +330,10 @@ def test_calibrate_profile_is_valid_for_project(monkeypatch):
     hw = parse_hardware(data)
     assert hw.shares_device and hw.values["device.layer_overhead_s"] == 1e-4
     assert all("measured by scoutbench calibrate" in s for s in hw.sources.values())
-    assert 1e8 < hw.values["device.attention_bytes_s"] < 1e12
+    assert set(hw.bases.values()) == {"measured"}
+    # every kernel class ran on this CPU (emulation of a device: the plumbing); rates are finite and positive
+    assert 1e8 < hw.attention_bytes_s(0) < 1e12 and 1e8 < hw.attention_bytes_s(16) < 1e12
+    assert 1e7 < hw.select_bytes_s < 1e12 and 0 < hw.layer_handoff_s < 0.1
 
 
 def test_committed_projection_inputs_stay_projectable():
@@ -344,8 +395,9 @@ def test_committed_launch_counts_cover_every_method_both_ways():
 
 def _profile_data(hw):
     """A parsed profile back as the JSON it came from."""
-    data = {"name": hw.name, "device": {}, "bus": {}, "host": {"shares_device": hw.shares_device}}
+    data = {"name": hw.name, "device": {}, "bus": {}, "host": {"shares_device": hw.shares_device}, "efficiency": {}}
     for key, value in hw.values.items():
         section, field = key.split(".")
-        data[section][field] = {"value": value, "source": hw.sources[key]}
+        data[section][field] = {"value": value, "source": hw.sources[key],
+                                **({"basis": hw.bases[key]} if key in hw.bases else {})}
     return data
