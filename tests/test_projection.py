@@ -319,6 +319,70 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
     assert code == 2 and "no ok throughput results" in err
 
 
+def test_project_decode_instance_and_dense_layers(tiny_runs, tmp_path, monkeypatch, capsys):
+    """`--decode-instance` plans every method without the prefill transient (never fewer sequences, ScoutAttention
+    more at 32k); `--dense-layers 0` runs every layer sparse (ScoutAttention then reads less device KV per step, and
+    fits more sequences), as `plan --dense-layers` does; a method without dense layers refuses the flag."""
+    from scoutbench.methods import build_method
+    from scoutbench.planning import plan_method
+    from scoutbench.results import write_json_atomic
+
+    hw = load_hardware("paper")
+    target = dict(model="qwen3-14b", length=32768, batch="auto", budget=2048, block_size=32, dtype="bf16")
+    colocated = {p.method: p for p in project_results(list(tiny_runs.values()), hw, Target(**target))}
+    decode = {p.method: p for p in project_results(list(tiny_runs.values()), hw, Target(**target, decode_instance=True))}
+    assert all(decode[m].max_batch >= colocated[m].max_batch for m in tiny_runs)
+    assert decode["scout"].max_batch > colocated["scout"].max_batch
+    config = {**tiny_runs["scout"]["method_config"], "budget": 2048, "block_size": 32, "dense_layers": 0}
+    shape = ModelShape.from_config(preset_config("qwen3-14b"))
+    plan = plan_method(build_method("scout", config), shape, 32768, 2, int(hw.values["device.memory_bytes"]),
+                       int(hw.values["host.memory_bytes"]), decode_instance=True)
+    all_sparse = {p.method: p for p in project_results(list(tiny_runs.values()), hw,
+                                                       Target(**target, decode_instance=True, dense_layers=0))}
+    assert all_sparse["scout"].method_config["dense_layers"] == 0 and all_sparse["scout"].batch == plan.max_batch
+    fixed = dict(target, batch=16)
+    two, none = (project_results([tiny_runs["scout"]], hw, Target(**fixed, dense_layers=n))[0] for n in (2, 0))
+    assert none.work["device_kv_bytes_per_step"] < two.work["device_kv_bytes_per_step"]
+    for name, result in tiny_runs.items():
+        write_json_atomic(tmp_path / "runs" / f"{name}.json", result)
+    code, out, err = run_cli(monkeypatch, capsys, "project", tmp_path / "runs", "--hardware", "paper", "--model",
+                             "qwen3-14b", "--len", "32k", "--budget", "2k", "--block-size", "32", "--batch", "auto",
+                             "--dtype", "bf16", "--decode-instance", "--dense-layers", "0", "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["target"]["decode_instance"] is True and document["target"]["dense_layers"] == 0
+    scout = next(p for p in document["projections"] if p["method"] == "scout")
+    assert scout["batch"] == plan.max_batch and scout["method_config"]["dense_layers"] == 0
+    write_json_atomic(tmp_path / "dense" / "fullkv.json", tiny_runs["fullkv"])
+    code, _, err = run_cli(monkeypatch, capsys, "project", tmp_path / "dense", "--hardware", "paper",
+                           "--dense-layers", "0")
+    assert code == 2 and "--dense-layers: no projected result's method has dense layers" in err, err
+
+
+def test_project_refuses_a_silent_budget_change_and_shows_both_budgets(tiny_runs, tmp_path, monkeypatch, capsys):
+    """Issue 46: a 512-token run at budget 128 carried to 64k without --budget kept budget 128 silently (0.2% of the
+    context instead of a quarter). It is refused (exit 2, one line naming the run's budget); with --budget the
+    table and JSON show the run's budget and the projection's."""
+    from scoutbench.results import write_json_atomic
+
+    for name in ("fullkv", "quest"):
+        write_json_atomic(tmp_path / "runs" / f"{name}.json", tiny_runs[name])
+    base = ("project", tmp_path / "runs", "--hardware", "h200", "--model", "qwen3-8b", "--batch", "4")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--len", "64k")
+    assert code == 2 and "budget 128 at len 512" in err and "pass --budget 128" in err and err.count("\n") == 1, err
+    code, out, err = run_cli(monkeypatch, capsys, *base, "--len", "512")  # the run's own length: nothing carried
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, *base, "--len", "64k", "--budget", "2k", "--json")
+    assert code == 0, err
+    quest = next(p for p in json.loads(out)["projections"] if p["method"] == "quest")
+    fullkv = next(p for p in json.loads(out)["projections"] if p["method"] == "fullkv")
+    assert (quest["run_budget"], quest["budget"]) == (128, 2048) and (fullkv["run_budget"], fullkv["budget"]) == (None, None)
+    code, out, err = run_cli(monkeypatch, capsys, *base, "--len", "64k", "--budget", "2k")
+    assert code == 0 and "budget" in out and "128 -> 2k" in out, out
+    code, out, err = run_cli(monkeypatch, capsys, *base, "--len", "64k", "--budget", "128")
+    assert code == 0 and "128 -> 128" not in out and " 128 " in out, out
+
+
 def test_calibrate_profile_is_valid_for_project(monkeypatch):
     import scoutbench.bench.calibration as calibration
 
