@@ -323,7 +323,7 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
     out = []
     for key, runs in groups.items():
         first = runs[0]
-        work = with_dense_layers(_median_work([measured_work(r) for r in runs]), target.dense_layers)
+        work = with_dense_layers(median_work([measured_work(r) for r in runs]), target.dense_layers)
         shape, model_name = target_shape(first, target)
         try:
             step, steps, fits, memory = project_work(work, shape, hw, target)
@@ -350,7 +350,8 @@ def _measured_step_ms(runs: list[dict[str, Any]], hw: Hardware) -> float | None:
     return statistics.median(steps)
 
 
-def _median_work(works: list[MeasuredWork]) -> MeasuredWork:
+def median_work(works: list[MeasuredWork]) -> MeasuredWork:
+    """Repeats (or records) of one point as one: the median of each measured fraction."""
     if len(works) == 1:
         return works[0]
     first = works[0]
