@@ -109,7 +109,7 @@ class Counters:
 
 def pending_switch(variant: str) -> str:
     name, _, fields = VARIANTS[variant]
-    return f"pending: {name} has no {', '.join(fields)} switch yet (methods/, with its work model)"
+    return f"pending: {name} has no {', '.join(fields)} switch yet (methods/{name}.py and its work model)"
 
 
 def paper_counters() -> Counters:
@@ -486,7 +486,7 @@ def differences(methods: list[str], paper: Counters, measured: Counters, model: 
         mine = measured.works.get(variant)
         theirs = paper.works.get(variant)
         if mine is None:
-            parts.append(f"{variant}: not measured ({measured.missing[variant]})")
+            parts.append(f"{variant}: {measured.missing[variant]}")
         elif theirs is None:
             shown = ", ".join(f"{k} {v:.3g}" for k, v in mine.fractions.items())
             parts.append(f"{variant}: measured {shown or 'its configuration'}; (a) has none ({paper.missing[variant]})")
@@ -564,10 +564,16 @@ def paper_markdown(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]] | 
         if b is not None:
             cells += f" {stated_cells(b)} | {b['differs_from_paper_counters']} |"
         lines.append(cells)
-    lines += [""] + [f"- {row['counters']} counters, {row['claim']}: {row['reason']}"
-                     + (f"; the setting for the paper's figure: {solved_text(row['setting_solved'], row['kind'])}"
-                        if row.get("setting_solved") else "")
-                     for pair in stated for row in pair if row is not None and row.get("reason")]
+    lines += ["", "Outside tolerance, and why:", ""]
+    for a, b in stated:
+        for row, which in ((a, "(a)" if b is None or b.get("reason") != a.get("reason") else "(a) and (b)"),
+                           (b, "(b)")):
+            if row is None or not row.get("reason") or (row is b and which == "(b)" and b.get("reason") ==
+                                                        a.get("reason")):
+                continue
+            setting = row.get("setting_solved")
+            lines.append(f"- {which} {row['claim']}: {row['reason']}" + (
+                f"; the setting for the paper's figure: {solved_text(setting, row['kind'])}" if setting else ""))
     lines += ["", "| open claim | paper | (a) today | (a) solved | " + ("(b) today | (b) solved |" if rows_b else ""),
               "|---|---|---|---|" + ("---|---|" if rows_b else "")]
     for a, b in pairs:
