@@ -78,18 +78,25 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "scout-pc": ("scout-pc", "ScoutAttention without recall (PC)", {"pool_factor": 1.0}),
     "scout-base": ("scout-base", "ScoutAttention without PC and recall", {"pool_factor": 1.0}),
     "fullkv": ("fullkv", "FullKV", {}),
-    "hgca": ("hgca", "HGCA (score-average read)", {}),
-    "hgca-no-score-read": ("hgca", "HGCA (no score-average read)", {"score_average_read": False}),
+    "hgca": ("hgca", "HGCA (score average of every host token read)", {}),
+    "hgca-selected-read": ("hgca", "HGCA (score average of the selected tokens read)", {"score_read": "selected"}),
     "infinigen": ("infinigen", "InfiniGen (fixed fetch: budget - 1)", {}),
-    "infinigen-dynamic": ("infinigen-dynamic", "InfiniGen (its own count)", {}),
+    "infinigen-dynamic": ("infinigen-dynamic", "InfiniGen (its accuracy code's count)", {}),
+    "infinigen-speedup": ("infinigen-speedup", "InfiniGen (its speedup code's count)", {}),
 }
-HGCA_VARIANTS, INFINIGEN_VARIANTS = ("hgca", "hgca-no-score-read"), ("infinigen", "infinigen-dynamic")
+HGCA_VARIANTS = ("hgca", "hgca-selected-read")
+COUNTED = ("infinigen-dynamic", "infinigen-speedup")  # InfiniGen fetching its own count of tokens
+INFINIGEN_VARIANTS = ("infinigen", *COUNTED)
 
 
 def variant_config(variant: str, base: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The full config of a variant at the paper's budget and block size (over `base`, a measured run's config),
     or None when the method lacks a field the variant sets (a switch not implemented yet)."""
+    from scoutbench.methods import METHODS
+
     name, _, fields = VARIANTS[variant]
+    if name not in METHODS.names():
+        return None
     defaults = method_class(name).defaults()
     if any(key not in defaults for key in fields):
         return None
@@ -108,8 +115,14 @@ class Counters:
 
 
 def pending_switch(variant: str) -> str:
+    """Why a variant cannot be projected with this version of methods/: its registration or its switch is missing."""
+    from scoutbench.methods import METHODS
+
     name, _, fields = VARIANTS[variant]
-    return f"pending: {name} has no {', '.join(fields)} switch yet (methods/{name}.py and its work model)"
+    if name not in METHODS.names():
+        return f"pending: no method {name} is registered yet (methods/__init__.py)"
+    family = method_class(name).name
+    return f"pending: {family} has no {', '.join(fields)} switch yet (methods/{family}.py and its work model)"
 
 
 def paper_counters() -> Counters:
@@ -119,7 +132,7 @@ def paper_counters() -> Counters:
     counters = Counters("paper")
     scout = {"cpu_budget_frac": PAPER_CPU_SHARE, "recall_budget_frac": PAPER_CPU_SHARE / PAPER_RECALL_INTERVAL,
              "attended_budget_frac": 1.0}
-    for variant in ("scout", "fullkv", *HGCA_VARIANTS, "infinigen"):
+    for variant in ("scout", "fullkv", *HGCA_VARIANTS, "infinigen"):  # what a configuration sets
         config = variant_config(variant)
         if config is None:
             counters.missing[variant] = pending_switch(variant)
@@ -129,7 +142,9 @@ def paper_counters() -> Counters:
                                                source="the paper", **(scout if variant == "scout" else {}))
     counters.missing["scout-pc"] = counters.missing["scout-base"] = (
         "the paper reports no CPU share without recall (Fig. 6(a) shows it rising with the steps)")
-    counters.missing["infinigen-dynamic"] = "the paper does not report how many tokens InfiniGen's own count fetches"
+    for variant in COUNTED:
+        counters.missing[variant] = (pending_switch(variant) if variant_config(variant) is None else
+                                     "the paper does not report how many tokens InfiniGen's own count fetches")
     return counters
 
 
@@ -142,8 +157,14 @@ def sweep_label(work: MeasuredWork) -> str | None:
             return None
         return f"scout-pool{config.get('pool_factor', 1):g}x-{'pr' if config.get('pr', True) else 'nopr'}"
     if family == "infinigen":
-        return "infinigen-dynamic" if config.get("dynamic_count") else "infinigen"
-    return family if family in ("fullkv", "hgca") else None
+        if not config.get("dynamic_count"):
+            return "infinigen"
+        return "infinigen-speedup" if config.get("count_cap") is not None else "infinigen-dynamic"
+    if family == "hgca":  # at its default window share; by what it reads of the score averages
+        if config.get("window_share", 0.5) != 0.5:
+            return None
+        return "hgca-selected-read" if config.get("score_read") == "selected" else "hgca"
+    return family if family == "fullkv" else None
 
 
 def sweep_works(runs: list[str]) -> dict[str, MeasuredWork]:
@@ -163,13 +184,16 @@ def measured_counters(runs: list[str]) -> Counters:
     recall for PC and PR (PC changes when the CPU part runs, not what it attends), the baselines as they ran."""
     sweep = sweep_works(runs)
     counters = Counters("measured")
-    sources = {"scout": "scout-pool1x-pr", "scout-pc": "scout-pool1x-nopr", "scout-base": "scout-pool1x-nopr",
-               "fullkv": "fullkv", "hgca": "hgca", "hgca-no-score-read": "hgca", "infinigen": "infinigen",
-               "infinigen-dynamic": "infinigen-dynamic"}
-    for variant, label in sources.items():
-        measured = sweep.get(label)
+    # each variant's sweep point; HGCA with a budget does what its configuration says, so without a point of its
+    # own the selected-read variant is the default point's configuration with the switch set
+    sources = {"scout": ("scout-pool1x-pr",), "scout-pc": ("scout-pool1x-nopr",),
+               "scout-base": ("scout-pool1x-nopr",), "fullkv": ("fullkv",), "hgca": ("hgca",),
+               "hgca-selected-read": ("hgca-selected-read", "hgca"), "infinigen": ("infinigen",),
+               "infinigen-dynamic": ("infinigen-dynamic",), "infinigen-speedup": ("infinigen-speedup",)}
+    for variant, labels in sources.items():
+        measured = next((sweep[label] for label in labels if label in sweep), None)
         if measured is None:
-            counters.missing[variant] = f"no {label} point in {', '.join(runs)}"
+            counters.missing[variant] = f"no {labels[0]} point in {', '.join(runs)}"
             continue
         config = variant_config(variant, measured.config)
         if config is None:
@@ -326,19 +350,27 @@ def open_fetch_row(p: Projector, variant: str, row: dict[str, Any], value: Calla
     paper's figure; otherwise the reason."""
     row["open"] = True
     row["unstated"] = p.counters.missing[variant]
-    if variant != "infinigen-dynamic" or "infinigen" not in p.counters.works:
-        row["projected"] = None
+    row["projected"] = None
+    counted = counted_work(variant)
+    if counted is None:
         return row
-    fixed = p.work("infinigen")
-    counted = MeasuredWork("infinigen-dynamic", "infinigen", {**fixed.config, "dynamic_count": True})
     length = row["length"]
 
     def at(tokens: float) -> float:
         return value(counted.replace(fetch_context_frac=tokens / length))
 
-    row["projected"] = None
     row["solved"] = solve("fetched_tokens", at, paper, FETCH_COUNTS)
     return row
+
+
+def counted_work(variant: str) -> MeasuredWork | None:
+    """InfiniGen with its own count at the paper's budget, its count to be set (`fetch_context_frac`), or None for
+    another variant or one this version of methods/ lacks."""
+    config = variant_config(variant) if variant in COUNTED else None
+    if config is None:
+        return None
+    name = VARIANTS[variant][0]
+    return MeasuredWork(name, method_class(name).name, config)
 
 
 def below_fullkv(p: Projector, variants: tuple[str, ...], length: int = 8 * K) -> dict[str, Any]:
@@ -382,8 +414,8 @@ def scout_over(p: Projector, baseline: str, paper: float, claim: str, length: in
     else:
         row["projected"] = None
         row["unstated"] += f"; {p.counters.missing[baseline]}"
-    if baseline == "infinigen-dynamic" and baseline not in p.counters.works and "infinigen" in p.counters.works:
-        counted = MeasuredWork("infinigen-dynamic", "infinigen", {**p.work("infinigen").config, "dynamic_count": True})
+    counted = counted_work(baseline) if baseline not in p.counters.works else None
+    if counted is not None:
         solved.update(solve("fetched_tokens", lambda t: scout_top / p.tok_s(
             counted.replace(fetch_context_frac=t / length), length, "auto"), paper, FETCH_COUNTS))
     row["solved"] = solved
@@ -457,7 +489,7 @@ def claims(p: Projector) -> list[dict[str, Any]]:
     rows += [(idle(p, v, 40, 0.57), [v]) for v in HGCA_VARIANTS]
     rows += [(idle(p, v, 40, 0.61), [v]) for v in INFINIGEN_VARIANTS]
     rows += [(below_fullkv(p, ("hgca", "infinigen")), ["fullkv", "hgca", "infinigen"])]
-    rows += [(below_fullkv(p, (v,)), ["fullkv", v]) for v in ("hgca-no-score-read", "infinigen-dynamic")]
+    rows += [(below_fullkv(p, (v,)), ["fullkv", v]) for v in ("hgca-selected-read", *COUNTED)]
     rows += [(scout_over(p, "fullkv", 5.1, "ScoutAttention / FullKV, 64k"), ["scout", "fullkv"])]
     rows += [(scout_over(p, v, 2.1, f"ScoutAttention / {label(v)}, 64k (up to 2.1x)"), ["scout", v])
              for v in (*HGCA_VARIANTS, *INFINIGEN_VARIANTS)]
@@ -685,7 +717,7 @@ def pool_table(runs: list[str]) -> list[str]:
     def tok_s(p) -> float:
         return p.step.throughput_tok_s
 
-    baselines = [name for name in ("infinigen", "infinigen-dynamic", "hgca") if name in at64]
+    baselines = [name for name in (*INFINIGEN_VARIANTS, *HGCA_VARIANTS) if name in at64]
     pools = sorted({label.split("-")[1] for label in at64 if label.startswith("scout-")}, key=lambda x: float(x[4:-1]))
     header = ("| device pool | CPU share (recall every 8) | recalled / budget per step | scout batch at 64k | "
               + " | ".join(f"{name} (paper {printed})" for name, printed, _ in POOL_COLUMNS) + " |")
