@@ -496,7 +496,7 @@ def test_paper_validation_with_the_papers_counters(monkeypatch, capsys):
         assert row.get("within_tolerance") or row.get("holds") or row.get("reason"), row
     by_claim = {row["claim"]: row for row in rows}
     for claim in ("ScoutAttention batch 16 -> 32, 32k", "ScoutAttention batch 32 -> 64, 32k",
-                  "HGCA (score-average read) batch 16 -> 32, 32k",
+                  "HGCA (score average of every host token read) batch 16 -> 32, 32k",
                   "InfiniGen (fixed fetch: budget - 1) batch 16 -> 32, 32k"):
         assert by_claim[claim]["within_tolerance"], by_claim[claim]
     assert by_claim["ScoutAttention batch 32 -> 64, 32k"]["max_batch"] >= 64
