@@ -400,6 +400,24 @@ def test_calibrate_profile_is_valid_for_project(monkeypatch):
     assert 1e7 < hw.select_bytes_s < 1e12 and 0 < hw.layer_handoff_s < 0.1
 
 
+def test_calibrate_measures_the_kernel_efficiencies_on_emulated_cuda():
+    """The CUDA branch of the efficiency measurements (events, pinned copies, the kernels on the device) runs on
+    emulated CUDA: the plumbing, every entry present, positive and marked measured; the numbers of a GPU come only
+    from a run on one."""
+    import torch
+
+    from scoutbench.analysis.hardware import EFFICIENCIES
+    from scoutbench.bench.calibration import kernel_efficiencies
+    from scoutbench.testing.emulated_cuda import emulated_cuda
+
+    with emulated_cuda():
+        section = kernel_efficiencies(torch.device("cuda:0"), torch.float32, 1, 1e10,
+                                      lambda value, what: {"value": value, "source": what})
+    assert set(section) == set(EFFICIENCIES)
+    assert all(entry["basis"] == "measured" and entry["value"] > 0 and entry["source"] for entry in section.values())
+    assert "event wait" in section["layer_handoff_s"]["source"]
+
+
 def test_committed_projection_inputs_stay_projectable():
     """The paper-ratio table's inputs (results/projection, docs/projection.md) are results an older version wrote:
     every file must still project, budget-matched (every sparse method at budget 2048 / 512 with 2 dense layers),
