@@ -56,7 +56,7 @@ class ScoutWorkModel:
         ahead = config.get("pc", True)
         return terms.layer(
             "layer_ahead" if ahead else "same_layer", predict_weight_bytes=terms.predict_weight_bytes if ahead else 0.0,
-            select_bytes=digests, device_kv_bytes=B * (attended - cpu_tokens) * kv,
+            select_bytes=digests, device_kv_bytes=B * (attended - cpu_tokens) * kv, device_page_tokens=block_size,
             device_tokens=B * m.num_kv_heads * (attended - cpu_tokens), host_kv_bytes=B * cpu_tokens * kv,
             cpu_tokens=B * m.num_kv_heads * cpu_tokens, merge_bytes=terms.merge_bytes,
             d2h=Transfer(terms.query_bytes, 1) + indices + terms.new_kv, h2d=terms.result_back,

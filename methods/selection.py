@@ -249,4 +249,5 @@ class BlockSelection(AttentionMethod):
         digests = B * m.num_kv_heads * math.ceil(N / config["block_size"]) * 2 * m.head_dim * e
         return terms.layer("none", select_bytes=digests if cls.keeps_digests else 0,
                            device_kv_bytes=B * selections * tokens * shape.kv_bytes_per_token,
+                           device_page_tokens=config["block_size"],
                            device_tokens=B * m.num_kv_heads * selections * tokens)

@@ -57,6 +57,7 @@ class LayerWork:
     predict_weight_bytes: float = 0.0  # layer-ahead query prediction (next layer's q_proj)
     select_bytes: float = 0.0  # block digests or speculation keys read on the device to choose tokens
     device_kv_bytes: float = 0.0  # KV read by device attention
+    device_page_tokens: int = 0  # how device attention reads it: 0 contiguous (a dense kernel), n selected n-token pages
     device_tokens: float = 0.0  # (sequence, KV head, token) triples attended on the device
     host_kv_bytes: float = 0.0  # KV (and score state) read by CPU attention
     cpu_tokens: float = 0.0  # (sequence, KV head, token) triples attended on the CPU

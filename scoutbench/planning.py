@@ -10,7 +10,8 @@ each method from the same model:
   LM head unless tied), from the config alone.
 - method device/host bytes: the method's own `memory_footprint` (KV, digests, resident blocks, buffers).
 - workspace per sequence: the larger of the decode activations and the synthetic-prefill transient, which never
-  coexist (see `workspace_bytes_per_seq`).
+  coexist (see `workspace_bytes_per_seq`); on a decode instance (`decode_instance`: prefill-decode disaggregation,
+  the prompt's KV arrives from a prefill instance) the decode activations alone.
 - reserve: a fixed CUDA_CONTEXT_BYTES for the CUDA context and kernels' workspaces plus
   DEVICE_RESERVE_FRACTION of the memory for allocator fragmentation: the caching allocator rounds and splits
   blocks, and a plan that fills the card to the byte fails at the first odd-sized tensor.
@@ -55,6 +56,7 @@ class Plan:
     host_mem_bytes: int | None  # None: the host tier is not limited
     max_batch: int
     limited_by: str  # "device", "host", or "weights" (the model alone does not fit: max_batch 0)
+    decode_instance: bool = False  # planned without the prefill transient (the prefill ran elsewhere)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,10 +124,13 @@ def reserved_bytes(gpu_mem_bytes: int) -> int:
 
 
 def plan_method(method: AttentionMethod, shape: ModelShape, context_len: int, elem_bytes: int, gpu_mem_bytes: int,
-                host_mem_bytes: int | None = None, tied_embeddings: bool = False) -> Plan:
-    """The largest batch of `method` whose device tier fits `gpu_mem_bytes` and host tier fits `host_mem_bytes`."""
+                host_mem_bytes: int | None = None, tied_embeddings: bool = False, decode_instance: bool = False) -> Plan:
+    """The largest batch of `method` whose device tier fits `gpu_mem_bytes` and host tier fits `host_mem_bytes`.
+    `decode_instance`: the sequences arrive prefilled (prefill-decode disaggregation, the ScoutAttention paper's
+    setting), so no prefill transient is planned for, only the decode activations."""
     footprint = method.memory_footprint(shape, context_len, elem_bytes)
-    workspace = workspace_bytes_per_seq(shape, context_len, elem_bytes, footprint.prefill_bytes_per_seq)
+    workspace = (decode_workspace_bytes_per_seq(shape, context_len, elem_bytes) if decode_instance else
+                 workspace_bytes_per_seq(shape, context_len, elem_bytes, footprint.prefill_bytes_per_seq))
     weights = weights_bytes(shape, elem_bytes, tied_embeddings)
     reserve = reserved_bytes(gpu_mem_bytes)
     free_for_sequences = gpu_mem_bytes - weights - reserve
@@ -136,7 +141,7 @@ def plan_method(method: AttentionMethod, shape: ModelShape, context_len: int, el
         if host_batch < device_batch:
             max_batch, limited_by = host_batch, "host"
     return Plan(method.name, context_len, elem_bytes, footprint.device_bytes_per_seq, footprint.host_bytes_per_seq,
-                workspace, weights, reserve, gpu_mem_bytes, host_mem_bytes, max_batch, limited_by)
+                workspace, weights, reserve, gpu_mem_bytes, host_mem_bytes, max_batch, limited_by, decode_instance)
 
 
 def available_host_bytes() -> int | None:

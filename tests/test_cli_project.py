@@ -45,7 +45,8 @@ def test_project_table_names_each_source_point_and_the_prompt_length(tmp_path, m
     code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200")
     assert code == 0, err
     assert " 32k " in out and " 16k " in out and "32773" not in out and "from" not in out
-    code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "--len", "8k", "--batch", "4")
+    code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "--len", "8k", "--batch", "4",
+                             "--budget", "2k")
     assert code == 0, err
     rows = [line for line in out.splitlines() if " fullkv " in line]
     assert len(rows) == 2 and len(set(rows)) == 2 and "from" in out

@@ -378,3 +378,41 @@ def test_prefill_transients_are_chunked(tiny_qwen3, monkeypatch):
     chunked, whole = ingest(64), ingest(100_000)
     for a, b in zip(chunked, whole, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_instance_plans_the_decode_activations_alone(qwen3_14b, monkeypatch, capsys):
+    """A decode instance of prefill-decode disaggregation never holds a prefill transient: its workspace per sequence
+    is the decode activations (their hand count below), so more sequences fit; `plan --decode-instance` says so."""
+    from scoutbench.planning import decode_workspace_bytes_per_seq
+
+    scout = METHODS.load("scout")(budget=2048, block_size=32, dense_layers=0, pool_factor=1.0)
+    colocated = plan_method(scout, qwen3_14b, 32768, 2, 81920 * 2**20)
+    decode = plan_method(scout, qwen3_14b, 32768, 2, 81920 * 2**20, decode_instance=True)
+    # fp32 logits, bf16 activations (4 hidden vectors, q/k/v and attention output heads, 3 MLP intermediates),
+    # fp32 scores and probabilities over every key of each query head, two fp32 partial states + their LSEs
+    by_hand = (151936 * 4 + 2 * (4 * 5120 + 2 * 40 * 128 + 2 * 8 * 128 + 3 * 17408) + 2 * 40 * 32768 * 4
+               + 2 * (40 * 128 + 40) * 4)
+    assert decode.workspace_bytes_per_seq == decode_workspace_bytes_per_seq(qwen3_14b, 32768, 2) == by_hand
+    assert colocated.workspace_bytes_per_seq > decode.workspace_bytes_per_seq and decode.decode_instance
+    assert decode.max_batch > colocated.max_batch
+    args = ("plan", "--model", "qwen3-14b", "--len", "32k", "--gpu-mem", "81920MiB", "--method", "scout", "--budget",
+            "2k", "--block-size", "32", "--dense-layers", "0", "--method-arg", "pool_factor=1", "--json")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--decode-instance")
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["decode_instance"] is True and row["max_batch"] == decode.max_batch
+    code, out, _ = run_cli(monkeypatch, capsys, *args[:-1], "--decode-instance")
+    assert code == 0 and "decode instance" in out
+
+
+def test_the_papers_batch_64_at_32k_fits_its_decode_instance(monkeypatch, capsys):
+    """The paper's largest stated point (ScoutAttention at batch 64, 32k, Qwen3-14B, budget 2048, block 32) on its
+    80 GB card as the card reports it, with one selection in the pool, no dense layers, as a decode instance."""
+    from scoutbench.analysis.hardware import load_hardware
+
+    memory = int(load_hardware("paper").values["device.memory_bytes"])
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--model", "qwen3-14b", "--len", "32k", "--gpu-mem",
+                             f"{memory}B", "--method", "scout", "--budget", "2k", "--block-size", "32",
+                             "--dense-layers", "0", "--method-arg", "pool_factor=1", "--decode-instance", "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["max_batch"] >= 64

@@ -153,7 +153,7 @@ def test_toy_method_through_every_command(toy_registry, tmp_path, monkeypatch, c
 
     # project: the toy's own work model, at its own shape and at a bigger one
     code, out, err = run_cli(monkeypatch, capsys, "project", tmp_path / "sweep", "--hardware", "h200", "--len", "4k",
-                             "-o", tmp_path / "projection.json")
+                             "--budget", "48", "-o", tmp_path / "projection.json")  # the run's own budget, kept
     assert code == 0, err
     document = json.loads((tmp_path / "projection.json").read_text())
     assert not document["skipped"]

@@ -8,8 +8,11 @@ source, scoutbench/data/hardware/*.json, or a file from `scoutbench calibrate`; 
 The timeline, per layer (docs/projection.md has the derivation):
 
     device work   linear layers   max(weight bytes / memory bw, FLOPs / peak)      (roofline)
-                  selection       digests (Quest, Scout) or speculation keys (InfiniGen) / memory bw
-                  attention       device KV bytes / device attention bw
+                  selection       digests (Quest, Scout) or speculation keys (InfiniGen)
+                                  / (memory bw x efficiency.digest_topk)
+                  attention       device KV bytes / (memory bw x the efficiency of its kernel: dense_attention for
+                                  contiguous KV, block_sparse_16 / block_sparse_32 for selected pages)
+                  hand-off        efficiency.layer_handoff_s in every layer with a host part
     host work     CPU attention   host KV bytes / host attention bw
     bus           a copy of n bytes takes overhead + n / bus bw; copies in one direction are serial
 
@@ -81,11 +84,15 @@ def layer_time(layer: LayerWork, hw: Hardware) -> LayerTime:
     stages = {s: 0.0 for s in STAGES}
     qkv, o, mlp = layer.linear_split
     stages["qkv_proj"], stages["o_proj"], stages["mlp"] = linear_s * qkv, linear_s * o, linear_s * mlp
-    stages["predict"] = (layer.predict_weight_bytes + (layer.select_bytes if layer.overlap != "none" else 0.0)) / mem_bw
-    attention_s = (layer.device_kv_bytes + (layer.select_bytes if layer.overlap == "none" else 0.0)) / \
-        hw.device_attention_bytes_s
-    stages["attn_device"] = attention_s
+    # selection (digests or speculation keys, and the top-k) is timed at its own kernel's efficiency: inside the
+    # prediction for the methods with a host part, inside device attention for the rest
+    select_s = layer.select_bytes / hw.select_bytes_s
+    stages["predict"] = layer.predict_weight_bytes / mem_bw + (select_s if layer.overlap != "none" else 0.0)
+    stages["attn_device"] = layer.device_kv_bytes / hw.attention_bytes_s(layer.device_page_tokens) + \
+        (select_s if layer.overlap == "none" else 0.0)
     stages["merge"] = layer.merge_bytes / mem_bw
+    if layer.overlap != "none":  # the device and the host meet once in this layer
+        stages["other"] = hw.layer_handoff_s
     attend_s = layer.host_kv_bytes / hw.values["host.attention_bytes_s"]
     gather_s = layer.host_gather_bytes / hw.values["host.memory_bw_bytes_s"]
     task_s = hw.get("host.task_overhead_s", 0.0) if layer.host_kv_bytes or layer.host_gather_bytes else 0.0
@@ -193,6 +200,8 @@ class Target:
     dtype: str | None = None
     fetch_granularity: str = "gathered"  # InfiniGen's copies: gathered (this tool) or token (the paper's baseline)
     cuda_graphs: bool = True  # the host issue of a step replayed from CUDA graphs (False: eager launches)
+    dense_layers: int | None = None  # layers every sparse method keeps dense (None: each result's own)
+    decode_instance: bool = False  # plan memory without the prefill transient (prefill-decode disaggregation)
 
 
 @dataclass
@@ -211,6 +220,8 @@ class Projection:
     prompt_len: int = 0  # the prompt length the row stands for: the measured run's --len, or the target --len
     source: str = ""  # the measured point it was projected from (points.PointKey.describe, with what varies)
     max_batch: int = 0  # the largest batch the profile's memory holds (planning); above it the step cannot run
+    run_budget: int | None = None  # the budget the measured run used (None: the method has none)
+    budget: int | None = None  # the budget the row is projected at
 
     @property
     def fits_memory(self) -> bool:
@@ -220,7 +231,7 @@ class Projection:
         return {"method": self.method, "method_config": self.method_config, "model": self.model,
                 "len": self.prompt_len or self.length, "context_len": self.length, "source_point": self.source,
                 "batch": self.batch, "batch_limited_by": self.batch_limited_by, "max_batch": self.max_batch,
-                "fits_memory": self.fits_memory,
+                "fits_memory": self.fits_memory, "run_budget": self.run_budget, "budget": self.budget,
                 "decode_throughput_tok_s": self.step.throughput_tok_s, "decode_step_ms": self.step.step_ms,
                 "latency_breakdown_ms": self.step.stages_ms, "gpu_idle_frac": self.step.idle_frac,
                 "cpu_ms_per_step": self.step.cpu_ms, "bus_h2d_ms_per_step": self.step.bus_h2d_ms,
@@ -250,16 +261,49 @@ def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
     return Shape(model, length, batch if isinstance(batch, int) else 1, elem, tied), model_name
 
 
-def _auto_batch(method: str, config: dict[str, Any], target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
-    """The method's largest batch at `shape` on `hw`, planned with the config its work is projected with (the
-    method's `work_config`: the target's budget and block size, and what an older result's config lacks)."""
+def max_batch(method: str, config: dict[str, Any], target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
+    """The method's largest batch at `shape` on `hw` and what limits it, planned (`planning.plan_method`, as a
+    decode instance where the target says so) with the config its work is projected with (the method's
+    `work_config`: the target's budget and block size, and what an older result's config lacks)."""
     from scoutbench.methods import build_method
     from scoutbench.planning import plan_method
 
     built = build_method(method, method_class(method).work_config(config, target.budget, target.block_size))
     plan = plan_method(built, shape.model, shape.context_len, shape.elem_bytes, int(hw.values["device.memory_bytes"]),
-                       int(hw.values["host.memory_bytes"]), shape.tied_embeddings)
+                       int(hw.values["host.memory_bytes"]), shape.tied_embeddings, target.decode_instance)
     return plan.max_batch, plan.limited_by
+
+
+def with_dense_layers(work: MeasuredWork, dense_layers: int | None) -> MeasuredWork:
+    """`work` with the target's dense layers where its method keeps some (its fractions are per sparse layer, so
+    they carry); unchanged for None or a method without the field."""
+    from scoutbench.methods.declarations import DENSE_LAYERS_FIELD
+
+    if dense_layers is None or DENSE_LAYERS_FIELD not in work.config:
+        return work
+    return MeasuredWork(work.method, work.family, {**work.config, DENSE_LAYERS_FIELD: dense_layers},
+                        attended_max_budget_frac=work.attended_max_budget_frac, source=work.source, **work.fractions)
+
+
+def project_work(work: MeasuredWork, shape: Shape, hw: Hardware, target: Target) -> tuple[StepProjection, StepWork,
+                                                                                          int, str]:
+    """One method's step from its measured (or stated) fractions at `shape` (batch `auto`: its largest that fits),
+    and the largest batch the profile holds and what limits it: the projection of one point, which
+    `project_results` applies to each measured point and benchmarks/projection_validation.py to the paper's own
+    counters."""
+    work = with_dense_layers(work, target.dense_layers)
+    fits, memory = max_batch(work.method, work.config, target, shape, hw)
+    if fits < 1:
+        raise UsageError(f"{work.method}: not one sequence of {shape.context_len} tokens fits on {hw.name} "
+                         f"({memory} memory)")
+    if target.batch == "auto":
+        shape = Shape(shape.model, shape.context_len, fits, shape.elem_bytes, shape.tied_embeddings)
+    steps = step_work(work, shape, target.budget, target.block_size, target.fetch_granularity)
+    step = project_step(steps, hw, shape.batch, work.method, launch_counts(work.method, target.cuda_graphs))
+    if not (math.isfinite(step.step_ms) and step.step_ms > 0):  # e.g. a rate so small that a time overflows
+        raise UsageError(f"{hw.path or hw.name}: its numbers give {work.method} a step of {step.step_ms} ms; "
+                         "check the profile's rates and sizes (SI units: bytes, bytes/s, FLOP/s, seconds)")
+    return step, steps, fits, memory
 
 
 def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target) -> list[Projection]:
@@ -279,28 +323,20 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
     out = []
     for key, runs in groups.items():
         first = runs[0]
-        works = [measured_work(r) for r in runs]
-        work = _median_work(works)
+        work = with_dense_layers(median_work([measured_work(r) for r in runs]), target.dense_layers)
         shape, model_name = target_shape(first, target)
-        limited_by = None
-        fits, memory = _auto_batch(first["method"], work.config, target, shape, hw)
-        if fits < 1:
-            raise UsageError(f"{first['method']}: not one sequence of {shape.context_len} tokens of "
-                             f"{model_name} fits on {hw.name} ({memory} memory)")
-        if target.batch == "auto":
-            limited_by = memory
-            shape = Shape(shape.model, shape.context_len, fits, shape.elem_bytes, shape.tied_embeddings)
-        steps = step_work(work, shape, target.budget, target.block_size, target.fetch_granularity)
-        step = project_step(steps, hw, shape.batch, first["method"], launch_counts(first["method"], target.cuda_graphs))
-        if not (math.isfinite(step.step_ms) and step.step_ms > 0):  # e.g. a rate so small that a time overflows
-            raise UsageError(f"{hw.path or hw.name}: its numbers give {first['method']} a step of {step.step_ms} ms; "
-                             "check the profile's rates and sizes (SI units: bytes, bytes/s, FLOP/s, seconds)")
+        try:
+            step, steps, fits, memory = project_work(work, shape, hw, target)
+        except UsageError as exc:
+            raise UsageError(f"{exc} (model {model_name})") from None
         measured = _measured_step_ms(runs, hw) if target == Target(fetch_granularity=target.fetch_granularity,
                                                                    cuda_graphs=target.cuda_graphs) else None
         prompt_len = target.length or int(first["workload"]["len"])
-        out.append(Projection(first["method"], work.config, model_name, shape.context_len, shape.batch, limited_by,
-                              step, steps.totals(), work, [str(r.get("_path", "")) for r in runs], measured,
-                              prompt_len, key.describe(labels.get(key)), fits))
+        budget = method_class(first["method"]).work_config(work.config, target.budget, target.block_size).get("budget")
+        out.append(Projection(first["method"], work.config, model_name, shape.context_len, step.batch,
+                              memory if target.batch == "auto" else None, step, steps.totals(), work,
+                              [str(r.get("_path", "")) for r in runs], measured, prompt_len,
+                              key.describe(labels.get(key)), fits, work.config.get("budget"), budget))
     return sorted(out, key=lambda p: (p.model, p.length, p.batch, p.method, p.source))
 
 
@@ -314,7 +350,8 @@ def _measured_step_ms(runs: list[dict[str, Any]], hw: Hardware) -> float | None:
     return statistics.median(steps)
 
 
-def _median_work(works: list[MeasuredWork]) -> MeasuredWork:
+def median_work(works: list[MeasuredWork]) -> MeasuredWork:
+    """Repeats (or records) of one point as one: the median of each measured fraction."""
     if len(works) == 1:
         return works[0]
     first = works[0]
@@ -327,7 +364,8 @@ def _median_work(works: list[MeasuredWork]) -> MeasuredWork:
 
 ASSUMPTIONS = (
     "roofline per layer: linear layers take max(weight bytes / memory bandwidth, FLOPs / peak); decode attention "
-    "and block selection are bandwidth-bound",
+    "and block selection are bandwidth-bound at the profile's efficiency of their kernel (dense, block-sparse by "
+    "page size, digest scoring with top-k), and a layer with a host part pays the profile's hand-off once",
     "host issue on a GPU profile: each method's launches per layer (docs/projection.md; CUDA graphs on unless "
     "--cuda-graphs off) times the profile's cost per launch; a step is at least its host issue time; a calibrated "
     "CPU profile adds its measured per-layer engine overhead",
@@ -353,16 +391,34 @@ def projection_document(results: list[dict[str, Any]], hw: Hardware, target: Tar
             usable.append(r)
         else:
             skipped.append({"file": r.get("_path"), "reason": reason})
-    for flag, value, fields in (("--budget", target.budget, ("budget",)),
-                                ("--block-size", target.block_size, ("block_size",))):
-        if value is not None and usable and not any(name in (r.get("method_config") or {})
-                                                    for r in usable for name in fields):
-            raise UsageError(f"{flag}: no projected result's method has {fields[0].replace('_', ' ')} "
+    for flag, value, name in (("--budget", target.budget, "budget"), ("--block-size", target.block_size, "block_size"),
+                              ("--dense-layers", target.dense_layers, "dense_layers")):
+        if value is not None and usable and not any(name in (r.get("method_config") or {}) for r in usable):
+            raise UsageError(f"{flag}: no projected result's method has {name.replace('_', ' ')} "
                              f"({', '.join(sorted({str(r.get('method')) for r in usable}))}); drop {flag}")
+    if target.budget is None:
+        for r in usable:
+            check_budget_carried(r, target)
     projections = project_results(usable, hw, target)
     return {**envelope("projection", command), "hardware": hw.describe(), "target": asdict(target),
             "assumptions": list(ASSUMPTIONS), "projections": [p.to_dict() for p in projections],
             "skipped": skipped}
+
+
+def check_budget_carried(result: dict[str, Any], target: Target) -> None:
+    """A run carried to another length keeps its budget only when asked to: the same number of tokens is another
+    share of the context there (a 1k run at budget 256 attends a quarter of its context, at 64k 0.4%), so without
+    `--budget` that is refused (UsageError, exit 2) rather than done silently."""
+    from scoutbench.units import format_length
+
+    budget = (result.get("method_config") or {}).get("budget")
+    run_len = (result.get("workload") or {}).get("len")
+    if budget is None or target.length is None or target.length == run_len:
+        return
+    raise UsageError(f"{result.get('_path') or result.get('method')}: its run used budget {budget} at len "
+                     f"{format_length(run_len) if isinstance(run_len, int) else run_len}; carried to len "
+                     f"{format_length(target.length)} it would be another budget relative to the context; pass "
+                     f"--budget {budget} to keep it or --budget N for the target's")
 
 
 def unprojectable(result: dict[str, Any]) -> str | None:
@@ -390,8 +446,8 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
     with_source = needs_source_column(projections)
     lines = [f"Projected on **{hw['name']}** ({labels.get('device', '')}, {labels.get('bus', '')}, "
              f"{labels.get('host', '')}); see docs/projection.md for the model and its assumptions.", "",
-             "| method | model | len | batch | tok/s | step ms | idle % | bound by | vs fullkv |"
-             + (" from |" if with_source else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" * with_source)]
+             "| method | model | len | batch | budget | tok/s | step ms | idle % | bound by | vs fullkv |"
+             + (" from |" if with_source else ""), "|---|---|---|---|---|---|---|---|---|---|" + ("---|" * with_source)]
     from scoutbench.methods import is_reference
 
     fullkv = {(p["model"], p["len"]): p["decode_throughput_tok_s"] for p in projections if is_reference(p["method"])}
@@ -400,11 +456,23 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
         batch = f"{p['batch']} ({p['batch_limited_by']})" if p.get("batch_limited_by") else str(p["batch"])
         speedup = f"{p['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
         method = p["method"] + (" (launch-bound)" if p.get("launch_bound") else "")
-        lines.append(f"| {method} | {p['model']} | {format_length(p['len'])} | {batch} "
+        lines.append(f"| {method} | {p['model']} | {format_length(p['len'])} | {batch} | {budget_cell(p)} "
                      f"| {p['decode_throughput_tok_s']:.1f} | {p['decode_step_ms']:.2f} "
                      f"| {100 * p['gpu_idle_frac']:.1f} | {p['bound_by']} | {speedup} |"
                      + (f" {p.get('source_point', '')} |" if with_source else ""))
     return lines
+
+
+def budget_cell(projection: dict[str, Any]) -> str:
+    """The budget a row is projected at, with the run's beside it when they differ (`256 -> 2k`); `-` without one."""
+    from scoutbench.units import format_length
+
+    run, target = projection.get("run_budget"), projection.get("budget")
+    if target is None:
+        return "-"
+    if run is None or run == target:
+        return format_length(target)
+    return f"{format_length(run)} -> {format_length(target)}"
 
 
 def needs_source_column(projections: list[dict[str, Any]]) -> bool:

@@ -4,7 +4,9 @@ Each number is timed with the kernels the methods use (the same `partial_attenti
 the same flattened `index_select` gathers, the engine's own decode step), repeated, and summarised by its median;
 its `source` says what was measured, where and when. On a CPU-only machine the "device" is the main thread's torch pool and
 the "host" is the CPU worker, on the same cores (`host.shares_device`); with CUDA the device numbers come from
-the GPU (HBM copy bandwidth, bf16 GEMM, attention) and the bus from pinned host <-> device copies.
+the GPU (HBM copy bandwidth, bf16 GEMM, attention) and the bus from pinned host <-> device copies. The `efficiency`
+section (each device attention kernel class as a fraction of the weight-streaming rate, and the layer hand-off) is
+measured on the device it runs on, with the kernels the methods call there.
 """
 
 from __future__ import annotations
@@ -64,13 +66,13 @@ def peak_flops(device: torch.device, dtype: torch.dtype, repeats: int) -> float:
 
 
 def attention_bytes_s(device: torch.device, dtype: torch.dtype, repeats: int, tokens: int = 16384,
-                      selected_blocks: int | None = None) -> float:
+                      selected_blocks: int | None = None, block: int = 32) -> float:
     """KV bytes per second of decode attention over `tokens` tokens (8 KV heads, 32 query heads, head_dim 128);
-    with `selected_blocks`, over that many random 32-token blocks per KV head, attended in place as ScoutAttention's
-    CPU part does (`block_sparse_attention`)."""
+    with `selected_blocks`, over that many random `block`-token blocks per KV head, attended as the methods do
+    (`block_sparse_attention`: in place on a CPU, gathered then attended on a GPU)."""
     from scoutbench.kernels.attention import block_sparse_attention, partial_attention
 
-    heads, kv_heads, head_dim, block = 32, 8, 128, 32
+    heads, kv_heads, head_dim = 32, 8, 128
     q = torch.randn(1, heads, head_dim, device=device).to(dtype)
     k = torch.randn(1, kv_heads, tokens, head_dim, device=device).to(dtype)
     v = torch.randn_like(k)
@@ -85,6 +87,92 @@ def attention_bytes_s(device: torch.device, dtype: torch.dtype, repeats: int, to
     seconds = median_seconds(lambda: block_sparse_attention(q, k.view(blocked), v.view(blocked), ids, scale), device,
                              repeats)
     return 2 * selected_blocks * block * kv_heads * head_dim * dtype.itemsize / seconds
+
+
+def selection_bytes_s(device: torch.device, dtype: torch.dtype, repeats: int, tokens: int = 16384,
+                      block: int = 32, budget: int = 2048) -> float:
+    """Digest bytes per second of block selection as Quest and ScoutAttention select: the upper bound of every
+    block's digest for the step's queries (`rank_from_digests`, 32 query heads over 8 KV heads) and the top-k of a
+    `budget`'s worth of blocks over them (`CandidateBlocks.top`)."""
+    from scoutbench.kernels.digest import CandidateBlocks, rank_from_digests
+
+    heads, kv_heads, head_dim = 32, 8, 128
+    num_blocks = tokens // block
+    q = torch.randn(1, heads, head_dim, device=device).to(dtype)
+    digests = torch.randn(1, kv_heads, num_blocks, 2 * head_dim, device=device).to(dtype)
+    candidates = CandidateBlocks.build(num_blocks, torch.tensor([num_blocks], device=device), budget // block, None,
+                                       device)
+    seconds = median_seconds(lambda: candidates.top(rank_from_digests(q, digests)), device, repeats)
+    return digests.numel() * dtype.itemsize / seconds
+
+
+def layer_handoff_s(device: torch.device, repeats: int, meetings: int = 64) -> float:
+    """Seconds one meeting of device and host costs the device's stream, per layer with a host part. On CUDA: a
+    step that waits for the host (an event the host synchronises on, then a small host-to-device copy) against the
+    same work issued without the wait. On a CPU: the main thread's cost of handing a task to the CPU worker and
+    collecting its result (submit, and `result()` of a finished task; the worker's own latency is
+    `host.task_overhead_s`)."""
+    if device.type == "cuda":
+        counter = torch.zeros(1, device=device)
+        src = torch.zeros(1024, pin_memory=True)
+        dst = torch.empty(1024, device=device)
+        event = torch.cuda.Event()
+
+        def meet() -> None:
+            for _ in range(meetings):
+                counter.add_(1)
+                event.record()
+                event.synchronize()
+                dst.copy_(src, non_blocking=True)
+
+        def flow() -> None:
+            for _ in range(meetings):
+                counter.add_(1)
+                dst.copy_(src, non_blocking=True)
+
+        return max((median_seconds(meet, device, repeats) - median_seconds(flow, device, repeats)) / meetings, 1e-9)
+    from concurrent.futures import wait
+
+    from scoutbench.runtime.offload import CpuWorkerPool
+
+    pool = CpuWorkerPool(1)
+    try:
+        costs = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            futures = [pool.submit(lambda: None) for _ in range(meetings)]
+            submit_s = time.perf_counter() - start
+            wait(futures)
+            start = time.perf_counter()
+            for future in futures:
+                future.result()
+            costs.append((submit_s + time.perf_counter() - start) / meetings)
+        return max(statistics.median(costs), 1e-9)
+    finally:
+        pool.close()
+
+
+def kernel_efficiencies(device: torch.device, dtype: torch.dtype, repeats: int, memory_bw_bytes_s: float,
+                        measured: Callable[[float, str], dict[str, Any]]) -> dict[str, Any]:
+    """The profile's `efficiency` section on `device`: each attention kernel class's rate as a fraction of the
+    measured weight-streaming rate, and the layer hand-off, all `measured`."""
+    def fraction(rate: float, what: str) -> dict[str, Any]:
+        return {**measured(rate / memory_bw_bytes_s, f"{what} (KV bytes/s) / the {dtype} weight-streaming rate "
+                                                     f"{memory_bw_bytes_s:.4g} B/s"), "basis": "measured"}
+
+    sparse = {f"block_sparse_{block}": fraction(attention_bytes_s(device, dtype, repeats, 16384, 2048 // block, block),
+                                                f"{dtype} block-sparse attention over 2048 // {block} random "
+                                                f"{block}-token blocks of 16k tokens, 8 KV heads")
+              for block in (16, 32)}
+    return {"dense_attention": fraction(attention_bytes_s(device, dtype, repeats),
+                                        f"{dtype} decode attention over 16k tokens, 8 KV heads"),
+            "digest_topk": fraction(selection_bytes_s(device, dtype, repeats),
+                                    f"{dtype} digest bounds of 512 32-token blocks, 8 KV heads, and their top-64"),
+            **sparse,
+            "layer_handoff_s": {**measured(layer_handoff_s(device, repeats),
+                                           "event wait and small copy of a device-host meeting (s)" if
+                                           device.type == "cuda" else "main thread's submit and collect of a CPU "
+                                           "worker task (s)"), "basis": "measured"}}
 
 
 def gather_bytes_s(device: torch.device, dtype: torch.dtype, repeats: int) -> float:
@@ -181,8 +269,6 @@ def calibrate(device: torch.device, repeats: int = 5, log: Callable[[str], None]
         "memory_bw_bytes_s": measured(memory_bw, f"{dtype} matrix-vector over 256 MiB of 4096x4096 weights "
                                       "(bytes/s)"),
         "peak_flops": measured(peak_flops(device, dtype, repeats), f"{dtype} square matmul (FLOP/s)"),
-        "attention_bytes_s": measured(attention_bytes_s(device, dtype, repeats),
-                                      f"{dtype} decode attention over 16k tokens, 8 KV heads (KV bytes/s)"),
         "layer_overhead_s": measured(engine_overhead_per_layer_s(device, memory_bw),
                                      "engine decode step of tiny-qwen3 at 64 tokens, less its weight and KV reads, "
                                      "per layer (s)"),
@@ -208,4 +294,5 @@ def calibrate(device: torch.device, repeats: int = 5, log: Callable[[str], None]
         "shares_device": not cuda,
     }
     return {"name": f"local-{socket.gethostname()}", "description": f"measured on {where}",
-            "device": device_section, "bus": bus_section, "host": host_section}
+            "device": device_section, "bus": bus_section, "host": host_section,
+            "efficiency": kernel_efficiencies(device, dtype, repeats, memory_bw, measured)}

@@ -15,6 +15,9 @@ from scoutbench.cli.options import (
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.units import format_length, parse_bytes
 
+DECODE_INSTANCE_HELP = ("Plan a decode instance of prefill-decode disaggregation (the ScoutAttention paper's "
+                        "setting): sequences arrive prefilled, so no prefill transient is planned for.")
+
 
 @click.command(name="plan")
 @revision_option
@@ -30,8 +33,10 @@ from scoutbench.units import format_length, parse_bytes
 @click.option("--dense-layers", default=None, type=click.IntRange(min=0), help=DENSE_LAYERS.help)
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE", help="Set a method field (repeatable).")
 @click.option("--dtype", default="bf16", show_default=True, type=DTYPE, help="KV and weight dtype: bf16, fp16 or fp32.")
+@click.option("--decode-instance", is_flag=True, help=DECODE_INSTANCE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per method.")
-def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense_layers, method_args, dtype, as_json):
+def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense_layers, method_args, dtype,
+            decode_instance, as_json):
     """Memory per sequence and maximum batch of each method, without building the model (see scoutbench/planning.py
     for what is counted and the safety margin)."""
 
@@ -57,8 +62,8 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     shape = ModelShape.from_config(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     # keyed by the name asked for (scout-pc, not the class's scout)
-    plans = [{**plan_method(method, shape, context_len, elem_bytes, gpu_mem_bytes, host_mem_bytes, tied).to_dict(),
-              "method": name, "model": model} for name, method in built.items()]
+    plans = [{**plan_method(method, shape, context_len, elem_bytes, gpu_mem_bytes, host_mem_bytes, tied,
+                            decode_instance).to_dict(), "method": name, "model": model} for name, method in built.items()]
     if as_json:
         click.echo(json_text(plans))
         return
@@ -82,11 +87,12 @@ def _print_table(model, dtype, context_len, plans):
 
     first = plans[0]
     host = "unlimited" if first["host_mem_bytes"] is None else format_bytes(first["host_mem_bytes"])
+    workspace = "workspace/seq (decode instance)" if first["decode_instance"] else "workspace/seq"
     table = Table(title=f"{model} ({dtype}), len {format_length(context_len)}: device {format_bytes(first['gpu_mem_bytes'])}"
                         f" = weights {format_bytes(first['weights_bytes'])} + reserve "
                         f"{format_bytes(first['reserved_bytes'])} + batch x per-seq; host {host}",
                   box=box.SIMPLE_HEAD)
-    for header in ("method", "device/seq", "workspace/seq", "host/seq", "max batch", "limited by"):
+    for header in ("method", "device/seq", workspace, "host/seq", "max batch", "limited by"):
         table.add_column(header, justify="left" if header in ("method", "limited by") else "right")
     for p in plans:
         table.add_row(p["method"], format_bytes(p["device_bytes_per_seq"]), format_bytes(p["workspace_bytes_per_seq"]),

@@ -8,6 +8,8 @@ import sys
 import click
 
 from scoutbench.cli.options import DTYPE, LENGTH, revision_option, rich_console
+from scoutbench.cli.plan import DECODE_INSTANCE_HELP
+from scoutbench.method_args import DENSE_LAYERS
 from scoutbench.units import format_length
 
 
@@ -22,8 +24,11 @@ from scoutbench.units import format_length
 @click.option("--len", "length", default=None, help="Target context length, e.g. 64k (default: each result's).")
 @click.option("--batch", default=None, help="Target batch, or 'auto': each method's largest batch that fits the "
               "profile's device and host memory (default: each result's).")
-@click.option("--budget", default=None, type=LENGTH, help="Target sparse budget, e.g. 2k (default: each result's).")
+@click.option("--budget", default=None, type=LENGTH, help="Target sparse budget, e.g. 2k (default: each result's; "
+              "required to carry a run with a budget to another --len).")
 @click.option("--block-size", default=None, type=LENGTH, help="Target block size (default: each result's).")
+@click.option("--dense-layers", default=None, type=click.IntRange(min=0), help=DENSE_LAYERS.help)
+@click.option("--decode-instance", is_flag=True, help=DECODE_INSTANCE_HELP)
 @click.option("--dtype", default=None, type=DTYPE, help="Target weight/KV dtype: bf16, fp16, fp32 (default: each result's).")
 @click.option("--fetch-granularity", type=click.Choice(["gathered", "token"]), default="gathered", show_default=True,
               help="InfiniGen's copies: gathered (this tool's implementation) or token (one copy per token, as the "
@@ -33,8 +38,8 @@ from scoutbench.units import format_length
 @click.option("-o", "--output", default=None, help="Write the projection JSON here (atomically; `report` reads it).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing -o file instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the projection JSON on stdout.")
-def command(results, hardware, model, length, batch, budget, block_size, dtype, fetch_granularity, cuda_graphs, output,
-            overwrite, as_json):
+def command(results, hardware, model, length, batch, budget, block_size, dense_layers, decode_instance, dtype,
+            fetch_granularity, cuda_graphs, output, overwrite, as_json):
     """Project each method's decode step from measured runs (RESULTS: files or folders) onto a hardware profile,
     at the runs' shapes or at --model/--len/--batch: projected tok/s, step breakdown and device idle."""
     from scoutbench.analysis.hardware import load_hardware
@@ -51,7 +56,8 @@ def command(results, hardware, model, length, batch, budget, block_size, dtype, 
     target = Target(model=model, length=parse_length(length) if length else None,
                     batch=None if batch is None else (batch if batch == "auto" else int(batch)),
                     budget=budget, block_size=block_size, dtype=dtype,
-                    fetch_granularity=fetch_granularity, cuda_graphs=cuda_graphs == "on")
+                    fetch_granularity=fetch_granularity, cuda_graphs=cuda_graphs == "on", dense_layers=dense_layers,
+                    decode_instance=decode_instance)
     hw = load_hardware(hardware)
     if output:
         check_writable(output, overwrite, single_file=True)
@@ -74,15 +80,16 @@ def _print_table(document: dict) -> None:
     row's source point."""
     from rich.table import Table
 
-    from scoutbench.analysis.projection import needs_source_column
+    from scoutbench.analysis.projection import budget_cell, needs_source_column
 
     hw = document["hardware"]
+    decode = ", decode instance" if document["target"].get("decode_instance") else ""
     table = Table(title=f"projected on {hw['name']} ({hw['labels']['device']}, {hw['labels']['bus']}, "
-                        f"{hw['labels']['host']})")
+                        f"{hw['labels']['host']}{decode}); budget: the run's -> the projection's where they differ")
     with_source = needs_source_column(document["projections"])
     # the measured step only where some row was projected at its own run's shape and kind of machine
     with_measured = any(p.get("measured_step_ms") is not None for p in document["projections"])
-    columns = ("method", "model", "len", "batch", "tok/s", "step ms", "idle %", "attn ms", "linear ms", "cpu ms",
+    columns = ("method", "model", "len", "batch", "budget", "tok/s", "step ms", "idle %", "attn ms", "linear ms", "cpu ms",
                "h2d ms", "host ms", "bound by", *(["measured ms"] if with_measured else []),
                *(["from"] if with_source else []))
     for name in columns:
@@ -95,7 +102,7 @@ def _print_table(document: dict) -> None:
         measured = p.get("measured_step_ms")
         method = p["method"] + (" ^" if p.get("launch_bound") else "")
         host = p.get("host_issue_ms")
-        table.add_row(method, p["model"], format_length(p["len"]), batch, f"{p['decode_throughput_tok_s']:.1f}",
+        table.add_row(method, p["model"], format_length(p["len"]), batch, budget_cell(p), f"{p['decode_throughput_tok_s']:.1f}",
                       f"{p['decode_step_ms']:.2f}", f"{100 * p['gpu_idle_frac']:.1f}", f"{stages['attn_device']:.2f}",
                       f"{stages['qkv_proj'] + stages['o_proj'] + stages['mlp']:.2f}", f"{p['cpu_ms_per_step']:.2f}",
                       f"{p['bus_h2d_ms_per_step']:.2f}", "-" if host is None else f"{host:.2f}", p["bound_by"],
