@@ -53,7 +53,9 @@ def test_report_on_a_results_folder(tmp_path):
 
     names = sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith("."))
     stems = {"ablation", "batch_scaling", "block_size", "latency_breakdown_len4k-b1", "latency_breakdown_len8k-b1",
-             "latency_breakdown_len8k-b2", "latency_breakdown_len16k-b1", "throughput_vs_length"}
+             "latency_breakdown_len8k-b2", "latency_breakdown_len16k-b1", "throughput_vs_length",
+             "speedup_len4k-b1", "speedup_len8k-b1", "speedup_len8k-b2", "cost_quality_len4k-b1",
+             "cost_quality_len8k-b1", "cost_quality_len8k-b2", "cost_quality_len16k-b1"}
     assert set(names) == {f"{stem}.{fmt}" for stem in stems for fmt in ("png", "pdf")} | {"summary.md"}
     for stem in stems:
         assert (tmp_path / "out" / f"{stem}.png").read_bytes()[:8] == PNG_MAGIC
@@ -61,10 +63,10 @@ def test_report_on_a_results_folder(tmp_path):
 
     summary = (tmp_path / "out" / "summary.md").read_text()
     # speed-ups over FullKV in the same (model, length, batch): 80/40 at 4k, 70/20 at 8k (median of 19, 20, 25)
-    assert "| scout block_size=32 | tiny-qwen3 | float32 | 4k | 1 | 80.00 | 12.50 | - |" in summary
+    assert "| scout block_size=32 | tiny-qwen3 | float32 | 4k | 1 | 80.00 | 80.00-80.00 | 12.50 | - |" in summary
     assert "| 2.00x |" in summary and "| 3.50x |" in summary and "| 4.00x |" in summary
     # ablation speed-ups relative to the parallel co-attention baseline, step to step as in the paper
-    assert "| co-attention | 50.00 | 1.00x | - |" in summary
+    assert "| 8 steps, 2 warm-up, synthetic prefill | co-attention | 50.00 | 1.00x | - |" in summary
     assert "| +PC | 69.50 | 1.39x | 1.39x |" in summary
     assert "| +PC+PR | 83.40 | 1.67x | 1.20x |" in summary
     assert "| scout | - | smollm2-135m | qasper.score | 41.50 |" in summary
@@ -100,9 +102,9 @@ def test_auto_batch_methods_share_one_figure(tmp_path):
                auto(make_result("scout", 200.0, length=4096, batch=16, config=SCOUT_CONFIG)),
                auto(make_result("scout", 150.0, length=8192, batch=16, config=SCOUT_CONFIG))]
     report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out")
-    assert [files[0].name for _, files in report.figures] == ["throughput_vs_length.png",
-                                                              "latency_breakdown_len4k.png",
-                                                              "latency_breakdown_len8k.png"]
+    assert [files[0].name for _, files in report.figures] == [
+        "throughput_vs_length.png", "latency_breakdown_len4k.png", "latency_breakdown_len8k.png", "speedup_len4k.png",
+        "speedup_len8k.png", "cost_quality_len4k.png", "cost_quality_len8k.png"]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| scout | tiny-qwen3 | float32 | 8k | auto (16) | 150.00 |" in summary
     assert "| 7.50x (0.94x/seq) |" in summary  # 150 / 20 at 8k, each at its own batch; per sequence 9.4 vs 10
@@ -140,7 +142,7 @@ def test_real_ablation_and_block_size_presets_render_every_variant(monkeypatch, 
     ablation = (tmp_path / "ablation-report" / "ablation.svg").read_text()
     assert all(f">{variant}<" in ablation for variant in ("co-attention", "+PC", "+PC+PR"))
     summary = (tmp_path / "ablation-report" / "summary.md").read_text()
-    assert [line.split("|")[2].strip() for line in summary.splitlines()
+    assert [line.split("|")[3].strip() for line in summary.splitlines()
             if line.startswith("| tiny-qwen3, float32, len 2k, batch 1")] == ["co-attention", "+PC", "+PC+PR"]
 
     block_size = (tmp_path / "block-size-report" / "block_size.svg").read_text()
@@ -221,17 +223,25 @@ def test_legends_name_methods_as_papers_do():
         "FullKV", "ScoutAttention, budget 1k", "ScoutAttention, budget 2k", "ScoutAttention (+PC)"]
 
 
-def test_error_bars_are_the_stored_interval_of_the_median_step():
+def test_figures_plot_the_one_throughput_with_its_bootstrap_interval():
+    """Figures plotted batch x 1000 / the median step while every table gave tokens over the total time: the same
+    ablation read 2.09x in a figure and 1.89x in summary.md. A figure's value is now decode_throughput_tok_s, and
+    its error bar the bootstrap interval of that number over the timed steps."""
     from scoutbench.analysis.figures import figure_value
     from scoutbench.analysis.points import point_key
     from scoutbench.analysis.report import Point
 
     run = make_result("fullkv", 40.0, batch=2)
-    run["decode_step_ms"].update({"median": 50.0, "ci95_low": 40.0, "ci95_high": 80.0})
-    assert figure_value(Point(point_key(run), [run])) == (40.0, (25.0, 50.0))  # 2 x 1000 / (50, 80, 40) ms
-    run["decode_step_ms"].update({"ci95_low": None, "ci95_high": None})  # under 6 steps: no interval, no bar
-    assert figure_value(Point(point_key(run), [run])) == (40.0, None)
-    run["decode_step_ms"].update({"ci95_low": 60.0, "ci95_high": 80.0})  # not around its median: not drawn
+    run["step_ms"] = [40.0, 42.0, 44.0, 46.0, 48.0, 50.0, 52.0, 120.0]  # a slow outlier: mean 55.25, median 47
+    run["decode_throughput_tok_s"] = 2 * 8 * 1000 / sum(run["step_ms"])
+    run["decode_step_ms"].update({"median": 47.0, "ci95_low": 40.0, "ci95_high": 80.0})
+    value, (low, high) = figure_value(Point(point_key(run), [run]))
+    assert value == run["decode_throughput_tok_s"] != 2 * 1000 / 47.0
+    assert low < value < high  # resampling the steps moves the mean both ways
+    # the extremes a resample of these steps can reach: all 120 ms, all 40 ms
+    assert 2000 / 120.0 < low and high < 2000 / 40.0
+    assert figure_value(Point(point_key(run), [run])) == (value, (low, high))  # a fixed seed: the same every time
+    run["step_ms"] = run["step_ms"][:5]  # too few steps to resample: no bar
     assert figure_value(Point(point_key(run), [run]))[1] is None
 
 
@@ -271,7 +281,8 @@ def test_a_field_that_told_only_a_dropped_series_apart_is_not_in_the_legend(tmp_
                make_result("scout", 75.0, length=8192, config={**SCOUT_CONFIG, "budget": 512})]
     report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out", formats=("svg",))
     svg = (tmp_path / "out" / "throughput_vs_length.svg").read_text()
-    assert ">ScoutAttention<" in svg and ">FullKV<" in svg and "budget" not in svg
+    assert ">ScoutAttention<" in svg and ">FullKV<" in svg and "ScoutAttention, budget" not in svg
+    assert "budget 1k," in svg  # the setup line states the budget of what is drawn
     assert any("series with one length only, not drawn: ScoutAttention, budget 512" in why
                for _, why in report.skipped)
 
