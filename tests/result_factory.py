@@ -45,6 +45,32 @@ def make_result(method: str = "fullkv", tok_s: float = 100.0, *, length: int = 4
     return result
 
 
+def sweep_results(points: list[Any], settings: Any, tok_s_scale: float = 1.0) -> list[dict[str, Any]]:
+    """The results a sweep of `points` (bench.sweep_grid.SweepPoint) with `settings` would write, without decoding:
+    each method's full config as the runner records it, the resolved prefill, the sweep's steps, and for `--batch
+    auto` a planned batch of its own per method. Throughputs differ per method, length, batch and config, so that
+    a figure that drew one point over another would show it."""
+    import zlib
+
+    from scoutbench.bench.resolve import resolve_prefill
+    from scoutbench.methods import build_method
+
+    out = []
+    for point in points:
+        config = build_method(point.method, point.args).config()
+        identity = json.dumps([point.method, config], sort_keys=True, default=str)
+        batch = point.batch if isinstance(point.batch, int) else 2 + zlib.crc32(point.method.encode()) % 7
+        tok_s = tok_s_scale * batch * (50 + zlib.crc32(identity.encode()) % 50) * 4096 / point.length
+        result = make_result(point.method, tok_s, length=point.length, batch=batch, config=config,
+                             model=settings.model, steps=settings.steps, warmup=settings.warmup,
+                             prefill=resolve_prefill(settings.prefill, settings.model), spread=0.05)
+        result["dense_layers"] = config.get("dense_layers")
+        if point.batch == "auto":
+            result["batch_plan"] = {"mode": "auto", "planned": batch}
+        out.append(result)
+    return out
+
+
 def make_accuracy(method: str, scores: dict[str, float], model: str = "smollm2-135m") -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "kind": "accuracy", "scoutbench_version": "0.1.0",
             "created_at": "2026-11-29T08:30:00+00:00", "command": ["scoutbench", "accuracy"],

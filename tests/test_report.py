@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -344,3 +346,129 @@ def test_report_never_crashes_on_random_result_files(documents):
         assert report.summary.exists()
         for point in report.points:  # only measurements are plotted and tabulated
             assert math.isfinite(point.tok_s) and point.tok_s > 0 and math.isfinite(point.step_ms)
+
+
+def _skewed(method: str, steps_ms: list[float], **kwargs) -> dict:
+    """A result whose timed steps are skewed (a slow outlier), so that the mean step and the median step give two
+    different throughputs: the one definition (tokens over total time) must be the one everywhere."""
+    run = make_result(method, 1.0, **kwargs)
+    batch = run["workload"]["batch"]
+    run.update({"step_ms": steps_ms, "decode_time_s": sum(steps_ms) / 1e3,
+                "decode_throughput_tok_s": batch * len(steps_ms) * 1000 / sum(steps_ms)})
+    run["decode_step_ms"].update({"median": statistics.median(steps_ms), "mean": statistics.fmean(steps_ms)})
+    run["workload"]["steps"] = len(steps_ms)
+    return run
+
+
+def test_figure_summary_gate_and_exports_agree_on_tok_s(tmp_path, monkeypatch, capsys):
+    """The same ablation read 2.09x in the report's figure (median step) and 1.89x in summary.md (mean), and the
+    SGLang export's median_decode_throughput differed from the table's tok/s. One number now, everywhere."""
+    from scoutbench.analysis.export import read_csv
+
+    fullkv = _skewed("fullkv", [20.0] * 7 + [60.0] * 3, batch=2)  # mean 32 ms, median 20 ms
+    scout = _skewed("scout", [10.0] * 9 + [40.0], batch=2, config=SCOUT_CONFIG)  # mean 13 ms, median 10 ms
+    folder = write_results(tmp_path / "runs", [fullkv, scout])
+    report = build_report([folder], tmp_path / "out", formats=("svg",))
+    tok_s = {p.method: p.tok_s for p in report.points}
+    assert tok_s == {"fullkv": 2 * 10 * 1000 / 320, "scout": 2 * 10 * 1000 / 130}
+    ratio = tok_s["scout"] / tok_s["fullkv"]  # 2.46x; the median steps would say 2.00x
+    summary = report.summary.read_text()
+    assert f"| {tok_s['scout']:.2f} |" in summary and f"| {ratio:.2f}x |" in summary
+    svg = (tmp_path / "out" / "speedup.svg").read_text()
+    assert f"{ratio:.2f}x" in svg and "2.00x" not in svg
+    from scoutbench.analysis.figures import figure_value
+
+    assert [figure_value(p)[0] for p in report.points] == [tok_s[p.method] for p in report.points]
+
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--current", folder, "--ratio", "scout/fullkv>=1")
+    assert code == 0 and re.search(rf"\b{ratio:.4g}\b", out), out + err
+    code, _, err = run_cli(monkeypatch, capsys, "export", folder, "--format", "sglang", "-o", tmp_path / "r.jsonl")
+    assert code == 0, err
+    records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(r["median_decode_throughput"] for r in records) == sorted(tok_s.values())
+    code, _, err = run_cli(monkeypatch, capsys, "export", folder, "--format", "csv", "-o", tmp_path / "r.csv")
+    assert code == 0, err
+    assert sorted(row["decode_throughput_tok_s"] for row in read_csv(tmp_path / "r.csv")) == sorted(tok_s.values())
+
+
+def test_speedup_bars_carry_the_bootstrap_interval_of_the_ratio(tmp_path):
+    from scoutbench.step_stats import speedup_interval
+
+    fullkv = make_result("fullkv", 40.0, spread=0.2)
+    quest = make_result("quest", 60.0, spread=0.2, config={"budget": 1024})
+    report = build_report([write_results(tmp_path / "runs", [fullkv, quest])], tmp_path / "out", formats=("svg",))
+    points = {p.method: p for p in report.points}
+    value, (low, high) = points["quest"].speedup(points["fullkv"])
+    assert value == 1.5 and low < value < high
+    assert (low, high) == speedup_interval([(60.0, quest["step_ms"])], [(40.0, fullkv["step_ms"])])
+    assert points["fullkv"].speedup(points["fullkv"]) == (1.0, None)
+    svg = (tmp_path / "out" / "speedup.svg").read_text()
+    assert "1.50x" in svg and "Speed-up over FullKV" in svg and ">Quest<" in svg
+
+
+def _fidelity_accuracy(method: str, config: dict, top1: float, score: float, fullkv_score: float) -> dict:
+    result = make_accuracy(method, {"qasper": score})
+    result["method_config"] = dict(config)
+    result["results"]["qasper"].update({
+        "vs_fullkv": {"n": 20, "score": score, "fullkv_score": fullkv_score},
+        "fidelity": {"steps": 32, "records": 20, "compared_steps": 640, "top1_agreement": top1}})
+    return result
+
+
+def test_cost_quality_pairs_speed_with_the_quality_of_the_same_settings(tmp_path):
+    from scoutbench.analysis.figures.comparison import accuracy_quality, configuration
+
+    speed = [make_result("fullkv", 40.0, spread=0.1), make_result("scout", 80.0, spread=0.1, config=SCOUT_CONFIG),
+             make_result("quest", 60.0, spread=0.1, config={"budget": 1024})]
+    quality = [_fidelity_accuracy("scout", SCOUT_CONFIG, 91.5, 40.0, 42.0),
+               _fidelity_accuracy("quest", {"budget": 2048}, 97.0, 41.0, 42.0)]  # another budget: no match
+    report = build_report([write_results(tmp_path / "runs", speed), write_results(tmp_path / "acc", quality)],
+                          tmp_path / "out", formats=("svg",))
+    assert accuracy_quality(quality[0]).top1_pct == 91.5 and accuracy_quality(quality[0]).score_change == -2.0
+    # a result written before a field existed names the same configuration (the class default fills it in)
+    assert configuration("scout", SCOUT_CONFIG) == configuration("scout", {**SCOUT_CONFIG, "pc": True})
+    assert configuration("quest", {"budget": 1024}) != configuration("quest", {"budget": 2048})
+    (figure,) = [f for f in (tmp_path / "out").iterdir() if f.name.startswith("cost_quality")]
+    svg = svg_text(figure)
+    assert "top-1 agreement with FullKV (%)" in svg and "quality: smollm2-135m" in svg
+    assert "not measured: Quest" in svg and "--fidelity-steps" in svg  # Quest's budget has no quality result
+    assert report.drawn and all("cost_quality" in " ".join(stems) for stems in report.drawn.values())
+
+
+def test_cost_quality_from_throughput_alone_draws_the_speed_side_and_says_what_is_missing(tmp_path):
+    speed = [make_result("fullkv", 40.0), make_result("scout", 80.0, config=SCOUT_CONFIG)]
+    build_report([write_results(tmp_path / "runs", speed)], tmp_path / "out", formats=("svg",))
+    svg = svg_text(tmp_path / "out" / "cost_quality.svg")
+    assert "quality not measured" in svg and "no accuracy or fidelity result" in svg and "--fidelity-steps" in svg
+    assert "ScoutAttention" in svg and "FullKV" in svg
+
+
+def svg_text(path: Path) -> str:
+    """The text of an SVG figure (svg.fonttype none keeps it as text), its wrapped lines joined by spaces."""
+    return " ".join(re.findall(r">([^<>]+)</text>", path.read_text()))
+
+
+def test_every_figure_states_its_setup_and_names_stages_for_its_device(tmp_path):
+    """No figure stated the budget or the prefill kind, and a CPU-only run's breakdown said "device attention"."""
+    def on_cuda(result):
+        return {**result, "device": {"type": "cuda", "name": "NVIDIA H200", "class": "cuda:NVIDIA H200"},
+                "tiers": {"device": "cuda", "host": "cpu", "shared_memory": False}}
+
+    cpu = [make_result("fullkv", 40.0, length=length) for length in (4096, 8192)]
+    cpu += [make_result("scout", 80.0, length=length, config=SCOUT_CONFIG) for length in (4096, 8192)]
+    report = build_report([write_results(tmp_path / "cpu", cpu), write_results(tmp_path / "gpu", [
+        on_cuda(make_result("fullkv", 400.0)), on_cuda(make_result("scout", 900.0, config=SCOUT_CONFIG))])],
+        tmp_path / "out", formats=("svg",))
+    assert len(report.figures) == 10  # CPU: one line figure, two each of the other three kinds; GPU: three
+    for _, (svg,) in report.figures:
+        text = svg_text(svg)
+        for part in ("tiny-qwen3", "float32", "batch 1", "budget 1k", "block 32", "synthetic prefill",
+                     "8 timed steps"):
+            assert part in text, (svg.name, part, text)
+        assert "tokens" in text or "input length" in text, (svg.name, text)
+        assert ("NVIDIA H200" in text) != ("Test CPU" in text), (svg.name, text)
+    cpu_breakdown, gpu_breakdown = (svg_text(svg) for title, (svg,) in report.figures
+                                    if title.startswith("Decode latency") and "4k" in svg.name)
+    assert "attention on the main thread" in cpu_breakdown and "waiting for the CPU worker" in cpu_breakdown
+    assert "GPU" not in cpu_breakdown
+    assert "GPU attention" in gpu_breakdown and "GPU idle" in gpu_breakdown

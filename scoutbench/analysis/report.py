@@ -104,6 +104,8 @@ class Point:
     def speedup(self, reference: Point) -> tuple[float, tuple[float, float] | None]:
         """tok/s over `reference`'s (the summary's `vs fullkv`, the speed-up figure's bar) and the ratio's 95%
         bootstrap interval over both points' timed steps (computed once per reference)."""
+        if reference.key == self.key:  # FullKV against itself: 1 by definition, no interval
+            return 1.0, None
         if reference.key not in self._speedups:
             value = self.tok_s / reference.tok_s
             samples, base = self.throughput_samples(), reference.throughput_samples()
@@ -135,7 +137,7 @@ class Point:
         """Whether the run's device was a GPU (its stages are named for one), from its device or its tiers."""
         device = self.result.get("device") if isinstance(self.result.get("device"), dict) else {}
         tiers = self.result.get("tiers") if isinstance(self.result.get("tiers"), dict) else {}
-        return device.get("type") == "cuda" or tiers.get("device") == "cuda" or self.on_gpu
+        return device.get("type") == "cuda" or tiers.get("device") == "cuda"
 
     def breakdown_ms(self) -> dict[str, float] | None:
         """The per-stage median over the repeats that recorded a breakdown (None when none did)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from scoutbench.analysis.figures.style import (
     WIDTH_IN,
     comparison_group,
     error_bars,
-    file_stems,
+    group_stems,
     legend_labels,
     line_style,
     method_color,
@@ -89,16 +90,15 @@ def speedup_figure(report: Report, writer: FigureWriter) -> None:
 
     stem, title = "speedup", "Speed-up over FullKV"
     drawable = {g: c for g, c in comparisons(report.points).items() if c.reference is not None and c.others}
-    without = sorted({p.label for c in comparisons(report.points).values() if c.reference is None for p in c.points})
+    without = sorted({p.key.describe(p.label) for c in comparisons(report.points).values() if c.reference is None
+                      for p in c.points})
     if without:
         report.skipped.append((stem, f"no single FullKV run at the same point and settings: {'; '.join(without)}"))
     if not drawable:
         report.skipped.append((stem, "no point has both FullKV and another method with the same settings"))
         return
-    names = file_stems(stem, [g[:5] + (str(i),) for i, g in enumerate(drawable)] if _repeated(drawable)
-                       else [g[:5] for g in drawable], FIXED)
-    for index, (group, comparison) in enumerate(drawable.items()):
-        name = names[group[:5] + (str(index),)] if _repeated(drawable) else names[group[:5]]
+    names = group_stems(stem, [g[:5] for g in drawable], FIXED, [json.loads(g[5]) for g in drawable])
+    for name, (group, comparison) in zip(names, drawable.items(), strict=True):
         labels = legend_labels(comparison.points)
         series = ordered_series(comparison.others, labels)
         styles = series_styles(series)
@@ -111,12 +111,10 @@ def speedup_figure(report: Report, writer: FigureWriter) -> None:
         for i, (value, interval) in enumerate(values):
             ax.annotate(f"{value:.2f}x", (i, interval[1] if interval else value), ha="center", va="bottom",
                         fontsize=7.5, xytext=(0, 2), textcoords="offset points")
-        ax.axhline(1.0, color=method_color(comparison.reference.method), linewidth=0.8, linestyle="--")
-        ax.annotate(labels[comparison.reference.key], (len(bars) - 0.5, 1.0), ha="right", va="bottom", fontsize=7,
-                    xytext=(0, 1), textcoords="offset points")
+        reference_line(ax, comparison.reference, labels[comparison.reference.key])
         rotate = len(bars) > 4
-        ax.set_xticks(range(len(bars)), [label for label, _ in bars], rotation=30 if rotate else 0,
-                      ha="right" if rotate else "center")
+        ax.set_xticks(range(len(bars)), [label if rotate else textwrap.fill(label, 16) for label, _ in bars],
+                      rotation=30 if rotate else 0, ha="right" if rotate else "center")
         ax.set_xlim(-0.6, len(bars) - 0.4)
         ax.set_ylabel("speed-up over FullKV (tok/s ratio)")
         ax.set_ylim(bottom=0)
@@ -127,10 +125,11 @@ def speedup_figure(report: Report, writer: FigureWriter) -> None:
         writer.save(fig, name, f"{title} ({where})", comparison.points)
 
 
-def _repeated(groups: dict[tuple, Any]) -> bool:
-    """Whether two groups share a point and differ only in their run settings (then their files are numbered)."""
-    keys = [g[:5] for g in groups]
-    return len(set(keys)) < len(keys)
+def reference_line(ax: Any, reference: Point, label: str) -> None:
+    """FullKV's level (1x) across the axes, named beside the axes' right edge, clear of the bars' labels."""
+    ax.axhline(1.0, color=method_color(reference.method), linewidth=0.8, linestyle="--")
+    ax.annotate(label, xy=(1.0, 1.0), xycoords=("axes fraction", "data"), xytext=(3, 0), textcoords="offset points",
+                ha="left", va="center", fontsize=7)
 
 
 # ---- the quality side -----------------------------------------------------------------------------------------
@@ -232,12 +231,10 @@ def cost_quality_figure(report: Report, writer: FigureWriter) -> None:
     if not drawn:
         report.skipped.append((stem, "no point has two or more methods or settings to compare"))
         return
-    keys = [g[:5] + ((s or "speed only"),) for g, s, _, _ in drawn]
-    if len(set(keys)) < len(keys):
-        keys = [key + (str(i),) for i, key in enumerate(keys, 1)]
-    names = file_stems(stem, keys, (*FIXED, "quality"))
-    for (group, source, comparison, qualities), key in zip(drawn, keys, strict=True):
-        _cost_quality(writer, names[key], group, source, comparison, qualities)
+    names = group_stems(stem, [g[:5] for g, _, _, _ in drawn], FIXED,
+                        [{**json.loads(g[5]), "quality": s or "none"} for g, s, _, _ in drawn])
+    for name, (group, source, comparison, qualities) in zip(names, drawn, strict=True):
+        _cost_quality(writer, name, group, source, comparison, qualities)
 
 
 def _cost_quality(writer: FigureWriter, name: str, group: tuple, source: str | None, comparison: Comparison,
@@ -290,9 +287,10 @@ def _cost_quality(writer: FigureWriter, name: str, group: tuple, source: str | N
         if ax is None:
             ax_missing.set_ylabel("speed-up over FullKV (tok/s ratio)" if reference is not None
                                   else "decode throughput (tok/s)")
-    for a in (ax, ax_missing):
-        if a is not None and reference is not None:
-            a.axhline(1.0, color=method_color(reference.method), linewidth=0.6, linestyle=":")
+    if reference is not None:
+        reference_line(ax_missing if ax_missing is not None else ax, reference, labels[reference.key])
+        if ax is not None and ax_missing is not None:
+            ax.axhline(1.0, color=method_color(reference.method), linewidth=0.8, linestyle="--")
     where = where_text(FIXED, group[:5], points)
     quality = f"quality: {source}" if source else "quality: no accuracy or fidelity result with these settings"
     hint = "run `scoutbench accuracy --fidelity-steps N` with the same method settings"

@@ -287,12 +287,33 @@ def file_stems(stem: str, groups: list[tuple], fields: tuple[str, ...] = ()) -> 
     return names
 
 
+def group_stems(stem: str, groups: list[tuple], fields: tuple[str, ...], extras: list[dict[str, Any]]) -> list[str]:
+    """One file stem per group, in order: `file_stems` over the group's `fields`, and where groups share those
+    (a point run twice with other steps, say), the `extras` (settings, config) that tell them apart
+    (`ablation_len16k_steps8-warmup2`); numbered where nothing does."""
+    shared: dict[tuple, list[int]] = defaultdict(list)
+    for index, group in enumerate(groups):
+        shared[group].append(index)
+    parts = [""] * len(groups)
+    for indices in shared.values():
+        if len(indices) < 2:
+            continue
+        names = sorted({k for i in indices for k in extras[i]})
+        varying = [k for k in names if len({json.dumps(extras[i].get(k), sort_keys=True, default=str)
+                                             for i in indices}) > 1]
+        for number, i in enumerate(indices, 1):
+            parts[i] = "-".join(f"{k}{_value_text(k, extras[i].get(k))}" for k in varying) or str(number)
+    keys = [group + (part,) for group, part in zip(groups, parts, strict=True)]
+    names = file_stems(stem, list(dict.fromkeys(keys)), (*fields, ""))
+    return [names[key] for key in keys]
+
+
 def _stem_part(name: str, value: Any) -> str:
     if name == "length" and isinstance(value, int):
         return f"len{format_length(value)}"
     if name == "batch":
         return f"b{value}"
-    return "none" if value is None else str(value)
+    return "none" if value is None else str(value).replace(" ", "")
 
 
 def set_title(ax: Any, title: str, where: str) -> None:

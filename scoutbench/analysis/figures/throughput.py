@@ -20,6 +20,7 @@ from scoutbench.analysis.figures.style import (
     figure_value,
     file_stems,
     group_points,
+    group_stems,
     legend_labels,
     line_style,
     method_color,
@@ -218,9 +219,13 @@ def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
 
 
 def ablation_lone_points(points: list[Point]) -> list[Point]:
-    """Ablation variants with no other variant of their method at their point and settings: no ablation to draw."""
+    """Ablation variants (other than the method's own default, which is a plain run of it) with no other variant of
+    their method at their point and settings: an ablation that has nothing to compare with."""
+    from scoutbench.methods import ablation_variant, method_class
+
     grouped = {p.key for members in ablation_groups(points).values() for p in members}
-    return [p for p in points if p.variant is not None and p.key not in grouped]
+    return [p for p in points if p.variant is not None and p.key not in grouped
+            and p.variant != ablation_variant(method_class(p.method).name, {})]
 
 
 def variant_labels(members: list[Point]) -> list[str]:
@@ -244,12 +249,10 @@ def ablation_figure(report: Report, writer: FigureWriter) -> None:
     lone = ablation_lone_points(report.points)
     if lone:
         report.skipped.append((stem, "a variant with no other variant of its method at its point and settings: "
-                                     f"{'; '.join(sorted(p.label for p in lone))}"))
-    keys = [group[:5] for group in groups]
-    if len(set(keys)) < len(keys):  # same point, different other fields (budgets, steps): number them
-        keys = [key + (str(i),) for i, key in enumerate(keys, 1)]
-    names = file_stems(stem, keys, ("model", "dtype", "length", "batch", "device"))
-    for (group, members), key in zip(groups.items(), keys, strict=True):
+                                     f"{'; '.join(sorted(p.key.describe(p.label) for p in lone))}"))
+    names = group_stems(stem, [group[:5] for group in groups], ("model", "dtype", "length", "batch", "device"),
+                        [{**json.loads(group[5]), **json.loads(group[7])} for group in groups])
+    for (group, members), name in zip(groups.items(), names, strict=True):
         cls = method_class(members[0].method)
         title = f"Ablation of {cls.display_name or cls.name}"
         values = [figure_value(p) for p in members]
@@ -266,4 +269,4 @@ def ablation_figure(report: Report, writer: FigureWriter) -> None:
         ax.grid(axis="x", visible=False)
         where = where_text(("model", "dtype", "length", "batch", "device"), group[:5], members)
         set_title(ax, f"{title} (speed-up vs {members[0].variant})", where)
-        writer.save(fig, names[key], f"{title} ({where})", members)
+        writer.save(fig, name, f"{title} ({where})", members)
