@@ -291,3 +291,12 @@ def test_a_result_without_what_a_format_reads_is_listed_not_a_traceback(sweep_di
     code, out, err = run_cli(monkeypatch, capsys, "export", folder, "--format", fmt, "-o", tmp_path / "out")
     assert code == 0 and out.count("wrote ") == 1, err
     assert "scout_tiny-qwen3" in err and f"no {missing} as" in err and "Traceback" not in err
+
+
+def test_an_accuracy_result_is_named_in_good_english(tmp_path, monkeypatch, capsys):
+    """`export --format sglang` of an accuracy result said "a accuracy result"."""
+    from result_factory import make_accuracy, write_results
+
+    folder = write_results(tmp_path / "acc", [make_accuracy("scout", {"qasper": 40.0})])
+    code, _, err = run_cli(monkeypatch, capsys, "export", folder, "--format", "sglang", "-o", tmp_path / "r.jsonl")
+    assert code == 2 and "an accuracy result (throughput only here)" in err and "a accuracy" not in err, err

@@ -325,10 +325,21 @@ def test_report_without_matplotlib_names_the_extra_in_one_line(monkeypatch, caps
                                          "installed: pip install 'scoutbench[report]'"), err
 
 
-def test_readme_install_line_installs_the_report_extra():
+def test_readme_install_line_installs_the_report_and_accuracy_extras():
+    """The install line lacked `accuracy`: `scoutbench accuracy` then failed on a missing `rouge`."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     install = next(line for line in readme.splitlines() if "pip install torch" in line)
-    assert '".[report]"' in install
+    assert '".[report,accuracy]"' in install
+
+
+def test_readme_method_table_lists_every_registered_method():
+    """The README's table lacked infinigen-dynamic and quest-official."""
+    from scoutbench.methods import METHODS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("| method | `--method` |")[1].split("\n\n")[0]
+    listed = set(re.findall(r"`([a-z0-9-]+)`", table))
+    assert set(METHODS.names()) <= listed, set(METHODS.names()) - listed
 
 
 @settings(max_examples=25, **PROPERTY_SETTINGS)

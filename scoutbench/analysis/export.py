@@ -73,7 +73,9 @@ def collect(paths: Iterable[str | Path], kinds: tuple[str, ...] | None = None,
             continue
         seen.add(source)
         if kinds is not None and result.get("kind") not in kinds:
-            skipped.append(f"{result['_path']}: a {result.get('kind')} result ({'/'.join(kinds)} only here)")
+            kind = str(result.get("kind"))
+            article = "an" if kind[:1].lower() in "aeiou" else "a"
+            skipped.append(f"{result['_path']}: {article} {kind} result ({'/'.join(kinds)} only here)")
         elif result.get("status", "ok") != "ok":
             skipped.append(f"{result['_path']}: status {result.get('status')} ({result.get('error')})")
         elif (problem := format_problem(result, fmt)) is not None:
