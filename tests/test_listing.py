@@ -21,7 +21,7 @@ def test_sweep_config_yaml_flags_override_and_resolved_config_resumes(tmp_path, 
     assert manifest["settings"]["steps"] == 2 and manifest["settings"]["model"] == "tiny-qwen3"
     saved = yaml.safe_load((out / "sweep_config.yaml").read_text())
     assert saved["method"] == ["fullkv", "scout"] and saved["len"] == [256] and saved["budget"] == [192]
-    assert saved["steps"] == 2 and saved["prefill"] == "real" and saved["executor"] == "local"
+    assert saved["steps"] == 2 and saved["prefill"] == "synthetic" and saved["executor"] == "local"
     code, stdout, err = run_cli(monkeypatch, capsys, "sweep", "--config", out / "sweep_config.yaml", "-o", out, "--json")
     assert code == 0, err
     assert json.loads(stdout)["skipped"] == 2  # the saved config is the same sweep: it resumes, runs nothing
