@@ -232,7 +232,7 @@ def cost_quality_figure(report: Report, writer: FigureWriter) -> None:
         report.skipped.append((stem, "no point has two or more methods or settings to compare"))
         return
     names = group_stems(stem, [g[:5] for g, _, _, _ in drawn], FIXED,
-                        [{**json.loads(g[5]), "quality": s or "none"} for g, s, _, _ in drawn])
+                        [{**json.loads(g[5]), "quality": (s or "none").split(" ")[0]} for g, s, _, _ in drawn])
     for name, (group, source, comparison, qualities) in zip(names, drawn, strict=True):
         _cost_quality(writer, name, group, source, comparison, qualities)
 

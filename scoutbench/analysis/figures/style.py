@@ -302,10 +302,16 @@ def group_stems(stem: str, groups: list[tuple], fields: tuple[str, ...], extras:
         varying = [k for k in names if len({json.dumps(extras[i].get(k), sort_keys=True, default=str)
                                              for i in indices}) > 1]
         for number, i in enumerate(indices, 1):
-            parts[i] = "-".join(f"{k}{_value_text(k, extras[i].get(k))}" for k in varying) or str(number)
+            parts[i] = "-".join(_setting_part(k, extras[i].get(k)) for k in varying) or str(number)
     keys = [group + (part,) for group, part in zip(groups, parts, strict=True)]
     names = file_stems(stem, list(dict.fromkeys(keys)), (*fields, ""))
     return [names[key] for key in keys]
+
+
+def _setting_part(name: str, value: Any) -> str:
+    """`steps8`, `prefill-real`: a setting as part of a file name."""
+    text = _value_text(name, value)
+    return f"{name}{text}" if isinstance(value, (int, float)) else f"{name}-{text}"
 
 
 def _stem_part(name: str, value: Any) -> str:
