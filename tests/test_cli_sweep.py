@@ -15,7 +15,8 @@ def test_sweep_table_shows_the_cpu_wait_share():
          "main_thread_wait_frac": 0.174}]}
     text = rendered_table(_sweep_table(manifest))
     row = next(line for line in text.splitlines() if "hgca" in line)
-    assert "17.4" in row and "(the mean step); step ms: the median step" in collapsed_words(text)
+    assert "17.4" in row and "tokens over the total timed decode time" in collapsed_words(text)
+    assert "median step ms: the median step" in collapsed_words(text)
 
 
 def test_a_presets_own_budget_is_not_a_usage_error(monkeypatch, capsys, tmp_path):

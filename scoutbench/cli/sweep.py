@@ -189,7 +189,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
 
 
 def _sweep_table(manifest: dict):
-    """One row per point. tok/s is batch x steps / decode time (the mean step), step ms the median step; idle % is
+    """One row per point. tok/s is tokens over the total timed time, then the median step; idle % is
     GPU idle on CUDA and the main thread's wait off it (tiers.wait_frac); `vs fullkv` as in the report."""
     from rich.table import Table
 
@@ -200,9 +200,10 @@ def _sweep_table(manifest: dict):
 
     settings = manifest["settings"]
     table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)",
-                  caption="tok/s: batch x timed steps / timed decode time (the mean step); step ms: the median step; "
-                          "idle/wait %: GPU idle on CUDA, the main thread's wait for the CPU worker off it")
-    for name in ("method", "args", "len", "batch", "status", "tok/s", "step ms", "idle/wait %", "vs fullkv"):
+                  caption="tok/s: tokens over the total timed decode time (batch x timed steps / their summed time); "
+                          "median step ms: the median step; idle/wait %: GPU idle on CUDA, the main thread's wait "
+                          "for the CPU worker off it")
+    for name in ("method", "args", "len", "batch", "status", "tok/s", "median step ms", "idle/wait %", "vs fullkv"):
         table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
     fullkv = {(p["len"], p["batch"]): p for p in manifest["points"]
               if is_reference(p["method"]) and p["status"] == "ok"}
