@@ -198,11 +198,13 @@ def where_text(fields: tuple[str, ...], values: tuple, points: list[Point], axis
 def setup_part(name: str, points: list[Point]) -> str | None:
     """`budget 1k`, `budget 1k/2k (legend)`, `no budget (dense)`; `synthetic prefill`; `8 timed steps`."""
     if name in ("budget", "block_size"):
-        values = {p.config.get(name) for p in points if name in p.config}
-        if not values:
+        found = [p.config.get(name) for p in points if name in p.config]
+        if not found:
             return "no budget (dense)" if name == "budget" else None
     else:
-        values = {json.loads(p.key.settings).get(name) for p in points}
+        found = [json.loads(p.key.settings).get(name) for p in points]
+    # by their JSON: a hand-edited file's value may be a list, which a set cannot hold
+    values = {json.dumps(v, sort_keys=True, default=str): v for v in found}.values()
     shown = "/".join(_value_text(name, v) for v in sorted(values, key=lambda v: (v is None, str(v))))
     several = " (legend)" if len(values) > 1 else ""
     if name == "prefill":
