@@ -36,6 +36,7 @@ START = "<!-- which-method-when:start -->"
 END = "<!-- which-method-when:end -->"
 SETTINGS_PREFIX = "<!-- which-method-when settings: "
 PAPER_HARDWARE, PAPER_MODEL, PAPER_LENGTH = "paper", "qwen3-14b", "32k"
+LOAD_FILE = "load_average.txt"
 
 
 def current_defaults() -> dict[str, Any]:
@@ -136,9 +137,14 @@ def pick_when(method: str, speed: dict[str, float], top1: dict[str, float], refe
     if better:
         best = max(better, key=lambda m: (speed[m], agree[m]))
         return f"not at these settings: {best} is at least as fast and at least as close to FullKV"
-    if speed[method] == max(speed.values()):
+    faster = [m for m in speed if speed[m] > speed[method]]
+    unmeasured = [m for m in faster if m not in agree]
+    if not faster:
         return "the most throughput on the paper's machine"
-    return f"closer to FullKV ({agree[method]:.1f}% top-1) than every faster method"
+    if len(unmeasured) == len(faster):
+        return f"the most throughput among the methods with a measured quality ({', '.join(unmeasured)}: faster, unmeasured)"
+    return (f"closer to FullKV ({agree[method]:.1f}% top-1) than every faster method"
+            + (f" with a measured quality ({', '.join(unmeasured)}: faster, unmeasured)" if unmeasured else ""))
 
 
 def table(defaults: dict[str, Any], cpu: dict, projected: dict, top1: dict, machine: str, cpu_device: str,
@@ -204,10 +210,13 @@ def main() -> None:
     from scoutbench.results import load_results
 
     folder = args.measure or args.runs
-    load = "/".join(f"{v:.1f}" for v in os.getloadavg())  # before the run: what it ran beside
+    load_file = folder / LOAD_FILE  # the load average the runs were measured beside, kept with them
     if args.measure is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        load_file.write_text("/".join(f"{v:.1f}" for v in os.getloadavg()) + "\n", encoding="utf-8")
         subprocess.run([sys.executable, "-m", "scoutbench", "throughput", "--device", "cpu", "-o", str(folder),
                         "--overwrite"], check=True)
+    load = load_file.read_text(encoding="utf-8").strip() if load_file.exists() else "not recorded"
     defaults = current_defaults()
     runs = check_runs(load_results([folder]), defaults)
     projected, machine = projected_speed(folder)

@@ -48,6 +48,11 @@ def test_the_rule_keeps_what_no_other_method_beats_on_speed_and_agreement():
     assert picks["quest"] == "closer to FullKV (97.0% top-1) than every faster method"
     assert picks["infinigen"] == "closer to FullKV (99.0% top-1) than every faster method"
     assert wmw.pick_when("quest", speed, {}, "fullkv").startswith("speed only")
+    del top1["scout"]  # the fastest has no quality: nothing is claimed about it
+    assert wmw.pick_when("hgca", speed, top1, "fullkv") == ("the most throughput among the methods with a measured "
+                                                            "quality (scout: faster, unmeasured)")
+    assert wmw.pick_when("quest", speed, top1, "fullkv") == ("closer to FullKV (97.0% top-1) than every faster method "
+                                                             "with a measured quality (scout: faster, unmeasured)")
 
 
 def test_the_table_from_default_runs_records_its_settings_and_replaces_its_section(tmp_path):
