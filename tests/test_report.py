@@ -483,3 +483,24 @@ def test_every_figure_states_its_setup_and_names_stages_for_its_device(tmp_path)
     assert "attention on the main thread" in cpu_breakdown and "waiting for the CPU worker" in cpu_breakdown
     assert "GPU" not in cpu_breakdown
     assert "GPU attention" in gpu_breakdown and "GPU idle" in gpu_breakdown
+
+
+def test_a_setting_that_differs_between_methods_is_stated_per_method():
+    """Quest at budget 1k beside ScoutAttention at 2k: the legends name neither budget (each method has one), so the
+    subtitle says which method ran at which; two budgets of one method are the legend's to tell apart."""
+    from scoutbench.analysis.figures.style import setup_part
+    from scoutbench.analysis.points import point_key
+    from scoutbench.analysis.report import Point
+
+    def points(*runs):
+        return [Point(point_key(r), [r]) for r in runs]
+
+    quest, scout = make_result("quest", 60.0, config={"budget": 1024}), make_result("scout", 80.0, config=SCOUT_CONFIG)
+    scout["method_config"]["budget"] = 2048
+    assert setup_part("budget", points(quest, scout)) == "budget Quest 1k, ScoutAttention 2k"
+    assert setup_part("budget", points(quest, make_result("quest", 70.0, config={"budget": 2048}))) == \
+        "budget 1k/2k (legend)"
+    assert setup_part("budget", points(make_result("fullkv", 40.0))) == "no budget (dense)"
+    assert setup_part("prefill", points(quest, make_result("quest", 50.0, config={"budget": 1024}, prefill="real"))) \
+        == "prefill real/synthetic (legend)"
+    assert setup_part("steps", points(quest)) == "8 timed steps"

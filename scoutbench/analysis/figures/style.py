@@ -196,22 +196,33 @@ def where_text(fields: tuple[str, ...], values: tuple, points: list[Point], axis
 
 
 def setup_part(name: str, points: list[Point]) -> str | None:
-    """`budget 1k`, `budget 1k/2k (legend)`, `no budget (dense)`; `synthetic prefill`; `8 timed steps`."""
-    if name in ("budget", "block_size"):
-        found = [p.config.get(name) for p in points if name in p.config]
-        if not found:
-            return "no budget (dense)" if name == "budget" else None
-    else:
-        found = [json.loads(p.key.settings).get(name) for p in points]
+    """`budget 1k`; where the points differ, per method when each has one value (`budget Quest 1k, ScoutAttention
+    2k`), else the values, which the legend tells apart (`budget 1k/2k (legend)`); `no budget (dense)`;
+    `synthetic prefill`; `8 timed steps`."""
+    def value(p: Point) -> Any:
+        return p.config.get(name) if name in ("budget", "block_size") else json.loads(p.key.settings).get(name)
+
+    having = [p for p in points if name not in ("budget", "block_size") or name in p.config]
+    if not having:
+        return "no budget (dense)" if name == "budget" else None
     # by their JSON: a hand-edited file's value may be a list, which a set cannot hold
-    values = {json.dumps(v, sort_keys=True, default=str): v for v in found}.values()
-    shown = "/".join(_value_text(name, v) for v in sorted(values, key=lambda v: (v is None, str(v))))
-    several = " (legend)" if len(values) > 1 else ""
+    values = {json.dumps(value(p), sort_keys=True, default=str): value(p) for p in having}
+    if len(values) == 1:
+        shown = _value_text(name, next(iter(values.values())))
+    else:
+        per_method: dict[str, set[str]] = defaultdict(set)
+        for p in having:
+            per_method[method_display(p.method, p.config)].add(_value_text(name, value(p)))
+        if all(len(v) == 1 for v in per_method.values()):
+            shown = ", ".join(f"{method} {next(iter(v))}" for method, v in per_method.items())
+        else:
+            ordered = sorted(values.values(), key=lambda v: (v is None, str(v)))
+            shown = "/".join(_value_text(name, v) for v in ordered) + " (legend)"
     if name == "prefill":
-        return f"{shown} prefill{several}"
+        return f"prefill {shown}" if len(values) > 1 else f"{shown} prefill"
     if name == "steps":
-        return f"{shown} timed steps{several}"
-    return f"{FIELD_LABELS.get(name, name)} {shown}{several}"
+        return f"timed steps {shown}" if len(values) > 1 else f"{shown} timed steps"
+    return f"{FIELD_LABELS.get(name, name)} {shown}"
 
 
 # ---- values ---------------------------------------------------------------------------------------------------
