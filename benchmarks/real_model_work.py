@@ -13,7 +13,7 @@ does (`--max-length`), wrapped in the chat template, then middle-truncated at to
 so that every record is one point of the projection (repeats of a point are merged by the median of their
 fractions). Records shorter than `--len` tokens are skipped. Every result names its record in `kv_source`.
 
-    python benchmarks/real_model_work.py --data-dir ../shared/longbench/records \
+    python benchmarks/real_model_work.py --data-dir LONGBENCH_DIR \
         --record passage_retrieval_en:0 --record gov_report:0 --len 8k --budget 512 -o results/projection/qwen-8k
 
 A finished file is kept (a rerun resumes); each file is written atomically.

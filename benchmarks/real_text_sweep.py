@@ -18,7 +18,7 @@ this sweep measures: top-1 agreement and KL(FullKV || method) per step, and for 
 (the share of a step's selected blocks that the previous step did not select) and the CPU compute ratio, per step
 and per layer, from the method's trace; `device_bytes_per_seq` is the planner's footprint at this context.
 
-    python benchmarks/real_text_sweep.py --data-dir ../shared/longbench/records --dataset gov_report \\
+    python benchmarks/real_text_sweep.py --data-dir LONGBENCH_DIR --dataset gov_report \\
         --dataset qmsum --dataset narrativeqa --dataset samsum -o results/real-text-sweep
     python benchmarks/real_text_sweep.py --table results/real-text-sweep --figure docs/real_text_sweep.png
 

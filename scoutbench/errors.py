@@ -60,6 +60,22 @@ def error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ScoutbenchError) else f"{type(exc).__name__}: {exc}"
 
 
+# The optional dependencies a command imports, by the module's import name -> the extra that installs it
+# (pyproject.toml's [project.optional-dependencies]; tests/test_errors.py keeps the two equal).
+OPTIONAL_MODULES = {"flashinfer": "gpu", "rouge": "accuracy", "jieba": "accuracy", "fuzzywuzzy": "accuracy",
+                    "huggingface_hub": "accuracy", "gguf": "smollm", "accelerate": "smollm", "matplotlib": "report",
+                    "mlflow": "mlflow", "wandb": "wandb", "datasets": "datasets", "ray": "ray"}
+
+
+def missing_extra(exc: BaseException, what: str) -> MissingExtraError | None:
+    """The one-line error for an import of an optional dependency that failed because it is not installed (a
+    module of OPTIONAL_MODULES, or one inside it), else None: such a failure is the user's to fix, not a bug."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    module = exc.name.split(".")[0]
+    return MissingExtraError(what, module, OPTIONAL_MODULES[module]) if module in OPTIONAL_MODULES else None
+
+
 def require_module(module: str, extra: str, what: str) -> None:
     """One line naming the extra to install when an optional dependency is missing, instead of a traceback."""
     import importlib.util

@@ -1,18 +1,30 @@
 """How far a measured decode step can be trusted: spread of the timed steps and a confidence interval of their
-median, and the warning a result carries when the spread is too wide to compare methods by their ratio.
+median, the 95% interval of the throughput, and the warning a result carries when the spread is too wide to compare
+methods by their ratio.
 
-The interval is distribution-free (order statistics of the binomial): step times are skewed and have outliers (a
-page fault, another process), so a t-interval around the mean would be the wrong model. The bounds are two of the
-measured steps, [x_(j), x_(n+1-j)], with the largest j whose coverage is still at least 95%; fewer than 6 steps
-cannot give 95% at all (coverage 1 - 2 / 2^n), so the interval is then null and the result says so.
+Throughput has one definition everywhere (tables, figures, summaries, exports, gates): tokens over the total timed
+decode time, `decode_throughput_tok_s` (batch x steps / the sum of the step times: the mean step). The median step
+is a separate number with its own interval, always labelled as the median step.
+
+The median step's interval is distribution-free (order statistics of the binomial): step times are skewed and have
+outliers (a page fault, another process), so a t-interval around the mean would be the wrong model. The bounds are
+two of the measured steps, [x_(j), x_(n+1-j)], with the largest j whose coverage is still at least 95%; fewer than 6
+steps cannot give 95% at all (coverage 1 - 2 / 2^n), so the interval is then null and the result says so.
+
+The throughput's interval (and a speed-up's, a ratio of two throughputs) is the percentile bootstrap over the timed
+steps with a fixed seed (`bootstrap_resamples`, `percentile_interval`): the same skew rules out a t-interval of the
+mean, and the fixed seed makes a report of the same results the same file.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
+# how every table, figure, summary and export states its throughput column
+THROUGHPUT_DEFINITION = "tok/s is tokens over the total timed decode time (batch x timed steps / their summed time)."
 CONFIDENCE = 0.95
 # A ratio of two medians each known to +-10% is uncertain by ~+-14%: beyond that a speed-up is not worth quoting.
 MAX_CI_HALF_WIDTH_FRAC = 0.10
@@ -68,3 +80,68 @@ def spread_warning(summary: dict[str, Any]) -> str | None:
         return (f"the median step's 95% interval is +-{100 * frac:.0f}% (over {100 * MAX_CI_HALF_WIDTH_FRAC:.0f}%): "
                 "too noisy to trust a ratio between methods; rerun on an idle machine or with more --steps")
     return None
+
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+# below this many values in a sample the bootstrap's resamples repeat the same few values: no interval
+MIN_BOOTSTRAP_VALUES = 6
+
+Samples = Sequence[Sequence[float]]
+
+
+def bootstrap_resamples(samples: Samples, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+                        ) -> list[Any] | None:
+    """Each of `samples` (independent samples, e.g. the timed steps of each run that a number is made of: the strata
+    of a stratified bootstrap) resampled with replacement `resamples` times, as one (resamples, len) numpy array
+    per sample, drawn from one generator with a fixed seed: the same inputs give the same interval every time.
+    None when a sample is too small to resample."""
+    import numpy as np
+
+    if not samples or any(len(sample) < MIN_BOOTSTRAP_VALUES for sample in samples):
+        return None
+    rng = np.random.default_rng(seed)
+    out = []
+    for sample in samples:
+        values = np.asarray(sample, dtype=np.float64)
+        out.append(values[rng.integers(0, len(values), size=(resamples, len(values)))])
+    return out
+
+
+def percentile_interval(values: Any, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The percentile bootstrap interval of a statistic from its values over the resamples (linear interpolation
+    between order statistics, as `percentile`)."""
+    import numpy as np
+
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _resampled_throughputs(runs: Sequence[tuple[float, Sequence[float]]], resampled: list[Any]) -> Any:
+    """Per resample, the median over the runs of each run's tokens over total time had its steps been the
+    resampled ones (throughput scales with 1 / the mean step)."""
+    import numpy as np
+
+    each = [tok_s * statistics.fmean(steps) / again.mean(axis=1)
+            for (tok_s, steps), again in zip(runs, resampled, strict=True)]
+    return np.median(np.stack(each), axis=0)
+
+
+def throughput_interval(runs: Sequence[tuple[float, Sequence[float]]]) -> tuple[float, float] | None:
+    """The 95% interval of a point's throughput, the median over its repeats of each run's tokens over the total
+    timed time; `runs` are (decode_throughput_tok_s, its timed steps in ms) per repeat. None without enough steps."""
+    resampled = bootstrap_resamples([steps for _, steps in runs])
+    return None if resampled is None else percentile_interval(_resampled_throughputs(runs, resampled))
+
+
+def speedup_interval(runs: Sequence[tuple[float, Sequence[float]]],
+                     base_runs: Sequence[tuple[float, Sequence[float]]]) -> tuple[float, float] | None:
+    """The 95% interval of the ratio of two points' throughputs (each as `throughput_interval` takes it), the two
+    points' steps resampled independently."""
+    resampled = bootstrap_resamples([steps for _, steps in [*runs, *base_runs]])
+    if resampled is None:
+        return None
+    ratio = (_resampled_throughputs(runs, resampled[:len(runs)])
+             / _resampled_throughputs(base_runs, resampled[len(runs):]))
+    return percentile_interval(ratio)

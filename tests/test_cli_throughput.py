@@ -148,7 +148,7 @@ def test_throughput_json_schema_and_files(monkeypatch, capsys, tmp_path):
     breakdown = result["latency_breakdown_ms"]
     assert sum(breakdown.values()) == pytest.approx(result["decode_step_ms"]["mean"], rel=1e-6)
     assert result["nvml"] is None  # no GPU here: no telemetry, no crash
-    # never overwrite: a second run writes new files
+    # another run (the default model) into the same folder: its own files beside these
     code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--len", "64", "--steps", "1",
                            "--warmup", "0", "-o", str(tmp_path))
     assert code == 0, err
@@ -211,6 +211,26 @@ def test_single_json_output_refuses_overwrite(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest", "-o",
                            str(target), "--len", "32")
     assert code == 2 and "single .json" in err
+
+
+def test_a_folder_output_that_holds_this_runs_results_is_exit_2_without_overwrite(monkeypatch, capsys, tmp_path):
+    """An existing output folder without --overwrite appended `-1` files and exited 0, where docs/exit_codes.md
+    promises exit 2 (as for a .json output)."""
+    args = ["throughput", "--method", "fullkv", "--method", "quest", "--model", "tiny-qwen3", "--len", "32", "--steps",
+            "1", "--warmup", "0", "-o", str(tmp_path)]
+    assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    before = {path.name: path.read_bytes() for path in tmp_path.glob("*.json")}
+    assert len(before) == 2
+    monkeypatch.setattr("scoutbench.models.load_model", _never)  # refused before any work
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "already holds this run's results" in err, err
+    assert "--overwrite" in err and {path.name: path.read_bytes() for path in tmp_path.glob("*.json")} == before
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--model", "tiny-qwen3", "--len",
+                           "32", "--batch", "auto", "--gpu-mem", "1GiB", "-o", str(tmp_path))  # any batch of fullkv's
+    assert code == 2 and "throughput_fullkv_tiny-qwen3_len32_b1.json" in err, err
+    monkeypatch.undo()
+    assert run_cli(monkeypatch, capsys, *args, "--overwrite")[0] == 0
+    assert sorted(path.name for path in tmp_path.glob("*.json")) == sorted(before)  # replaced, no `-1` files
 
 
 def test_synthetic_prefill_and_ragged_batch(monkeypatch, capsys, tmp_path):
@@ -365,6 +385,6 @@ def test_sigkill_mid_throughput_keeps_the_finished_method(tmp_path, monkeypatch,
     assert proc.returncode == -signal.SIGKILL
     (kept,) = out.glob("*.json")
     assert json.loads(kept.read_text())["method"] == "fullkv" and not list(out.glob(".*.tmp"))
-    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", *TINY, "-o", out)
-    assert code == 0, err
-    assert len(list(out.glob("*.json"))) == 2
+    code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", *TINY, "-o", out, "--overwrite")
+    assert code == 0, err  # the lock died with the process; the rerun replaces the kept result (exit 2 without
+    assert [path.name for path in out.glob("*.json")] == [kept.name]  # --overwrite: the folder holds it)

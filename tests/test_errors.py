@@ -49,3 +49,34 @@ def test_the_exit_code_table_in_the_docs_is_the_one_the_code_applies():
     assert [exit_code(e) for e in (ScoutbenchError("x"), UsageError("x"), KeyboardInterrupt(), Terminated(),
                                    aborted_by_sigterm, OSError("x"), click.UsageError("x"))] == [1, 2, 130, 143, 143,
                                                                                                  1, 2]
+
+
+def test_a_missing_optional_package_names_its_extra_in_one_line(tmp_path, monkeypatch, capsys):
+    """Scoring gov_report without `rouge` installed was "internal error, a bug in scoutbench (ModuleNotFoundError:
+    No module named 'rouge')"."""
+    import sys
+
+    path = tmp_path / "gov_report.jsonl"
+    path.write_text('{"pred": "a summary", "answers": ["the summary"]}\n')
+    monkeypatch.setitem(sys.modules, "rouge", None)  # as if it were not installed
+    code, out, err = run_cli(monkeypatch, capsys, "score", "--dataset", "gov_report", path)
+    assert code == 1 and err.strip() == ("error: scoutbench score needs rouge, which is not installed: pip install "
+                                         "'scoutbench[accuracy]'"), out + err
+
+
+def test_every_extra_of_the_package_has_its_install_hint():
+    """OPTIONAL_MODULES names the extra of every optional dependency pyproject.toml declares (by import name)."""
+    import tomllib
+
+    from scoutbench.errors import OPTIONAL_MODULES
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    import_names = {"flashinfer-python": "flashinfer", "mlflow-skinny": "mlflow"}
+    declared = {}
+    for extra, requirements in pyproject["project"]["optional-dependencies"].items():
+        if extra in ("test", "dev"):  # what the test suite itself needs, not a feature's extra
+            continue
+        for requirement in requirements:
+            name = requirement.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip()
+            declared[import_names.get(name, name.replace("-", "_"))] = extra
+    assert declared == OPTIONAL_MODULES

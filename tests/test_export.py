@@ -31,7 +31,7 @@ def sweep_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     argv = sys.argv
     sys.argv = ["scoutbench", "sweep", "--method", "fullkv,scout", "--model", "tiny-qwen3", "--len", "512",
-                "--budget", "192", "--steps", "6", "--warmup", "1", "--device", "cpu", "-o", str(out)]
+                "--budget", "192", "--steps", "6", "--warmup", "1", "--device", "cpu", "--prefill", "real", "-o", str(out)]
     try:
         main()
     except SystemExit as exc:
@@ -74,20 +74,28 @@ def test_sglang_records_follow_bench_one_batch(sweep_dir, tmp_path, monkeypatch,
         batch, steps = result["workload"]["batch"], result["workload"]["steps"]
         assert (record["batch_size"], record["input_len"], record["output_len"]) == (batch, 512, steps + 1)
         assert record["median_decode_latency"] == pytest.approx(result["decode_step_ms"]["median"] / 1e3)
-        assert record["median_decode_throughput"] == pytest.approx(batch / record["median_decode_latency"])
+        # the one throughput of the tables, figures and gate (tokens over total time), not batch / the median step
+        assert record["median_decode_throughput"] == result["decode_throughput_tok_s"]
         assert record["prefill_latency"] == pytest.approx(result["prefill_ms"] / 1e3)
         assert record["prefill_throughput"] == pytest.approx(512 * batch / record["prefill_latency"])
         assert record["total_latency"] == pytest.approx(record["prefill_latency"] + result["decode_time_s"])
         assert record["run_name"] == export.run_name(result)
 
 
-def test_sglang_synthetic_prefill_has_no_prefill_numbers(sweep_dir):
+def test_sglang_synthetic_prefill_has_no_prefill_numbers_and_says_so(sweep_dir, tmp_path, monkeypatch, capsys):
+    """A synthetic prefill's records had null latencies and nothing said why."""
     result = copy.deepcopy(_results(sweep_dir)[0])
     result["workload"]["prefill"] = "synthetic"
     record = export.sglang_record(result)
     assert record["prefill_latency"] is None and record["prefill_throughput"] is None
     assert record["total_latency"] is None and record["overall_throughput"] is None
     assert record["median_decode_latency"] is not None
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps({k: v for k, v in result.items() if k != "_path"}))
+    code, _, err = run_cli(monkeypatch, capsys, "export", path, "--format", "sglang", "-o", tmp_path / "r.jsonl")
+    assert code == 0 and "1 of 1 results had a synthetic prefill" in err and "--prefill real" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, "export", sweep_dir, "--format", "sglang", "-o", tmp_path / "s.jsonl")
+    assert code == 0 and "synthetic prefill" not in err, err
 
 
 def test_vllm_and_pytorch_formats(sweep_dir, tmp_path, monkeypatch, capsys):
@@ -283,3 +291,12 @@ def test_a_result_without_what_a_format_reads_is_listed_not_a_traceback(sweep_di
     code, out, err = run_cli(monkeypatch, capsys, "export", folder, "--format", fmt, "-o", tmp_path / "out")
     assert code == 0 and out.count("wrote ") == 1, err
     assert "scout_tiny-qwen3" in err and f"no {missing} as" in err and "Traceback" not in err
+
+
+def test_an_accuracy_result_is_named_in_good_english(tmp_path, monkeypatch, capsys):
+    """`export --format sglang` of an accuracy result said "a accuracy result"."""
+    from result_factory import make_accuracy, write_results
+
+    folder = write_results(tmp_path / "acc", [make_accuracy("scout", {"qasper": 40.0})])
+    code, _, err = run_cli(monkeypatch, capsys, "export", folder, "--format", "sglang", "-o", tmp_path / "r.jsonl")
+    assert code == 2 and "an accuracy result (throughput only here)" in err and "a accuracy" not in err, err

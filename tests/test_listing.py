@@ -21,7 +21,7 @@ def test_sweep_config_yaml_flags_override_and_resolved_config_resumes(tmp_path, 
     assert manifest["settings"]["steps"] == 2 and manifest["settings"]["model"] == "tiny-qwen3"
     saved = yaml.safe_load((out / "sweep_config.yaml").read_text())
     assert saved["method"] == ["fullkv", "scout"] and saved["len"] == [256] and saved["budget"] == [192]
-    assert saved["steps"] == 2 and saved["prefill"] == "real" and saved["executor"] == "local"
+    assert saved["steps"] == 2 and saved["prefill"] == "synthetic" and saved["executor"] == "local"
     code, stdout, err = run_cli(monkeypatch, capsys, "sweep", "--config", out / "sweep_config.yaml", "-o", out, "--json")
     assert code == 0, err
     assert json.loads(stdout)["skipped"] == 2  # the saved config is the same sweep: it resumes, runs nothing
@@ -67,6 +67,31 @@ def test_methods_json_lists_every_method_with_fields_and_presets(monkeypatch, ca
         for key, value in METHODS.preset(name).items():  # an ablation preset's values are its defaults
             assert entry["fields"][key]["default"] == value and entry["preset"][key] == value
     assert listing["scout"]["fields"]["budget"] == {"default": 2048, "type": "int"}
+
+
+def test_methods_listing_aligns_its_columns_and_keeps_whole_sentences(monkeypatch, capsys):
+    """`scoutbench methods` cut each summary at its docstring's first line (mid-sentence), pushed the longer names
+    (infinigen-dynamic, quest-official) out of the column, and `--json`'s help said "one object per method" for a
+    list."""
+    from scoutbench.cli.env import first_sentence, methods_command
+    from scoutbench.methods import METHODS
+
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, err = run_cli(monkeypatch, capsys, "methods")
+    assert code == 0, err
+    lines = out.splitlines()
+    column = max(map(len, METHODS.names())) + 2
+    starts = [line for line in lines if not line.startswith(" ")]
+    assert [line.split()[0] for line in starts] == METHODS.names()
+    assert all(len(line) <= 100 and (line.startswith(" " * column) or line[column - 2:column] == "  "
+                                     and line[column] != " ") for line in lines), out
+    text = " ".join(out.split())
+    for name in METHODS.names():
+        summary = first_sentence(METHODS.load(name).__doc__)
+        assert summary.endswith(".") and " ".join(summary.split()) in text, summary
+    assert first_sentence("Keeps `a.b` (e.g. x. y) whole. Not this.") == "Keeps `a.b` (e.g. x. y) whole."
+    help_text = next(option.help for option in methods_command.params if option.name == "as_json")
+    assert "list" in help_text and isinstance(json.loads(run_cli(monkeypatch, capsys, "methods", "--json")[1]), list)
 
 
 def test_accuracy_dataset_list(monkeypatch, capsys):

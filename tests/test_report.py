@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -53,7 +55,9 @@ def test_report_on_a_results_folder(tmp_path):
 
     names = sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith("."))
     stems = {"ablation", "batch_scaling", "block_size", "latency_breakdown_len4k-b1", "latency_breakdown_len8k-b1",
-             "latency_breakdown_len8k-b2", "latency_breakdown_len16k-b1", "throughput_vs_length"}
+             "latency_breakdown_len8k-b2", "latency_breakdown_len16k-b1", "throughput_vs_length",
+             "speedup_len4k-b1", "speedup_len8k-b1", "speedup_len8k-b2", "cost_quality_len4k-b1",
+             "cost_quality_len8k-b1", "cost_quality_len8k-b2", "cost_quality_len16k-b1"}
     assert set(names) == {f"{stem}.{fmt}" for stem in stems for fmt in ("png", "pdf")} | {"summary.md"}
     for stem in stems:
         assert (tmp_path / "out" / f"{stem}.png").read_bytes()[:8] == PNG_MAGIC
@@ -61,10 +65,10 @@ def test_report_on_a_results_folder(tmp_path):
 
     summary = (tmp_path / "out" / "summary.md").read_text()
     # speed-ups over FullKV in the same (model, length, batch): 80/40 at 4k, 70/20 at 8k (median of 19, 20, 25)
-    assert "| scout block_size=32 | tiny-qwen3 | float32 | 4k | 1 | 80.00 | 12.50 | - |" in summary
+    assert "| scout block_size=32 | tiny-qwen3 | float32 | 4k | 1 | 80.00 | 80.00-80.00 | 12.50 | - |" in summary
     assert "| 2.00x |" in summary and "| 3.50x |" in summary and "| 4.00x |" in summary
     # ablation speed-ups relative to the parallel co-attention baseline, step to step as in the paper
-    assert "| co-attention | 50.00 | 1.00x | - |" in summary
+    assert "| 8 steps, 2 warm-up, synthetic prefill | co-attention | 50.00 | 1.00x | - |" in summary
     assert "| +PC | 69.50 | 1.39x | 1.39x |" in summary
     assert "| +PC+PR | 83.40 | 1.67x | 1.20x |" in summary
     assert "| scout | - | smollm2-135m | qasper.score | 41.50 |" in summary
@@ -100,9 +104,9 @@ def test_auto_batch_methods_share_one_figure(tmp_path):
                auto(make_result("scout", 200.0, length=4096, batch=16, config=SCOUT_CONFIG)),
                auto(make_result("scout", 150.0, length=8192, batch=16, config=SCOUT_CONFIG))]
     report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out")
-    assert [files[0].name for _, files in report.figures] == ["throughput_vs_length.png",
-                                                              "latency_breakdown_len4k.png",
-                                                              "latency_breakdown_len8k.png"]
+    assert [files[0].name for _, files in report.figures] == [
+        "throughput_vs_length.png", "latency_breakdown_len4k.png", "latency_breakdown_len8k.png", "speedup_len4k.png",
+        "speedup_len8k.png", "cost_quality_len4k.png", "cost_quality_len8k.png"]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| scout | tiny-qwen3 | float32 | 8k | auto (16) | 150.00 |" in summary
     assert "| 7.50x (0.94x/seq) |" in summary  # 150 / 20 at 8k, each at its own batch; per sequence 9.4 vs 10
@@ -140,7 +144,7 @@ def test_real_ablation_and_block_size_presets_render_every_variant(monkeypatch, 
     ablation = (tmp_path / "ablation-report" / "ablation.svg").read_text()
     assert all(f">{variant}<" in ablation for variant in ("co-attention", "+PC", "+PC+PR"))
     summary = (tmp_path / "ablation-report" / "summary.md").read_text()
-    assert [line.split("|")[2].strip() for line in summary.splitlines()
+    assert [line.split("|")[3].strip() for line in summary.splitlines()
             if line.startswith("| tiny-qwen3, float32, len 2k, batch 1")] == ["co-attention", "+PC", "+PC+PR"]
 
     block_size = (tmp_path / "block-size-report" / "block_size.svg").read_text()
@@ -221,17 +225,25 @@ def test_legends_name_methods_as_papers_do():
         "FullKV", "ScoutAttention, budget 1k", "ScoutAttention, budget 2k", "ScoutAttention (+PC)"]
 
 
-def test_error_bars_are_the_stored_interval_of_the_median_step():
+def test_figures_plot_the_one_throughput_with_its_bootstrap_interval():
+    """Figures plotted batch x 1000 / the median step while every table gave tokens over the total time: the same
+    ablation read 2.09x in a figure and 1.89x in summary.md. A figure's value is now decode_throughput_tok_s, and
+    its error bar the bootstrap interval of that number over the timed steps."""
     from scoutbench.analysis.figures import figure_value
     from scoutbench.analysis.points import point_key
     from scoutbench.analysis.report import Point
 
     run = make_result("fullkv", 40.0, batch=2)
-    run["decode_step_ms"].update({"median": 50.0, "ci95_low": 40.0, "ci95_high": 80.0})
-    assert figure_value(Point(point_key(run), [run])) == (40.0, (25.0, 50.0))  # 2 x 1000 / (50, 80, 40) ms
-    run["decode_step_ms"].update({"ci95_low": None, "ci95_high": None})  # under 6 steps: no interval, no bar
-    assert figure_value(Point(point_key(run), [run])) == (40.0, None)
-    run["decode_step_ms"].update({"ci95_low": 60.0, "ci95_high": 80.0})  # not around its median: not drawn
+    run["step_ms"] = [40.0, 42.0, 44.0, 46.0, 48.0, 50.0, 52.0, 120.0]  # a slow outlier: mean 55.25, median 47
+    run["decode_throughput_tok_s"] = 2 * 8 * 1000 / sum(run["step_ms"])
+    run["decode_step_ms"].update({"median": 47.0, "ci95_low": 40.0, "ci95_high": 80.0})
+    value, (low, high) = figure_value(Point(point_key(run), [run]))
+    assert value == run["decode_throughput_tok_s"] != 2 * 1000 / 47.0
+    assert low < value < high  # resampling the steps moves the mean both ways
+    # the extremes a resample of these steps can reach: all 120 ms, all 40 ms
+    assert 2000 / 120.0 < low and high < 2000 / 40.0
+    assert figure_value(Point(point_key(run), [run])) == (value, (low, high))  # a fixed seed: the same every time
+    run["step_ms"] = run["step_ms"][:5]  # too few steps to resample: no bar
     assert figure_value(Point(point_key(run), [run]))[1] is None
 
 
@@ -271,7 +283,8 @@ def test_a_field_that_told_only_a_dropped_series_apart_is_not_in_the_legend(tmp_
                make_result("scout", 75.0, length=8192, config={**SCOUT_CONFIG, "budget": 512})]
     report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out", formats=("svg",))
     svg = (tmp_path / "out" / "throughput_vs_length.svg").read_text()
-    assert ">ScoutAttention<" in svg and ">FullKV<" in svg and "budget" not in svg
+    assert ">ScoutAttention<" in svg and ">FullKV<" in svg and "ScoutAttention, budget" not in svg
+    assert "budget 1k," in svg  # the setup line states the budget of what is drawn
     assert any("series with one length only, not drawn: ScoutAttention, budget 512" in why
                for _, why in report.skipped)
 
@@ -312,10 +325,21 @@ def test_report_without_matplotlib_names_the_extra_in_one_line(monkeypatch, caps
                                          "installed: pip install 'scoutbench[report]'"), err
 
 
-def test_readme_install_line_installs_the_report_extra():
+def test_readme_install_line_installs_the_report_and_accuracy_extras():
+    """The install line lacked `accuracy`: `scoutbench accuracy` then failed on a missing `rouge`."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     install = next(line for line in readme.splitlines() if "pip install torch" in line)
-    assert '".[report]"' in install
+    assert '".[report,accuracy]"' in install
+
+
+def test_readme_method_table_lists_every_registered_method():
+    """The README's table lacked infinigen-dynamic and quest-official."""
+    from scoutbench.methods import METHODS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("| method | `--method` |")[1].split("\n\n")[0]
+    listed = set(re.findall(r"`([a-z0-9-]+)`", table))
+    assert set(METHODS.names()) <= listed, set(METHODS.names()) - listed
 
 
 @settings(max_examples=25, **PROPERTY_SETTINGS)
@@ -333,3 +357,150 @@ def test_report_never_crashes_on_random_result_files(documents):
         assert report.summary.exists()
         for point in report.points:  # only measurements are plotted and tabulated
             assert math.isfinite(point.tok_s) and point.tok_s > 0 and math.isfinite(point.step_ms)
+
+
+def _skewed(method: str, steps_ms: list[float], **kwargs) -> dict:
+    """A result whose timed steps are skewed (a slow outlier), so that the mean step and the median step give two
+    different throughputs: the one definition (tokens over total time) must be the one everywhere."""
+    run = make_result(method, 1.0, **kwargs)
+    batch = run["workload"]["batch"]
+    run.update({"step_ms": steps_ms, "decode_time_s": sum(steps_ms) / 1e3,
+                "decode_throughput_tok_s": batch * len(steps_ms) * 1000 / sum(steps_ms)})
+    run["decode_step_ms"].update({"median": statistics.median(steps_ms), "mean": statistics.fmean(steps_ms)})
+    run["workload"]["steps"] = len(steps_ms)
+    return run
+
+
+def test_figure_summary_gate_and_exports_agree_on_tok_s(tmp_path, monkeypatch, capsys):
+    """The same ablation read 2.09x in the report's figure (median step) and 1.89x in summary.md (mean), and the
+    SGLang export's median_decode_throughput differed from the table's tok/s. One number now, everywhere."""
+    from scoutbench.analysis.export import read_csv
+
+    fullkv = _skewed("fullkv", [20.0] * 7 + [60.0] * 3, batch=2)  # mean 32 ms, median 20 ms
+    scout = _skewed("scout", [10.0] * 9 + [40.0], batch=2, config=SCOUT_CONFIG)  # mean 13 ms, median 10 ms
+    folder = write_results(tmp_path / "runs", [fullkv, scout])
+    report = build_report([folder], tmp_path / "out", formats=("svg",))
+    tok_s = {p.method: p.tok_s for p in report.points}
+    assert tok_s == {"fullkv": 2 * 10 * 1000 / 320, "scout": 2 * 10 * 1000 / 130}
+    ratio = tok_s["scout"] / tok_s["fullkv"]  # 2.46x; the median steps would say 2.00x
+    summary = report.summary.read_text()
+    assert f"| {tok_s['scout']:.2f} |" in summary and f"| {ratio:.2f}x |" in summary
+    svg = (tmp_path / "out" / "speedup.svg").read_text()
+    assert f"{ratio:.2f}x" in svg and "2.00x" not in svg
+    from scoutbench.analysis.figures import figure_value
+
+    assert [figure_value(p)[0] for p in report.points] == [tok_s[p.method] for p in report.points]
+
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--current", folder, "--ratio", "scout/fullkv>=1")
+    assert code == 0 and re.search(rf"\b{ratio:.4g}\b", out), out + err
+    code, _, err = run_cli(monkeypatch, capsys, "export", folder, "--format", "sglang", "-o", tmp_path / "r.jsonl")
+    assert code == 0, err
+    records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(r["median_decode_throughput"] for r in records) == sorted(tok_s.values())
+    code, _, err = run_cli(monkeypatch, capsys, "export", folder, "--format", "csv", "-o", tmp_path / "r.csv")
+    assert code == 0, err
+    assert sorted(row["decode_throughput_tok_s"] for row in read_csv(tmp_path / "r.csv")) == sorted(tok_s.values())
+
+
+def test_speedup_bars_carry_the_bootstrap_interval_of_the_ratio(tmp_path):
+    from scoutbench.step_stats import speedup_interval
+
+    fullkv = make_result("fullkv", 40.0, spread=0.2)
+    quest = make_result("quest", 60.0, spread=0.2, config={"budget": 1024})
+    report = build_report([write_results(tmp_path / "runs", [fullkv, quest])], tmp_path / "out", formats=("svg",))
+    points = {p.method: p for p in report.points}
+    value, (low, high) = points["quest"].speedup(points["fullkv"])
+    assert value == 1.5 and low < value < high
+    assert (low, high) == speedup_interval([(60.0, quest["step_ms"])], [(40.0, fullkv["step_ms"])])
+    assert points["fullkv"].speedup(points["fullkv"]) == (1.0, None)
+    svg = (tmp_path / "out" / "speedup.svg").read_text()
+    assert "1.50x" in svg and "Speed-up over FullKV" in svg and ">Quest<" in svg
+
+
+def _fidelity_accuracy(method: str, config: dict, top1: float, score: float, fullkv_score: float) -> dict:
+    result = make_accuracy(method, {"qasper": score})
+    result["method_config"] = dict(config)
+    result["results"]["qasper"].update({
+        "vs_fullkv": {"n": 20, "score": score, "fullkv_score": fullkv_score},
+        "fidelity": {"steps": 32, "records": 20, "compared_steps": 640, "top1_agreement": top1}})
+    return result
+
+
+def test_cost_quality_pairs_speed_with_the_quality_of_the_same_settings(tmp_path):
+    from scoutbench.analysis.figures.comparison import accuracy_quality, configuration
+
+    speed = [make_result("fullkv", 40.0, spread=0.1), make_result("scout", 80.0, spread=0.1, config=SCOUT_CONFIG),
+             make_result("quest", 60.0, spread=0.1, config={"budget": 1024})]
+    quality = [_fidelity_accuracy("scout", SCOUT_CONFIG, 91.5, 40.0, 42.0),
+               _fidelity_accuracy("quest", {"budget": 2048}, 97.0, 41.0, 42.0)]  # another budget: no match
+    report = build_report([write_results(tmp_path / "runs", speed), write_results(tmp_path / "acc", quality)],
+                          tmp_path / "out", formats=("svg",))
+    assert accuracy_quality(quality[0]).top1_pct == 91.5 and accuracy_quality(quality[0]).score_change == -2.0
+    # a result written before a field existed names the same configuration (the class default fills it in)
+    assert configuration("scout", SCOUT_CONFIG) == configuration("scout", {**SCOUT_CONFIG, "pc": True})
+    assert configuration("quest", {"budget": 1024}) != configuration("quest", {"budget": 2048})
+    (figure,) = [f for f in (tmp_path / "out").iterdir() if f.name.startswith("cost_quality")]
+    svg = svg_text(figure)
+    assert "top-1 agreement with FullKV (%)" in svg and "quality: smollm2-135m" in svg
+    assert "not measured: Quest" in svg and "--fidelity-steps" in svg  # Quest's budget has no quality result
+    assert report.drawn and all("cost_quality" in " ".join(stems) for stems in report.drawn.values())
+
+
+def test_cost_quality_from_throughput_alone_draws_the_speed_side_and_says_what_is_missing(tmp_path):
+    speed = [make_result("fullkv", 40.0), make_result("scout", 80.0, config=SCOUT_CONFIG)]
+    build_report([write_results(tmp_path / "runs", speed)], tmp_path / "out", formats=("svg",))
+    svg = svg_text(tmp_path / "out" / "cost_quality.svg")
+    assert "quality not measured" in svg and "no accuracy or fidelity result" in svg and "--fidelity-steps" in svg
+    assert "ScoutAttention" in svg and "FullKV" in svg
+
+
+def svg_text(path: Path) -> str:
+    """The text of an SVG figure (svg.fonttype none keeps it as text), its wrapped lines joined by spaces."""
+    return " ".join(re.findall(r">([^<>]+)</text>", path.read_text()))
+
+
+def test_every_figure_states_its_setup_and_names_stages_for_its_device(tmp_path):
+    """No figure stated the budget or the prefill kind, and a CPU-only run's breakdown said "device attention"."""
+    def on_cuda(result):
+        return {**result, "device": {"type": "cuda", "name": "NVIDIA H200", "class": "cuda:NVIDIA H200"},
+                "tiers": {"device": "cuda", "host": "cpu", "shared_memory": False}}
+
+    cpu = [make_result("fullkv", 40.0, length=length) for length in (4096, 8192)]
+    cpu += [make_result("scout", 80.0, length=length, config=SCOUT_CONFIG) for length in (4096, 8192)]
+    report = build_report([write_results(tmp_path / "cpu", cpu), write_results(tmp_path / "gpu", [
+        on_cuda(make_result("fullkv", 400.0)), on_cuda(make_result("scout", 900.0, config=SCOUT_CONFIG))])],
+        tmp_path / "out", formats=("svg",))
+    assert len(report.figures) == 10  # CPU: one line figure, two each of the other three kinds; GPU: three
+    for _, (svg,) in report.figures:
+        text = svg_text(svg)
+        for part in ("tiny-qwen3", "float32", "batch 1", "budget 1k", "block 32", "synthetic prefill",
+                     "8 timed steps"):
+            assert part in text, (svg.name, part, text)
+        assert "tokens" in text or "input length" in text, (svg.name, text)
+        assert ("NVIDIA H200" in text) != ("Test CPU" in text), (svg.name, text)
+    cpu_breakdown, gpu_breakdown = (svg_text(svg) for title, (svg,) in report.figures
+                                    if title.startswith("Decode latency") and "4k" in svg.name)
+    assert "attention on the main thread" in cpu_breakdown and "waiting for the CPU worker" in cpu_breakdown
+    assert "GPU" not in cpu_breakdown
+    assert "GPU attention" in gpu_breakdown and "GPU idle" in gpu_breakdown
+
+
+def test_a_setting_that_differs_between_methods_is_stated_per_method():
+    """Quest at budget 1k beside ScoutAttention at 2k: the legends name neither budget (each method has one), so the
+    subtitle says which method ran at which; two budgets of one method are the legend's to tell apart."""
+    from scoutbench.analysis.figures.style import setup_part
+    from scoutbench.analysis.points import point_key
+    from scoutbench.analysis.report import Point
+
+    def points(*runs):
+        return [Point(point_key(r), [r]) for r in runs]
+
+    quest, scout = make_result("quest", 60.0, config={"budget": 1024}), make_result("scout", 80.0, config=SCOUT_CONFIG)
+    scout["method_config"]["budget"] = 2048
+    assert setup_part("budget", points(quest, scout)) == "budget Quest 1k, ScoutAttention 2k"
+    assert setup_part("budget", points(quest, make_result("quest", 70.0, config={"budget": 2048}))) == \
+        "budget 1k/2k (legend)"
+    assert setup_part("budget", points(make_result("fullkv", 40.0))) == "no budget (dense)"
+    assert setup_part("prefill", points(quest, make_result("quest", 50.0, config={"budget": 1024}, prefill="real"))) \
+        == "prefill real/synthetic (legend)"
+    assert setup_part("steps", points(quest)) == "8 timed steps"

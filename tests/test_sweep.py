@@ -87,7 +87,9 @@ def test_point_ids_are_deterministic_and_distinct(method_fields):
 def test_presets_expand_to_valid_points(method_fields, name, scale):
     grid, settings = PRESETS[name].grid_and_settings(scale)
     points = expand(grid)
-    assert points and settings.prefill == "synthetic"
+    from scoutbench.bench.resolve import resolve_prefill
+
+    assert points and settings.prefill == "auto" and resolve_prefill(settings.prefill, settings.model) == "synthetic"
     assert settings.model == ("qwen3-14b" if scale == "paper" else "bench-attn16")
     for point in points:  # a budget at or above the context would attend everything
         assert point.args.get("budget", 0) < point.length

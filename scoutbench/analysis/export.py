@@ -73,7 +73,9 @@ def collect(paths: Iterable[str | Path], kinds: tuple[str, ...] | None = None,
             continue
         seen.add(source)
         if kinds is not None and result.get("kind") not in kinds:
-            skipped.append(f"{result['_path']}: a {result.get('kind')} result ({'/'.join(kinds)} only here)")
+            kind = str(result.get("kind"))
+            article = "an" if kind[:1].lower() in "aeiou" else "a"
+            skipped.append(f"{result['_path']}: {article} {kind} result ({'/'.join(kinds)} only here)")
         elif result.get("status", "ok") != "ok":
             skipped.append(f"{result['_path']}: status {result.get('status')} ({result.get('error')})")
         elif (problem := format_problem(result, fmt)) is not None:
@@ -177,7 +179,10 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
 def sglang_record(result: dict[str, Any], name: str | None = None) -> dict[str, Any]:
     """One `bench_one_batch` result.jsonl record. SGLang's output_len counts the prefill's token too, so it is the
     timed steps + 1; its decode latencies are our timed steps (warm-up excluded: SGLang warms up in a separate run).
-    A synthetic prefill ran no model over the prompt: its prefill and total fields are null, not fake numbers."""
+    `median_decode_throughput` is scoutbench's one throughput, tokens over the total timed time (SGLang divides the
+    batch by its median step; the median step stays `median_decode_latency`), so that the export, the tables and
+    the figures give one number for one point. A synthetic prefill ran no model over the prompt: its prefill and
+    total fields are null, not fake numbers (`synthetic_prefill_note` says so when exporting)."""
     workload, batch = result["workload"], result["workload"]["batch"]
     input_len, output_len = workload["len"], workload["steps"] + 1
     median_s = result["decode_step_ms"]["median"] / 1e3
@@ -188,10 +193,20 @@ def sglang_record(result: dict[str, Any], name: str | None = None) -> dict[str, 
         "run_name": name or run_name(result), "batch_size": batch, "input_len": input_len, "output_len": output_len,
         "prefill_latency": prefill_s,
         "prefill_throughput": input_len * batch / prefill_s if prefill_s else None,
-        "median_decode_latency": median_s, "median_decode_throughput": batch / median_s if median_s else None,
+        "median_decode_latency": median_s, "median_decode_throughput": result["decode_throughput_tok_s"],
         "total_latency": total_s,
         "overall_throughput": (input_len + output_len) * batch / total_s if total_s else None,
     }
+
+
+def synthetic_prefill_note(results: list[dict[str, Any]]) -> str | None:
+    """The line `export --format sglang` prints when records carry nulls for a synthetic prefill, or None."""
+    synthetic = sum((r.get("workload") or {}).get("prefill") == "synthetic" for r in results)
+    if not synthetic:
+        return None
+    return (f"note: {synthetic} of {len(results)} results had a synthetic prefill (no model ran over the prompt): "
+            "their prefill_latency, prefill_throughput, total_latency and overall_throughput are null; rerun them "
+            "with --prefill real (a real model, or a preset's random prompt) for those numbers")
 
 
 def to_sglang_jsonl(results: list[dict[str, Any]]) -> str:

@@ -12,6 +12,8 @@ median over the repeats (as the gate does). A file a point's run was given or ma
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import re
@@ -30,8 +32,11 @@ from scoutbench.analysis.figures import (
     FIGURE_STEMS,
     FigureWriter,
     ablation_groups,
+    comparison_group,
     draw_all,
+    variant_labels,
 )
+from scoutbench.analysis.figures.comparison import comparisons
 from scoutbench.analysis.points import (
     PointKey,
     as_number,
@@ -42,10 +47,9 @@ from scoutbench.analysis.points import (
     metric_values,
     point_key,
     point_labels,
-    shared_settings,
 )
 from scoutbench.errors import UsageError, require_module
-from scoutbench.methods import is_reference
+from scoutbench.step_stats import THROUGHPUT_DEFINITION, speedup_interval, throughput_interval
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 
@@ -58,6 +62,7 @@ class Point:
     key: PointKey
     runs: list[dict[str, Any]]
     label: str = ""
+    _speedups: dict[PointKey, tuple[float, tuple[float, float] | None]] = field(default_factory=dict, repr=False)
 
     @property
     def result(self) -> dict[str, Any]:
@@ -74,7 +79,40 @@ class Point:
 
     @property
     def tok_s(self) -> float:
+        """Throughput as every table, figure and export gives it: tokens over the total timed decode time
+        (`decode_throughput_tok_s`), the median over the repeats."""
         return statistics.median(float(r["decode_throughput_tok_s"]) for r in self.runs)
+
+    def throughput_samples(self) -> list[tuple[float, list[float]]] | None:
+        """(tok/s, timed steps in ms) of each repeat, what the throughput's interval resamples; None when a repeat
+        has no steps that are all measurements (a hand-made or summarised result)."""
+        samples = []
+        for r in self.runs:
+            steps = r.get("step_ms")
+            if not isinstance(steps, list) or not steps or not all(
+                    (v := as_number(x)) is not None and math.isfinite(v) and v > 0 for x in steps):
+                return None
+            samples.append((float(r["decode_throughput_tok_s"]), [float(x) for x in steps]))
+        return samples
+
+    @functools.cached_property
+    def tok_s_interval(self) -> tuple[float, float] | None:
+        """The 95% bootstrap interval of `tok_s` over the timed steps (step_stats.throughput_interval)."""
+        samples = self.throughput_samples()
+        return None if samples is None else throughput_interval(samples)
+
+    def speedup(self, reference: Point) -> tuple[float, tuple[float, float] | None]:
+        """tok/s over `reference`'s (the summary's `vs fullkv`, the speed-up figure's bar) and the ratio's 95%
+        bootstrap interval over both points' timed steps (computed once per reference)."""
+        if reference.key == self.key:  # FullKV against itself: 1 by definition, no interval
+            return 1.0, None
+        if reference.key not in self._speedups:
+            value = self.tok_s / reference.tok_s
+            samples, base = self.throughput_samples(), reference.throughput_samples()
+            interval = None if samples is None or base is None else speedup_interval(samples, base)
+            self._speedups[reference.key] = (value, None if interval is None
+                                             else (min(interval[0], value), max(interval[1], value)))
+        return self._speedups[reference.key]
 
     @property
     def step_ms(self) -> float:
@@ -93,6 +131,13 @@ class Point:
     @property
     def on_gpu(self) -> bool:
         return self.result.get("gpu_idle_frac") is not None
+
+    @property
+    def on_cuda(self) -> bool:
+        """Whether the run's device was a GPU (its stages are named for one), from its device or its tiers."""
+        device = self.result.get("device") if isinstance(self.result.get("device"), dict) else {}
+        tiers = self.result.get("tiers") if isinstance(self.result.get("tiers"), dict) else {}
+        return device.get("type") == "cuda" or tiers.get("device") == "cuda"
 
     def breakdown_ms(self) -> dict[str, float] | None:
         """The per-stage median over the repeats that recorded a breakdown (None when none did)."""
@@ -130,6 +175,7 @@ class Report:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
     merged: list[tuple[str, str]] = field(default_factory=list)  # (file, which point's median it is part of)
     figures: list[tuple[str, list[Path]]] = field(default_factory=list)  # (title, its file in each format)
+    drawn: dict[PointKey, list[str]] = field(default_factory=dict)  # point -> the figures (stems) that show it
     summary: Path | None = None
 
 
@@ -264,33 +310,38 @@ def summary_markdown(report: Report) -> str:
              f"{len(report.failed)} failed, {len(report.skipped)} items skipped.", ""]
     if report.points:
         lines += ["## Throughput", "",
-                  "tok/s is batch x timed steps / timed decode time (the mean step); step ms is the median step, "
-                  "with its 95% interval where the run stored one (the figures plot the median step's throughput "
-                  "and this interval as error bars). `vs fullkv` compares total throughput with FullKV's at the "
-                  "same point; where the two ran at different batches (`--batch auto`), it also gives the "
-                  "per-sequence ratio (`/seq`). Repeats are merged: every number is the median over the `runs`.", "",
-                  "| method | model | dtype | len | batch | tok/s (mean step) | step ms (median) | step ms 95% CI "
-                  "| idle/wait % | vs fullkv | runs | device |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        fullkv = {_comparison_group(p): p for p in report.points if is_reference(p.method)}
+                  f"{THROUGHPUT_DEFINITION} `tok/s 95% CI` is its bootstrap interval over the timed steps; "
+                  "`median step ms` is the median step and `median step 95% CI` the median's distribution-free "
+                  "interval (two of the measured steps), where the run stored one. `vs fullkv` compares tok/s with "
+                  "FullKV's at the same point and settings (the speed-up figures show the same ratio); where the "
+                  "two ran at different batches (`--batch auto`), it also gives the per-sequence ratio (`/seq`). "
+                  "Repeats are merged: every number is the median over the `runs`.", "",
+                  "| method | model | dtype | len | batch | tok/s | tok/s 95% CI | median step ms "
+                  "| median step 95% CI | idle/wait % | vs fullkv | runs | prefill | device |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        references = {group: c.reference for group, c in comparisons(report.points).items()}
         for p in sorted(report.points, key=lambda p: (p.key.model, p.key.dtype, p.key.length or 0,
                                                       batch_order(p.key.batch), _method_rank(p.method), p.label)):
-            base = fullkv.get(_comparison_group(p))
+            base = references.get(comparison_group(p))
             idle = p.wait_frac
             speedup = speedup_text(p.tok_s, p.batch_used, base.tok_s, base.batch_used) if base else "-"
             lines.append(f"| {p.label} | {p.key.model} | {p.key.dtype} | {format_length(p.key.length)} "
-                         f"| {_batch_cell(p)} | {p.tok_s:.2f} | {p.step_ms:.2f} | {_interval_cell(p)} "
-                         f"| {_num(None if idle is None else 100 * idle, '.1f')} "
-                         f"| {speedup} | {len(p.runs)} | {p.device} |")
+                         f"| {_batch_cell(p)} | {p.tok_s:.2f} | {_range_cell(p.tok_s_interval)} | {p.step_ms:.2f} "
+                         f"| {_interval_cell(p)} | {_num(None if idle is None else 100 * idle, '.1f')} "
+                         f"| {speedup} | {len(p.runs)} | {_setting(p, 'prefill')} | {p.device} |")
         lines.append("")
     groups = ablation_groups(report.points)
     if groups:
         lines += ["## Ablation (the variants of paper Figure 12; CPU-only points are not the paper's figure)", "",
-                  "| point | variant | tok/s | speed-up | step-to-step |", "|---|---|---|---|---|"]
+                  "tok/s and the speed-ups as in the throughput table (tokens over the total timed time); the "
+                  "speed-up is over the first variant, step-to-step over the one before.", "",
+                  "| point | settings | variant | tok/s | speed-up | step-to-step |", "|---|---|---|---|---|---|"]
         for group, members in groups.items():
             where = _describe(("model", "dtype", "length", "batch", "device"), group[:5])
-            for i, p in enumerate(members):
+            settings = _settings_text(members[0])
+            for i, (p, variant) in enumerate(zip(members, variant_labels(members), strict=True)):
                 step_up = f"{p.tok_s / members[i - 1].tok_s:.2f}x" if i else "-"
-                lines.append(f"| {where} | {p.variant} | {p.tok_s:.2f} | {p.tok_s / members[0].tok_s:.2f}x "
+                lines.append(f"| {where} | {settings} | {variant} | {p.tok_s:.2f} | {p.tok_s / members[0].tok_s:.2f}x "
                              f"| {step_up} |")
         lines.append("")
     if report.accuracy:
@@ -349,9 +400,22 @@ def _interval_cell(p: Point) -> str:
     return f"{statistics.median(lows):.2f}-{statistics.median(highs):.2f}" if lows else "-"
 
 
-def _comparison_group(p: Point) -> tuple:
-    """What a point is compared with FullKV within: everything but the method, its config and its dense layers."""
-    return (p.key.model, p.key.dtype, p.key.length, p.key.batch, shared_settings(p.key), p.device)
+def _range_cell(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:.2f}-{interval[1]:.2f}"
+
+
+def _setting(p: Point, name: str) -> str:
+    value = json.loads(p.key.settings).get(name)
+    return "-" if value is None else str(value)
+
+
+def _settings_text(p: Point) -> str:
+    """`8 steps, 2 warm-up, synthetic prefill`: the run settings an ablation's bars share."""
+    settings = json.loads(p.key.settings)
+    parts = [f"{settings['steps']} steps" if "steps" in settings else None,
+             f"{settings['warmup']} warm-up" if "warmup" in settings else None,
+             f"{settings['prefill']} prefill" if "prefill" in settings else None]
+    return ", ".join(part for part in parts if part) or "-"
 
 
 def speedup_text(tok_s: float, batch: int, base_tok_s: float, base_batch: int) -> str:

@@ -77,12 +77,19 @@ def use_cuda_graphs(mode: str, device: torch.device) -> bool:
     return mode != "off" and device.type == "cuda"
 
 
-def resolve_prefill(mode: str, loaded: LoadedModel) -> str:
-    """`auto`: a random-weight preset has nothing to learn from a real prefill (random text through random weights,
-    minutes at 64k on a CPU), so its cache is filled synthetically; a real model prefills its prompt."""
-    if mode == "auto":
-        return "synthetic" if loaded.random_weights else "real"
-    return mode
+def resolve_prefill(mode: str, model: LoadedModel | str) -> str:
+    """The one prefill default of every command (`throughput`, `sweep`, its presets, the API): `auto` fills a
+    random-weight preset's cache synthetically, since it has nothing to learn from a real prefill (random text
+    through random weights, minutes at 64k on a CPU), and prefills a real model's prompt. `model` is the loaded
+    model or its name (`ID@REV` too): only the built-in presets have random weights, so the name decides before
+    anything loads (a sweep records the resolved prefill in its settings)."""
+    if mode != "auto":
+        return mode
+    if isinstance(model, str):
+        from scoutbench.models import PRESETS, split_reference
+
+        return "synthetic" if split_reference(model)[0] in PRESETS else "real"
+    return "synthetic" if model.random_weights else "real"
 
 
 def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel, batch: int) -> dict[str, int]:

@@ -190,10 +190,11 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
     set `recall_profile` themselves, or run without periodic recall, are left as they are, and so is every point of
     a synthetic prefill: its random keys churn with no drift to profile (the profile picked interval 1 in every
     layer), so ScoutAttention keeps its fixed interval there, and its results say so (`recall.profile: null`)."""
+    from scoutbench.bench.resolve import resolve_prefill
     from scoutbench.methods import build_method
     from scoutbench.results import write_json_atomic
 
-    if settings.prefill == "synthetic":
+    if resolve_prefill(settings.prefill, settings.model) == "synthetic":
         log("no recall profile: a synthetic prefill has no drift to profile; ScoutAttention keeps its fixed interval")
         return points
 

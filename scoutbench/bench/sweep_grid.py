@@ -51,7 +51,8 @@ class Settings:
     device: str = "auto"
     dtype: str | None = None
     seed: int = 0
-    prefill: str = "real"
+    # auto, as `throughput` (bench.resolve.resolve_prefill); the sweep command records the resolved one
+    prefill: str = "auto"
     gpu_mem: int | None = None  # bytes, for batch "auto"
     host_mem: int | None = None
 
@@ -77,7 +78,7 @@ class Preset:
     def grid_and_settings(self, scale: str) -> tuple[Grid, Settings]:
         s = self.paper if scale == "paper" else self.cpu
         grid = Grid(self.methods, s.lengths, s.batches, (s.budget,), s.block_sizes)
-        return grid, Settings(model=s.model, steps=s.steps, warmup=s.warmup, prefill="synthetic")
+        return grid, Settings(model=s.model, steps=s.steps, warmup=s.warmup)
 
 
 K = 1024

@@ -217,7 +217,8 @@ def failed_result(cfg: ThroughputConfig, error: str, device: dict[str, Any], dty
             "method": cfg.method, "method_config": method_config, "method_repr": None,
             "model": {"name": cfg.model, "dtype": dtype},
             "workload": {"name": "synthetic", "len": cfg.length, "batch": cfg.batch, "steps": cfg.steps,
-                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": cfg.prefill, "kv_skew": cfg.kv_skew},
+                         "warmup": cfg.warmup, "seed": cfg.seed, "prefill": resolve_prefill(cfg.prefill, cfg.model),
+                         "kv_skew": cfg.kv_skew},
             "device": device}
 
 

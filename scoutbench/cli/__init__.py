@@ -104,7 +104,7 @@ def main() -> None:
 
 
 def _run() -> None:
-    from scoutbench.errors import ScoutbenchError, exit_code, is_terminated
+    from scoutbench.errors import ScoutbenchError, exit_code, is_terminated, missing_extra
 
     if os.environ.get("SCOUTBENCH_EMULATE_CUDA") == "1":  # CUDA code paths on a CPU (the GPU check's dry run)
         from scoutbench.testing.emulated_cuda import activate_from_environment
@@ -136,6 +136,10 @@ def _run() -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exit_code(exc))
     except Exception as exc:  # a fault nothing above classifies is a bug: one line that says so, as every error
+        missing = missing_extra(exc, f"scoutbench {sys.argv[1]}" if len(sys.argv) > 1 else "scoutbench")
+        if missing is not None:  # an optional dependency imported where it is used: name the extra to install
+            click.echo(f"error: {missing}", err=True)
+            sys.exit(exit_code(missing))
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
         text = (str(exc).strip().splitlines() or [""])[0][:300]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import textwrap
 
 import click
 
@@ -30,10 +32,11 @@ def command(as_json: bool) -> None:
 
 @click.command(name="methods")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per method: name, class, summary, fields (default, type) and preset values.")
+              help="A JSON list with one object per method: name, class, display name, family, summary (the first "
+                   "sentence of its docstring), fields (default, type) and preset values.")
 def methods_command(as_json: bool) -> None:
     """List the registered attention methods with their fields and defaults."""
-    from scoutbench.methods import METHODS
+    from scoutbench.methods import METHODS, method_family
 
     listing = []
     for name in METHODS.names():
@@ -46,19 +49,54 @@ def methods_command(as_json: bool) -> None:
         fields = {f.name: {"default": preset.get(f.name, _default(f)), "type": _type_name(f.type)}
                   for f in dataclasses.fields(cls)}
         listing.append({"name": name, "available": True, "class": f"{cls.__module__}:{cls.__qualname__}",
-                        "summary": (cls.__doc__ or "").strip().splitlines()[0], "fields": fields,
-                        "preset": dict(preset)})
+                        "display_name": cls.display_name or cls.name, "family": method_family(name),
+                        "summary": first_sentence(cls.__doc__ or ""), "fields": fields, "preset": dict(preset)})
     if as_json:
         from scoutbench.results import json_text
 
         click.echo(json_text(listing))
         return
+    click.echo(methods_text(listing, shutil.get_terminal_size((100, 24)).columns))
+
+
+def methods_text(listing: list[dict], width: int) -> str:
+    """The listing for a terminal: each method's name in a column as wide as the longest, its display name (and
+    for a preset, the family and the values it sets) and the whole first sentence of its docstring, then its
+    fields, each wrapped under the column, never cut."""
+    column = max(len(entry["name"]) for entry in listing) + 2
+    width = max(column + 40, min(width, 120))
+    indent = " " * column
+    lines = []
     for entry in listing:
         if not entry["available"]:
-            click.echo(f"{entry['name']:<11} unavailable ({entry['error']})")
+            lines.append(f"{entry['name']:<{column}}unavailable ({entry['error']})")
             continue
-        fields = ", ".join(f"{k}={v['default']!r}" for k, v in entry["fields"].items())
-        click.echo(f"{entry['name']:<11} {entry['summary']}\n{'':<11} {fields or '(no fields)'}")
+        preset = entry["preset"]
+        title = entry["display_name"] + (f" (preset of {entry['family']}: "
+                                         + ", ".join(f"{k}={v!r}" for k, v in preset.items()) + ")" if preset else "")
+        about = textwrap.wrap(f"{title}. {entry['summary']}", width - column) or [""]
+        fields = ", ".join(f"{k}={v['default']!r}" for k, v in entry["fields"].items()) or "(no fields)"
+        lines.append(f"{entry['name']:<{column}}{about[0]}")
+        lines += [indent + line for line in about[1:]]
+        lines += textwrap.wrap(f"fields: {fields}", width, initial_indent=indent, subsequent_indent=indent + "  ")
+    return "\n".join(lines)
+
+
+def first_sentence(doc: str) -> str:
+    """The docstring's first sentence, whole: up to the first full stop outside parentheses and backticks that
+    ends a word (a summary cut at its first line ended mid-sentence)."""
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    depth, code = 0, False
+    for index, char in enumerate(text):
+        if char == "`":
+            code = not code
+        elif not code and char == "(":
+            depth += 1
+        elif not code and char == ")":
+            depth = max(0, depth - 1)
+        elif char == "." and not code and depth == 0 and (index + 1 == len(text) or text[index + 1] == " "):
+            return text[:index + 1]
+    return text
 
 
 def _default(field: dataclasses.Field):

@@ -28,7 +28,7 @@ import click
 def command(results, fmt, output, overwrite, mlflow_target, experiment, wandb_project, wandb_dir, wandb_mode):
     """Export result files, folders or sweep folders to other tools' formats and trackers. Files that are not
     results, failed points and (for sglang/vllm/pytorch) non-throughput results are listed and left out."""
-    from scoutbench.analysis.export import collect, export
+    from scoutbench.analysis.export import collect, export, synthetic_prefill_note
     from scoutbench.errors import UsageError
 
     if fmt is None and mlflow_target is None and wandb_project is None:
@@ -42,6 +42,9 @@ def command(results, fmt, output, overwrite, mlflow_target, experiment, wandb_pr
     if fmt is not None:
         for path in export(chosen, fmt, output, overwrite):
             click.echo(f"wrote {path}")
+        note = synthetic_prefill_note(chosen) if fmt == "sglang" else None
+        if note is not None:
+            click.echo(note, err=True)
     if mlflow_target is not None:
         from scoutbench.analysis.loggers import log_mlflow
 

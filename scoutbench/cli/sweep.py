@@ -78,8 +78,10 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA.")
 @click.option("--seed", default=0, show_default=True, type=SEED)
-@click.option("--prefill", type=click.Choice(["real", "synthetic"]), default=None,
-              help="real or synthetic (random K/V, decode only); default synthetic with a preset, else real.")
+@click.option("--prefill", type=click.Choice(["auto", "real", "synthetic"]), default="auto", show_default=True,
+              help="As throughput's: real runs the model on the prompt; synthetic fills the KV cache with random K/V "
+                   "(decode only); auto: synthetic for random-weight presets, real for real models (the sweep's "
+                   "settings and every point record which).")
 @click.option("-o", "--output", required=True, help="Sweep folder: one JSON per point and sweep.json.")
 @click.option("--retry-failed", is_flag=True, help="Run points recorded as failed again (ok points are kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
@@ -96,6 +98,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     from dataclasses import replace
 
     from scoutbench.bench.executors import make_executor
+    from scoutbench.bench.resolve import resolve_prefill
     from scoutbench.bench.sweep import run_sweep
     from scoutbench.bench.sweep_grid import Grid, Settings, expand
     from scoutbench.cli.options import expand_methods, parse_method_args
@@ -137,8 +140,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     settings = replace(settings, device=device, dtype=dtype, seed=seed,
                        gpu_mem=parse_bytes(gpu_mem) if gpu_mem else None,
                        host_mem=parse_bytes(host_mem) if host_mem else None,
-                       **{k: v for k, v in dict(model=model, steps=steps, warmup=warmup, prefill=prefill).items()
-                          if v is not None})
+                       **{k: v for k, v in dict(model=model, steps=steps, warmup=warmup).items() if v is not None})
+    settings = replace(settings, prefill=resolve_prefill(prefill, settings.model))
     if "auto" in grid.batches and settings.gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
     points = expand(grid, defaults=frozenset(flag for flag, given in ((BUDGET, budgets), (BLOCK_SIZE, block_sizes))
@@ -186,7 +189,7 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
 
 
 def _sweep_table(manifest: dict):
-    """One row per point. tok/s is batch x steps / decode time (the mean step), step ms the median step; idle % is
+    """One row per point. tok/s is tokens over the total timed time, then the median step; idle % is
     GPU idle on CUDA and the main thread's wait off it (tiers.wait_frac); `vs fullkv` as in the report."""
     from rich.table import Table
 
@@ -197,9 +200,10 @@ def _sweep_table(manifest: dict):
 
     settings = manifest["settings"]
     table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)",
-                  caption="tok/s: batch x timed steps / timed decode time (the mean step); step ms: the median step; "
-                          "idle/wait %: GPU idle on CUDA, the main thread's wait for the CPU worker off it")
-    for name in ("method", "args", "len", "batch", "status", "tok/s", "step ms", "idle/wait %", "vs fullkv"):
+                  caption="tok/s: tokens over the total timed decode time (batch x timed steps / their summed time); "
+                          "median step ms: the median step; idle/wait %: GPU idle on CUDA, the main thread's wait "
+                          "for the CPU worker off it")
+    for name in ("method", "args", "len", "batch", "status", "tok/s", "median step ms", "idle/wait %", "vs fullkv"):
         table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
     fullkv = {(p["len"], p["batch"]): p for p in manifest["points"]
               if is_reference(p["method"]) and p["status"] == "ok"}

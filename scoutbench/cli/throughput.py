@@ -67,7 +67,9 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
               help="Set a method field (repeatable); applies to the selected methods that have it.")
 @click.option("-o", "--output", default=DEFAULT_OUTPUT, show_default=True,
               help="A .json file (single method) or a folder receiving one file per method.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing .json output instead of failing.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace existing results (the .json output, or this run's files in the -o folder) instead of "
+                   "failing (exit 2).")
 @click.option("--force", is_flag=True, help="Run even when the planned memory exceeds the free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False),
@@ -105,6 +107,11 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
                                  count_steps=count_steps, cuda_graphs=cuda_graphs,
                                  command=["scoutbench", *sys.argv[1:]])
     check_writable(out_path, overwrite)
+    taken = [] if single_file or overwrite else _taken_outputs(configs, out_path)
+    if taken:  # as a single-file -o: an existing output without --overwrite is exit 2, before anything runs
+        names = ", ".join(path.name for path in taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+        raise UsageError(f"{out_path} already holds this run's results ({names}); pass --overwrite to replace them "
+                         "or choose another -o")
     if profile_dir is not None:  # before the runs: a trace that cannot be written must not cost a finished run
         check_writable(profile_dir, single_file=False)
     err = rich_console(stderr=True)
@@ -139,6 +146,21 @@ def _parse_batch(text: str) -> int | str:
         raise UsageError(f"bad --batch {text!r}: use a positive integer or 'auto'") from None
 
 
+def _taken_outputs(configs, folder: Path) -> list[Path]:
+    """The result files in `folder` this run would write (bench.throughput.result_file_name; under --batch auto any
+    batch of the method's, whose batch is not known before it runs)."""
+    import glob
+
+    from scoutbench.bench.throughput import result_file_name
+
+    taken = []
+    for cfg in configs:
+        batch = "BATCH" if cfg.batch == "auto" else cfg.batch
+        name = result_file_name(cfg, {"method": cfg.method, "workload": {"batch": batch}})
+        taken += sorted(folder.glob(glob.escape(name).replace("BATCH", "*")))
+    return taken
+
+
 def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite: bool):
     """Run each method (api.run_throughput_configs: a refused or failing method gets a failed result and the next
     one runs) and write its result as soon as it finishes: an interruption keeps every finished result."""
@@ -147,7 +169,7 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model
     from scoutbench.progress import PhaseProgress
-    from scoutbench.results import write_json_atomic, write_json_unique
+    from scoutbench.results import write_json_atomic
 
     first = configs[0]
     device = resolve_device(first.device)
@@ -156,10 +178,8 @@ def _run_all(configs, console, single_file: Path | None, folder: Path, overwrite
     paths = []
 
     def write(cfg, result) -> None:
-        if single_file is not None:
-            path = write_json_atomic(single_file, result, overwrite=overwrite)
-        else:
-            path = write_json_unique(folder / result_file_name(cfg, result), result)
+        path = write_json_atomic(single_file if single_file is not None else folder / result_file_name(cfg, result),
+                                 result, overwrite=overwrite)
         paths.append(str(path))
 
     try:

@@ -6,15 +6,14 @@ figure families draw with (`figures/throughput.py`, `figures/accuracy.py`)."""
 from __future__ import annotations
 
 import json
-import math
 import re
-import statistics
 import textwrap
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scoutbench.analysis.points import as_number
+from scoutbench.analysis.points import shared_settings
 from scoutbench.units import format_length
 
 if TYPE_CHECKING:
@@ -25,8 +24,8 @@ DEFAULT_FIGURE_FORMATS = ("png", "pdf")
 PNG_DPI = 300
 # the file stems figures are written under (with `_<group>` suffixes when there are several of one type): what a
 # rerun of `report --overwrite` replaces
-FIGURE_STEMS = ("throughput_vs_length", "batch_scaling", "block_size", "latency_breakdown", "ablation",
-                "accuracy_vs_budget")
+FIGURE_STEMS = ("throughput_vs_length", "batch_scaling", "block_size", "latency_breakdown", "ablation", "speedup",
+                "cost_quality", "accuracy_vs_budget")
 # Okabe-Ito's colour-blind-safe palette: one colour per method family in registration order (the dense reference
 # first, so black), the proposed method's family vermillion; families past its end (third-party ones) continue with
 # matplotlib's tab10. A family's other registered forms (ablation variants, presets) are lighter tints of its colour.
@@ -39,9 +38,13 @@ LINESTYLES = ("-", "--", ":", "-.")
 HATCHES = (None, "///", "...", "xxx")  # a method's second, third... series of bars
 STAGE_COLORS = {"qkv_proj": "#4c72b0", "predict": "#8172b3", "attn_device": "#55a868", "idle": "#c44e52",
                 "merge": "#937860", "o_proj": "#64b5cd", "mlp": "#dd8452", "other": "#b0b0b0"}
-STAGE_LABELS = {"qkv_proj": "QKV projection", "predict": "query prediction", "attn_device": "device attention",
-                "idle": "idle (waiting)", "merge": "merge", "o_proj": "output projection", "mlp": "MLP",
-                "other": "other"}
+STAGE_LABELS = {"qkv_proj": "QKV projection", "predict": "query prediction", "attn_device": "GPU attention",
+                "idle": "GPU idle (waiting on CPU work or copies)", "merge": "merge", "o_proj": "output projection",
+                "mlp": "MLP", "other": "other"}
+# a CPU-only run has no device: its "device" attention is the main thread's and its idle stage the main thread
+# waiting for the CPU worker (tiers.py)
+CPU_STAGE_LABELS = {**STAGE_LABELS, "attn_device": "attention on the main thread",
+                    "idle": "main thread waiting for the CPU worker"}
 # readable names of the config fields and run settings a legend may have to show
 FIELD_LABELS = {"block_size": "block", "dense_layers": "dense layers", "recall_interval": "recall every",
                 "kv_skew": "KV skew", "warmup": "warm-up"}
@@ -162,54 +165,73 @@ def device_text(result: dict[str, Any]) -> str:
     return f"{name} ({', '.join(details)})" if details else name
 
 
-def where_text(fields: tuple[str, ...], values: tuple, points: list[Point]) -> str:
-    """The fixed part of a figure as a subtitle: `tiny-qwen3, float32, 16k tokens, batch 1, Intel Xeon (...)`."""
+def stage_label(stage: str, on_cuda: bool) -> str:
+    """A breakdown stage under its honest name on the run's device (no "GPU" anything on a CPU-only run)."""
+    return (STAGE_LABELS if on_cuda else CPU_STAGE_LABELS).get(stage, stage)
+
+
+# what every figure states about its points besides what its groups fix (SETUP_FIELDS): the method settings and run
+# settings that change a number; a field that is a figure's axis is its axis's to show
+SETUP_FIELDS = ("budget", "block_size", "prefill", "steps")
+
+
+def where_text(fields: tuple[str, ...], values: tuple, points: list[Point], axis: str | None = None) -> str:
+    """The setup of a figure as its subtitle: what its group fixes (`tiny-qwen3, float32, 16k tokens, batch 1`),
+    then the budget, block size, prefill and timed steps of its points, then the device: `..., budget 1k, block 32,
+    synthetic prefill, 8 timed steps, Intel Xeon (AVX512, 2 threads)`. A setting that differs among the points
+    lists its values and says that the legend tells them apart; `axis` is left to the axis."""
     parts = []
+    device = None
     for name, value in zip(fields, values, strict=True):
         if name == "length":
             parts.append(f"{format_length(value)} tokens")
         elif name == "batch":
-            parts.append(f"batch {value}")
+            parts.append(f"batch {value}" + (" (each method's largest)" if value == "auto" else ""))
         elif name == "device":
-            parts.append(device_text(points[0].result))
+            device = device_text(points[0].result)
         else:
             parts.append(str(value))
-    return ", ".join(parts)
+    parts += [text for name in SETUP_FIELDS if name != axis and (text := setup_part(name, points))]
+    return ", ".join([*parts, *([device] if device else [])])
+
+
+def setup_part(name: str, points: list[Point]) -> str | None:
+    """`budget 1k`; where the points differ, per method when each has one value (`budget Quest 1k, ScoutAttention
+    2k`), else the values, which the legend tells apart (`budget 1k/2k (legend)`); `no budget (dense)`;
+    `synthetic prefill`; `8 timed steps`."""
+    def value(p: Point) -> Any:
+        return p.config.get(name) if name in ("budget", "block_size") else json.loads(p.key.settings).get(name)
+
+    having = [p for p in points if name not in ("budget", "block_size") or name in p.config]
+    if not having:
+        return "no budget (dense)" if name == "budget" else None
+    # by their JSON: a hand-edited file's value may be a list, which a set cannot hold
+    values = {json.dumps(value(p), sort_keys=True, default=str): value(p) for p in having}
+    if len(values) == 1:
+        shown = _value_text(name, next(iter(values.values())))
+    else:
+        per_method: dict[str, set[str]] = defaultdict(set)
+        for p in having:
+            per_method[method_display(p.method, p.config)].add(_value_text(name, value(p)))
+        if all(len(v) == 1 for v in per_method.values()):
+            shown = ", ".join(f"{method} {next(iter(v))}" for method, v in per_method.items())
+        else:
+            ordered = sorted(values.values(), key=lambda v: (v is None, str(v)))
+            shown = "/".join(_value_text(name, v) for v in ordered) + " (legend)"
+    if name == "prefill":
+        return f"prefill {shown}" if len(values) > 1 else f"{shown} prefill"
+    if name == "steps":
+        return f"timed steps {shown}" if len(values) > 1 else f"{shown} timed steps"
+    return f"{FIELD_LABELS.get(name, name)} {shown}"
 
 
 # ---- values ---------------------------------------------------------------------------------------------------
 
-def median_step_tok_s(run: dict[str, Any], step_ms: float | None = None) -> float | None:
-    """batch x 1000 / the median step (or `step_ms`): a run's throughput at its median step, None if not a
-    measurement."""
-    step = as_number((run.get("decode_step_ms") or {}).get("median")) if step_ms is None else step_ms
-    batch = (run.get("workload") or {}).get("batch")
-    if step is None or not math.isfinite(step) or step <= 0 or not isinstance(batch, int) or batch < 1:
-        return None
-    return batch * 1000.0 / step
-
-
 def figure_value(point: Point) -> tuple[float, tuple[float, float] | None]:
-    """(throughput at the median step, its 95% interval or None): the median over the repeats of each. A run's
-    interval is used only where it holds its own median (hand-edited or older results without one get no bar)."""
-    values, lows, highs = [], [], []
-    for run in point.runs:
-        value = median_step_tok_s(run)
-        if value is None:
-            continue
-        values.append(value)
-        step = run.get("decode_step_ms") or {}
-        low_ms, high_ms = as_number(step.get("ci95_low")), as_number(step.get("ci95_high"))
-        median = as_number(step.get("median"))
-        if low_ms is not None and high_ms is not None and math.isfinite(low_ms) and math.isfinite(high_ms) \
-                and 0 < low_ms <= median <= high_ms:
-            lows.append(median_step_tok_s(run, high_ms))
-            highs.append(median_step_tok_s(run, low_ms))
-    value = statistics.median(values) if values else point.tok_s
-    if not lows:
-        return value, None
-    low, high = statistics.median(lows), statistics.median(highs)
-    return value, (min(low, value), max(high, value))
+    """(throughput, its 95% interval or None): the point's `decode_throughput_tok_s` (tokens over the total timed
+    time, the median over its repeats: the number of every table, summary and export) and the bootstrap interval
+    of it over the timed steps (step_stats.throughput_interval); no interval for runs without their steps."""
+    return point.tok_s, point.tok_s_interval
 
 
 def error_bars(values: list[float], intervals: list[tuple[float, float] | None]) -> list[list[float]] | None:
@@ -229,7 +251,9 @@ class FigureWriter:
     def __init__(self, report: Report, out: Path, formats: tuple[str, ...]) -> None:
         self.report, self.out, self.formats = report, out, formats
 
-    def save(self, fig: Any, stem: str, title: str) -> None:
+    def save(self, fig: Any, stem: str, title: str, points: Iterable[Point] = ()) -> None:
+        """Write `fig` in every format; `points` are the throughput points it shows (the report checks that every
+        point is in a figure or named with the reason it is not)."""
         import matplotlib.pyplot as plt
 
         files = []
@@ -240,7 +264,15 @@ class FigureWriter:
             files.append(path)
         plt.close(fig)
         self.report.figures.append((title, files))
+        for p in points:
+            self.report.drawn.setdefault(p.key, []).append(stem)
 
+
+
+def comparison_group(p: Point) -> tuple:
+    """What a point is compared with FullKV within (the summary's `vs fullkv`, the speed-up and cost-quality
+    figures): everything but the method, its config and its dense layers (points.shared_settings)."""
+    return (p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, shared_settings(p.key))
 
 
 def point_field(p: Point, name: str) -> Any:
@@ -268,12 +300,39 @@ def file_stems(stem: str, groups: list[tuple], fields: tuple[str, ...] = ()) -> 
     return names
 
 
+def group_stems(stem: str, groups: list[tuple], fields: tuple[str, ...], extras: list[dict[str, Any]]) -> list[str]:
+    """One file stem per group, in order: `file_stems` over the group's `fields`, and where groups share those
+    (a point run twice with other steps, say), the `extras` (settings, config) that tell them apart
+    (`ablation_len16k_steps8-warmup2`); numbered where nothing does."""
+    shared: dict[tuple, list[int]] = defaultdict(list)
+    for index, group in enumerate(groups):
+        shared[group].append(index)
+    parts = [""] * len(groups)
+    for indices in shared.values():
+        if len(indices) < 2:
+            continue
+        names = sorted({k for i in indices for k in extras[i]})
+        varying = [k for k in names if len({json.dumps(extras[i].get(k), sort_keys=True, default=str)
+                                             for i in indices}) > 1]
+        for number, i in enumerate(indices, 1):
+            parts[i] = "-".join(_setting_part(k, extras[i].get(k)) for k in varying) or str(number)
+    keys = [group + (part,) for group, part in zip(groups, parts, strict=True)]
+    names = file_stems(stem, list(dict.fromkeys(keys)), (*fields, ""))
+    return [names[key] for key in keys]
+
+
+def _setting_part(name: str, value: Any) -> str:
+    """`steps8`, `prefill-real`: a setting as part of a file name."""
+    text = _value_text(name, value)
+    return f"{name}{text}" if isinstance(value, (int, float)) else f"{name}-{text}"
+
+
 def _stem_part(name: str, value: Any) -> str:
     if name == "length" and isinstance(value, int):
         return f"len{format_length(value)}"
     if name == "batch":
         return f"b{value}"
-    return "none" if value is None else str(value)
+    return "none" if value is None else str(value).replace(" ", "")
 
 
 def set_title(ax: Any, title: str, where: str) -> None:
@@ -284,7 +343,7 @@ def set_title(ax: Any, title: str, where: str) -> None:
 
 def series_styles(series: dict[str, list[Point]]) -> dict[str, dict[str, Any]]:
     """One colour per method; a method's second, third... series (other budgets, say) get other markers, dashes
-    and bar hatches in the same colour."""
+    and bar hatches in the same colour (a line takes `line_style`, a bar its colour and hatch)."""
     seen: dict[str, int] = defaultdict(int)
     styles = {}
     for label, members in series.items():
@@ -294,6 +353,11 @@ def series_styles(series: dict[str, list[Point]]) -> dict[str, dict[str, Any]]:
         styles[label] = {"color": method_color(method), "marker": MARKERS[index % len(MARKERS)],
                          "linestyle": LINESTYLES[index % len(LINESTYLES)], "hatch": HATCHES[index % len(HATCHES)]}
     return styles
+
+
+def line_style(style: dict[str, Any]) -> dict[str, Any]:
+    """What a line (matplotlib's `errorbar`) takes of a series' style: no hatch, which only bars have."""
+    return {k: style[k] for k in ("color", "marker", "linestyle")}
 
 
 def ordered_series(points: list[Point], labels: dict[Any, str]) -> dict[str, list[Point]]:

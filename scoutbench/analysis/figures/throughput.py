@@ -1,7 +1,8 @@
 """The throughput figures of the report, the paper's figure types: throughput vs input length (Figure 8) and vs
 batch size (Figure 9), block size (Figure 10), the latency breakdown with its idle time (Figure 11) and the
-ablation (Figure 12). Throughput is the median step's (batch x 1000 / median step ms), the number the stored
-interval belongs to, with that interval as error bars."""
+ablation (Figure 12). Throughput is tokens over the total timed time (`decode_throughput_tok_s`, the number of
+every table and export), with its 95% bootstrap interval as error bars. Every figure's subtitle states its setup
+(model, dtype, length, batch, budget, block size, prefill, timed steps, device)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,22 @@ from typing import TYPE_CHECKING
 from scoutbench.analysis.figures.style import (
     HEIGHT_IN,
     STAGE_COLORS,
-    STAGE_LABELS,
     WIDTH_IN,
     dodge,
     error_bars,
     figure_value,
     file_stems,
     group_points,
+    group_stems,
     legend_labels,
+    line_style,
     method_color,
     ordered_series,
     place_legend,
     point_field,
     series_styles,
     set_title,
+    stage_label,
     where_text,
 )
 from scoutbench.units import format_length
@@ -34,6 +37,9 @@ from scoutbench.units import format_length
 if TYPE_CHECKING:
     from scoutbench.analysis.figures.style import FigureWriter
     from scoutbench.analysis.report import Point, Report
+
+
+THROUGHPUT_LABEL = "decode throughput (tok/s)"
 
 
 def draw_throughput(report: Report, writer: FigureWriter) -> None:
@@ -59,6 +65,11 @@ def line_figure(report: Report, writer: FigureWriter, axis: str, stem: str, titl
         what = "lengths" if axis == "length" else "batch sizes"
         report.skipped.append((stem, f"no model/{fixed[2]} has results at two or more {what}"))
         return
+    unplaced = [p for p in report.points if not isinstance(point_field(p, axis), int)
+                and tuple(point_field(p, f) for f in fixed[:2] + fixed[3:]) in {g[:2] + g[3:] for g in groups}]
+    if unplaced:  # beside a drawn batch figure: each method ran at its own batch, which no batch axis places
+        report.skipped.append((stem, "batch auto has no place on a batch-size axis (each method ran at its own "
+                                     f"batch): {'; '.join(sorted({p.label for p in unplaced}))}"))
     names = file_stems(stem, list(groups), fixed)
     for group, points in groups.items():
         series = ordered_series(points, legend_labels(points))
@@ -78,18 +89,18 @@ def line_figure(report: Report, writer: FigureWriter, axis: str, stem: str, titl
             ys = [v for v, _ in values]
             shift = dodge(index, len(series))  # error bars at one x side by side, not on top of each other
             ax.errorbar([point_field(p, axis) * shift for p in members], ys, yerr=error_bars(ys, [i for _, i in values]),
-                        label=label, markersize=4, linewidth=1.4, **styles[label])
+                        label=label, markersize=4, linewidth=1.4, **line_style(styles[label]))
         ticks = sorted({point_field(p, axis) for p in points})
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [format_length(t) if axis == "length" else str(t) for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel("input length (tokens)" if axis == "length" else "batch size (sequences)")
-        ax.set_ylabel("decode throughput (tok/s)")
+        ax.set_ylabel(THROUGHPUT_LABEL)
         ax.set_ylim(bottom=0)
-        where = where_text(fixed, group, points)
+        where = where_text(fixed, group, points, axis)
         set_title(ax, title, where)
         place_legend(ax, len(series))
-        writer.save(fig, names[group], f"{title} ({where})")
+        writer.save(fig, names[group], f"{title} ({where})", points)
 
 
 def block_size_figure(report: Report, writer: FigureWriter) -> None:
@@ -125,14 +136,14 @@ def block_size_figure(report: Report, writer: FigureWriter) -> None:
                             xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(range(len(sizes)), [str(s) for s in sizes])
         ax.set_xlabel("block size (tokens)")
-        ax.set_ylabel("decode throughput (tok/s)")
+        ax.set_ylabel(THROUGHPUT_LABEL)
         ax.margins(y=0.15)
         ax.grid(axis="x", visible=False)
-        where = where_text(fixed, group, points)
+        where = where_text(fixed, group, points, "block_size")
         set_title(ax, title, where)
         if len(series) > 1:  # beside the bars, never over them
             ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-        writer.save(fig, names[group], f"{title} ({where})")
+        writer.save(fig, names[group], f"{title} ({where})", points)
 
 
 def breakdown_figure(report: Report, writer: FigureWriter) -> None:
@@ -159,9 +170,10 @@ def breakdown_figure(report: Report, writer: FigureWriter) -> None:
         fig, ax = plt.subplots(figsize=(min(7.5, max(WIDTH_IN, 1.6 + 0.6 * len(points))), HEIGHT_IN + 0.4))
         bottoms = [0.0] * len(points)
         breakdowns = [p.breakdown_ms() or {} for p in points]
+        on_cuda = points[0].on_cuda  # one device per figure
         for stage in STAGES:
             values = [breakdown.get(stage, 0.0) for breakdown in breakdowns]
-            ax.bar(range(len(points)), values, 0.6, bottom=bottoms, label=STAGE_LABELS.get(stage, stage),
+            ax.bar(range(len(points)), values, 0.6, bottom=bottoms, label=stage_label(stage, on_cuda),
                    color=STAGE_COLORS.get(stage), hatch="////" if stage == "idle" else None, edgecolor="white",
                    linewidth=0.3)
             bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
@@ -179,13 +191,15 @@ def breakdown_figure(report: Report, writer: FigureWriter) -> None:
                   borderaxespad=0.0)  # the stack's order, top first
         where = where_text(fixed, group, points)
         set_title(ax, title, where)
-        writer.save(fig, names[group], f"{title} ({where})")
+        writer.save(fig, names[group], f"{title} ({where})", points)
 
 
 def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
-    """Groups of runs of one method family that differ only in its ablation fields (ScoutAttention: pc/pr), with
-    at least two variants, in the order the method declares (the paper's)."""
-    from scoutbench.methods import ablation_order, method_class
+    """Groups of runs of one method family that differ only in its ablation fields (ScoutAttention: pc/pr), at one
+    point and with the same run settings (steps, warm-up, prefill: the ablation preset's points and a plain sweep's
+    of the same point are two ablations, not one), with at least two variants, in the order the method declares
+    (the paper's). Two runs of one variant (`scout --method-arg pc=off pr=off` beside `scout-base`) both stay."""
+    from scoutbench.methods import ablation_order, display_rank, method_class
 
     groups: dict[tuple, list[Point]] = defaultdict(list)
     for p in points:
@@ -194,13 +208,32 @@ def ablation_groups(points: list[Point]) -> dict[tuple, list[Point]]:
         cls = method_class(p.method)
         rest = json.dumps({k: v for k, v in p.config.items() if k not in cls.ablation_fields}, sort_keys=True,
                           default=str)
-        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest, cls.name)].append(p)
+        groups[(p.key.model, p.key.dtype, p.key.length, p.key.batch, p.device, rest, cls.name,
+                p.key.settings)].append(p)
     out = {}
     for group, members in sorted(groups.items(), key=lambda item: str(item[0])):
-        by_variant = {p.variant: p for p in members}
-        if len(by_variant) > 1:
-            out[group] = [by_variant[v] for v in ablation_order(members[0].method) if v in by_variant]
+        order = ablation_order(members[0].method)
+        if len({p.variant for p in members}) > 1:
+            out[group] = sorted(members, key=lambda p: (order.index(p.variant), display_rank(p.method), p.label))
     return out
+
+
+def ablation_lone_points(points: list[Point]) -> list[Point]:
+    """Ablation variants (other than the method's own default, which is a plain run of it) with no other variant of
+    their method at their point and settings: an ablation that has nothing to compare with."""
+    from scoutbench.methods import ablation_variant, method_class
+
+    grouped = {p.key for members in ablation_groups(points).values() for p in members}
+    return [p for p in points if p.variant is not None and p.key not in grouped
+            and p.variant != ablation_variant(method_class(p.method).name, {})]
+
+
+def variant_labels(members: list[Point]) -> list[str]:
+    """An ablation's bar labels: the variant (`+PC`), with the method's name where two bars are one variant."""
+    counts = defaultdict(int)
+    for p in members:
+        counts[p.variant] += 1
+    return [p.variant if counts[p.variant] == 1 else f"{p.variant} [{p.method}]" for p in members]
 
 
 def ablation_figure(report: Report, writer: FigureWriter) -> None:
@@ -213,11 +246,13 @@ def ablation_figure(report: Report, writer: FigureWriter) -> None:
     if not groups:
         report.skipped.append((stem, f"no point has two or more of {' / '.join(ABLATION_METHODS)}"))
         return
-    keys = [group[:5] for group in groups]
-    if len(set(keys)) < len(keys):  # same point, different other fields (e.g. budgets): number them
-        keys = [key + (str(i),) for i, key in enumerate(keys, 1)]
-    names = file_stems(stem, keys, ("model", "dtype", "length", "batch", "device"))
-    for (group, members), key in zip(groups.items(), keys, strict=True):
+    lone = ablation_lone_points(report.points)
+    if lone:
+        report.skipped.append((stem, "a variant with no other variant of its method at its point and settings: "
+                                     f"{'; '.join(sorted(p.key.describe(p.label) for p in lone))}"))
+    names = group_stems(stem, [group[:5] for group in groups], ("model", "dtype", "length", "batch", "device"),
+                        [{**json.loads(group[5]), **json.loads(group[7])} for group in groups])
+    for (group, members), name in zip(groups.items(), names, strict=True):
         cls = method_class(members[0].method)
         title = f"Ablation of {cls.display_name or cls.name}"
         values = [figure_value(p) for p in members]
@@ -228,10 +263,10 @@ def ablation_figure(report: Report, writer: FigureWriter) -> None:
         for i, (value, interval) in enumerate(values):
             ax.annotate(f"{value / ys[0]:.2f}x", (i, interval[1] if interval else value), ha="center", va="bottom",
                         fontsize=8, xytext=(0, 2), textcoords="offset points")
-        ax.set_xticks(range(len(members)), [p.variant for p in members])
-        ax.set_ylabel("decode throughput (tok/s)")
+        ax.set_xticks(range(len(members)), variant_labels(members))
+        ax.set_ylabel(THROUGHPUT_LABEL)
         ax.margins(y=0.15)
         ax.grid(axis="x", visible=False)
         where = where_text(("model", "dtype", "length", "batch", "device"), group[:5], members)
         set_title(ax, f"{title} (speed-up vs {members[0].variant})", where)
-        writer.save(fig, names[key], f"{title} ({where})")
+        writer.save(fig, name, f"{title} ({where})", members)
