@@ -23,11 +23,13 @@ Usage: python scripts/triton_aot.py [--targets 80,86,89,90] [--json OUT] [--jobs
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -36,8 +38,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# a fresh cache: a cached kernel is not compiled again, and its ptxas log (registers, spills) would not be printed
-os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="scoutbench-aot-"))
+# a fresh cache, removed at exit: a cached kernel is not compiled again, and its ptxas log (registers, spills) would
+# not be printed
+if "TRITON_CACHE_DIR" not in os.environ:
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="scoutbench-aot-")
+    atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9's default, stated (silences its warning)
 
 import torch  # noqa: E402
@@ -284,12 +289,23 @@ def compile_target(capability: int, kernels: tuple[str, ...] = (), cases: list[C
     from triton.runtime import driver
 
     launches = record_launches(kernels, cases)
+    # the target's driver stays active after (triton's reset would look for a GPU); nothing launches in this process
     driver.set_active(_TargetDriver(capability))
     knobs.nvidia.dump_ptxas_log = True  # triton's own ptxas -v run prints its log: registers and spills
+    try:
+        return _compile_launches(launches, capability)
+    finally:
+        knobs.nvidia.dump_ptxas_log = False
+
+
+def _compile_launches(launches: list[Launch], capability: int) -> list[Compiled]:
     for kernel in {launch.kernel for launch in launches}:
         kernel.device_caches.clear()
     results: list[Compiled] = []
+    failed: set[Any] = set()  # kernels with a compile error: reported once, not for each later launch
     for launch in launches:
+        if launch.kernel in failed:
+            continue
         kernel_cache = launch.kernel.device_caches[0][0]
         before = len(kernel_cache)
         log = io.StringIO()
@@ -316,7 +332,7 @@ def compile_target(capability: int, kernels: tuple[str, ...] = (), cases: list[C
             shared_bytes=metadata.shared if metadata else 0, shared_limit_bytes=SHARED_LIMIT_BYTES[capability],
             compile_s=round(time.perf_counter() - start, 2), error=error))
         if error is not None:
-            break  # the same kernel would fail again for the next launch: report it once
+            failed.add(launch.kernel)
     return results
 
 

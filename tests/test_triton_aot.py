@@ -8,6 +8,7 @@ sm_90; the select kernel spilled on sm_90 at a budget of 4096 (its [S_PAD, K_PAD
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def aot(tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))  # compiled afresh
+        patch.setitem(sys.modules, "triton_aot", module)  # its dataclasses look their module up
         spec.loader.exec_module(module)
         yield module
 
