@@ -1,8 +1,9 @@
-"""Sessions: `nox -s tests` (default), `triton` (the Triton kernels in their CPU interpreter), `lint`, `perf_gate` (CPU
+"""Sessions: `nox -s tests` (default), `triton` (the Triton kernels in their CPU interpreter), `aot` (every Triton
+kernel compiled ahead for sm_80/86/89/90 with triton 3.9 and 3.6), `lint`, `perf_gate` (CPU
 sweep + relative gate), `floors` (the declared dependency floors, and the lent H200's transformers), `compat` (every
 supported Python, 3.10-3.13, without torch), `tests_python` (the whole suite on each supported Python, where a CPU
 torch wheel for it can be installed), `tests_qwen` (opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run)
-runs tests, triton, perf_gate."""
+runs tests, triton, aot, perf_gate."""
 
 import re
 from pathlib import Path
@@ -22,6 +23,9 @@ TORCH = "torch==2.13.0"
 # The Triton kernel's CPU checks run in triton's interpreter (no GPU needed; ~1 GB). Pinned: the interpreter's
 # known bf16 `tl.dot` error (tests/test_triton.py) is a property of this version.
 TRITON = "triton==3.9.0"
+# The versions every kernel is compiled ahead with (scripts/triton_aot.py): the interpreter tests' and the lent
+# H200's (its python3 has triton 3.6), each in an environment of its own.
+AOT_TRITONS = ["3.9.0", "3.6.0"]
 
 
 # The Python minor versions scoutbench supports (requires-python >= 3.10) and that pyenv installs on our machines.
@@ -139,6 +143,19 @@ def triton(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", "tests/test_triton_region.py",
                 "tests/test_triton_select.py", "tests/test_triton_speculate.py", *session.posargs,
                 env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
+
+
+@nox.session
+@nox.parametrize("triton_version", AOT_TRITONS)
+def aot(session: nox.Session, triton_version: str) -> None:
+    """Every Triton kernel compiled ahead of time for sm_80, sm_86, sm_89 and sm_90 through its launch site, no GPU
+    needed (scripts/triton_aot.py): fails on a compile error, shared memory over a target's limit or a register
+    spill on sm_90, and prints registers, spills and shared memory per configuration and target (docs/gpu.md)."""
+    session.install(TORCH)
+    session.install("-e", ".[test]")
+    session.install(f"triton=={triton_version}")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_aot.py")
+    session.run("python", "scripts/triton_aot.py", *session.posargs)
 
 
 @nox.session

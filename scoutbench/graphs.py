@@ -14,9 +14,13 @@ no host read and no Python value that changes per step. tests/test_graphs.py rep
 CUDA (scoutbench/testing/emulated_cuda, whose capture records device work without running it, as a GPU does) against
 its eager logits, and a planted Python scalar makes it fail.
 
-A step's variant is its method's `graph_key()`: the first step of a key runs eagerly (it warms up what capture must
-not do: allocator pools, library handles, kernel compilation), the second captures and replays, every later one
-replays. A capture that fails leaves the run eager and says why (`failure`), and the result records it.
+A step's variant is its method's `graph_key()`: the first step of a key runs eagerly on the stream that will
+capture it (it warms up what capture must not do: allocator pools, library handles, kernel compilation; torch's
+docs warm up on the capture stream, whose cached blocks the capture can then reuse), the second captures and
+replays, every later one replays. A capture that fails leaves the run eager and says why (`failure`), and the
+result records it. A capture interrupted by anything (a phase's time limit, Ctrl-C) or failing is ended before the
+error goes on, with the caching allocator's record of it (`end_pool_recording`): the next run in the process (the
+GPU check's next method) starts with no capture open and no allocator state left behind.
 """
 
 from __future__ import annotations
@@ -96,13 +100,24 @@ class GraphRunner:
         if schedule is None and self.failure is None and key in self.seen and len(self.schedules) < MAX_VARIANTS:
             schedule = self._capture(key)
         if schedule is None:
+            warm_up = self.failure is None and key not in self.seen and len(self.schedules) < MAX_VARIANTS
             self.seen.add(key)
             self.eager_steps += 1
-            return self.engine.forward_step(self.tokens)
+            return self._warm_up() if warm_up else self.engine.forward_step(self.tokens)
         self.replayed_steps += 1
         self.replayed_pieces += schedule.pieces
         attention_backends.add_counts(schedule.backend_calls)
         return self._replay(schedule)
+
+    def _warm_up(self) -> torch.Tensor:
+        """An eager step on the capture stream (torch.cuda.graph's rule: warm up on the stream that captures), in
+        order with the current stream's work on both sides."""
+        current = torch.cuda.current_stream(self.engine.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            logits = self.engine.forward_step(self.tokens)
+        current.wait_stream(self.stream)
+        return logits
 
     def _replay(self, schedule: _Schedule) -> torch.Tensor:
         timer = self.timer
@@ -131,8 +146,10 @@ class GraphRunner:
                 self._begin_piece()
                 schedule.logits = self.engine.forward_step(self.tokens)
                 self._end_piece()
-        except Exception as exc:  # noqa: BLE001 - any capture error: this run decodes eagerly, and says why
+        except BaseException as exc:  # noqa: BLE001 - any capture error: this run decodes eagerly, and says why
             self._abandon()
+            if not isinstance(exc, Exception):  # an interrupt (a phase's limit, Ctrl-C): ended, and it goes on
+                raise
             self.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             print(f"scoutbench: warning: CUDA graph capture failed ({self.failure}); decoding eagerly",
                   file=sys.stderr)
@@ -165,11 +182,17 @@ class GraphRunner:
             self._schedule.items.append(_Piece(graph, self._stages[-1] if self._stages else None))
 
     def _abandon(self) -> None:
-        """End a capture that raised, so that the stream leaves capture mode."""
+        """End a capture that raised, so that the stream leaves capture mode and the allocator its capture state;
+        raise if either is still capturing (the process could not run another method on the device)."""
         if self._graph is not None:
             graph, self._graph = self._graph, None
             with contextlib.suppress(Exception), torch.cuda.stream(self.stream):
                 graph.capture_end()
+        end_pool_recording(self.engine.device, self.pool)
+        with torch.cuda.stream(self.stream):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("CUDA graph capture: the capture stream is still capturing after its capture was "
+                                   "ended; this process cannot run further device work (start a new process)")
 
     # what the timer and the method call while a step is captured
     def enter_stage(self, name: str) -> None:
@@ -196,3 +219,25 @@ class GraphRunner:
                 "variants": len(self.schedules), "pieces_per_step": max(pieces) if pieces else None,
                 "host_points_per_step": max(hosts) if hosts else None, "replayed_steps": self.replayed_steps,
                 "eager_steps": self.eager_steps, "failure": self.failure}
+
+
+def end_pool_recording(device: torch.device, pool: Any) -> int:
+    """End the caching allocator's capture state for `pool` that a failed capture left; returns how many it ended.
+
+    torch's `CUDAGraph::capture_end` tells the allocator that the capture ended (`endAllocateToPool`) only after
+    `cudaStreamEndCapture` succeeded: a capture that an error invalidated leaves the allocator recording to the
+    pool, so frees wait for a capture that never ends and `empty_cache()` asserts (`captures_underway.empty()`),
+    for every later method of the process. Each capture_begin on `pool` adds one record, a successful capture_end
+    removes it, so what is left belongs to failed captures: each is ended, and its hold on the pool released (the
+    graph never releases it: its reset only releases a pool whose capture ended). The allocator refuses to end a
+    pool it does not record to (a RuntimeError): that is the check that nothing is left.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ended = 0
+    while True:
+        try:
+            torch.cuda.memory._cuda_endAllocateToPool(index, pool)
+        except RuntimeError:
+            return ended  # "not currently recording to mempool_id": none left
+        torch.cuda.memory._cuda_releasePool(index, pool)
+        ended += 1

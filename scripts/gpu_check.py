@@ -2,6 +2,8 @@
 
     host     how fast fresh host memory fills and cudaHostRegister pins it here, and the host cap they
              allow: the kept host buffer of `compare` must fill within its share of setup's limit
+    fallback the host cap when the host phase measured nothing (it failed or was cut): the cap whose kept
+             buffer fills in time at the slowest rates the lent machine is documented to have
     compare  one process for the phases that run the model: setup (the model, the kept host buffer),
              max_batch (each method at its planned maximum batch) and equal_batch (the methods whose
              max_batch run was not at the equal batch), each under its own limit; a method that fails or is
@@ -35,6 +37,11 @@ SETUP_HOST_SHARE = 0.75
 # what the table marks as telemetry from a short window (telemetry.py flags `low_confidence` under 2 s)
 LOW_CONFIDENCE_MARK = "~"
 GIB = 1024**3
+# the slowest rates the fallback cap assumes: fresh host memory on the lent machine's kind of guest fills at
+# 0.13-0.3 GiB/s (docs/gpu.md, "Host memory on the lent machine"); pinning touched pages has not been measured
+# there, 10 GiB/s is assumed (the host phase measures both when it runs)
+SLOWEST_FILL_GIB_S = 0.13
+SLOWEST_REGISTER_GIB_S = 10.0
 
 
 class PhaseCut(BaseException):
@@ -61,6 +68,24 @@ def sized_host_cap(requested_bytes: int, fill_gib_s: float, register_gib_s: floa
     if kept_bytes(cap) / GIB * seconds_per_gib > budget_s:
         cap = int(budget_s / seconds_per_gib * GIB / (kept_bytes(GIB) / GIB))
     return cap, kept_bytes(cap) / GIB * seconds_per_gib
+
+
+def fallback_host_cap(requested_bytes: int, setup_limit_s: float) -> int:
+    """The host cap when the host phase measured nothing: sized at the slowest documented rates, or at the fill
+    rate SCOUTBENCH_HOST_FILL_GIBS holds the dry run to where that is slower (a failed host phase must not leave
+    the cap at the request: a kept buffer of the request would not fill within setup's limit, and every row
+    would read "not run")."""
+    from scoutbench.runtime.offload import HOST_FILL_ENV
+
+    fill_gib_s = min(SLOWEST_FILL_GIB_S, float(os.environ.get(HOST_FILL_ENV) or math.inf))
+    return sized_host_cap(requested_bytes, fill_gib_s, SLOWEST_REGISTER_GIB_S, setup_limit_s)[0]
+
+
+def fallback_command(args: argparse.Namespace) -> int:
+    from scoutbench.units import parse_bytes
+
+    print(fallback_host_cap(parse_bytes(args.requested), args.setup_limit))
+    return 0
 
 
 def emulate_if_asked() -> None:
@@ -141,12 +166,15 @@ class Phases:
 
 
 def configs_for(args: argparse.Namespace, methods: list[str], batch: int | str) -> list[Any]:
-    """The throughput configs of `methods` at `batch`, as `scoutbench throughput` builds them."""
+    """The throughput configs of `methods` at `batch`, as `scoutbench throughput` builds them. The check's
+    `--budget` is its own preset, not a user's flag: it goes to the methods that have a token budget, and a phase
+    whose methods have none (FullKV alone at the equal batch) runs them without it."""
     from scoutbench.bench.throughput import ThroughputConfig
-    from scoutbench.method_args import MethodSettings, resolve_method_args
+    from scoutbench.method_args import BUDGET, MethodSettings, resolve_method_args
     from scoutbench.units import parse_bytes, parse_length
 
-    settings = MethodSettings.of({}, budget=None if args.budget is None else parse_length(args.budget))
+    settings = MethodSettings.of({}, budget=None if args.budget is None else parse_length(args.budget),
+                                 defaults=frozenset({BUDGET}))
     per_method = resolve_method_args(methods, settings)
     return [ThroughputConfig(method=name, method_args=per_method[name], model=args.model,
                              length=parse_length(args.len), batch=batch, gpu_mem=parse_bytes(args.gpu_mem)
@@ -247,6 +275,13 @@ def _nvml_cells(result: dict[str, Any]) -> tuple[str, str]:
     return ("-" if util is None else f"{mark}{util:.0f}", "-" if energy is None else f"{mark}{energy:.3f}")
 
 
+def one_line(text: str, width: int = 120) -> str:
+    """`text` as one table cell: its lines joined, its whitespace collapsed, cut to `width` characters (the whole
+    error is in gpu_check_results.json)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
 def table_rows(raw: str, methods: list[str], length: str, equal: int, plans: dict[str, Any]
                ) -> tuple[list[list[str]], list[dict[str, Any]]]:
     """The rows of both comparisons and every result: a method's equal-batch row is its max_batch run when
@@ -271,7 +306,7 @@ def table_rows(raw: str, methods: list[str], length: str, equal: int, plans: dic
                 result, note = same, " (= max)"
             if result is None or result.get("status") != "ok":
                 why = "not run (its phase was cut or failed: see compare.stderr)" if result is None else \
-                    f"failed: {result.get('error')}"[:120]
+                    one_line(f"failed: {result.get('error')}")
                 rows.append([method, run, length, "-", planned, *["-"] * 8, why])
                 results.append({"run": run, "method": method,
                                 "status": "missing" if result is None else "failed",
@@ -339,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     host.add_argument("--setup-limit", type=float, required=True, help="the setup phase's limit (s)")
     host.add_argument("--device", default="cuda")
     host.add_argument("--out", required=True)
+    fallback = sub.add_parser("fallback")
+    fallback.add_argument("--requested", required=True, help="the host cap asked for, e.g. 64GiB")
+    fallback.add_argument("--setup-limit", type=float, required=True, help="the setup phase's limit (s)")
     compare = sub.add_parser("compare")
     table = sub.add_parser("table")
     for command in (compare, table):
@@ -357,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--budget", default=None)
     table.add_argument("--dest", required=True)
     args = parser.parse_args(argv)
-    return {"host": host_command, "compare": compare_command, "table": table_command}[args.command](args)
+    return {"host": host_command, "fallback": fallback_command, "compare": compare_command,
+            "table": table_command}[args.command](args)
 
 
 if __name__ == "__main__":

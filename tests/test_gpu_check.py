@@ -33,17 +33,27 @@ def _check_script():
 
 
 def _gpu_limits() -> dict[str, int]:
-    """The phase limits of the lent GPU's run, as scripts/gpu_check.sh sets them."""
+    """The phase limits of the lent GPU's run, as scripts/gpu_check.sh sets them (its second LIMITS: the first
+    is the CPU dry run's)."""
     text = (ROOT / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
-    line = next(line for line in text.splitlines() if line.strip().startswith("LIMITS=(preflight=20"))
+    line = [line for line in text.splitlines() if line.strip().startswith("LIMITS=(")][1]
     return {name: int(limit) for name, limit in re.findall(r"(\w+)=(\d+)", line)}
 
 
-def test_every_phase_of_the_cpu_dry_run_passes_within_its_limit(tmp_path):
-    env = {**os.environ, "SCOUTBENCH_GPU_CHECK_CPU": "1", "SCOUTBENCH_HOST_FILL_GIBS": "0.2",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], env=env,
+def _dry_run(tmp_path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SCOUTBENCH_GPU_CHECK_CPU": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **env}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], env=env,
                           capture_output=True, text=True, timeout=900)
+
+
+def _table_rows(tmp_path) -> list[str]:
+    table = (tmp_path / "out" / "gpu_check_table.txt").read_text(encoding="utf-8")
+    return [line for line in table.splitlines() if line.split()[:1] and line.split()[0] in METHODS]
+
+
+def test_every_phase_of_the_cpu_dry_run_passes_within_its_limit(tmp_path):
+    done = _dry_run(tmp_path, SCOUTBENCH_HOST_FILL_GIBS="0.2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     lines = (tmp_path / "out" / "gpu_check_phases.txt").read_text(encoding="utf-8").splitlines()
     phases = {line.split()[0]: line.split()[2] for line in lines}
@@ -52,7 +62,7 @@ def test_every_phase_of_the_cpu_dry_run_passes_within_its_limit(tmp_path):
         took, limit = re.search(r"(\d+)s \(limit (\d+)s\)", line).groups()
         assert int(took) <= int(limit), line
     table = (tmp_path / "out" / "gpu_check_table.txt").read_text(encoding="utf-8")
-    rows = [line for line in table.splitlines() if line.split()[:1] and line.split()[0] in METHODS]
+    rows = _table_rows(tmp_path)
     assert len(rows) == 2 * len(METHODS) and not any("failed" in row or "not run" in row for row in rows), table
     # no recall profile of the synthetic prefill: ScoutAttention's rows say they ran its fixed interval
     assert "scout (fixed interval)" in table
@@ -67,11 +77,17 @@ def test_every_phase_of_the_cpu_dry_run_passes_within_its_limit(tmp_path):
     assert 0 < host["fill_gib_s"] <= 0.2 * 1.01 and host["fill_env"] == "0.2"
 
 
-@pytest.mark.parametrize("fill_gib_s", [0.13, 0.2, 0.3])
-def test_the_sized_host_cap_fits_setup_and_every_offloading_method(fill_gib_s):
+def test_the_gpu_phases_fit_six_minutes_of_device_time():
+    """15 minutes of device time hold the machine's start, the check and a second try of it."""
+    assert sum(_gpu_limits().values()) <= 360
+
+
+@pytest.mark.parametrize("fill_gib_s", [0.13, 0.2, 0.3, "fallback"])
+def test_the_sized_host_cap_fits_setup_and_every_offloading_method(fill_gib_s, monkeypatch):
     """At the lent machine's shape (qwen3-14b, 64k, 64 GiB asked) and its fill rates, the sized cap's kept buffer
     fills and registers within its share of the setup phase's limit, and still holds one sequence of every
-    offloading method (each needs ~9.5 GiB of host tier at 64k). Touching 64 GiB at these rates takes 3.5-8 min."""
+    offloading method (each needs ~9.5 GiB of host tier at 64k). Touching 64 GiB at these rates takes 3.5-8 min.
+    When the host phase measures nothing, the cap falls back to the one sized at the slowest documented rates."""
     from scoutbench.methods import build_method
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import preset_config
@@ -79,7 +95,11 @@ def test_the_sized_host_cap_fits_setup_and_every_offloading_method(fill_gib_s):
 
     check = _check_script()
     setup_s = _gpu_limits()["setup"]
-    assert sum(_gpu_limits().values()) <= 480
+    monkeypatch.delenv("SCOUTBENCH_HOST_FILL_GIBS", raising=False)
+    if fill_gib_s == "fallback":
+        cap = check.fallback_host_cap(64 * GIB, setup_s)
+        fill_gib_s = check.SLOWEST_FILL_GIB_S
+        assert (cap, check.SLOWEST_REGISTER_GIB_S) == (check.sized_host_cap(64 * GIB, 0.13, 10.0, setup_s)[0], 10.0)
     cap, expected_s = check.sized_host_cap(64 * GIB, fill_gib_s, 10.0, setup_s)
     kept = check.kept_bytes(cap)
     assert expected_s == pytest.approx(kept / GIB * (1 / fill_gib_s + 1 / 10.0))
@@ -144,3 +164,44 @@ def test_a_cut_phase_records_the_methods_it_cut_and_the_next_phase_runs(tmp_path
     assert written["scout"]["status"] == "ok"
     assert written["hgca"]["error"] == "cut at the phase's limit while it ran"
     assert written["infinigen"]["error"] == "not run: the phase reached its limit"
+
+
+def test_a_multi_line_error_is_one_line_of_the_table(tmp_path):
+    """A traceback's lines in a failed result's error would split the table's rows: the row holds it as one line,
+    cut to 120 characters (the whole error stays in gpu_check_results.json)."""
+    check = _check_script()
+    error = "RuntimeError: CUDA error: an illegal memory access\nCUDA kernel errors might be asynchronously " \
+            "reported\n  at line 3\n" + "x" * 200
+    write_results(tmp_path / "max_batch", [make_result("scout", status="failed", error=error)])
+    rows, results = check.table_rows(str(tmp_path), ["scout"], "64k", 5, {})
+    note = rows[0][-1]
+    assert "\n" not in note and len(note) <= 120
+    assert note.startswith("failed: RuntimeError: CUDA error: an illegal memory access CUDA kernel errors")
+    assert results[0]["error"] == error
+
+
+def test_a_phase_whose_methods_have_no_budget_runs_them_without_it():
+    """The check's `--budget` is its own setting, for the methods that have a token budget: FullKV alone at the
+    equal batch (GPU_CHECK_METHODS="fullkv scout") was a UsageError ("no selected method has a token budget")."""
+    check = _check_script()
+    args = check.main.__globals__["argparse"].Namespace(
+        budget="256", model="tiny-qwen3", len="2k", gpu_mem=None, host_mem="24MiB", steps=2, warmup=1, dtype="fp32")
+    fullkv, = check.configs_for(args, ["fullkv"], 4)
+    assert fullkv.method == "fullkv" and "budget" not in fullkv.method_args
+    scout, fullkv = check.configs_for(args, ["scout", "fullkv"], "auto")
+    assert scout.method_args["budget"] == 256 and "budget" not in fullkv.method_args
+
+
+def test_a_subset_of_methods_with_a_cut_host_phase_still_fills_every_row(tmp_path):
+    """GPU_CHECK_METHODS="fullkv scout" runs every phase, and a host phase that measures nothing (cut at 1 s)
+    leaves the cap at the one that fills in time at the slowest rate, not at the request: at the lent machine's
+    proportions (SCOUTBENCH_HOST_FILL_GIBS=0.0001: the dry run's tiers take as long as 47.6 GiB at 0.2 GiB/s) a
+    kept buffer of the 24 MiB asked would not fill within setup's limit, and every row would read "not run"."""
+    done = _dry_run(tmp_path, SCOUTBENCH_HOST_FILL_GIBS="0.0001", GPU_CHECK_METHODS="fullkv scout",
+                    GPU_CHECK_LIMITS="host=1")
+    lines = (tmp_path / "out" / "gpu_check_phases.txt").read_text(encoding="utf-8").splitlines()
+    phases = {line.split()[0]: line.split()[2] for line in lines}
+    assert phases == {**{name: "0" for name in PHASES}, "host": "124"}, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "the cap falls back to" in done.stdout
+    rows = _table_rows(tmp_path)
+    assert len(rows) == 4 and not any("failed" in row or "not run" in row for row in rows), rows

@@ -6,6 +6,7 @@ differ, and the test catches it."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import gpu_configs
@@ -115,3 +116,113 @@ def test_replayed_steps_keep_the_methods_statistics(model, prompt, key):
     got = measured_counters({"method_stats": replayed.cuda_stats})
     assert got.keys() == want.keys()
     assert {name: got[name] for name in want if got[name] != pytest.approx(want[name])} == {}
+
+
+# ------------------------------------------------------------------ a capture that fails or is interrupted
+@dataclasses.dataclass
+class InterruptedFullKV(FullKV):
+    """FullKV interrupted while its step is captured, as the GPU check's SIGALRM (PhaseCut) or a Ctrl-C would be:
+    a BaseException, which no `except Exception` catches."""
+
+    name = "fullkv-interrupted"
+
+    def decode(self, layer, q, k, v):
+        if torch.cuda.is_current_stream_capturing():
+            raise KeyboardInterrupt
+        return super().decode(layer, q, k, v)
+
+
+@dataclasses.dataclass
+class HostReadFullKV(FullKV):
+    """FullKV reading a device value on the host in its step: a real capture fails there (invalidated)."""
+
+    name = "fullkv-host-read"
+
+    def decode(self, layer, q, k, v):
+        self.step.positions.max().item()
+        return super().decode(layer, q, k, v)
+
+
+def _decode_with_graphs(cuda_model, method, prompt, steps):
+    """(logits of each decode step, the runner's record) of `method` with CUDA graphs, teacher-forced."""
+    from scoutbench.engine import DecodeEngine
+    from scoutbench.testing.emulated_cuda import EMULATED_DEVICE
+
+    tokens, lengths = prompt
+    engine = DecodeEngine(cuda_model, method)
+    engine.start(tokens.shape[0], int(lengths.max()) + steps, cuda_graphs=True)
+    try:
+        engine.prefill(tokens.to(EMULATED_DEVICE), lengths)
+        logits = [engine.decode_step(torch.full((tokens.shape[0],), 7, device=EMULATED_DEVICE)).cpu()
+                  for _ in range(steps)]
+        return logits, engine.graphs.describe()
+    finally:
+        method.close()
+
+
+@pytest.mark.parametrize("first", [InterruptedFullKV, HostReadFullKV])
+def test_a_failed_or_interrupted_capture_leaves_the_next_method_able_to_run(model, first):
+    """One process runs every method of the GPU check: an interrupt inside a capture ends the capture before it
+    goes on (else the capture stays open and every later capture fails), and a capture that fails leaves neither
+    an open capture nor the caching allocator recording to its pool (else `empty_cache()` asserts, as torch's
+    allocator does, between methods); the next method then captures and replays its eager logits."""
+    from scoutbench.testing.emulated_cuda import emulated_cuda, to_emulated_device
+
+    prompt = ragged_prompt(model.config.vocab_size, [40, 23], seed=5)
+    with emulated_cuda() as runtime:
+        cuda_model = to_emulated_device(copy.deepcopy(model))
+        if first is InterruptedFullKV:
+            with pytest.raises(KeyboardInterrupt):
+                _decode_with_graphs(cuda_model, first(), prompt, 3)
+        else:
+            _, graphs = _decode_with_graphs(cuda_model, first(), prompt, 3)
+            assert not graphs["captured"] and "not permitted when stream is capturing" in graphs["failure"]
+        assert runtime.capture is None and runtime.pools_recording == []
+        assert torch.cuda.current_stream() is runtime.default_stream
+        torch.cuda.empty_cache()  # what the throughput runner does between methods
+        replayed, graphs = _decode_with_graphs(cuda_model, FullKV(), prompt, 4)
+    assert graphs["captured"] and graphs["replayed_steps"] == 3, graphs
+    with emulated_cuda():
+        eager = [t for t in _eager_logits(model, prompt, 4)]
+    for step, (a, b) in enumerate(zip(replayed, eager, strict=True)):
+        assert (a - b).abs().max() <= ATOL, step
+
+
+def _eager_logits(model, prompt, steps):
+    from scoutbench.engine import DecodeEngine
+    from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, to_emulated_device
+
+    tokens, lengths = prompt
+    engine = DecodeEngine(to_emulated_device(copy.deepcopy(model)), FullKV())
+    engine.start(tokens.shape[0], int(lengths.max()) + steps)
+    engine.prefill(tokens.to(EMULATED_DEVICE), lengths)
+    return [engine.decode_step(torch.full((tokens.shape[0],), 7, device=EMULATED_DEVICE)).cpu() for _ in range(steps)]
+
+
+@dataclasses.dataclass
+class StreamRecordingFullKV(FullKV):
+    """FullKV noting the stream each step's first layer runs on, and whether it was captured."""
+
+    name = "fullkv-streams"
+    streams: list = dataclasses.field(default_factory=list)
+
+    def decode(self, layer, q, k, v):
+        if layer == 0:
+            self.streams.append((torch.cuda.current_stream(), torch.cuda.is_current_stream_capturing()))
+        return super().decode(layer, q, k, v)
+
+
+def test_a_step_warms_up_on_the_stream_that_captures_it(model):
+    """torch's rule: warm up on the capture stream (its cached blocks can then serve the capture; eager
+    temporaries of the default stream cannot serve a private pool). The first step of a variant runs eagerly on
+    the runner's capture stream, the second is captured on it."""
+    from scoutbench.testing.emulated_cuda import emulated_cuda, to_emulated_device
+
+    prompt = ragged_prompt(model.config.vocab_size, [40, 23], seed=5)
+    method = StreamRecordingFullKV()
+    with emulated_cuda() as runtime:
+        _, graphs = _decode_with_graphs(to_emulated_device(copy.deepcopy(model)), method, prompt, 3)
+    (warm_up, warm_captured), (capture, captured) = method.streams[:2]
+    assert graphs["captured"] and len(method.streams) == 2  # the third step replayed: no Python ran
+    assert not warm_captured and captured
+    assert warm_up is capture and warm_up is not runtime.default_stream

@@ -14,6 +14,7 @@ before triton is imported it runs on CPU tensors, which is how tests/test_triton
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -21,9 +22,31 @@ import triton.language as tl
 
 from scoutbench.kernels.partial_state import PartialState, merge_states, row_lengths
 
-BLOCK_N = 64  # keys per inner iteration
 MIN_KEYS_PER_SPLIT = 256  # below this, splitting a row costs more in merging than it gains in parallelism
 MIN_DOT = 16  # tl.dot needs every tile side >= 16
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """How an attention kernel streams its keys: keys per inner iteration, warps, software-pipelining stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Per KV dtype, the same on every target (scripts/triton_aot.py compiles each for sm_80/86/89/90; docs/gpu.md lists
+# registers, spills and shared memory). bf16/fp16: 64-key tiles in triton's default 4 warps and 3 stages (70 KiB of
+# shared memory at head_dim 128, no spill). fp32 tiles are twice the bytes: those 64-key tiles in 3 stages took
+# 143 KiB of shared memory (over the 99 KiB of sm_86/sm_89: the kernel would not load there) and 255 registers
+# with a spill on sm_90 (fp32 products are FMAs, not tensor-core MMAs, and 4 warps held a head_dim of operands per
+# thread); 32-key tiles over 8 warps in 2 stages take 42 KiB and 69 registers, without a spill.
+HALF_TILES = TileConfig(block_n=64, num_warps=4, num_stages=3)
+FP32_TILES = TileConfig(block_n=32, num_warps=8, num_stages=2)
+
+
+def tile_config(dtype: torch.dtype) -> TileConfig:
+    return FP32_TILES if dtype == torch.float32 else HALF_TILES
 
 
 @triton.jit
@@ -125,8 +148,9 @@ def triton_partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     group = num_heads // num_kv_heads
     rows = batch * num_kv_heads
     valid = row_lengths(valid_len, batch, num_kv_heads, num_keys, q.device)
+    tiles = tile_config(k.dtype)
     splits = num_splits or _default_splits(rows, num_keys, q.device)
-    keys_per_split = triton.cdiv(triton.cdiv(num_keys, splits), BLOCK_N) * BLOCK_N
+    keys_per_split = triton.cdiv(triton.cdiv(num_keys, splits), tiles.block_n) * tiles.block_n
     splits = triton.cdiv(num_keys, keys_per_split)
     out = torch.empty(splits, batch, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(splits, batch, num_heads, dtype=torch.float32, device=q.device)
@@ -134,10 +158,11 @@ def triton_partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         q, k, v, valid, out, lse, scale, keys_per_split,
         *q.stride(), *k.stride(), *v.stride(), *out.stride()[:3], *lse.stride()[:2],
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
-        BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
+        BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_N=tiles.block_n,
         BLOCK_D=max(MIN_DOT, triton.next_power_of_2(head_dim)),
         # fp32 inputs: exact products, not the CUDA default TF32; bf16/fp16 products are exact on the default path.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if splits == 1:
         return PartialState(out[0], lse[0])

@@ -26,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from scoutbench.kernels.triton_decode import online_softmax_result, online_softmax_step
+from scoutbench.kernels.triton_decode import online_softmax_result, online_softmax_step, tile_config
 
-BLOCK_N = 64  # keys per inner iteration (a tile may span several slots)
 MIN_DOT = 16  # tl.dot needs every tile side >= 16
 MERGE_TILE = 4096  # elements per program of the merge
 FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min: the clamp of a's LSE
@@ -93,6 +92,7 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_slots = slot_tokens.shape[1:]
     num_keys = k.shape[2]
+    tiles = tile_config(k.dtype)  # the decode kernel's: the same online softmax over tiles (a tile may span slots)
     out = torch.empty(batch, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(batch, num_heads, dtype=torch.float32, device=q.device)
     _region_kernel[(batch * num_kv_heads,)](
@@ -100,10 +100,11 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         *q.stride(), *k.stride(), *v.stride(), *slot_tokens.stride(), *out.stride()[:2], lse.stride(0),
         NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         SLOT_SIZE=num_keys // num_slots,
-        BLOCK_G=max(MIN_DOT, triton.next_power_of_2(num_heads // num_kv_heads)), BLOCK_N=BLOCK_N,
+        BLOCK_G=max(MIN_DOT, triton.next_power_of_2(num_heads // num_kv_heads)), BLOCK_N=tiles.block_n,
         BLOCK_D=max(MIN_DOT, triton.next_power_of_2(head_dim)),
         # fp32 inputs: exact products, not the CUDA default TF32; bf16/fp16 products are exact on the default path.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out, lse
 

@@ -15,17 +15,20 @@ GPU the step is launch-bound (issue 34). Here one program handles one row, in fo
    group max rounded to the digests' dtype (to nearest: bf16 by hand, see `_rounded`) and stored;
 2. top k: the stored row is read back whole (BLOCK_NB = next_power_of_2(nB) lanes, at most MAX_BLOCKS), each
    score turned into an order-preserving int32 key (masked blocks get the key of -inf, as the reference's
-   masked_fill) packed with its lane into one int64, and k rounds of max-and-retire pick the selections in
-   descending order (equal scores: lower block id first, one of the orders torch.topk may give). k rounds of a
-   row-wide reduction suit the small k of a decode step (k <= nB; k is not otherwise limited, but the cost grows
+   masked_fill), and k rounds of max-and-retire pick the selections in descending order: the row's largest key,
+   then the lowest lane holding it (equal scores: lower block id first, one of the orders torch.topk may give).
+   Two int32 reductions a round rather than one over (key, lane) packed in an int64: the row's keys are what the
+   program holds in registers, and 16384 int64 lanes spilled on sm_90 with triton 3.6 (docs/gpu.md). k rounds of
+   a row-wide reduction suit the small k of a decode step (k <= nB; k is not otherwise limited, but the cost grows
    as k * nB);
 3. split: the selections' slots, residency and readiness are gathered from the block table, and a stable
    CPU-first order is computed with two cumulative sums and stored as a scatter within the row (a permutation of
    0..k-1, so no two lanes write one entry);
 4. pool use and n_resident: for each tile of SLOT_TILE slots, a [SLOT_TILE, K_PAD] comparison with the
    selections on the device (no scatter, so no races), and the resident slots counted;
-5. with_victims: `eviction.eviction_order` over the row's S slots (S_PAD lanes; a slot holds a selected block
-   by a [S_PAD, K_PAD] comparison), its first k by k rounds of min-and-retire over packed (key, slot) lanes
+5. with_victims: `eviction.eviction_order` over the row's S slots (S_PAD lanes; whether a slot holds a selected
+   block is k comparisons of the S_PAD lanes with one selection each: the [S_PAD, K_PAD] comparison at once
+   spilled registers on sm_90), its first k by k rounds of min-and-retire over packed (key, slot) lanes
    (equal keys: the lower slot first, as the reference's stable argsort), and min(available, k); else zeros.
 
 Entries past n_selected are padding (unspecified in the contract); the kernel writes them like the rest. Imported
@@ -41,8 +44,10 @@ import triton.language as tl
 
 NUM_COUNTS = 4  # n_cpu, n_selected, n_available, n_resident (fused_ops.NUM_COUNTS)
 MAX_BLOCKS = 16384  # blocks per row that step 2 holds in registers (BLOCK_NB lanes of int64)
-TILE_ELEMENTS = 8192  # elements of a digest tile [TILE_BLOCKS, BLOCK_2D] and of a slot tile [SLOT_TILE, K_PAD]
-RETIRED: tl.constexpr = tl.constexpr(-(2**63))  # packed key of a lane selected or past nB: below any block
+TILE_ELEMENTS = 8192  # elements of a digest tile [TILE_BLOCKS, BLOCK_2D]
+REGISTERS_PER_SM = 65536  # 32-bit registers of an SM (sm_80 to sm_90); a thread may use at most 255
+SLOT_TILE_ELEMENTS = 2048  # elements of a slot tile [SLOT_TILE, K_PAD] (int64 pairs: 8192 spilled at k = 253)
+RETIRED: tl.constexpr = tl.constexpr(-(2**31))  # key of a lane selected or past nB: below any finite or -inf score
 EVICTED: tl.constexpr = tl.constexpr(2**63 - 1)  # packed key of a slot ordered already or past S: above any slot
 
 
@@ -112,16 +117,15 @@ def _select_split_kernel(
     score = tl.where(blocked != 0, float("-inf"), score)
     bits = score.to(tl.int32, bitcast=True)
     key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # int order = float order (-0.0 just below +0.0)
-    packed = (key.to(tl.int64) << 32) | (BLOCK_NB - 1 - offs_n).to(tl.int64)  # ties: the lower lane wins
-    packed = tl.where(n_mask, packed, RETIRED)
+    key = tl.where(n_mask, key, RETIRED)
     offs_k = tl.arange(0, K_PAD)
     k_mask = offs_k < k
     ids = tl.zeros([K_PAD], tl.int64)
     for i in range(k):
-        top = tl.max(packed, axis=0)
-        lane = BLOCK_NB - 1 - (top & 0x7FFFFFFF)  # the low word (< BLOCK_NB)
-        ids = tl.where(offs_k == i, lane, ids)
-        packed = tl.where(offs_n == lane, RETIRED, packed)
+        top = tl.max(key, axis=0)
+        lane = tl.min(tl.where(key == top, offs_n, BLOCK_NB), axis=0)  # ties: the lower lane wins
+        ids = tl.where(offs_k == i, lane.to(tl.int64), ids)
+        key = tl.where(offs_n == lane, RETIRED, key)
 
     # ---- 3. the split: residency and readiness of each selection, CPU first (stable), pending, victims, counts
     count = tl.load(count_ptr + b * stride_cb + h * stride_ch)
@@ -169,7 +173,11 @@ def _select_split_kernel(
         slot_ready_row = slot_ready_ptr + b * stride_rb + h * stride_rh
         landed = tl.load(slot_ready_row + offs_v * stride_rs, mask=v_mask, other=0) != 0
         selected_ids = tl.where(valid, ids, -1)
-        in_selection = tl.max((holder[:, None] == selected_ids[None, :]).to(tl.int8), axis=1) != 0
+        # a slot holds a selected block: one selection at a time (a [S_PAD, K_PAD] comparison spilled on sm_90)
+        in_selection = offs_v < 0
+        for i in range(k):
+            selected = tl.sum(tl.where(offs_k == i, selected_ids, 0), axis=0)
+            in_selection = in_selection | (holder == selected)
         evictable = held & ~in_selection & landed
         held_score = tl.load(scores_row + tl.maximum(tl.minimum(holder, num_blocks - 1), 0), mask=held,
                              other=0.0).to(tl.float32)
@@ -218,6 +226,10 @@ def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, 
     block_2d = triton.next_power_of_2(2 * head_dim)
     block_nb = triton.next_power_of_2(max(num_blocks, 1))
     k_pad = max(NUM_COUNTS, triton.next_power_of_2(max(k, 1)))
+    # one program per row, its row held in registers: as many warps as the row needs, and every register of the
+    # SM for them where 8 or more share it (ptxas otherwise kept 8 warps to 128 registers each and spilled, triton
+    # 3.9 at a budget of 4096; docs/gpu.md)
+    num_warps = 4 if block_nb <= 2048 else 8 if block_nb <= 8192 else 16
     # a head dim of 1 broadcasts (CandidateBlocks' shared mask and count): stride 0
     blocked_strides = (blocked.stride(0), blocked.stride(1) if blocked.shape[1] > 1 else 0, blocked.stride(2))
     count_strides = (count.stride(0), count.stride(1) if count.shape[1] > 1 else 0)
@@ -230,8 +242,8 @@ def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, 
         *data.stride()[:2], *pool_use.stride()[:2], *scores.stride()[:2],
         NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_2D=block_2d, TILE_BLOCKS=max(1, TILE_ELEMENTS // block_2d), BLOCK_NB=block_nb, K_PAD=k_pad,
-        SLOT_TILE=max(1, min(triton.next_power_of_2(max(num_slots, 1)), TILE_ELEMENTS // k_pad)),
+        SLOT_TILE=max(1, min(triton.next_power_of_2(max(num_slots, 1)), SLOT_TILE_ELEMENTS // k_pad)),
         WITH_VICTIMS=with_victims, S_PAD=triton.next_power_of_2(max(num_slots, 1)),
-        num_warps=4 if block_nb <= 2048 else 8 if block_nb <= 8192 else 16,
+        num_warps=num_warps, maxnreg=min(255, REGISTERS_PER_SM // (32 * num_warps)) if num_warps >= 8 else None,
     )
     return scores

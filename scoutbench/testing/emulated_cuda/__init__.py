@@ -59,9 +59,12 @@ from scoutbench.testing.emulated_cuda.factories import EmulatedGenerator, Emulat
 from scoutbench.testing.emulated_cuda.graphs import (
     EmulatedCUDAGraph,
     EmulatedGraphContext,
+    empty_cache,
+    end_allocate_to_pool,
     graph_pool_handle,
     is_current_stream_capturing,
     make_graphed_callables,
+    release_pool,
 )
 from scoutbench.testing.emulated_cuda.runtime import EmulatedRuntime
 from scoutbench.testing.emulated_cuda.state import (
@@ -108,7 +111,9 @@ def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
         (cuda, "memory_reserved"): lambda device=None: 0,
         (cuda, "max_memory_allocated"): lambda device=None: 0,
         (cuda, "reset_peak_memory_stats"): lambda device=None: None,
-        (cuda, "empty_cache"): lambda: None,
+        (cuda, "empty_cache"): empty_cache,
+        (cuda.memory, "_cuda_endAllocateToPool"): end_allocate_to_pool,
+        (cuda.memory, "_cuda_releasePool"): release_pool,
         (torch, "Generator"): EmulatedGenerator,
         **{(owner, name): value for owner in (cuda, cuda.graphs) for name, value in (
             ("CUDAGraph", EmulatedCUDAGraph), ("graph", EmulatedGraphContext), ("graph_pool_handle", graph_pool_handle),

@@ -58,10 +58,11 @@ class EmulatedCUDAGraph:
                                    "at a time in the process)")
             self._pool = pool if pool is not None else graph_pool_handle()
             runtime.capture = Capture(self, stream, capture_error_mode)
+            runtime.pools_recording.append(tuple(self._pool))
 
     def capture_end(self) -> None:
         """End the capture. It fails, and ends, if an error invalidated it or a stream that joined it was not
-        joined back."""
+        joined back; as torch's, a failed one leaves the allocator recording to its pool (`pools_recording`)."""
         runtime = self._runtime
         capture = runtime.capture
         if capture is None or capture.graph is not self:
@@ -75,6 +76,7 @@ class EmulatedCUDAGraph:
         if unjoined:
             raise RuntimeError(f"{UNJOINED} (emulated CUDA: {len(unjoined)} stream(s) joined the capture and the "
                                "capturing stream did not wait for their last work)")
+        runtime.pools_recording.remove(tuple(self._pool))
         if not capture.ops:
             warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
                           "on wrong device or stream.", stacklevel=2)
@@ -168,6 +170,26 @@ class EmulatedGraphContext:
 def graph_pool_handle() -> tuple[int, int]:
     """`torch.cuda.graph_pool_handle()`: an opaque pool id (the emulator allocates nothing from pools)."""
     return 0, next(_POOL_IDS)
+
+
+def end_allocate_to_pool(device: int, pool: tuple[int, int]) -> None:
+    """`torch._C._cuda_endAllocateToPool`: the allocator stops recording one capture's allocations to `pool`."""
+    recording = require_active().pools_recording
+    if tuple(pool) not in recording:
+        raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+    recording.remove(tuple(pool))
+
+
+def release_pool(device: int, pool: tuple[int, int]) -> None:
+    """`torch._C._cuda_releasePool` (the emulator allocates nothing from pools)."""
+
+
+def empty_cache() -> None:
+    """`torch.cuda.empty_cache()`: as torch's allocator, it asserts while a capture records to a pool (a failed
+    capture that nobody ended)."""
+    if require_active().pools_recording:
+        raise RuntimeError("INTERNAL ASSERT FAILED: captures_underway.empty() (emulated CUDA: empty_cache() while "
+                           "the allocator records to a capture's pool; a failed capture_end left it)")
 
 
 def is_current_stream_capturing() -> bool:

@@ -93,6 +93,9 @@ class EmulatedRuntime:
         self.transfers: Counter[tuple[str, str, torch.dtype]] = Counter()
         self.capture: Capture | None = None  # the CUDA graph capture underway (one at a time, as torch allows)
         self.graph_stream: EmulatedStream | None = None  # `torch.cuda.graph`'s own capture stream
+        # the caching allocator's pools that captures record to (torch's `captures_underway`): capture_begin adds
+        # its pool, only a successful capture_end removes it (graphs.end_allocate_to_pool)
+        self.pools_recording: list[tuple[int, int]] = []
         self.staged_copies: Counter[tuple[str, str]] = Counter()  # through a pageable buffer: see `_staged`
 
     # -- threads

@@ -105,6 +105,9 @@ class EmulatedTensor(torch.Tensor):
         runtime = require_active()
         if func in _HOST_READS:
             runtime.record_sync(_HOST_READS[func])
+            stream = runtime.current_stream()
+            if not (stream.is_default or runtime.executing):  # CUDA copies on the current stream and waits for it:
+                runtime.flush(stream, stream.tail)  # a side stream's queued work runs first
             inner = args[0]._inner
             if func in (torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__):
                 return f"{func(inner, *args[1:], **kwargs)} (emulated cuda:0)"
