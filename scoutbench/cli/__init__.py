@@ -104,13 +104,15 @@ def main() -> None:
 
 
 def _run() -> None:
+    from scoutbench.environment import check_environment, value
     from scoutbench.errors import ScoutbenchError, exit_code, is_terminated, missing_extra
 
-    if os.environ.get("SCOUTBENCH_EMULATE_CUDA") == "1":  # CUDA code paths on a CPU (the GPU check's dry run)
-        from scoutbench.testing.emulated_cuda import activate_from_environment
-
-        activate_from_environment()
     try:
+        check_environment()  # a bad SCOUTBENCH_* value is bad input: one line, exit 2, before anything runs
+        if value("SCOUTBENCH_EMULATE_CUDA"):  # CUDA code paths on a CPU (the GPU check's dry run)
+            from scoutbench.testing.emulated_cuda import activate_from_environment
+
+            activate_from_environment()
         cli.main(standalone_mode=False, prog_name="scoutbench")
     except ScoutbenchError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -140,12 +142,21 @@ def _run() -> None:
         if missing is not None:  # an optional dependency imported where it is used: name the extra to install
             click.echo(f"error: {missing}", err=True)
             sys.exit(exit_code(missing))
-        if os.environ.get(TRACEBACK_ENV) == "1":
+        if _traceback_wanted():
             raise
         text = (str(exc).strip().splitlines() or [""])[0][:300]
         click.echo(f"error: internal error, a bug in scoutbench ({type(exc).__name__}{': ' + text if text else ''});"
                    f" rerun with {TRACEBACK_ENV}=1 for the traceback and report it", err=True)
         sys.exit(exit_code(exc))
+
+
+def _traceback_wanted() -> bool:
+    from scoutbench.environment import value
+
+    try:
+        return value(TRACEBACK_ENV)
+    except Exception:  # noqa: BLE001 - a bad value was refused at the start; here it only means no traceback
+        return False
 
 
 def _one_line_warnings():
