@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import json
 import math
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -444,43 +446,140 @@ def result_problem(data: Any) -> str | None:
     return None
 
 
-def load_results(paths: Iterable[str | Path],
-                 on_skip: Callable[[Path, str], None] | None = None) -> list[dict[str, Any]]:
-    """Result JSON files from files and folders (recursively); sweep manifests and temp files are skipped.
+# What a result file may be: a result with per-step lists of 10^5 steps is a few MB, and the deepest nesting of any
+# kind is under 10 levels. A file beyond either is no result: skipped by name (read whole, a 10 GB file would take
+# the machine's memory; parsed, a `[[[[...` of 10^5 levels overflows Python's stack in every reader after the parse).
+MAX_RESULT_BYTES = 64 * 1024**2
+MAX_JSON_DEPTH = 64
 
-    An unreadable or malformed result (bad JSON, non-UTF-8 bytes, wrong field types) raises a UsageError naming
-    the file, unless `on_skip(file, reason)` is given: then it, and any JSON file that is not a scoutbench
-    result, is reported there and skipped (reports and gates list what they left out and why).
-    """
-    results: list[dict[str, Any]] = []
+
+class UnusableFile(Exception):
+    """A file that is not read (not a regular file, too large, not JSON, nested too deep); str() says why."""
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def read_regular_file(path: str | Path, max_bytes: int = MAX_RESULT_BYTES) -> bytes:
+    """The bytes of `path` when it is a regular file (a symlink to one is followed) of at most `max_bytes`; raises
+    UnusableFile otherwise. Opened without blocking and checked on the open descriptor, so a FIFO, a device or a
+    file swapped for one after a check is never read (a FIFO blocked every reader; /dev/zero filled memory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise UnusableFile(f"unreadable ({symlink_problem(path) or exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnusableFile(f"{_file_kind(info.st_mode)}, not a regular file")
+        if info.st_size > max_bytes:
+            raise UnusableFile(f"{info.st_size} bytes, more than the {max_bytes} a result file may have")
+        chunks, size = [], 0
+        while size <= max_bytes and (chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:  # it grew while being read
+            raise UnusableFile(f"more than the {max_bytes} bytes a result file may have")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise UnusableFile(f"unreadable ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def parse_json_bytes(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON from `data` (UTF-8, a byte-order mark read past), nested at most `max_depth` levels; raises UnusableFile."""
+    try:
+        parsed = json.loads(data.decode("utf-8-sig"))
+    except RecursionError:
+        raise UnusableFile(f"nested deeper than {max_depth} levels") from None
+    except ValueError as exc:  # bad JSON and non-UTF-8 bytes alike
+        raise UnusableFile(f"unreadable ({_first_line(exc)})") from None
+    stack = [(parsed, 1)] if isinstance(parsed, (dict, list)) else []
+    while stack:  # iteratively: the depth check itself must not recurse
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise UnusableFile(f"nested deeper than {max_depth} levels")
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return parsed
+
+
+def read_json_file(path: str | Path, max_bytes: int = MAX_RESULT_BYTES) -> Any:
+    """A JSON file as every reader of result folders reads it (`read_regular_file`, `parse_json_bytes`)."""
+    return parse_json_bytes(read_regular_file(path, max_bytes))
+
+
+def result_files(paths: Iterable[str | Path]) -> Iterator[Path]:
+    """The candidate result files under `paths`: a file as given, a folder's `*.json` files at any depth (symlinked
+    folders are not walked: a link loop would never end), sweep manifests and hidden (temp) files left out."""
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise UsageError(f"no such result file or folder: {symlink_problem(path) or path}")
-        files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
-        for file in files:
-            if file.name.startswith(".") or file.name == "sweep.json":
-                continue
-            try:
-                data = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:  # ValueError: bad JSON and non-UTF-8 bytes alike
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _first_line(exc)
-                if on_skip is None:
-                    raise UsageError(f"cannot read result {file}: {reason}") from None
-                on_skip(file, f"unreadable ({reason})")
-                continue
-            if isinstance(data, dict) and data.get("kind") in TOOL_OUTPUT_KINDS:
-                if on_skip is not None:
-                    on_skip(file, f"kind {data['kind']!r} is a tool's output, not a measured result")
-                continue
-            problem = result_problem(data)
-            if problem is None:
-                data.setdefault("_path", str(file))
-                results.append(data)
-            elif on_skip is not None:
+        if not path.is_dir():
+            yield path
+            continue
+        for file in sorted(path.rglob("*.json")):
+            if not file.name.startswith(".") and file.name != "sweep.json" and not file.is_dir():
+                yield file
+
+
+def load_results(paths: Iterable[str | Path],
+                 on_skip: Callable[[Path, str], None] | None = None) -> list[dict[str, Any]]:
+    """Result JSON files from files and folders (recursively); sweep manifests and temp files are skipped.
+
+    Each file is read once: a file reached twice (a folder and a file in it, a symlink beside its target) counts
+    once, and a byte-identical copy under another name is no second repeat of a measurement (listed, not merged).
+    Only regular files are read (`read_json_file`: bounded in size and nesting). A file that cannot be used (not a
+    regular file, unreadable, malformed, wrong field types, a copy) raises a UsageError naming the file, unless
+    `on_skip(file, reason)` is given: then it, and any JSON file that is not a scoutbench result, is reported there
+    and skipped (reports and gates list what they left out and why).
+    """
+    results: list[dict[str, Any]] = []
+    by_content: dict[str, Path] = {}
+
+    def skip(file: Path, reason: str) -> None:
+        if on_skip is None:
+            raise UsageError(f"cannot read result {file}: {reason}")
+        on_skip(file, reason)
+
+    names: dict[str, list[Path]] = {}  # resolved path -> the names it was reached by, in order
+    for file in result_files(paths):
+        names.setdefault(os.path.realpath(file), []).append(file)
+    for real, reached in names.items():
+        # read under its own name where it was reached by it (not through a link); other names are listed
+        file = next((f for f in reached if os.path.abspath(f) == real), reached[0])
+        for other in dict.fromkeys(reached):
+            if other != file:  # a link or a second name of one file; the same name twice says nothing
+                skip(other, f"the same file as {file} (read once)")
+        try:
+            content = read_regular_file(file)
+            data = parse_json_bytes(content)
+        except UnusableFile as exc:
+            skip(file, str(exc))
+            continue
+        if isinstance(data, dict) and data.get("kind") in TOOL_OUTPUT_KINDS:
+            if on_skip is not None:
+                on_skip(file, f"kind {data['kind']!r} is a tool's output, not a measured result")
+            continue
+        problem = result_problem(data)
+        if problem is not None:
+            if on_skip is not None:
                 on_skip(file, problem)
             elif isinstance(data, dict) and "schema_version" in data:  # other JSON files are not ours to judge
                 raise UsageError(f"{file}: {problem}; fix or remove it")
+            continue
+        digest = hashlib.sha256(content).hexdigest()
+        if digest in by_content:  # a copy is the same run, not a repeat: merging it would double its weight
+            skip(file, f"byte-identical to {by_content[digest]}: a copy of one run, counted once")
+            continue
+        by_content[digest] = file
+        data.setdefault("_path", str(file))
+        results.append(data)
     return results
 
 

@@ -4,8 +4,11 @@ code of docs/exit_codes.md."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -229,3 +232,144 @@ def test_an_unclassified_fault_is_one_line_that_says_it_is_a_bug(monkeypatch, ca
     monkeypatch.setenv("SCOUTBENCH_TRACEBACK", "1")
     with pytest.raises(TypeError, match="unsupported operand"):
         run_cli(monkeypatch, capsys, "project", BASELINE, "--hardware", "h200")
+
+
+# ---- readers of result folders: regular files, each read once, bounded in size and nesting ----------------------
+
+@contextlib.contextmanager
+def _no_hang(seconds: float = 60.0):
+    """A reader that blocks (a FIFO opened for reading waits for a writer forever) fails the test, not the suite."""
+    def expire(signum, frame):
+        raise TimeoutError(f"blocked for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+HOSTILE = {"fifo.json": "a FIFO, not a regular file", "zero.json": "a character device, not a regular file",
+           "deep.json": "nested deeper than 64 levels", "huge.json": "more than the 67108864 a result file may have"}
+
+
+@pytest.fixture
+def hostile_folder(tmp_path) -> Path:
+    """The CI baseline's two results beside a FIFO, a symlink to /dev/zero, a `[` x 100000 file and a 65 MiB file,
+    all named *.json."""
+    folder = tmp_path / "hostile"
+    folder.mkdir()
+    for path in BASELINE.glob("*_bench-attn16_*.json"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    os.mkfifo(folder / "fifo.json")
+    (folder / "zero.json").symlink_to("/dev/zero")
+    (folder / "deep.json").write_text("[" * 100_000, encoding="utf-8")
+    with open(folder / "huge.json", "wb") as handle:  # sparse: no disk space, and never read
+        handle.truncate(65 * 1024**2)
+    return folder
+
+
+def _skipped_each_hostile_file(text: str, folder: Path) -> None:
+    for name, reason in HOSTILE.items():
+        line = next((line for line in text.splitlines() if f"{folder / name}" in line), None)
+        assert line is not None and reason in line, (name, text)
+
+
+@pytest.mark.parametrize("command", [["report", "{folder}", "-o", "{out}"],
+                                     *(["export", "{folder}", "--format", fmt, "-o", "{out}." + fmt]
+                                       for fmt in ("csv", "sglang", "vllm", "pytorch")),
+                                     ["gate", "--baseline", "{folder}", "--current", "{folder}"]])
+def test_a_fifo_a_device_a_deep_and_a_huge_file_are_skipped_by_name(command, hostile_folder, tmp_path, monkeypatch,
+                                                                     capsys):
+    """A FIFO named *.json blocked report, every export format and gate forever; a symlink to /dev/zero grew
+    report to 7.7 GB; `[` x 100000 stopped them with a RecursionError. Each is skipped, named, with its reason."""
+    args = [part.format(folder=hostile_folder, out=tmp_path / "out") for part in command]
+    with _no_hang():
+        code, stdout, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0 and "Traceback" not in err, stdout + err
+    _skipped_each_hostile_file(stdout + err, hostile_folder)
+
+
+def test_load_results_skips_them_with_reasons_or_refuses_the_first_by_name(hostile_folder):
+    from scoutbench import api
+    from scoutbench.errors import UsageError
+
+    skipped: list[tuple[str, str]] = []
+    with _no_hang():
+        results = api.load_results(hostile_folder, skipped=skipped)
+    assert len(results) == 2
+    _skipped_each_hostile_file("\n".join(f"{path}: {why}" for path, why in skipped), hostile_folder)
+    with _no_hang(), pytest.raises(UsageError, match=r"cannot read result .*(deep|fifo|huge|zero)\.json: "):
+        api.load_results(hostile_folder)
+
+
+@pytest.mark.parametrize("command", [["gate", "--counters", "--baseline", "{f}", "--current", "{f}"],
+                                     ["project", "{f}", "--hardware", "h200"]])
+def test_commands_that_need_every_input_refuse_a_hostile_file_in_one_line(command, hostile_folder, monkeypatch,
+                                                                          capsys):
+    """`gate --counters` and `project` refuse an input they cannot use (docs/exit_codes.md): one line, exit 2."""
+    with _no_hang():
+        code, out, err = run_cli(monkeypatch, capsys, *[str(part).format(f=hostile_folder) for part in command])
+    assert code == 2 and "cannot read result" in _one_line(err), err
+
+
+def _repeats_folder(tmp_path: Path, tok_s: tuple[float, ...]) -> Path:
+    from result_factory import make_result
+
+    folder = tmp_path / f"runs-{'-'.join(map(str, tok_s))}"
+    folder.mkdir()
+    for index, value in enumerate(tok_s):
+        (folder / f"run{index}.json").write_text(json.dumps(make_result("fullkv", value)), encoding="utf-8")
+    return folder
+
+
+def test_a_file_reached_twice_or_copied_counts_once(tmp_path):
+    """`report R R/run0.json` merged 3 repeats of 2 runs; a symlink or a byte-identical copy beside its original
+    was a further repeat. Each file is read once by its resolved path, and a copy is listed, not merged."""
+    from scoutbench.analysis.report import collect
+
+    folder = _repeats_folder(tmp_path, (100.0, 200.0))
+    (folder / "link.json").symlink_to(folder / "run0.json")
+    (folder / "copy.json").write_bytes((folder / "run0.json").read_bytes())
+    report = collect([folder, folder / "run0.json", f"{folder}/./run1.json"])
+    (point,) = report.points
+    assert sorted(r["decode_throughput_tok_s"] for r in point.runs) == [100.0, 200.0]
+    reasons = dict(report.skipped)
+    assert reasons[str(folder / "link.json")] == f"the same file as {folder / 'run0.json'} (read once)"
+    assert reasons[str(folder / "run0.json")].startswith(f"byte-identical to {folder / 'copy.json'}: a copy")
+
+
+def test_a_baseline_named_twice_is_not_a_further_repeat(tmp_path, monkeypatch, capsys):
+    """`gate --baseline R --baseline R/run0.json` took run0 twice: the baseline median fell from 150 to 100 tok/s
+    and a regression (130 against 150) passed as improved."""
+    from result_factory import make_result
+
+    baseline = _repeats_folder(tmp_path, (100.0, 200.0))
+    current = tmp_path / "current.json"
+    current.write_text(json.dumps(make_result("fullkv", 130.0)), encoding="utf-8")
+    for extra in ([], ["--baseline", baseline / "run0.json"]):
+        code, out, err = run_cli(monkeypatch, capsys, "gate", "--baseline", baseline, *extra, "--current", current,
+                                 "--metric", "decode_throughput_tok_s")
+        assert code == 1 and "REGRESSED" in out and "improved" not in out, out + err
+
+
+def test_a_sweep_folder_with_a_fifo_or_a_device_named_like_a_point_resumes(tmp_path, monkeypatch, capsys):
+    """The sweep reads its folder's *.json to resume (and sweep.json): a FIFO there blocked it as it blocked report."""
+    out = tmp_path / "sweep"
+    out.mkdir()
+    os.mkfifo(out / "fifo.json")
+    (out / "zero.json").symlink_to("/dev/zero")
+    with _no_hang():
+        code, _, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--steps", "1",
+                               "--warmup", "0", "--device", "cpu", "-o", out)
+    assert code == 0 and "ran 1, skipped 0" in err, err
+    os.mkfifo(tmp_path / "fifo")
+    (out / "sweep.json").unlink()
+    (out / "sweep.json").symlink_to(tmp_path / "fifo")
+    with _no_hang():
+        code, _, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--steps", "1",
+                               "--warmup", "0", "--device", "cpu", "-o", out)
+    last = err.strip().splitlines()[-1]  # after the sweep's header line
+    assert code == 2 and "sweep.json is not a readable sweep manifest (a FIFO, not a regular file)" in last, err

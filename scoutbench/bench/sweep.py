@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -228,9 +229,11 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
 def _is_profile_for(path: Path, key: list[Any]) -> bool:
     """Whether `path` is a recall profile made for `key` (model, dtype, prefill, length, method fields), as the
     sweep that wrote it recorded (`sweep_profile_key`): a profile is reused by what it records, not by its name."""
+    from scoutbench.results import UnusableFile, read_json_file
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json_file(path)
+    except UnusableFile:
         return False
     return (isinstance(data, dict) and data.get("kind") == "scout_recall_profile"
             and data.get("sweep_profile_key") == key and isinstance(data.get("intervals"), list))
@@ -254,11 +257,11 @@ def _entry(point_id: str, point: dict[str, Any], result: dict[str, Any] | None) 
 def _read_point(path: Path, stamp: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A finished point's result, or None (absent, unreadable, malformed, or with `stamp` given, made for another
     point or other settings: then it is run again)."""
-    from scoutbench.results import result_problem
+    from scoutbench.results import UnusableFile, read_json_file, result_problem
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json_file(path)
+    except UnusableFile:  # a FIFO, a device or an oversized file named like a point is never opened for reading
         return None
     if result_problem(data) is not None or data.get("status") not in ("ok", "failed"):
         return None
@@ -266,14 +269,15 @@ def _read_point(path: Path, stamp: dict[str, Any] | None = None) -> dict[str, An
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:
+    from scoutbench.results import UnusableFile, read_json_file
+
     path = out / MANIFEST
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: bad JSON and non-UTF-8 bytes alike
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{path} is not a readable sweep manifest ({reason}); remove it or use another -o") from None
+        data = read_json_file(path)
+    except UnusableFile as exc:
+        raise UsageError(f"{path} is not a readable sweep manifest ({exc}); remove it or use another -o") from None
     if not isinstance(data, dict) or data.get("kind") != "sweep":
         raise UsageError(f"{path} is not a sweep manifest; use another -o folder")
     from scoutbench.results import schema_problem
