@@ -73,6 +73,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     ablation_fields: ClassVar[tuple[str, ...]] = SCOUT_ABLATION_FIELDS
     ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {v.values: v.label for v in SCOUT_ABLATION}
     artefact_fields: ClassVar[tuple[str, ...]] = ("recall_profile",)
+    file_fields: ClassVar[tuple[str, ...]] = ("recall_profile",)
 
     budget: int = 2048
     block_size: int = 32
@@ -366,14 +367,22 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         return valid
 
     # ================================================================== setup
+    def check_model(self, shape: ModelShape) -> None:
+        super().check_model(shape)
+        self._check_profile_layers(shape.num_layers)
+
+    def _check_profile_layers(self, num_layers: int) -> None:
+        if self._profile_intervals is not None and len(self._profile_intervals) != num_layers:
+            raise UsageError(f"recall_profile {self.recall_profile!r} has {len(self._profile_intervals)} layers, "
+                             f"the model has {num_layers}: profile this model (scoutbench profile-recall --model "
+                             "...) or drop recall_profile")
+
     def bind(self, ctx: MethodContext) -> None:
         self.close()
         super().bind(ctx)
         B, Hkv, dev = ctx.batch, ctx.num_kv_heads, ctx.device
         self._L = ctx.num_layers
-        if self._profile_intervals is not None and len(self._profile_intervals) != ctx.num_layers:
-            raise UsageError(f"recall_profile {self.recall_profile!r} has {len(self._profile_intervals)} layers, "
-                             f"the model has {ctx.num_layers}")
+        self._check_profile_layers(ctx.num_layers)
         self._intervals = [
             max(1, int(self._profile_intervals[i])) if self._profile_intervals is not None
             and self._profile_intervals[i] is not None else self.recall_interval

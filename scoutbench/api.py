@@ -152,7 +152,7 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     fields (`force`, `profile_dir`, `count_steps`, `cuda_graphs`, `nvtx`, `command`, ...)."""
     from scoutbench.bench.resolve import ThroughputConfig, check_context_fits, use_cuda_graphs
     from scoutbench.devices import resolve_device, resolve_dtype
-    from scoutbench.method_args import MethodSettings, resolve_method_args
+    from scoutbench.method_args import MethodSettings, check_methods_fit, resolve_method_args
     from scoutbench.methods import METHODS
     from scoutbench.methods import build_method as build
     from scoutbench.models import model_reference
@@ -177,11 +177,13 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
                                 dtype=dtype, seed=seed, prefill=prefill,
                                 kv_skew=DEFAULT_KV_SKEW if kv_skew is None else kv_skew, **run_options)
                for name in names]
+    methods = []
     for cfg in configs:  # every method's fields and workload checked before loading anything
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
                           "real", cfg.kv_skew)
-        build(cfg.method, cfg.method_args)
+        methods.append(build(cfg.method, cfg.method_args))
         check_context_fits(cfg)
+    check_methods_fit(methods, model)
     return configs
 
 
@@ -286,13 +288,15 @@ def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("ful
     rule for the model's window)."""
     from scoutbench.eval.accuracy import run_comparison
     from scoutbench.eval.generation import method_specs
-    from scoutbench.models import context_window, loaded_context_window
+    from scoutbench.method_args import check_methods_fit
+    from scoutbench.models import context_window, loaded_context_window, model_reference
     from scoutbench.results import output_lock
 
     names = _names(datasets, "datasets", "['passkey']")
     specs = method_specs(list(dict.fromkeys(_names(methods, "methods", "['fullkv', 'scout']"))), dict(method_args or {}),
                          None if budgets is None else list(budgets), dense_layers, block_size)
     records, sources = accuracy_records(names, data_dir, data_revision, limit)
+    check_methods_fit([spec.build() for spec in specs], model_reference(model, revision))
     check_accuracy_context(names, model, context_window(model), length, max_length)  # a built-in's, before loading
     with output_lock(out_dir):
         loaded = load_model(model, revision=revision, device=device, dtype=dtype, seed=seed)

@@ -373,3 +373,74 @@ def test_a_sweep_folder_with_a_fifo_or_a_device_named_like_a_point_resumes(tmp_p
                                "--warmup", "0", "--device", "cpu", "-o", out)
     last = err.strip().splitlines()[-1]  # after the sweep's header line
     assert code == 2 and "sweep.json is not a readable sweep manifest (a FIFO, not a regular file)" in last, err
+
+
+# ---- numeric arguments: finite and in range before anything runs -------------------------------------------------
+
+@pytest.mark.parametrize("value", ["inf", "1e309", "nan", "-inf", "1e308"])
+def test_a_method_number_that_is_not_finite_or_in_range_is_refused_before_loading(value, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """`--method-arg pool_factor=inf` (or 1e309) passed the `>= 1` check and crashed the planner (OverflowError)."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "scout", "--len", "4k", "--device", "cpu",
+                             "--method-arg", f"pool_factor={value}", "-o", tmp_path / "o")
+    assert code == 2 and f"pool_factor='{value}' is " in _one_line(err), err
+    assert ("out of range" if value == "1e308" else "not a finite number") in err
+
+
+def test_every_numeric_method_field_refuses_what_is_not_finite_or_in_range():
+    """Every int and float field of every registered method, from their declarations: nan, an infinity (but where
+    the method declares it meaningful, InfiniGen's `alpha=inf`: every token), 1e309 and a magnitude past 2**53 are
+    usage errors, as strings from the command line and as values from the API."""
+    import dataclasses
+    import typing
+
+    from scoutbench.errors import UsageError
+    from scoutbench.methods import METHODS, build_method
+    from scoutbench.methods.declarations import _unwrap_optional
+
+    checked = 0
+    for name in METHODS.names():
+        cls = METHODS.load(name)
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            kind = _unwrap_optional(hints[field.name])
+            if kind not in (int, float):
+                continue
+            checked += 1
+            infinite = field.name in cls.infinite_fields
+            hostile = [str(2**60), 2**60] + (["nan", float("nan")] + ["1e309", "-inf"] * (not infinite)) * (kind is float)
+            for value in hostile:
+                with pytest.raises(UsageError, match=rf"--method-arg {field.name}=.* is (not a finite number|out of range)"):
+                    build_method(name, {field.name: value})
+            if kind is float and infinite:
+                assert build_method(name, {field.name: "inf"}).config()[field.name] == float("inf")
+            elif kind is float:
+                with pytest.raises(UsageError, match="is not a finite number"):
+                    build_method(name, {field.name: "inf"})
+    assert checked >= 10
+
+
+# ---- a method configuration the model cannot run: refused before anything runs -----------------------------------
+
+def test_a_recall_profile_of_another_model_is_exit_2_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """A profile measured on a 4-layer model, given to a 16-layer one, failed only during the run (a failed result,
+    exit 1)."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"intervals": [None, None, 2, 3]}), encoding="utf-8")
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    for command in (["throughput", "--method", "fullkv", "--method", "scout", "-o", tmp_path / "o"],
+                    ["sweep", "--method", "fullkv,scout", "-o", tmp_path / "s"]):
+        code, out, err = run_cli(monkeypatch, capsys, *command, "--model", "bench-attn16", "--len", "4k",
+                                 "--device", "cpu", "--method-arg", f"recall_profile={profile}")
+        assert code == 2 and "has 4 layers, the model has 16" in err.strip().splitlines()[-1], (command[0], err)
+        assert not list(tmp_path.glob("o/*.json")) and not list(tmp_path.glob("s/*.json"))
+
+
+def test_more_dense_layers_than_the_model_has_is_exit_2_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """`--dense-layers 16` on a 16-layer model with FullKV beside Quest ran FullKV and failed Quest (exit 1)."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "fullkv", "--method", "quest", "--model",
+                             "bench-attn16", "--len", "4k", "--device", "cpu", "--dense-layers", "16",
+                             "-o", tmp_path / "o")
+    assert code == 2 and "dense_layers 16 keeps all 16 layers" in _one_line(err), err
