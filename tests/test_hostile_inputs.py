@@ -444,3 +444,41 @@ def test_more_dense_layers_than_the_model_has_is_exit_2_before_anything_runs(tmp
                              "bench-attn16", "--len", "4k", "--device", "cpu", "--dense-layers", "16",
                              "-o", tmp_path / "o")
     assert code == 2 and "dense_layers 16 keeps all 16 layers" in _one_line(err), err
+
+
+# ---- a repeated --method-arg key: one meaning in every command ---------------------------------------------------
+
+@pytest.mark.parametrize("command", [["throughput", "--method", "quest", "--len", "4k", "--device", "cpu", "-o", "{o}"],
+                                     ["plan", "--method", "quest", "--model", "tiny-qwen3", "--len", "4k",
+                                      "--gpu-mem", "1GiB"],
+                                     ["fidelity", "--method", "quest", "--device", "cpu"],
+                                     ["profile-recall", "--device", "cpu", "-o", "{o}.json"]])
+def test_a_key_given_twice_with_two_values_is_refused_where_one_value_runs(command, tmp_path, monkeypatch, capsys):
+    """`throughput --method-arg budget=512 --method-arg budget=1024` kept 1024 silently, while `sweep` sweeps both."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    args = [str(part).format(o=tmp_path / "o") for part in command]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--method-arg", "block_size=16", "--method-arg",
+                             "block_size=64")
+    line = _one_line(err)
+    assert code == 2 and "--method-arg block_size is given twice ('16' and '64')" in line and "scoutbench sweep" in line
+
+
+def test_a_key_given_twice_runs_both_values_in_a_sweep_and_one_value_once(tmp_path, monkeypatch, capsys):
+    from scoutbench.bench.sweep import MANIFEST
+
+    args = ["sweep", "--method", "quest", "--len", "64", "--steps", "1", "--warmup", "0", "--device", "cpu",
+            "--method-arg", "block_size=16"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--method-arg", "block_size=32", "-o", tmp_path / "two")
+    assert code == 0 and "ran 2, skipped 0" in err, err
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--method-arg", "block_size=16", "-o", tmp_path / "one")
+    assert code == 0 and "ran 1, skipped 0" in err, err
+    assert len(json.loads((tmp_path / "one" / MANIFEST).read_text())["points"]) == 1
+    from scoutbench.errors import ScoutbenchError
+
+    def reached(*args, **kwargs):
+        raise ScoutbenchError("the model would load now")
+
+    monkeypatch.setattr("scoutbench.models.load_model", reached)  # the same value twice is that value: no refusal
+    code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "quest", "--len", "4k", "--device", "cpu",
+                             "--method-arg", "block_size=16", "--method-arg", "block_size=16", "-o", tmp_path / "t")
+    assert code == 1 and _one_line(err) == "error: the model would load now", err

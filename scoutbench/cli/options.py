@@ -111,12 +111,20 @@ WARMUP = AtLeast(0)
 
 
 def parse_method_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """`--method-arg key=value` pairs of a command that runs one configuration per method. A key given twice with
+    two values is refused (throughput kept the last one silently, where `sweep` sweeps both: a repeated key is an
+    axis there); the same value twice is that value, as in a sweep."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"bad --method-arg {pair!r}: use key=value, e.g. --method-arg recall_interval=4")
-        out[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if out.get(key, value) != value:
+            raise UsageError(f"--method-arg {key} is given twice ({out[key]!r} and {value!r}): this command runs one "
+                             f"value; give it once, or run both with `scoutbench sweep --method-arg {key}={out[key]} "
+                             f"--method-arg {key}={value}`")
+        out[key] = value
     return out
 
 
