@@ -482,3 +482,45 @@ def test_a_key_given_twice_runs_both_values_in_a_sweep_and_one_value_once(tmp_pa
     code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "quest", "--len", "4k", "--device", "cpu",
                              "--method-arg", "block_size=16", "--method-arg", "block_size=16", "-o", tmp_path / "t")
     assert code == 1 and _one_line(err) == "error: the model would load now", err
+
+
+# The least each command needs to reach its numeric options' checks (the options themselves come from the commands)
+COMMAND_BASE = {"throughput": ["--method", "fullkv", "--device", "cpu", "-o", "{o}"],
+                "plan": ["--model", "tiny-qwen3", "--gpu-mem", "1GiB"],
+                "profile-recall": ["--device", "cpu", "-o", "{o}.json"], "cosine": ["--device", "cpu"],
+                "accuracy": ["--dataset", "passkey", "--device", "cpu", "-o", "{o}"],
+                "fidelity": ["--device", "cpu"], "sweep": ["--method", "fullkv", "--device", "cpu", "-o", "{o}"],
+                "project": [str(BASELINE), "--hardware", "h200"], "calibrate": ["-o", "{o}.json"]}
+
+
+def _numeric_options() -> list[tuple[str, str]]:
+    """(command, option) of every option whose declared type parses to a number."""
+    import importlib
+
+    import click
+
+    from scoutbench.cli import COMMANDS
+
+    found = []
+    for name, (target, _) in COMMANDS.items():
+        module, attr = target.split(":")
+        for param in getattr(importlib.import_module(module), attr).params:
+            numeric = isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType)) or \
+                type(param.type).__name__ in ("LengthType", "BytesType")
+            if numeric and isinstance(param, click.Option):
+                found.append((name, param.opts[0]))
+    return found
+
+
+@pytest.mark.parametrize("command, option", _numeric_options())
+def test_every_numeric_option_is_finite_and_in_range_before_anything_runs(command, option, tmp_path, monkeypatch,
+                                                                           capsys):
+    """nan, infinities and magnitudes past int64 in any numeric option of any command: one line, exit 2, before a
+    model loads (click's FLOAT took `nan` and `inf`; an integer past int64 overflowed the first tensor it sized)."""
+    assert command in COMMAND_BASE, f"add the least arguments of `{command}` to COMMAND_BASE"
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    base = [part.format(o=tmp_path / "o") for part in COMMAND_BASE[command]]
+    for value in ("nan", "inf", "-inf", "1e309", "9" * 30):
+        code, out, err = run_cli(monkeypatch, capsys, command, *base, option, value)
+        assert code == 2 and "internal error" not in err, (option, value, err)
+        assert err.strip().splitlines()[-1].startswith("error: "), (option, value, err)

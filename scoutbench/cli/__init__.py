@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 import os
 import sys
 
@@ -67,11 +68,41 @@ class LazyGroup(click.Group):
                 raise click.ClickException(f"'{name}' is not available in this build")
 
             return unavailable
-        return getattr(module, attr)
+        return _numbers_checked(getattr(module, attr))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, help_text) for name, (_, help_text) in COMMANDS.items()])
+
+
+def _numbers_checked(command: click.Command) -> click.Command:
+    """`command` with every option whose value is a number (whatever its declared type: an int, a float, a length,
+    a size) refusing nan, an infinity and a magnitude past int64 in one line, before the command runs: click's
+    FLOAT takes `nan` and `inf`, and an integer past int64 overflowed the first tensor it sized (a traceback)."""
+    if getattr(command, "numbers_checked", False):
+        return command
+    for param in command.params:
+        param.callback = _finite(param.callback)
+    command.numbers_checked = True  # type: ignore[attr-defined]
+    return command
+
+
+def _finite(previous):
+    def check(ctx: click.Context, param: click.Parameter, value):
+        if previous is not None:
+            value = previous(ctx, param, value)
+        from scoutbench.errors import UsageError
+        from scoutbench.units import INT64_MAX
+
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                continue
+            if not math.isfinite(item) or abs(item) > INT64_MAX:
+                raise UsageError(f"bad {param.opts[0] if param.opts else param.name} {item}: use a finite number of "
+                                 f"magnitude at most {INT64_MAX}")
+        return value
+
+    return check
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -21,12 +21,13 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | str]:
     from scoutbench.errors import UsageError
+    from scoutbench.units import INT64_MAX
 
     out: list[int | str] = []
     for value in _split(values):
         if auto and value.lower() == "auto":
             out.append("auto")
-        elif value.isdigit() and int(value) >= 1:
+        elif value.isdigit() and 1 <= int(value) <= INT64_MAX:
             out.append(int(value))
         else:
             raise UsageError(f"bad {flag} {value!r}: use positive integers{' or auto' if auto else ''}, "

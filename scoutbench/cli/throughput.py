@@ -137,13 +137,17 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
 
 def _parse_batch(text: str) -> int | str:
     from scoutbench.errors import UsageError
+    from scoutbench.units import INT64_MAX
 
     if text.strip().lower() == "auto":
         return "auto"
     try:
-        return int(text)  # the workload checks that it is at least 1
+        batch = int(text)  # the workload checks that it is at least 1
     except ValueError:
         raise UsageError(f"bad --batch {text!r}: use a positive integer or 'auto'") from None
+    if batch > INT64_MAX:
+        raise UsageError(f"bad --batch {text!r}: at most {INT64_MAX}")
+    return batch
 
 
 def _taken_outputs(configs, folder: Path) -> list[Path]:
