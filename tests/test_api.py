@@ -140,14 +140,16 @@ def test_two_threads_calling_the_api_first_at_once(tmp_path):
     """Two threads whose first API calls overlapped raced in transformers' lazy import: `ImportError: cannot
     import name 'AutoModelForCausalLM'`. The second call now waits for the first one's imports; the overlap is
     forced by an import hook (no sleep), in a fresh interpreter (the race needs a first import)."""
+    import os
     import subprocess
     import sys
 
     script = tmp_path / "first_calls.py"
     script.write_text(FIRST_CALLS_AT_ONCE, encoding="utf-8")
     root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])  # this checkout's scoutbench
     done = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+                          env={**os.environ, "PYTHONPATH": path})
     assert done.returncode == 0 and "errors: []" in done.stdout, done.stdout + done.stderr
 
 

@@ -524,3 +524,63 @@ def test_every_numeric_option_is_finite_and_in_range_before_anything_runs(comman
         code, out, err = run_cli(monkeypatch, capsys, command, *base, option, value)
         assert code == 2 and "internal error" not in err, (option, value, err)
         assert err.strip().splitlines()[-1].startswith("error: "), (option, value, err)
+
+
+# ---- signals: a second one while the first winds down ------------------------------------------------------------
+
+SECOND_SIGNAL = r"""
+import atexit, os, signal, sys
+import scoutbench.bench.throughput as throughput
+import scoutbench.errors as errors
+from scoutbench.cli import main
+
+real_run, real_exit_code = throughput.run_throughput, errors.exit_code
+second = getattr(signal, {second!r})
+armed = []
+
+
+def send_second() -> None:
+    os.kill(os.getpid(), second)
+    sum(range(10))  # a few bytecodes: a Python-level handler would run here
+
+
+def exit_code_then_second(exc):  # the CLI chooses the exit code while it handles the interrupt
+    if armed == ["interrupt handling"]:
+        send_second()
+    return real_exit_code(exc)
+
+
+def interrupt_on_second_method(cfg, *args, **kwargs):
+    if cfg.method == "quest":
+        armed.append({where!r})
+        if {where!r} == "exit hooks":  # as the interpreter runs its exit hooks (torch's printed the traceback there)
+            atexit.register(send_second)
+        signal.raise_signal(signal.SIGINT)  # the first: its handler runs before this call returns
+    return real_run(cfg, *args, **kwargs)
+
+
+throughput.run_throughput = interrupt_on_second_method
+errors.exit_code = exit_code_then_second
+sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", "--len", "64", "--steps", "1",
+            "--warmup", "0", "--device", "cpu", "-o", {out!r}]
+main()
+"""
+
+
+@pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("where", ["exit hooks", "interrupt handling"])
+def test_a_second_signal_while_the_first_winds_down_prints_no_traceback(second, where, tmp_path):
+    """Two SIGINTs with no gap printed a traceback from torch's exit hook (exit 130, the result kept). The first
+    signal decides (130); a second one, here sent from inside the run as its interrupt is handled or as the
+    interpreter's exit hooks run, is ignored: no traceback, the finished result kept and listed."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "second_signal.py"
+    out = tmp_path / "out"
+    script.write_text(SECOND_SIGNAL.format(second=second, where=where, out=str(out)), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert "kept 1 finished result(s)" in done.stderr and done.stderr.strip().endswith("interrupted"), done.stderr
+    assert len(list(out.glob("*fullkv*.json"))) == 1

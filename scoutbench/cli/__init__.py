@@ -120,18 +120,18 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints as `\udce9`, not a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    previous_sigterm = _terminate_like_interrupt()
+    previous_handlers = _interrupt_once()
     previous_show = _one_line_warnings()
     try:
         _run()
     finally:
+        import signal
         import warnings
 
         warnings.showwarning = previous_show
-        if previous_sigterm is not None:
-            import signal
-
-            signal.signal(signal.SIGTERM, previous_sigterm)
+        if previous_handlers and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # not interrupted
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
 
 
 def _run() -> None:
@@ -209,18 +209,23 @@ def _one_line_warnings():
     return previous
 
 
-def _terminate_like_interrupt():
-    """SIGTERM (a job scheduler, `kill`, `timeout`) ends a run the way Ctrl-C does: finished results are kept and
-    listed, locks released, exit 143. Only the main thread can install a handler (in-process test runners may not
-    be on it)."""
+def _interrupt_once() -> dict:
+    """Ctrl-C (SIGINT) and SIGTERM (a job scheduler, `kill`, `timeout`) end a run once, the same way: finished
+    results are kept and listed, locks released, exit 130 or 143. The first of them raises (KeyboardInterrupt, or
+    Terminated); from then on both are ignored, so a second one while the run winds down (listing what it kept,
+    torch's and threading's exit hooks) neither cuts that short nor prints a traceback, and the exit code stays
+    the first one's. Returns the previous handlers, restored when main returns uninterrupted; only the main thread
+    can install a handler (in-process test runners may not be on it)."""
     import signal
     import threading
 
     from scoutbench.errors import Terminated
 
-    def raise_terminated(signum, frame) -> None:
-        raise Terminated()
+    def end_once(signum, frame) -> None:
+        for other in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(other, signal.SIG_IGN)  # kept through the interpreter's exit (it resets only its own)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, raise_terminated)  # the previous handler, restored when main returns
+        return {}
+    return {signum: signal.signal(signum, end_once) for signum in (signal.SIGINT, signal.SIGTERM)}
