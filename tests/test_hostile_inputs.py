@@ -127,7 +127,7 @@ def _never(*args, **kwargs):
 ])
 def test_bad_longbench_data_is_exit_2_in_every_command(content, message, tmp_path, monkeypatch, capsys):
     """A malformed line, a missing field or a missing file gave exit 1, an empty or non-UTF-8 file exit 2 (docs:
-    bad input is 2); a corrupt parquet mirror was a traceback."""
+    bad input is 2); a corrupt parquet mirror was a traceback. `profile-recall --dataset` loaded the model first."""
     data, official = tmp_path / "data", tmp_path / "official"
     data.mkdir()
     official.mkdir()
@@ -138,8 +138,11 @@ def test_bad_longbench_data_is_exit_2_in_every_command(content, message, tmp_pat
             pytest.importorskip("datasets")
         (data / name).write_bytes(content)
     monkeypatch.setattr("scoutbench.models.load_model", _never)
+    monkeypatch.setattr("scoutbench.models.model_config", _never)  # the data is checked before the model's config too
     for command in (["accuracy", "--dataset", "samsum", "--data-dir", data, "-o", tmp_path / "out"],
-                    ["data-check", data, "--against", official]):
+                    ["data-check", data, "--against", official],
+                    ["profile-recall", "--dataset", "samsum", "--data-dir", data, "--model", "smollm2-135m",
+                     "--len", "64", "-o", tmp_path / "out.json"]):
         code, out, err = run_cli(monkeypatch, capsys, *command)
         assert code == 2 and message in _one_line(err), (command[0], err)
     assert not (tmp_path / "out").exists()
@@ -584,3 +587,31 @@ def test_a_second_signal_while_the_first_winds_down_prints_no_traceback(second, 
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     assert "kept 1 finished result(s)" in done.stderr and done.stderr.strip().endswith("interrupted"), done.stderr
     assert len(list(out.glob("*fullkv*.json"))) == 1
+
+
+# ---- profile-recall and cosine: the free-memory check of a throughput run ----------------------------------------
+
+@pytest.mark.parametrize("command", [["profile-recall", "--prefill", "synthetic", "-o", "{o}.json"],
+                                     ["profile-recall", "-o", "{o}.json"], ["cosine"]])
+def test_a_profile_or_cosine_run_that_cannot_fit_is_refused_by_the_free_memory_check(command, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """`profile-recall --len 10m` had no free-memory check: its allocation failure was reported as a bug (here, the
+    kernel killed it). With 1 GiB usable, 10m tokens of tiny-qwen3 are refused in one line, exit 1."""
+    monkeypatch.setattr("scoutbench.planning.usable_host_bytes", lambda: 2**30)
+    args = [part.format(o=tmp_path / "o") for part in command]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--len", "10m", "--device", "cpu")
+    line = _one_line(err)
+    assert code == 1 and "at len 10m needs about" in line and "pass --force" in line, err
+    assert not list(tmp_path.glob("o*"))
+
+
+def test_an_allocation_failure_past_the_checks_is_out_of_memory_not_a_bug(tmp_path, monkeypatch, capsys):
+    """An allocation the checks do not plan for (or one past --force) failing is out of memory: exit 1, one line."""
+    def fail(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 26843545600 bytes")
+
+    monkeypatch.setattr("scoutbench.bench.recall._decode_trace", fail)
+    code, out, err = run_cli(monkeypatch, capsys, "profile-recall", "--prefill", "synthetic", "--len", "4k",
+                             "--budget", "256", "--device", "cpu", "--force", "-o", tmp_path / "p.json")
+    assert code == 1 and _one_line(err).startswith("error: out of memory ([enforce fail"), err

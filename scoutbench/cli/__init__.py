@@ -136,7 +136,7 @@ def main() -> None:
 
 def _run() -> None:
     from scoutbench.environment import check_environment, value
-    from scoutbench.errors import ScoutbenchError, exit_code, is_terminated, missing_extra
+    from scoutbench.errors import FAILED, ScoutbenchError, exit_code, is_terminated, missing_extra
 
     try:
         check_environment()  # a bad SCOUTBENCH_* value is bad input: one line, exit 2, before anything runs
@@ -175,18 +175,33 @@ def _run() -> None:
             sys.exit(exit_code(missing))
         if _traceback_wanted():
             raise
+        if _out_of_memory(exc):  # past the free-memory checks (a transient they do not plan): exit 1, as they do
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            click.echo(f"error: out of memory ({text}); lower --len or --batch (see `scoutbench plan`)", err=True)
+            sys.exit(FAILED)
         text = (str(exc).strip().splitlines() or [""])[0][:300]
         click.echo(f"error: internal error, a bug in scoutbench ({type(exc).__name__}{': ' + text if text else ''});"
                    f" rerun with {TRACEBACK_ENV}=1 for the traceback and report it", err=True)
         sys.exit(exit_code(exc))
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    if "torch" not in sys.modules:  # no tensor was allocated
+        return False
+    from scoutbench.planning import is_out_of_memory
+
+    return is_out_of_memory(exc)
+
+
 def _traceback_wanted() -> bool:
     from scoutbench.environment import value
+    from scoutbench.errors import UsageError
 
     try:
         return value(TRACEBACK_ENV)
-    except Exception:  # noqa: BLE001 - a bad value was refused at the start; here it only means no traceback
+    except UsageError:  # a bad value was refused at the start; here it only means no traceback
         return False
 
 

@@ -46,6 +46,8 @@ def revision_option(func):
     return click.option("--revision", default=None, metavar="REV", help=REVISION_HELP)(with_revision)
 
 
+FORCE_HELP = "Run even when the planned memory exceeds the free memory."
+
 # torch.Generator.manual_seed takes a signed 64-bit integer: a larger --seed would overflow deep inside a run
 SEED = click.IntRange(0, 2**63 - 1)
 

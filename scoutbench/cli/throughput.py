@@ -11,6 +11,7 @@ from scoutbench.api import DEFAULT_LENGTH, DEFAULT_MODELS, DEFAULT_STEPS
 from scoutbench.cli.options import (
     BYTES,
     DTYPE,
+    FORCE_HELP,
     LENGTH,
     SEED,
     STEPS,
@@ -70,7 +71,7 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 @click.option("--overwrite", is_flag=True,
               help="Replace existing results (the .json output, or this run's files in the -o folder) instead of "
                    "failing (exit 2).")
-@click.option("--force", is_flag=True, help="Run even when the planned memory exceeds the free memory.")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False),
               help="Also write a torch.profiler trace of --profile-steps extra, untimed decode steps per method into "
