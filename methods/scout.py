@@ -11,7 +11,6 @@ part's transport (pinned copies, worker hand-offs, recall staging) `runtime/scou
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.errors import UsageError
+from scoutbench.input_files import UnusableFile, read_json_file
 from scoutbench.kernels.attention import block_sparse_attention, merge_output, region_attention
 from scoutbench.kernels.backends import fused_ops_available
 from scoutbench.kernels.digest import CandidateBlocks
@@ -516,16 +516,15 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
 def load_recall_profile(path: str) -> tuple[list[int | None], dict[str, Any] | None]:
     """Per-layer recall intervals from a `scoutbench profile-recall` JSON (`intervals`: one entry per layer,
     null for dense layers) and what they were measured on (`measured_on`; None in a profile that does not say)."""
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ValueError(f"recall_profile {path!r} does not exist")
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        intervals = data["intervals"]
-        if not isinstance(intervals, list) or not all(i is None or (isinstance(i, int) and i >= 1)
-                                                      for i in intervals):
-            raise ValueError
-    except (OSError, ValueError, KeyError, TypeError):
+        data = read_json_file(path)  # a regular file, bounded in size and nesting (a FIFO would block here)
+    except UnusableFile as exc:
+        raise ValueError(f"recall_profile {path!r} cannot be used: {exc}") from None
+    intervals = data.get("intervals") if isinstance(data, dict) else None
+    if not isinstance(intervals, list) or not all(i is None or (isinstance(i, int) and not isinstance(i, bool)
+                                                               and i >= 1) for i in intervals):
         raise ValueError(f"recall_profile {path!r} is not a profile-recall JSON with an 'intervals' list "
-                         "of positive integers (null for dense layers)") from None
+                         "of positive integers (null for dense layers)")
     return intervals, data.get("measured_on")

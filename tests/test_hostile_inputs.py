@@ -255,7 +255,7 @@ def _no_hang(seconds: float = 60.0):
 
 
 HOSTILE = {"fifo.json": "a FIFO, not a regular file", "zero.json": "a character device, not a regular file",
-           "deep.json": "nested deeper than 64 levels", "huge.json": "more than the 67108864 a result file may have"}
+           "deep.json": "nested deeper than 64 levels", "huge.json": "more than the 67108864 bytes an input file may have"}
 
 
 @pytest.fixture
@@ -615,3 +615,21 @@ def test_an_allocation_failure_past_the_checks_is_out_of_memory_not_a_bug(tmp_pa
     code, out, err = run_cli(monkeypatch, capsys, "profile-recall", "--prefill", "synthetic", "--len", "4k",
                              "--budget", "256", "--device", "cpu", "--force", "-o", tmp_path / "p.json")
     assert code == 1 and _one_line(err).startswith("error: out of memory ([enforce fail"), err
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_recall_profile_or_sweep_config_is_one_line(name, hostile_folder, tmp_path, monkeypatch, capsys):
+    """Every file scoutbench is given is read as result folders are: a recall profile or a `sweep --config` that is
+    a FIFO blocked, a `[` x 100000 one was a RecursionError."""
+    monkeypatch.setattr("scoutbench.models.load_model", _never)
+    path = hostile_folder / name
+    with _no_hang():
+        code, out, err = run_cli(monkeypatch, capsys, "throughput", "--method", "scout", "--len", "4k", "--device",
+                                 "cpu", "--method-arg", f"recall_profile={path}", "-o", tmp_path / "o")
+    line = _one_line(err)
+    assert code == 2 and f"recall_profile '{path}' cannot be used: " in line and HOSTILE[name] in line, err
+    config = tmp_path / "grid.yaml"
+    config.symlink_to(path)
+    with _no_hang():
+        code, out, err = run_cli(monkeypatch, capsys, "sweep", "--config", config, "-o", tmp_path / "s")
+    assert code == 2 and f"--config {config}: " in _one_line(err), err

@@ -229,7 +229,7 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
 def _is_profile_for(path: Path, key: list[Any]) -> bool:
     """Whether `path` is a recall profile made for `key` (model, dtype, prefill, length, method fields), as the
     sweep that wrote it recorded (`sweep_profile_key`): a profile is reused by what it records, not by its name."""
-    from scoutbench.results import UnusableFile, read_json_file
+    from scoutbench.input_files import UnusableFile, read_json_file
 
     try:
         data = read_json_file(path)
@@ -257,7 +257,8 @@ def _entry(point_id: str, point: dict[str, Any], result: dict[str, Any] | None) 
 def _read_point(path: Path, stamp: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A finished point's result, or None (absent, unreadable, malformed, or with `stamp` given, made for another
     point or other settings: then it is run again)."""
-    from scoutbench.results import UnusableFile, read_json_file, result_problem
+    from scoutbench.input_files import UnusableFile, read_json_file
+    from scoutbench.results import result_problem
 
     try:
         data = read_json_file(path)
@@ -273,7 +274,7 @@ def _read_point(path: Path, stamp: dict[str, Any] | None = None) -> dict[str, An
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:
-    from scoutbench.results import UnusableFile, read_json_file
+    from scoutbench.input_files import UnusableFile, read_json_file
 
     path = out / MANIFEST
     if not os.path.lexists(path):

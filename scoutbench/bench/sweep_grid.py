@@ -190,8 +190,8 @@ def identity_digest(identity: dict[str, Any]) -> str:
 def input_digests(method: str, args: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     """(field, sha256 of the file it names) for each of `method`'s file fields set in `args`; a file that cannot
     be read (missing, not a regular file, over the size bound) is a usage error before anything runs."""
+    from scoutbench.input_files import UnusableFile, read_regular_file
     from scoutbench.methods import METHODS, method_file_fields
-    from scoutbench.results import UnusableFile, read_regular_file
 
     digests = []
     for name in method_file_fields(method) if method in METHODS else ():
@@ -254,9 +254,11 @@ def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[Sw
 
 def read_config(path: str | Path) -> dict[str, Any]:
     """A sweep config file: YAML (.yaml/.yml) or TOML (.toml), a mapping of option names to values."""
+    from scoutbench.input_files import UnusableFile, read_regular_file
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_file(path).decode("utf-8")  # a regular file, bounded: a FIFO would block here
         if path.suffix == ".toml":
             try:
                 import tomllib
@@ -269,7 +271,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         else:
             raise UsageError(f"--config {path}: use a .yaml, .yml or .toml file")
-    except (OSError, ValueError) as exc:  # yaml.YAMLError and TOMLDecodeError are ValueErrors or close to them
+    except (OSError, ValueError, UnusableFile) as exc:  # yaml's and toml's errors are ValueErrors or close to them
         raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None
     except Exception as exc:  # noqa: BLE001 - yaml's own errors: one line, never a traceback
         raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None
