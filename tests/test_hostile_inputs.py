@@ -633,3 +633,34 @@ def test_a_hostile_recall_profile_or_sweep_config_is_one_line(name, hostile_fold
     with _no_hang():
         code, out, err = run_cli(monkeypatch, capsys, "sweep", "--config", config, "-o", tmp_path / "s")
     assert code == 2 and f"--config {config}: " in _one_line(err), err
+
+
+def _single_value_options() -> list[tuple[str, str]]:
+    """(command, option) of every option that takes one value, from the commands' declarations."""
+    import importlib
+
+    import click
+
+    from scoutbench.cli import COMMANDS
+
+    found = []
+    for name, (target, _) in COMMANDS.items():
+        module, attr = target.split(":")
+        for param in getattr(importlib.import_module(module), attr).params:
+            if isinstance(param, click.Option) and not (param.multiple or param.is_flag or param.count):
+                found.append((name, param.opts[-1]))
+    return found
+
+
+@pytest.mark.parametrize("command, option", _single_value_options())
+def test_an_option_that_takes_one_value_refuses_two(command, option, monkeypatch, capsys):
+    """`throughput --budget 512 --budget 1k` ran 1k silently (click keeps the last), the kind of a repeated
+    `--method-arg` key; one value given twice is that value."""
+    import importlib
+
+    from scoutbench.cli import COMMANDS, _refuse_repeated_options
+
+    code, out, err = run_cli(monkeypatch, capsys, command, option, "first", f"{option}=second")
+    assert code == 2 and f"{option} is given twice ('first' and 'second')" in _one_line(err), err
+    module, attr = COMMANDS[command][0].split(":")
+    _refuse_repeated_options(getattr(importlib.import_module(module), attr), [option, "same", f"{option}=same"])

@@ -68,23 +68,57 @@ class LazyGroup(click.Group):
                 raise click.ClickException(f"'{name}' is not available in this build")
 
             return unavailable
-        return _numbers_checked(getattr(module, attr))
+        return _checked(getattr(module, attr))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, help_text) for name, (_, help_text) in COMMANDS.items()])
 
 
-def _numbers_checked(command: click.Command) -> click.Command:
-    """`command` with every option whose value is a number (whatever its declared type: an int, a float, a length,
-    a size) refusing nan, an infinity and a magnitude past int64 in one line, before the command runs: click's
-    FLOAT takes `nan` and `inf`, and an integer past int64 overflowed the first tensor it sized (a traceback)."""
-    if getattr(command, "numbers_checked", False):
+def _checked(command: click.Command) -> click.Command:
+    """`command` with the checks every command's options get from their declarations, in one line before it runs:
+    every option whose value is a number (an int, a float, a length, a size) refuses nan, an infinity and a
+    magnitude past int64 (click's FLOAT takes `nan` and `inf`; an integer past int64 overflowed the first tensor it
+    sized), and an option that takes one value refuses two (click keeps the last silently: `--budget 512 --budget
+    1k` ran 1k, as a repeated `--method-arg` key did)."""
+    if getattr(command, "options_checked", False):
         return command
     for param in command.params:
         param.callback = _finite(param.callback)
-    command.numbers_checked = True  # type: ignore[attr-defined]
+    parse_args = command.parse_args
+
+    def parse_args_once(ctx: click.Context, args: list[str]) -> list[str]:
+        _refuse_repeated_options(command, args)
+        return parse_args(ctx, args)
+
+    command.parse_args = parse_args_once  # type: ignore[method-assign]
+    command.options_checked = True  # type: ignore[attr-defined]
     return command
+
+
+def _refuse_repeated_options(command: click.Command, args: list[str]) -> None:
+    """A single-value option given twice with two values is a usage error; the same value twice is that value."""
+    from scoutbench.errors import UsageError
+
+    single = {name: param for param in command.params if isinstance(param, click.Option) and not param.multiple
+              and not param.is_flag and not param.count for name in param.opts}
+    given: dict[click.Option, str] = {}
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":
+            break
+        name, equals, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        param = single.get(name)
+        if param is None:
+            continue
+        if not equals:
+            value = next(tokens, None)
+            if value is None:
+                break
+        if given.get(param, value) != value:
+            raise UsageError(f"{name} is given twice ({given[param]!r} and {value!r}): it takes one value; give it "
+                             "once")
+        given[param] = value
 
 
 def _finite(previous):
@@ -229,8 +263,9 @@ def _interrupt_once() -> dict:
     results are kept and listed, locks released, exit 130 or 143. The first of them raises (KeyboardInterrupt, or
     Terminated); from then on both are ignored, so a second one while the run winds down (listing what it kept,
     torch's and threading's exit hooks) neither cuts that short nor prints a traceback, and the exit code stays
-    the first one's. Returns the previous handlers, restored when main returns uninterrupted; only the main thread
-    can install a handler (in-process test runners may not be on it)."""
+    the first one's. Returns the previous handlers, restored when main returns uninterrupted (an interrupted main
+    leaves both ignored: its process is ending); only the main thread can install a handler (in-process test runners
+    may not be on it)."""
     import signal
     import threading
 
