@@ -20,6 +20,7 @@ builds on this module.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass
@@ -149,7 +150,7 @@ class MethodArgs:
         field's type; every number finite (but an `infinite_fields` one) and at most MAX_MAGNITUDE. Raises a
         UsageError naming the field; the method's own ranges are its `__post_init__`'s."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         kwargs: dict[str, Any] = dict(preset or {})
         for key, raw in overrides.items():
             if key not in fields:
@@ -267,6 +268,13 @@ def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
         return text
     except (ValueError, UsageError):
         raise UsageError(f"{method}: --method-arg {key}={raw!r} is not a valid {getattr(base, '__name__', base)}") from None
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A method class's field types, resolved once (typing.get_type_hints compiles every annotation anew: a sweep
+    resolves a configuration per point)."""
+    return typing.get_type_hints(cls)
 
 
 def _unwrap_optional(hint: Any) -> Any:

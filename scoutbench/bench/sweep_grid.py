@@ -159,8 +159,9 @@ class SweepPoint:
         """What the point's file records (`sweep_point`): the point (its fields are JSON values already), the sweep's
         settings (`settings_record`, which a rerun into the folder must match) and the digest of the point's
         identity (`run_identity`), which a rerun compares before it counts the point as done."""
-        identity = run_identity(self.config(settings), environment, self.inputs or ())
-        return {"settings": record, "point": self.describe(), "identity": identity_digest(identity)}
+        identity = _identity_text(self.config(settings), environment, self.inputs or ())
+        return {"settings": record, "point": self.describe(),
+                "identity": "sha256:" + hashlib.sha256(identity.encode()).hexdigest()}
 
 
 # ThroughputConfig fields that decide nothing a run computes or measures: how it was invoked
@@ -172,7 +173,12 @@ def run_identity(cfg: Any, environment: dict[str, Any], inputs: tuple[tuple[str,
     configuration but NOT_IDENTITY_FIELDS, its method's full configuration (the preset's and the defaults' fields
     included, each file a field names by its content's sha256, `inputs`), and the environment that decides a run
     (`run_environment`). Two runs with equal identities measure the same thing; a resumed sweep counts a point as
-    done only when its file records this identity."""
+    done only when its file records this identity (the sha256 of its canonical JSON)."""
+    return json.loads(_identity_text(cfg, environment, inputs))
+
+
+def _identity_text(cfg: Any, environment: dict[str, Any], inputs: tuple[tuple[str, str], ...]) -> str:
+    """`run_identity` as canonical JSON (sorted keys), the text its digest is taken of."""
     from scoutbench.methods import METHODS, resolved_method_config
 
     run = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in NOT_IDENTITY_FIELDS}
@@ -180,11 +186,7 @@ def run_identity(cfg: Any, environment: dict[str, Any], inputs: tuple[tuple[str,
     config = resolved_method_config(cfg.method, dict(cfg.method_args)) if cfg.method in METHODS else \
         dict(cfg.method_args)
     run["method_args"] = {**config, **{name: f"sha256:{digest}" for name, digest in inputs}}
-    return json.loads(json.dumps({"run": run, "environment": environment}, sort_keys=True, default=str))
-
-
-def identity_digest(identity: dict[str, Any]) -> str:
-    return "sha256:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return json.dumps({"run": run, "environment": environment}, sort_keys=True, default=str)
 
 
 def input_digests(method: str, args: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -243,10 +245,12 @@ def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[Sw
                                      defaults=defaults)
         for method, args in resolve_method_args(list(grid.methods), settings).items():
             args_of[method][tuple(sorted(args.items()))] = None
+    # each setting's files read once, not once per point
+    inputs = {(method, args): input_digests(method, dict(args)) for method in grid.methods for args in args_of[method]}
     points: dict[SweepPoint, None] = {}
     for length, batch, method in itertools.product(grid.lengths, grid.batches, grid.methods):
         for args in args_of[method]:
-            points[SweepPoint(method, length, batch, args)] = None
+            points[SweepPoint(method, length, batch, args, inputs[method, args])] = None
     return list(points)
 
 
