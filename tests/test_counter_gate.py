@@ -144,7 +144,7 @@ def test_counter_gate_refuses_other_settings_instead_of_regressed_or_improved():
     (("recall", "bytes"), lambda value: -1, "-1 in the {side} run: a count is never negative"),
     (("h2d_bytes_per_step",), lambda value: -0.5 * value, "in the {side} run: a count is never negative"),
     (("h2d_bytes_per_step",), str, "in the {side} run where the other side counts a number"),
-    (("recall", "bytes"), lambda value: None, "None in the {side} run where the other side counts a number"),
+    (("recall", "bytes"), lambda value: True, "True in the {side} run where the other side counts a number"),
     (("recall", "per_layer"), lambda value: [*value[:3], "x", *value[4:]], "where the other side counts a number"),
 ])
 def test_an_impossible_counter_is_invalid_and_never_dropped(baseline, side, field, edit, why, tmp_path, monkeypatch,
@@ -168,3 +168,13 @@ def test_an_impossible_counter_is_invalid_and_never_dropped(baseline, side, fiel
              else ["--baseline", folder, "--current", BASELINE / "run1"])
     code, out, err = run_cli(monkeypatch, capsys, "gate", "--counters", *sides)
     assert code == 1 and "counter gate failed: 1 invalid" in err and "improved" not in out, out + err
+
+
+def test_a_counter_the_current_run_does_not_record_is_listed(baseline, monkeypatch, capsys, tmp_path):
+    """A baseline counter that the current run leaves out (or records as null) is not compared, and says so."""
+    edited = copy.deepcopy(baseline)
+    _scout(edited)["method_stats"]["recall"]["bytes"] = None
+    report = counter_gate(baseline, edited)
+    assert report.passed and len(report.rows) == len(counter_gate(baseline, baseline).rows) - 1
+    (warning,) = [w for w in report.warnings if "not recorded" in w]
+    assert "1 baseline counter(s) not recorded in the current run, not compared: measured.recall.bytes" in warning

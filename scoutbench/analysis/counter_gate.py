@@ -45,7 +45,8 @@ def measured_counters(result: dict[str, Any]) -> dict[str, float]:
 
 def _measured_values(result: dict[str, Any]) -> dict[str, Any]:
     """Every value at a counter's place (`measured.<path>`, `host.<key>`): a float where it is a count, else the
-    value as it is (text, a boolean, a null, a list that is not all numbers), which `counter_problems` compares."""
+    value as it is (text, a boolean, a list that is not all numbers), which `counter_problems` compares. A null
+    is a count not recorded (CUDA graph replays off CUDA): left out, as an absent field is."""
     values: dict[str, Any] = {}
 
     def walk(value: Any, path: str) -> None:
@@ -60,7 +61,7 @@ def _measured_values(result: dict[str, Any]) -> dict[str, Any]:
                 values[f"{path}[sum]"] = float(sum(entries))
             elif entries:
                 values[f"{path}[sum]"] = value
-        else:
+        elif value is not None:
             values[path] = float(value) if _is_count(value) else value
 
     stats = result.get("method_stats")
@@ -72,7 +73,7 @@ def _measured_values(result: dict[str, Any]) -> dict[str, Any]:
     host = result.get("host")
     if isinstance(host, dict):
         for key in ("torch_calls_per_step", "graph_replays_per_step"):
-            if key in host:
+            if host.get(key) is not None:
                 values[f"host.{key}"] = float(host[key]) if _is_count(host[key]) else host[key]
     return values
 
@@ -80,8 +81,8 @@ def _measured_values(result: dict[str, Any]) -> dict[str, Any]:
 def counter_problems(baseline: list[dict[str, Any]], current: list[dict[str, Any]]) -> dict[str, str]:
     """Counters that cannot be compared, by name, and why: a count below zero (bytes, tokens and calls are never
     negative: -1 bytes passed as "improved"), or a count on one side that is no number on the other (a string
-    was dropped from the comparison, 26 comparisons instead of 32, exit 0). A counter absent from one side (a
-    field an older scoutbench did not record) is no problem: it is not compared."""
+    was dropped from the comparison, 26 comparisons instead of 32, exit 0). A counter absent or null on one side
+    (a field an older scoutbench did not record, a count of another device) is no problem: it is not compared."""
     problems: dict[str, str] = {}
     sides = {"baseline": [_measured_values(r) | work_counters(r) for r in baseline],
              "current": [_measured_values(r) | work_counters(r) for r in current]}
@@ -145,8 +146,12 @@ def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[d
         for counter, why in sorted(counter_problems(base.ok, cur.ok).items()):
             report.rows.append(Row(name, counter, base_counters.pop(counter, None), cur_counters.pop(counter, None),
                                    tolerance, "INVALID", why))
+        unrecorded = sorted(set(base_counters) - set(cur_counters))
+        if unrecorded:  # a field this scoutbench no longer records (or a null): listed, never dropped in silence
+            report.warnings.append(f"{name}: {len(unrecorded)} baseline counter(s) not recorded in the current run, "
+                                   f"not compared: {', '.join(unrecorded)}")
         for counter, base_value in base_counters.items():
-            if counter not in cur_counters:  # a measured field this scoutbench no longer records
+            if counter not in cur_counters:
                 continue
             value = cur_counters[counter]
             if not (math.isfinite(base_value) and math.isfinite(value)):
