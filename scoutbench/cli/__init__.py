@@ -132,8 +132,8 @@ def _finite(previous):
             if isinstance(item, bool) or not isinstance(item, (int, float)):
                 continue
             if not math.isfinite(item) or abs(item) > INT64_MAX:
-                raise UsageError(f"bad {param.opts[0] if param.opts else param.name} {item}: use a finite number of "
-                                 f"magnitude at most {INT64_MAX}")
+                raise UsageError(f"{param.opts[0] if param.opts else param.name} must be a finite number of magnitude "
+                                 f"at most {INT64_MAX} (got {item})")
         return value
 
     return check
