@@ -156,12 +156,15 @@ def value(name: str) -> Any:
         return variable.unset
     if name in FOREIGN:
         return text
-    if text == "":
-        raise UsageError(f"{name} is set but empty: set it to a value ({', '.join(variable.examples)}) or unset it")
     try:
+        if text == "":
+            raise ValueError(f"is set but empty: set it to a value ({', '.join(variable.examples)}) or unset it")
         return variable.parse(text)
     except ValueError as exc:
-        raise UsageError(f"{name}={text!r}: {exc} (or unset it)") from None
+        message = f"{name} {exc}" if text == "" else f"{name}={text!r}: {exc} (or unset it)"
+        error = UsageError(message)
+        error.exit_code = variable.exit_code  # the registry's code for a bad value (docs/exit_codes.md: 2)
+        raise error from None
 
 
 def check_environment() -> None:
@@ -182,11 +185,13 @@ def check_environment() -> None:
 
 def markdown_table() -> str:
     """The registry as docs/environment.md shows it (a test keeps the two equal)."""
-    rows = ["| variable | values (e.g.) | decides a run | read by | meaning |", "|---|---|---|---|---|"]
+    rows = ["| variable | values (e.g.) | decides a run | read by | exit code of a bad value | meaning |",
+            "|---|---|---|---|---|---|"]
     for variable in [*VARIABLES.values(), *FOREIGN.values()]:
         examples = ", ".join(f"`{text}`" for text in variable.examples)
+        code = "-" if variable.name in FOREIGN else str(variable.exit_code)
         rows.append(f"| `{variable.name}` | {examples} | {'yes' if variable.decides_run else 'no'} | "
-                    f"{variable.read_by} | {variable.meaning} |")
+                    f"{variable.read_by} | {code} | {variable.meaning} |")
     return "\n".join(rows)
 
 
