@@ -564,14 +564,13 @@ def interrupt_on_second_method(cfg, *args, **kwargs):
 
 throughput.run_throughput = interrupt_on_second_method
 errors.exit_code = exit_code_then_second
-sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", "--len", "64", "--steps", "1",
-            "--warmup", "0", "--device", "cpu", "-o", {out!r}]
+sys.argv = ["scoutbench", "throughput", "--method", "fullkv", "--method", "quest", "--model", "tiny-qwen3", "--len",
+            "64", "--steps", "1", "--warmup", "0", "--count-steps", "0", "--device", "cpu", "-o", {out!r}]
 main()
 """
 
 
-@pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("where", ["exit hooks", "interrupt handling"])
+@pytest.mark.parametrize("second, where", [("SIGINT", "exit hooks"), ("SIGTERM", "interrupt handling")])
 def test_a_second_signal_while_the_first_winds_down_prints_no_traceback(second, where, tmp_path):
     """Two SIGINTs with no gap printed a traceback from torch's exit hook (exit 130, the result kept). The first
     signal decides (130); a second one, here sent from inside the run as its interrupt is handled or as the
