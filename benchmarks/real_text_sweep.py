@@ -46,6 +46,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 import torch  # noqa: E402
 from real_model_work import result_document  # noqa: E402  (beside this script)
 
+from scoutbench.cache import cache_root  # noqa: E402
 from scoutbench.eval.fidelity import fullkv_reference, step_agreement  # noqa: E402
 from scoutbench.eval.generation import Generation, SharedPrefill, method_spec  # noqa: E402
 from scoutbench.methods import METHODS  # noqa: E402
@@ -360,8 +361,7 @@ def main() -> None:
         sys.exit(f"unknown --config {sorted(unknown)}" if unknown else "give --data-dir and --dataset or --record")
     for name in {c.method for c in configs}:  # every method's code now: a long run is not changed by later edits
         METHODS.load(name)
-    cache = Path(args.cache or Path(os.environ.get("SCOUTBENCH_CACHE") or Path.home() / ".cache/scoutbench",
-                                    "prefill"))
+    cache = Path(args.cache or cache_root() / "prefill")
     cache.mkdir(parents=True, exist_ok=True)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -75,6 +75,17 @@ def method_field_names(name: str) -> set[str]:
     return {f.name for f in dataclasses.fields(METHODS.load(name))}
 
 
+def method_file_fields(name: str) -> tuple[str, ...]:
+    """The fields of a registered method whose value names a file it reads (`MethodArgs.file_fields`)."""
+    return tuple(METHODS.load(name).file_fields)
+
+
+def resolved_method_config(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Every field of a registered method as `build_method(name, args)` sets it (defaults, preset, then `args`),
+    before the method's own validation (`MethodArgs.resolved_config`)."""
+    return METHODS.load(name).resolved_config(args, METHODS.preset(name))
+
+
 def method_class(name: str) -> Any | None:
     """The class behind a registered name or alias (None for a name the registry does not know, e.g. a
     third-party method's results)."""

@@ -20,6 +20,8 @@ builds on this module.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -113,6 +115,12 @@ class MethodArgs:
     into every result, as kvpress does."""
 
     name: ClassVar[str] = ""
+    # Fields whose value names a file the method reads (ScoutAttention's `recall_profile`): its content, not its
+    # name, decides a run, so a sweep point's identity is the file's sha256 (bench/sweep_grid.py).
+    file_fields: ClassVar[tuple[str, ...]] = ()
+    # Float fields where infinity is a value with a meaning (InfiniGen's `alpha=inf`: every token counts); every
+    # other number must be finite and at most MAX_MAGNITUDE, before anything runs.
+    infinite_fields: ClassVar[tuple[str, ...]] = ()
 
     def config(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -128,19 +136,43 @@ class MethodArgs:
                 out[f.name] = f.default_factory()
         return out
 
+    def check_model(self, shape: ModelShape) -> None:
+        """Refuse (UsageError, exit 2) a model this configuration cannot run on, before anything loads or runs:
+        every command that builds a method calls it with the model's shape from its config. Here: the layers it
+        keeps dense leave a sparse one; a method that reads a per-layer file checks its layers too."""
+        dense = dense_layers_of(self)
+        if dense is not None:
+            sparse_layer_range(self.name, dense, shape.num_layers)
+
     @classmethod
-    def from_args(cls, overrides: dict[str, str], preset: dict[str, Any] | None = None) -> Any:
-        """Build from `--method-arg key=value` strings, converting each to its field's type."""
+    def converted_args(cls, overrides: dict[str, Any], preset: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The preset's fields, then `overrides` (`--method-arg key=value` strings, or values) converted to each
+        field's type; every number finite (but an `infinite_fields` one) and at most MAX_MAGNITUDE. Raises a
+        UsageError naming the field; the method's own ranges are its `__post_init__`'s."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         kwargs: dict[str, Any] = dict(preset or {})
         for key, raw in overrides.items():
             if key not in fields:
                 raise UsageError(f"{cls.name}: unknown --method-arg {key!r} (fields: {', '.join(fields) or 'none'})")
             kwargs[key] = _convert(cls.name, key, raw, hints[key])
+        for key, value in kwargs.items():
+            _check_number(cls.name, key, value, overrides.get(key, value), key in cls.infinite_fields)
+        return kwargs
+
+    @classmethod
+    def resolved_config(cls, overrides: dict[str, Any], preset: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Every field as `from_args` sets it (the defaults, the preset, then `overrides`), before the method's own
+        validation: what a run with these arguments is configured with (a sweep point's identity)."""
+        return {**cls.defaults(), **cls.converted_args(overrides, preset)}
+
+    @classmethod
+    def from_args(cls, overrides: dict[str, Any], preset: dict[str, Any] | None = None) -> Any:
+        """Build from `--method-arg key=value` strings, converting each to its field's type."""
+        kwargs = cls.converted_args(overrides, preset)
         try:
             return cls(**kwargs)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise UsageError(f"{cls.name}: {exc}") from None
 
 
@@ -193,6 +225,26 @@ class WorkModel:
                          "`project` and `gate --counters` cannot count its work")
 
 
+# The largest magnitude of a numeric field: the largest integer a float holds exactly, so that a field's arithmetic
+# with the shape (pool slots = pool_factor x selection, bytes = budget x heads x ...) stays finite and exact; no
+# budget, count or ratio comes near it.
+MAX_MAGNITUDE = 2**53
+
+
+def _check_number(method: str, key: str, value: Any, given: Any, infinite_allowed: bool) -> None:
+    """A numeric field's value is finite (nan passed every `>=` check unnoticed; `pool_factor=inf` or `1e309`
+    overflowed the planner's rounding) and at most MAX_MAGNITUDE; `given` is the value as the user wrote it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if math.isinf(value) and infinite_allowed:
+        return
+    if not math.isfinite(value):
+        raise UsageError(f"{method}: --method-arg {key}={given!r} is not a finite number")
+    if abs(value) > MAX_MAGNITUDE:
+        raise UsageError(f"{method}: --method-arg {key}={given!r} is out of range (at most {MAX_MAGNITUDE:.3g} in "
+                         "magnitude)")
+
+
 def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
     if not isinstance(raw, str):
         return raw
@@ -212,13 +264,17 @@ def _convert(method: str, key: str, raw: Any, hint: Any) -> Any:
 
             return parse_length(text) if text[-1:].lower() in "km" else int(text)
         if base is float:
-            value = float(text)  # accepts inf; nan would pass every `>=`/`<=` field check unnoticed
-            if value != value:
-                raise ValueError
-            return value
+            return float(text)  # nan and inf: _check_number
         return text
     except (ValueError, UsageError):
         raise UsageError(f"{method}: --method-arg {key}={raw!r} is not a valid {getattr(base, '__name__', base)}") from None
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A method class's field types, resolved once (typing.get_type_hints compiles every annotation anew: a sweep
+    resolves a configuration per point)."""
+    return typing.get_type_hints(cls)
 
 
 def _unwrap_optional(hint: Any) -> Any:

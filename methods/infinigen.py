@@ -90,6 +90,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
     name = "infinigen"
     display_name = "InfiniGen"
     layer_ahead = True
+    infinite_fields = ("alpha",)  # alpha=inf: every token counts (docs/methods.md)
     partial_ratio: float = 0.2  # fraction of head_dim kept as speculation channels
     alpha: float = 5.0  # a token counts if its speculated logit is within alpha of the head's max (inf: all)
     budget: int = 2048  # tokens attended per (sequence, KV head) and layer: budget - 1 fetched + the current one

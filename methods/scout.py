@@ -11,7 +11,6 @@ part's transport (pinned copies, worker hand-offs, recall staging) `runtime/scou
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.errors import UsageError
+from scoutbench.input_files import UnusableFile, read_json_file
 from scoutbench.kernels.attention import block_sparse_attention, merge_output, region_attention
 from scoutbench.kernels.backends import fused_ops_available
 from scoutbench.kernels.digest import CandidateBlocks
@@ -73,6 +73,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     ablation_fields: ClassVar[tuple[str, ...]] = SCOUT_ABLATION_FIELDS
     ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {v.values: v.label for v in SCOUT_ABLATION}
     artefact_fields: ClassVar[tuple[str, ...]] = ("recall_profile",)
+    file_fields: ClassVar[tuple[str, ...]] = ("recall_profile",)
 
     budget: int = 2048
     block_size: int = 32
@@ -366,14 +367,22 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         return valid
 
     # ================================================================== setup
+    def check_model(self, shape: ModelShape) -> None:
+        super().check_model(shape)
+        self._check_profile_layers(shape.num_layers)
+
+    def _check_profile_layers(self, num_layers: int) -> None:
+        if self._profile_intervals is not None and len(self._profile_intervals) != num_layers:
+            raise UsageError(f"recall_profile {self.recall_profile!r} has {len(self._profile_intervals)} layers, "
+                             f"the model has {num_layers}: profile this model (scoutbench profile-recall --model "
+                             "...) or drop recall_profile")
+
     def bind(self, ctx: MethodContext) -> None:
         self.close()
         super().bind(ctx)
         B, Hkv, dev = ctx.batch, ctx.num_kv_heads, ctx.device
         self._L = ctx.num_layers
-        if self._profile_intervals is not None and len(self._profile_intervals) != ctx.num_layers:
-            raise UsageError(f"recall_profile {self.recall_profile!r} has {len(self._profile_intervals)} layers, "
-                             f"the model has {ctx.num_layers}")
+        self._check_profile_layers(ctx.num_layers)
         self._intervals = [
             max(1, int(self._profile_intervals[i])) if self._profile_intervals is not None
             and self._profile_intervals[i] is not None else self.recall_interval
@@ -507,16 +516,15 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
 def load_recall_profile(path: str) -> tuple[list[int | None], dict[str, Any] | None]:
     """Per-layer recall intervals from a `scoutbench profile-recall` JSON (`intervals`: one entry per layer,
     null for dense layers) and what they were measured on (`measured_on`; None in a profile that does not say)."""
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ValueError(f"recall_profile {path!r} does not exist")
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        intervals = data["intervals"]
-        if not isinstance(intervals, list) or not all(i is None or (isinstance(i, int) and i >= 1)
-                                                      for i in intervals):
-            raise ValueError
-    except (OSError, ValueError, KeyError, TypeError):
+        data = read_json_file(path)  # a regular file, bounded in size and nesting (a FIFO would block here)
+    except UnusableFile as exc:
+        raise ValueError(f"recall_profile {path!r} cannot be used: {exc}") from None
+    intervals = data.get("intervals") if isinstance(data, dict) else None
+    if not isinstance(intervals, list) or not all(i is None or (isinstance(i, int) and not isinstance(i, bool)
+                                                               and i >= 1) for i in intervals):
         raise ValueError(f"recall_profile {path!r} is not a profile-recall JSON with an 'intervals' list "
-                         "of positive integers (null for dense layers)") from None
+                         "of positive integers (null for dense layers)")
     return intervals, data.get("measured_on")

@@ -16,10 +16,15 @@ built here (`accuracy_records`, `accuracy_tasks`), so the two ways of running gi
 
 from __future__ import annotations
 
+import functools
+import importlib
+import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from scoutbench.environment import check_environment
 from scoutbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -39,11 +44,60 @@ DEFAULT_LENGTH = 32 * 1024
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
 
 
-def _names(methods: str | Sequence[str]) -> list[str]:
-    return [methods] if isinstance(methods, str) else list(methods)
+def _names(values: str | Sequence[str], what: str, example: str) -> list[str]:
+    """One name or a list of them; none at all is a usage error (it used to end in a bare IndexError)."""
+    names = [values] if isinstance(values, str) else list(values)
+    if not names:
+        raise UsageError(f"no {what} given: pass at least one, e.g. {example}")
+    return names
+
+
+# What the API runs on, imported on first use (importing scoutbench.api costs nothing). Two threads that called the
+# API first at once raced inside transformers' lazy module (`ImportError: cannot import name
+# 'AutoModelForCausalLM'`: its import-deadlock guard fired), so the first call imports it all under one lock, the
+# names transformers resolves lazily and the decoders scoutbench runs included; later calls find them imported.
+RUNTIME_MODULES = ("torch", "transformers", "scoutbench.models", "scoutbench.engine", "scoutbench.bench.throughput",
+                   "scoutbench.eval.accuracy", "scoutbench.eval.generation")
+TRANSFORMERS_NAMES = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "AttentionInterface", "LlamaConfig",
+                      "Qwen3Config")
+_RUNTIME_LOCK = threading.Lock()
+_runtime_imported = False
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def _import_runtime() -> None:
+    global _runtime_imported
+    if _runtime_imported:
+        return
+    with _RUNTIME_LOCK:
+        if _runtime_imported:
+            return
+        for name in RUNTIME_MODULES:
+            importlib.import_module(name)
+        from scoutbench.models import SUPPORTED_ARCHITECTURES
+
+        transformers = sys.modules["transformers"]
+        for name in TRANSFORMERS_NAMES:
+            getattr(transformers, name)
+        for arch in SUPPORTED_ARCHITECTURES:
+            importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+        _runtime_imported = True
+
+
+def _runs_models(function: _Function) -> _Function:
+    """An API entry point that loads or runs a model: the environment checked (as every command checks it first)
+    and the runtime imported, once, thread-safely."""
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_environment()
+        _import_runtime()
+        return function(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------- models, methods
+@_runs_models
 def load_model(name: str, *, revision: str | None = None, device: str = "auto", dtype: str | None = None,
                seed: int = 0) -> LoadedModel:
     """A model as every command loads it: a preset (random weights, seeded), a built-in real model, a local folder
@@ -57,6 +111,7 @@ def load_model(name: str, *, revision: str | None = None, device: str = "auto", 
     return load(model_reference(name, revision), resolved, resolve_dtype(dtype, resolved), seed)
 
 
+@_runs_models
 def build_method(name: str, *, budget: int | None = None, block_size: int | None = None,
                  dense_layers: int | None = None, **fields: Any) -> AttentionMethod:
     """A registered method (`scoutbench methods` lists them and their fields) with its fields set: `budget`,
@@ -70,6 +125,7 @@ def build_method(name: str, *, budget: int | None = None, block_size: int | None
     return build(name, resolve_method_args([name], settings)[name])
 
 
+@_runs_models
 def decode_engine(loaded: LoadedModel, method: AttentionMethod, batch: int, max_len: int) -> DecodeEngine:
     """The engine every command decodes with, running `method` on `loaded`'s model, started for `batch` sequences of
     up to `max_len` tokens: `prefill(input_ids)` (the prompts' last logits) then `decode_step(tokens)` as often as
@@ -82,6 +138,7 @@ def decode_engine(loaded: LoadedModel, method: AttentionMethod, batch: int, max_
 
 
 # ---------------------------------------------------------------------------------------------- throughput
+@_runs_models
 def throughput_configs(methods: str | Sequence[str], *, model: str | None = None, revision: str | None = None,
                        length: int = DEFAULT_LENGTH, batch: int | str = 1, gpu_mem: int | None = None,
                        host_mem: int | None = None, steps: int | None = None, warmup: int | None = None,
@@ -95,7 +152,7 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     fields (`force`, `profile_dir`, `count_steps`, `cuda_graphs`, `nvtx`, `command`, ...)."""
     from scoutbench.bench.resolve import ThroughputConfig, check_context_fits, use_cuda_graphs
     from scoutbench.devices import resolve_device, resolve_dtype
-    from scoutbench.method_args import MethodSettings, resolve_method_args
+    from scoutbench.method_args import MethodSettings, check_methods_fit, resolve_method_args
     from scoutbench.methods import METHODS
     from scoutbench.methods import build_method as build
     from scoutbench.models import model_reference
@@ -112,7 +169,7 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
     resolve_dtype(dtype, resolved)
-    names = [METHODS.canonical(name) for name in _names(methods)]
+    names = [METHODS.canonical(name) for name in _names(methods, "methods", "['fullkv', 'scout']")]
     per_method = resolve_method_args(names, MethodSettings.of(method_args, budget=budget, block_size=block_size,
                                                               dense_layers=dense_layers))
     configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length, batch=batch,
@@ -120,14 +177,17 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
                                 dtype=dtype, seed=seed, prefill=prefill,
                                 kv_skew=DEFAULT_KV_SKEW if kv_skew is None else kv_skew, **run_options)
                for name in names]
+    methods = []
     for cfg in configs:  # every method's fields and workload checked before loading anything
         SyntheticWorkload(cfg.length, 1 if cfg.batch == "auto" else cfg.batch, cfg.steps, cfg.warmup, cfg.seed,
                           "real", cfg.kv_skew)
-        build(cfg.method, cfg.method_args)
+        methods.append(build(cfg.method, cfg.method_args))
         check_context_fits(cfg)
+    check_methods_fit(methods, model)
     return configs
 
 
+@_runs_models
 def run_throughput_configs(configs: list[ThroughputConfig], *, loaded: LoadedModel | None = None,
                            on_result: Callable[[ThroughputConfig, dict[str, Any]], None] | None = None,
                            on_status: Callable[[str], None] | None = None,
@@ -141,6 +201,8 @@ def run_throughput_configs(configs: list[ThroughputConfig], *, loaded: LoadedMod
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import load_model as load
 
+    if not configs:
+        raise UsageError("no configs given: make them with api.throughput_configs(['fullkv', ...], ...)")
     if loaded is None:
         first = configs[0]
         device = resolve_device(first.device)
@@ -155,6 +217,7 @@ def run_throughput_configs(configs: list[ThroughputConfig], *, loaded: LoadedMod
     return results
 
 
+@_runs_models
 def throughput(methods: str | Sequence[str] = ("fullkv", "scout"), **settings: Any) -> list[dict[str, Any]]:
     """Decode throughput of each method at one point, as `scoutbench throughput` measures it: one result dict per
     method (failed ones have `status: failed` and their `error`). `settings` are `throughput_configs`' (model,
@@ -164,6 +227,7 @@ def throughput(methods: str | Sequence[str] = ("fullkv", "scout"), **settings: A
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
+@_runs_models
 def accuracy_records(names: Iterable[str], data_dir: str | Path | None = None, data_revision: str | None = None,
                      limit: int | None = None) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     """The records of each dataset in `names` whose suite reads data (the first `limit`), and where each came from
@@ -181,6 +245,7 @@ def accuracy_records(names: Iterable[str], data_dir: str | Path | None = None, d
     return records, sources
 
 
+@_runs_models
 def accuracy_tasks(names: Iterable[str], loaded: LoadedModel, records: Mapping[str, list[dict[str, Any]]],
                    sources: Mapping[str, Any], max_length: int | None, length: int, limit: int | None = None,
                    depth: float | None = None, seed: int = 0) -> list[Any]:
@@ -207,6 +272,7 @@ def default_max_length(names: Iterable[str], loaded: LoadedModel) -> int | None:
     return None
 
 
+@_runs_models
 def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("fullkv",), *,
              model: str = "smollm2-135m", revision: str | None = None, budgets: Sequence[int] | None = None,
              block_size: int | None = None, dense_layers: int | None = None,
@@ -222,13 +288,15 @@ def accuracy(datasets: str | Sequence[str], methods: str | Sequence[str] = ("ful
     rule for the model's window)."""
     from scoutbench.eval.accuracy import run_comparison
     from scoutbench.eval.generation import method_specs
-    from scoutbench.models import context_window, loaded_context_window
+    from scoutbench.method_args import check_methods_fit
+    from scoutbench.models import context_window, loaded_context_window, model_reference
     from scoutbench.results import output_lock
 
-    names = _names(datasets)
-    specs = method_specs(list(dict.fromkeys(_names(methods))), dict(method_args or {}),
+    names = _names(datasets, "datasets", "['passkey']")
+    specs = method_specs(list(dict.fromkeys(_names(methods, "methods", "['fullkv', 'scout']"))), dict(method_args or {}),
                          None if budgets is None else list(budgets), dense_layers, block_size)
     records, sources = accuracy_records(names, data_dir, data_revision, limit)
+    check_methods_fit([spec.build() for spec in specs], model_reference(model, revision))
     check_accuracy_context(names, model, context_window(model), length, max_length)  # a built-in's, before loading
     with output_lock(out_dir):
         loaded = load_model(model, revision=revision, device=device, dtype=dtype, seed=seed)
@@ -264,5 +332,6 @@ def load_results(*paths: str | Path, skipped: list[tuple[str, str]] | None = Non
     left out, with why, in `skipped` when given; without it an unreadable result file is an error."""
     from scoutbench.results import load_results as load
 
+    check_environment()
     on_skip = None if skipped is None else (lambda file, why: skipped.append((str(file), why)))
     return load(paths, on_skip=on_skip)

@@ -34,7 +34,9 @@ _READ_CHUNK_BYTES = 1 << 20
 
 def cache_root() -> Path:
     """`$SCOUTBENCH_CACHE`, or `~/.cache/scoutbench`."""
-    root = os.environ.get("SCOUTBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "scoutbench")
+    from scoutbench.environment import value
+
+    root = value("SCOUTBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "scoutbench")
     return Path(root)
 
 

@@ -18,12 +18,12 @@ Hidden states are `[B, hidden]` rows (one new token per sequence); q `[B, Hq, D]
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from scoutbench.environment import DECODE_OPS_FORMS, value
 from scoutbench.kernels import cpu_attention, cpu_decode
 
 # HF's modules whose forward the fused and kernel forms reproduce: MLPs that are exactly `down_proj(act_fn(gate_proj(x))
@@ -34,20 +34,16 @@ RMS_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3R
 ROPE_ATTENTIONS = frozenset({"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"})
 # rope types whose cos/sin depend only on the position (a table serves them); dynamic ones rescale with the length
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-FORMS = ("cpu-kernel", "fused", "hf")
+FORMS = DECODE_OPS_FORMS
 
 
 def choose_form(device: torch.device) -> str:
     """The form a new engine on `device` uses (module docstring)."""
-    forced = os.environ.get("SCOUTBENCH_DECODE_OPS")
+    forced = value("SCOUTBENCH_DECODE_OPS")
     if forced is not None:
-        if forced not in FORMS:
-            from scoutbench.errors import UsageError
-
-            raise UsageError(f"SCOUTBENCH_DECODE_OPS={forced!r}: use one of {', '.join(FORMS)}")
         return forced
     if device.type == "cpu":
-        if os.environ.get("SCOUTBENCH_CPU_ATTENTION") == "torch":
+        if value(cpu_attention.ENV_BACKEND) == "torch":
             return "hf"
         return "cpu-kernel" if cpu_attention.library() is not None else "fused"
     return "fused"

@@ -13,12 +13,15 @@ field every sparse method that has it shares) and `--method-arg key=value`. One 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scoutbench.errors import UsageError
 from scoutbench.methods import method_field_names
+
+if TYPE_CHECKING:
+    from scoutbench.methods.base import AttentionMethod
 
 
 @dataclass(frozen=True)
@@ -85,3 +88,22 @@ def resolve_method_args(methods: Sequence[str], settings: MethodSettings) -> dic
         raise UsageError(f"--method-arg {unknown[0]!r} is not a field of any selected method ({listed}); "
                          "see `scoutbench methods`")
     return resolved
+
+
+def check_methods_fit(methods: Iterable[AttentionMethod], model: str) -> None:
+    """Each configured method (built for this check, closed here) runs on `model` (`check_model` with the shape of
+    its config: no weights load), or a UsageError (exit 2) before anything loads or runs: a recall profile of a
+    4-layer model given to a 16-layer one, or more dense layers than the model has, failed only once the run had
+    started (a failed result, exit 1)."""
+    from scoutbench.methods.base import ModelShape
+    from scoutbench.models import model_config
+
+    methods = list(methods)
+    try:
+        if methods:
+            shape = ModelShape.from_config(model_config(model))
+            for method in methods:
+                method.check_model(shape)
+    finally:
+        for method in methods:
+            method.close()

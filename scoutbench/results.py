@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import json
 import math
 import os
@@ -21,6 +22,12 @@ from typing import Any
 
 from scoutbench import __version__
 from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.input_files import (
+    UnusableFile,
+    parse_json_bytes,
+    read_regular_file,
+    symlink_problem,
+)
 
 # 2: every result kind carries the same envelope (`envelope`); projections and sweep manifests gained `command`
 # and `env`. A file of another version is refused (`result_problem`), never read by guessing from missing fields.
@@ -161,22 +168,6 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
     return obj
-
-
-def symlink_problem(path: str | Path) -> str | None:
-    """'a symlink loop' or 'a broken symlink (to X)' when `path` or a folder above it is one, else None: the OS
-    reports both as "File exists" or "No such file", which names neither the fault nor where it is."""
-    current = Path(path)
-    for candidate in (current, *current.parents):
-        if not os.path.islink(candidate):
-            continue
-        try:
-            os.stat(candidate)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return f"{candidate} is a symlink loop"
-            return f"{candidate} is a broken symlink (to {os.readlink(candidate)})"
-    return None
 
 
 def describe_os_error(exc: OSError, path: str | Path | None = None) -> str:
@@ -444,46 +435,71 @@ def result_problem(data: Any) -> str | None:
     return None
 
 
-def load_results(paths: Iterable[str | Path],
-                 on_skip: Callable[[Path, str], None] | None = None) -> list[dict[str, Any]]:
-    """Result JSON files from files and folders (recursively); sweep manifests and temp files are skipped.
-
-    An unreadable or malformed result (bad JSON, non-UTF-8 bytes, wrong field types) raises a UsageError naming
-    the file, unless `on_skip(file, reason)` is given: then it, and any JSON file that is not a scoutbench
-    result, is reported there and skipped (reports and gates list what they left out and why).
-    """
-    results: list[dict[str, Any]] = []
+def result_files(paths: Iterable[str | Path]) -> Iterator[Path]:
+    """The candidate result files under `paths`: a file as given, a folder's `*.json` files at any depth (symlinked
+    folders are not walked: a link loop would never end), sweep manifests and hidden (temp) files left out."""
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise UsageError(f"no such result file or folder: {symlink_problem(path) or path}")
-        files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
-        for file in files:
-            if file.name.startswith(".") or file.name == "sweep.json":
-                continue
-            try:
-                data = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:  # ValueError: bad JSON and non-UTF-8 bytes alike
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _first_line(exc)
-                if on_skip is None:
-                    raise UsageError(f"cannot read result {file}: {reason}") from None
-                on_skip(file, f"unreadable ({reason})")
-                continue
-            if isinstance(data, dict) and data.get("kind") in TOOL_OUTPUT_KINDS:
-                if on_skip is not None:
-                    on_skip(file, f"kind {data['kind']!r} is a tool's output, not a measured result")
-                continue
-            problem = result_problem(data)
-            if problem is None:
-                data.setdefault("_path", str(file))
-                results.append(data)
-            elif on_skip is not None:
+        if not path.is_dir():
+            yield path
+            continue
+        for file in sorted(path.rglob("*.json")):
+            if not file.name.startswith(".") and file.name != "sweep.json" and not file.is_dir():
+                yield file
+
+
+def load_results(paths: Iterable[str | Path],
+                 on_skip: Callable[[Path, str], None] | None = None) -> list[dict[str, Any]]:
+    """Result JSON files from files and folders (recursively); sweep manifests and temp files are skipped.
+
+    Each file is read once: a file reached twice (a folder and a file in it, a symlink beside its target) counts
+    once, and a byte-identical copy under another name is no second repeat of a measurement (listed, not merged).
+    Only regular files are read (`read_json_file`: bounded in size and nesting). A file that cannot be used (not a
+    regular file, unreadable, malformed, wrong field types, a copy) raises a UsageError naming the file, unless
+    `on_skip(file, reason)` is given: then it, and any JSON file that is not a scoutbench result, is reported there
+    and skipped (reports and gates list what they left out and why).
+    """
+    results: list[dict[str, Any]] = []
+    by_content: dict[str, Path] = {}
+
+    def skip(file: Path, reason: str) -> None:
+        if on_skip is None:
+            raise UsageError(f"cannot read result {file}: {reason}")
+        on_skip(file, reason)
+
+    names: dict[str, list[Path]] = {}  # resolved path -> the names it was reached by, in order
+    for file in result_files(paths):
+        names.setdefault(os.path.realpath(file), []).append(file)
+    for real, reached in names.items():
+        # read under its own name where it was reached by it (not through a link); other names are listed
+        file = next((f for f in reached if os.path.abspath(f) == real), reached[0])
+        for other in dict.fromkeys(reached):
+            if other != file:  # a link or a second name of one file; the same name twice says nothing
+                skip(other, f"the same file as {file} (read once)")
+        try:
+            content = read_regular_file(file)
+            data = parse_json_bytes(content)
+        except UnusableFile as exc:
+            skip(file, str(exc))
+            continue
+        if isinstance(data, dict) and data.get("kind") in TOOL_OUTPUT_KINDS:
+            if on_skip is not None:
+                on_skip(file, f"kind {data['kind']!r} is a tool's output, not a measured result")
+            continue
+        problem = result_problem(data)
+        if problem is not None:
+            if on_skip is not None:
                 on_skip(file, problem)
             elif isinstance(data, dict) and "schema_version" in data:  # other JSON files are not ours to judge
                 raise UsageError(f"{file}: {problem}; fix or remove it")
+            continue
+        digest = hashlib.sha256(content).hexdigest()
+        if digest in by_content:  # a copy is the same run, not a repeat: merging it would double its weight
+            skip(file, f"byte-identical to {by_content[digest]}: a copy of one run, counted once")
+            continue
+        by_content[digest] = file
+        data.setdefault("_path", str(file))
+        results.append(data)
     return results
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -6,6 +6,8 @@ import re
 
 from scoutbench.errors import UsageError
 
+# The largest count or size a command takes: torch's int64 (a larger one overflowed the first tensor it sized)
+INT64_MAX = 2**63 - 1
 _LEN_RE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
 _LEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
 
@@ -23,6 +25,8 @@ def parse_length(text: str | int, flag: str = "--len") -> int:
         value = int(match.group(1)) * _LEN_UNITS[match.group(2).lower()]
     if value < 1:
         raise UsageError(f"bad {flag} {text!r}: must be at least 1 token")
+    if value > INT64_MAX:
+        raise UsageError(f"bad {flag} {text!r}: at most {INT64_MAX} tokens")
     return value
 
 
@@ -49,7 +53,10 @@ def parse_bytes(text: str | int) -> int:
     if not match:
         raise UsageError(f"bad memory size {text!r}: use e.g. 80GiB, 141GB or 512MiB")
     unit = (match.group(2) or "").lower()
-    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+    number = float(match.group(1)) * _BYTE_UNITS[unit]
+    if not number <= INT64_MAX:  # a number too long for a float is inf
+        raise UsageError(f"bad memory size {text!r}: at most {INT64_MAX} bytes (8 EiB)")
+    return int(number)
 
 
 _FRACTION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")

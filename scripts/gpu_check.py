@@ -75,9 +75,10 @@ def fallback_host_cap(requested_bytes: int, setup_limit_s: float) -> int:
     rate SCOUTBENCH_HOST_FILL_GIBS holds the dry run to where that is slower (a failed host phase must not leave
     the cap at the request: a kept buffer of the request would not fill within setup's limit, and every row
     would read "not run")."""
+    from scoutbench.environment import value
     from scoutbench.runtime.offload import HOST_FILL_ENV
 
-    fill_gib_s = min(SLOWEST_FILL_GIB_S, float(os.environ.get(HOST_FILL_ENV) or math.inf))
+    fill_gib_s = min(SLOWEST_FILL_GIB_S, value(HOST_FILL_ENV) or math.inf)  # 0 or unset: as fast as it fills
     return sized_host_cap(requested_bytes, fill_gib_s, SLOWEST_REGISTER_GIB_S, setup_limit_s)[0]
 
 
@@ -90,7 +91,9 @@ def fallback_command(args: argparse.Namespace) -> int:
 
 def emulate_if_asked() -> None:
     """The dry run (SCOUTBENCH_EMULATE_CUDA=1): emulated CUDA for the whole process, as the CLI starts it."""
-    if os.environ.get("SCOUTBENCH_EMULATE_CUDA") == "1":
+    from scoutbench.environment import value
+
+    if value("SCOUTBENCH_EMULATE_CUDA"):
         from scoutbench.testing.emulated_cuda import activate_from_environment
 
         activate_from_environment()
@@ -100,6 +103,7 @@ def host_command(args: argparse.Namespace) -> int:
     import torch
 
     emulate_if_asked()
+    from scoutbench.environment import value
     from scoutbench.planning import format_bytes
     from scoutbench.runtime.offload import measure_host_rates
     from scoutbench.units import parse_bytes
@@ -111,7 +115,7 @@ def host_command(args: argparse.Namespace) -> int:
                                      args.setup_limit)
     sized = {**rates, "requested_bytes": requested, "host_mem_bytes": cap, "kept_bytes": kept_bytes(cap),
              "expected_setup_s": expected_s, "setup_limit_s": args.setup_limit,
-             "setup_host_share": SETUP_HOST_SHARE, "fill_env": os.environ.get("SCOUTBENCH_HOST_FILL_GIBS")}
+             "setup_host_share": SETUP_HOST_SHARE, "fill_env": value("SCOUTBENCH_HOST_FILL_GIBS")}
     Path(args.out).write_text(json.dumps(sized, indent=1) + "\n", encoding="utf-8")
     print(f"fresh host memory fills at {rates['fill_gib_s']:.3g} GiB/s and registers at "
           f"{rates['register_gib_s']:.3g} GiB/s ({format_bytes(rates['probe_bytes'])} probed); host cap "

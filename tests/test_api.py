@@ -74,3 +74,91 @@ def test_load_results_lists_what_it_skipped(tmp_path):
     (result,) = api.load_results(folder, skipped=skipped)
     assert result["method"] == "fullkv" and result["_path"].endswith("00_fullkv.json")
     assert skipped == [(str(folder / "notes.json"), "not a scoutbench result (no schema_version)")]
+
+
+# Thread A makes the first API call; the import hook stops it inside transformers' first import (where the race
+# was) until thread B has made its own first call and is waiting for A's imports, or has failed without waiting.
+FIRST_CALLS_AT_ONCE = r"""
+import importlib.abc, sys, threading
+from scoutbench import api
+
+assert "transformers" not in sys.modules, "the race needs a first import"
+b_may_start, b_arrived = threading.Event(), threading.Event()
+errors = []
+
+
+class StopInsideTheFirstImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "transformers.models.auto.modeling_auto" and threading.current_thread().name == "A":
+            b_may_start.set()
+            if not b_arrived.wait(30):  # a safety net only: B either waits for A's lock or fails at once
+                errors.append("B neither waited for the first import nor finished")
+        return None
+
+
+class AnnouncingLock:
+    # the API's runtime lock, announcing a thread that is about to wait for it
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self):
+        if threading.current_thread().name == "B":
+            b_arrived.set()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+if hasattr(api, "_RUNTIME_LOCK"):
+    api._RUNTIME_LOCK = AnnouncingLock(api._RUNTIME_LOCK)
+sys.meta_path.insert(0, StopInsideTheFirstImport())
+
+
+def call(wait_first):
+    try:
+        if wait_first:
+            assert b_may_start.wait(60)
+        api.load_model("tiny-qwen3", device="cpu")
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        b_arrived.set()
+
+
+threads = [threading.Thread(target=call, args=(name == "B",), name=name) for name in "AB"]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print("errors:", errors)
+sys.exit(1 if errors else 0)
+"""
+
+
+def test_two_threads_calling_the_api_first_at_once(tmp_path):
+    """Two threads whose first API calls overlapped raced in transformers' lazy import: `ImportError: cannot
+    import name 'AutoModelForCausalLM'`. The second call now waits for the first one's imports; the overlap is
+    forced by an import hook (no sleep), in a fresh interpreter (the race needs a first import)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "first_calls.py"
+    script.write_text(FIRST_CALLS_AT_ONCE, encoding="utf-8")
+    root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])  # this checkout's scoutbench
+    done = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0 and "errors: []" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("call", [lambda: api.throughput([]), lambda: api.throughput_configs(()),
+                                  lambda: api.run_throughput_configs([]),
+                                  lambda: api.accuracy([], ["fullkv"]), lambda: api.accuracy(["passkey"], [])])
+def test_no_method_or_dataset_is_a_usage_error(call):
+    """`api.throughput([])` was a bare IndexError."""
+    from scoutbench.errors import UsageError
+
+    with pytest.raises(UsageError, match="no (methods|datasets|configs) given"):
+        call()

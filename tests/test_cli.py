@@ -30,6 +30,7 @@ def test_method_from_args_converts_and_rejects():
     @dataclass
     class Toy(AttentionMethod):
         name = "toy"
+        infinite_fields = ("alpha",)  # declared: other float fields take finite values only
         budget: int = 16
         alpha: float = 1.0
         pc: bool = True
@@ -40,7 +41,7 @@ def test_method_from_args_converts_and_rejects():
 
     toy = Toy.from_args({"budget": "2k", "alpha": "inf", "pc": "off", "norm": "self"})
     assert (toy.budget, toy.alpha, toy.pc, toy.norm) == (2048, float("inf"), False, "self")
-    for bad in ({"nope": "1"}, {"budget": "x"}, {"pc": "maybe"}, {"budget": "-1"}):
+    for bad in ({"nope": "1"}, {"budget": "x"}, {"pc": "maybe"}, {"budget": "-1"}, {"alpha": "nan"}):
         with pytest.raises(UsageError):
             Toy.from_args(bad)
 
@@ -55,7 +56,7 @@ def test_method_from_args_converts_and_rejects():
     (["--method", "fullkv", "--batch", "0"], "--batch must be at least 1"),
     (["--method", "fullkv", "--steps", "0"], "--steps must be at least 1"),
     (["--method", "fullkv", "--device", "cuda"], "CUDA is not available"),
-    (["--method", "fullkv", "--model", "no-such-model-xyz"], "cannot load model"),
+    (["--method", "fullkv", "--model", "no-such-model-xyz"], "cannot load config.json of 'no-such-model-xyz'"),  # checked before loading
     (["--method", "fullkv", "--method-arg", "bogus=1"], "not a field of any selected method"),
     (["--method", "fullkv", "--method-arg", "novalue"], "use key=value"),
     (["--method", "fullkv", "--dtype", "int3"], "unknown dtype"),

@@ -91,7 +91,7 @@ def test_other_float_inputs_refuse_nan(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("scoutbench.models.load_model", _never)
     code, _, err = run_cli(monkeypatch, capsys, "throughput", *TINY_1K, "--method", "hgca", "--method-arg",
                            "window_share=nan", "-o", tmp_path)
-    assert code == 2 and "window_share='nan' is not a valid float" in err, err
+    assert code == 2 and "window_share='nan' is not a finite number" in err, err
     code, _, err = run_cli(monkeypatch, capsys, "sweep", "--method", "fullkv", "--len", "64", "--executor", "ray",
                            "--cpus-per-point", "nan", "-o", tmp_path / "s")
     assert code == 2 and "--cpus-per-point" in err, err

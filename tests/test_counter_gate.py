@@ -137,3 +137,44 @@ def test_counter_gate_refuses_other_settings_instead_of_regressed_or_improved():
         verdicts = {row.verdict for row in report.rows}
         assert verdicts == {"MISMATCH"} and not report.passed, (setting, verdicts)
         assert all(f"{setting} " in row.note for row in report.rows)
+
+
+@pytest.mark.parametrize("side", ["current", "baseline"])
+@pytest.mark.parametrize("field, edit, why", [
+    (("recall", "bytes"), lambda value: -1, "-1 in the {side} run: a count is never negative"),
+    (("h2d_bytes_per_step",), lambda value: -0.5 * value, "in the {side} run: a count is never negative"),
+    (("h2d_bytes_per_step",), str, "in the {side} run where the other side counts a number"),
+    (("recall", "bytes"), lambda value: True, "True in the {side} run where the other side counts a number"),
+    (("recall", "per_layer"), lambda value: [*value[:3], "x", *value[4:]], "where the other side counts a number"),
+])
+def test_an_impossible_counter_is_invalid_and_never_dropped(baseline, side, field, edit, why, tmp_path, monkeypatch,
+                                                             capsys):
+    """`gate --counters` passed a byte counter of -1 as "improved" and dropped a counter that was a string (26
+    comparisons instead of 32), exit 0: each is INVALID now, named, and the gate fails; every counter keeps its row."""
+    edited = copy.deepcopy(baseline)
+    parent = _scout(edited)["method_stats"]
+    for key in field[:-1]:
+        parent = parent[key]
+    parent[field[-1]] = edit(parent[field[-1]])
+    base, current = (baseline, edited) if side == "current" else (edited, baseline)
+    report = counter_gate(base, current)
+    (invalid,) = [row for row in report.rows if row.verdict == "INVALID"]
+    assert invalid.metric.startswith("measured." + ".".join(field)) and why.format(side=side) in invalid.note
+    assert len(report.rows) == len(counter_gate(baseline, baseline).rows) and not report.passed
+    folder = tmp_path / side
+    for index, result in enumerate(edited):
+        write_json_atomic(folder / f"{index}.json", result)
+    sides = (["--baseline", BASELINE / "run1", "--current", folder] if side == "current"
+             else ["--baseline", folder, "--current", BASELINE / "run1"])
+    code, out, err = run_cli(monkeypatch, capsys, "gate", "--counters", *sides)
+    assert code == 1 and "counter gate failed: 1 invalid" in err and "improved" not in out, out + err
+
+
+def test_a_counter_the_current_run_does_not_record_is_listed(baseline, monkeypatch, capsys, tmp_path):
+    """A baseline counter that the current run leaves out (or records as null) is not compared, and says so."""
+    edited = copy.deepcopy(baseline)
+    _scout(edited)["method_stats"]["recall"]["bytes"] = None
+    report = counter_gate(baseline, edited)
+    assert report.passed and len(report.rows) == len(counter_gate(baseline, baseline).rows) - 1
+    (warning,) = [w for w in report.warnings if "not recorded" in w]
+    assert "1 baseline counter(s) not recorded in the current run, not compared: measured.recall.bytes" in warning

@@ -239,6 +239,9 @@ def test_two_folders_with_the_same_file_names_keep_every_result(sweep_dir, tmp_p
     without it, a half-written export and exit 2 blaming a file the export itself had just written."""
     shutil.copytree(sweep_dir, tmp_path / "runA")
     shutil.copytree(sweep_dir, tmp_path / "runB")
+    for path in (tmp_path / "runB").glob("*.json"):  # a second run of the grid, not a byte-identical copy (read once)
+        result = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({**result, "created_at": "2001-01-01T00:00:00+00:00"}), encoding="utf-8")
     out = tmp_path / fmt
     code, stdout, err = run_cli(monkeypatch, capsys, "export", tmp_path / "runA", tmp_path / "runB", "--format", fmt,
                                 "-o", out)

@@ -74,7 +74,7 @@ def test_every_phase_of_the_cpu_dry_run_passes_within_its_limit(tmp_path):
     assert at_equal and rerun == set(METHODS) - at_equal
     assert {r["method"] for r in results if r.get("same_run_as_max_batch")} == at_equal
     host = json.loads((tmp_path / "out" / "gpu_check_host.json").read_text(encoding="utf-8"))
-    assert 0 < host["fill_gib_s"] <= 0.2 * 1.01 and host["fill_env"] == "0.2"
+    assert 0 < host["fill_gib_s"] <= 0.2 * 1.01 and host["fill_env"] == 0.2
 
 
 def test_the_gpu_phases_fit_six_minutes_of_device_time():

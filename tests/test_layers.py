@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # the installed package: scoutbench/, and methods/ and workloads/ as scoutbench.methods / scoutbench.workloads
 PACKAGE_DIRS = {"scoutbench": "scoutbench", "methods": "scoutbench.methods", "workloads": "scoutbench.workloads"}
-FOUNDATION = {"scoutbench.errors", "scoutbench.units", "scoutbench.registry", "scoutbench.cache"}
+FOUNDATION = {"scoutbench.errors", "scoutbench.units", "scoutbench.registry", "scoutbench.cache",
+              "scoutbench.environment", "scoutbench.input_files"}
 
 
 def _module_name(path: Path) -> str:

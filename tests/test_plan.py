@@ -155,7 +155,7 @@ def test_auto_batch_is_the_plan(qwen3_14b):
     (("--gpu-mem", "80GiB", "--len", "64q"), "bad --len"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, message):
-    argv = ["plan", "--model", "qwen3-14b", "--len", "64k", *args]
+    argv = ["plan", "--model", "qwen3-14b", *(() if "--len" in args else ("--len", "64k")), *args]  # one --len
     code, out, err = run_cli(monkeypatch, capsys, *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""
 

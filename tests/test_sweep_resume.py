@@ -13,12 +13,12 @@ from unittest import mock
 
 import pytest
 from cli_runner import run_cli
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from result_factory import make_result
 
 from scoutbench.bench.sweep import MANIFEST, run_sweep
-from scoutbench.bench.sweep_grid import Settings, SweepPoint
+from scoutbench.bench.sweep_grid import Settings, SweepPoint, run_environment, settings_record
 from scoutbench.errors import UsageError
 from scoutbench.results import LOCK_NAME
 
@@ -148,7 +148,7 @@ def test_kills_and_reruns_with_other_settings_leave_only_points_of_the_folders_s
             assert set(files) == set(model.points), action
             for point_id, result in files.items():
                 stamp = result["sweep_point"]
-                assert stamp["settings"] == json.loads(json.dumps(SETTINGS[model.points[point_id]].__dict__))
+                assert stamp["settings"] == settings_record(SETTINGS[model.points[point_id]], run_environment("cpu"))
                 point = SweepPoint(stamp["point"]["method"], stamp["point"]["len"], stamp["point"]["batch"],
                                    tuple(sorted(stamp["point"]["method_args"].items())))
                 assert point.point_id(BASE.model) == point_id and result["status"] == "ok"
@@ -156,7 +156,7 @@ def test_kills_and_reruns_with_other_settings_leave_only_points_of_the_folders_s
         if model.manifest == index:  # the final run was accepted
             assert all(model.points[POINTS[i].point_id(BASE.model)] == index for i in grid)
             manifest = json.loads((folder / MANIFEST).read_text())
-            assert manifest["settings"] == json.loads(json.dumps(SETTINGS[index].__dict__))
+            assert manifest["settings"] == settings_record(SETTINGS[index], run_environment("cpu"))
             listed = {p["id"]: p["status"] for p in manifest["points"]}
             assert {i: s for i, s in listed.items() if i in model.points} == dict.fromkeys(
                 {POINTS[i].point_id(BASE.model) for i in grid}, "ok") | {
@@ -314,3 +314,202 @@ def test_a_real_sweep_killed_then_rerun_with_other_settings_then_resumed(tmp_pat
     files = point_files(out)
     assert len(files) == 4 and {r["sweep_point"]["settings"]["steps"] for r in files.values()} == {1}
     assert {r["workload"]["steps"] for r in files.values()} == {1}
+
+
+# ---- a point's identity: everything that decides what it runs ---------------------------------------------------
+
+PROFILE_ARGS = ["sweep", "--method", "scout", "--len", "64", "--steps", "1", "--warmup", "0", "--device", "cpu",
+                "--json"]
+
+
+def _profile(path: Path, intervals: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": "scout_recall_profile", "intervals": intervals}), encoding="utf-8")
+    return path
+
+
+def test_two_recall_profiles_with_one_stem_are_two_points(tmp_path, monkeypatch, capsys):
+    """`recall_profile=a/p.json -o sw`, then `recall_profile=b/p.json -o sw` printed "ran 1, skipped 0" and wrote
+    over the first grid's point: the point id named the profile by its stem. A byte-identical profile elsewhere is
+    the same point (its content decides the run, not its folder)."""
+    out = tmp_path / "sw"
+    a, b = _profile(tmp_path / "a" / "p.json", [None, None, 2, 3]), _profile(tmp_path / "b" / "p.json", [None, None, 5, 7])
+    for profile in (a, b):
+        code, stdout, err = run_cli(monkeypatch, capsys, *PROFILE_ARGS, "--method-arg", f"recall_profile={profile}",
+                                    "-o", out)
+        assert code == 0 and (json.loads(stdout)["ran"], json.loads(stdout)["skipped"]) == (1, 0), err
+    files = point_files(out)
+    assert len(files) == 2 and {r["method_config"]["recall_profile"] for r in files.values()} == {str(a), str(b)}
+    same = _profile(tmp_path / "c" / "p.json", [None, None, 2, 3])  # a's content under another folder
+    code, stdout, err = run_cli(monkeypatch, capsys, *PROFILE_ARGS, "--method-arg", f"recall_profile={same}", "-o", out)
+    assert code == 0 and (json.loads(stdout)["ran"], json.loads(stdout)["skipped"]) == (0, 1), err
+
+
+def test_an_edited_recall_profile_is_a_new_point(tmp_path, monkeypatch, capsys):
+    """A resumed sweep reused a point after its recall profile was edited: the stamp recorded the path, not the
+    content. The edited profile's point runs; the first one's file stays (no result is written over)."""
+    out, profile = tmp_path / "sw", _profile(tmp_path / "p.json", [None, None, 2, 3])
+    args = [*PROFILE_ARGS, "--method-arg", f"recall_profile={profile}", "-o", out]
+    assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    first = point_files(out)
+    _profile(profile, [None, None, 6, 6])
+    code, stdout, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0 and (json.loads(stdout)["ran"], json.loads(stdout)["skipped"]) == (1, 0), err
+    files = point_files(out)
+    assert len(files) == 2 and all(files[name] == result for name, result in first.items())
+
+
+@pytest.mark.parametrize("remove_manifest", [False, True])
+def test_resuming_under_another_cpu_attention_backend_is_refused(remove_manifest, tmp_path, monkeypatch, capsys):
+    """`SCOUTBENCH_CPU_ATTENTION=torch` on resume counted the compiled kernel's points as done: the environment that
+    decides a run is part of the sweep's settings, refused on a resume as other settings are (also without the
+    manifest: the point files record it)."""
+    from scoutbench.kernels import cpu_attention
+
+    out = tmp_path / "sw"
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "auto")
+    cpu_attention.library.cache_clear()
+    assert run_cli(monkeypatch, capsys, *ARGS, "--steps", "1", "-o", out)[0] == 0
+    if remove_manifest:
+        (out / MANIFEST).unlink()
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "torch")
+    cpu_attention.library.cache_clear()
+    try:
+        code, _, err = run_cli(monkeypatch, capsys, *ARGS, "--steps", "1", "-o", out)
+    finally:
+        monkeypatch.setenv(cpu_attention.ENV_BACKEND, "auto")
+        cpu_attention.library.cache_clear()
+    assert code == 2 and "other settings" in err and "SCOUTBENCH_CPU_ATTENTION 'auto' there vs 'torch' now" in err, err
+    assert len(point_files(out)) == 2
+
+
+CONFIG_FIELDS = {f.name: f for f in __import__("dataclasses").fields(__import__(
+    "scoutbench.bench.resolve", fromlist=["ThroughputConfig"]).ThroughputConfig)}
+
+
+def _values(hint) -> st.SearchStrategy:
+    """Values of a type hint (the run configuration's and the methods' fields), finite numbers within the bound
+    every numeric field has (methods/declarations.py)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*(_values(arg) for arg in args))
+    simple = {type(None): st.none(), bool: st.booleans(), int: st.integers(-2**40, 2**40),
+              float: st.floats(-1e12, 1e12, allow_nan=False), str: st.text(max_size=6)}
+    if hint in simple:
+        return simple[hint]
+    if origin is list:
+        return st.lists(_values(args[0]), max_size=3)
+    raise AssertionError(f"no values for {hint!r}: teach _values this type")
+
+
+def _identity(cfg, environment=None, inputs=()):
+    from scoutbench.bench.sweep_grid import run_identity
+
+    return run_identity(cfg, environment if environment is not None else {}, inputs)
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and repr(a) == repr(b)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_point_identity_covers_every_field_of_the_run_configuration(data):
+    """Every field of ThroughputConfig (but how the run was invoked) is part of a point's identity: changing one
+    changes it, keeping it keeps it. The fields and their types come from the dataclass, not from a list here."""
+    from scoutbench.bench.resolve import ThroughputConfig
+    from scoutbench.bench.sweep_grid import NOT_IDENTITY_FIELDS
+    from scoutbench.methods import METHODS
+
+    hints = __import__("typing").get_type_hints(ThroughputConfig)
+    name = data.draw(st.sampled_from(sorted(set(CONFIG_FIELDS) - set(NOT_IDENTITY_FIELDS) - {"method_args"})))
+    base = ThroughputConfig(method=data.draw(st.sampled_from(METHODS.names())))
+    value = data.draw(st.sampled_from(METHODS.names())) if name == "method" else data.draw(_values(hints[name]))
+    changed = replace(base, **{name: value})
+    assert (_identity(changed) == _identity(base)) == _same(value, getattr(base, name)), (name, value)
+    assert _identity(replace(base, command=["elsewhere"])) == _identity(base)  # how it was invoked is no part
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_point_identity_covers_every_argument_of_every_method(data):
+    """Every field of every registered method (its preset and defaults included) is part of a point's identity,
+    drawn from each method's own dataclass: a value that changes the method's configuration changes the identity."""
+    import dataclasses
+    import typing
+
+    from scoutbench.bench.resolve import ThroughputConfig
+    from scoutbench.methods import METHODS
+
+    method = data.draw(st.sampled_from([name for name in METHODS.names() if dataclasses.fields(METHODS.load(name))]))
+    cls = METHODS.load(method)
+    field = data.draw(st.sampled_from([f.name for f in dataclasses.fields(cls)]))
+    value = data.draw(_values(typing.get_type_hints(cls)[field]))
+    current = {**cls.defaults(), **METHODS.preset(method)}[field]
+    base = ThroughputConfig(method=method)
+    changed = ThroughputConfig(method=method, method_args={field: value})
+    assert (_identity(changed) == _identity(base)) == _same(value, current), (method, field, value, current)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_point_identity_covers_every_environment_variable_that_decides_a_run(data):
+    """Every variable the registry says decides a run (and the attention backend it resolves to) is part of the
+    identity: drawn from the registry's declared values, not from a list here."""
+    import os
+
+    from scoutbench.bench.resolve import ThroughputConfig
+    from scoutbench.environment import FOREIGN, VARIABLES
+    from scoutbench.kernels import cpu_attention
+
+    deciding = {name: v for name, v in {**VARIABLES, **FOREIGN}.items() if v.decides_run}
+    name = data.draw(st.sampled_from(sorted(deciding)))
+    first, second = (data.draw(st.sampled_from(deciding[name].examples)) for _ in range(2))
+    cfg = ThroughputConfig(method="fullkv", device="cpu")
+
+    def identity(text: str) -> dict:
+        with mock.patch.dict(os.environ, {name: text}):
+            cpu_attention.library.cache_clear()
+            try:
+                return _identity(cfg, run_environment("cpu"))
+            except cpu_attention.NativeUnavailable:  # `native` where the kernel cannot be built: no run to identify
+                assume(False)
+            finally:
+                cpu_attention.library.cache_clear()
+
+    parse = deciding[name].parse
+    assert (identity(first) == identity(second)) == (parse(first) == parse(second)), (name, first, second)
+
+
+def test_a_point_identity_is_a_files_content_not_its_name(tmp_path):
+    """The content of a file a method field names (`MethodArgs.file_fields`) decides the identity and the point
+    id: an edit changes both, the same bytes elsewhere change neither (ids keep the readable stem)."""
+    from scoutbench.methods import METHODS
+
+    for method in METHODS.names():
+        for field in METHODS.load(method).file_fields:
+            a, b = tmp_path / method / "a" / "p.json", tmp_path / method / "b" / "p.json"
+            _profile(a, [None, None, 2, 3])
+            _profile(b, [None, None, 2, 3])
+            points = [SweepPoint(method, 64, 1, ((field, str(path)),)) for path in (a, b)]
+            assert points[0].inputs == points[1].inputs
+            assert points[0].point_id("m") == points[1].point_id("m")
+            stamps = [p.stamp(BASE, {}, {}) for p in points]
+            assert stamps[0]["identity"] == stamps[1]["identity"]
+            _profile(b, [None, None, 4, 3])
+            edited = SweepPoint(method, 64, 1, ((field, str(b)),))
+            assert edited.point_id("m") != points[0].point_id("m") and "p" in edited.point_id("m")
+            assert edited.stamp(BASE, {}, {})["identity"] != stamps[0]["identity"]
+
+
+def test_every_sweep_setting_reaches_the_run_configuration():
+    """A sweep's settings are part of a point's identity through the ThroughputConfig the point runs with."""
+    import dataclasses
+
+    point = SweepPoint("fullkv", 64, 1)
+    for field in dataclasses.fields(Settings):
+        assert field.name in CONFIG_FIELDS
+        assert getattr(point.config(BASE), field.name) == getattr(BASE, field.name)

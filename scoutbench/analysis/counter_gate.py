@@ -40,7 +40,14 @@ def measured_counters(result: dict[str, Any]) -> dict[str, float]:
     """What the method counted in the run (`method_stats`): every number but the timings, a list as its sum
     (`per_layer[sum]`), each as `measured.<path>`. Booleans, nulls and text are no counts. A method's own
     counters are deterministic for a seed, as the work model's are."""
-    counters: dict[str, float] = {}
+    return {path: value for path, value in _measured_values(result).items() if isinstance(value, float)}
+
+
+def _measured_values(result: dict[str, Any]) -> dict[str, Any]:
+    """Every value at a counter's place (`measured.<path>`, `host.<key>`): a float where it is a count, else the
+    value as it is (text, a boolean, a list that is not all numbers), which `counter_problems` compares. A null
+    is a count not recorded (CUDA graph replays off CUDA): left out, as an absent field is."""
+    values: dict[str, Any] = {}
 
     def walk(value: Any, path: str) -> None:
         if _TIMING.search(path.rsplit(".", 1)[-1]):
@@ -49,11 +56,13 @@ def measured_counters(result: dict[str, Any]) -> dict[str, float]:
             for key, item in value.items():
                 walk(item, f"{path}.{key}")
         elif isinstance(value, list):
-            numbers = [v for v in value if _is_count(v)]
-            if numbers:
-                counters[f"{path}[sum]"] = float(sum(numbers))
-        elif _is_count(value):
-            counters[path] = float(value)
+            entries = [v for v in value if v is not None]  # null: a layer without the count (a dense layer)
+            if entries and all(_is_count(v) for v in entries):
+                values[f"{path}[sum]"] = float(sum(entries))
+            elif entries:
+                values[f"{path}[sum]"] = value
+        elif value is not None:
+            values[path] = float(value) if _is_count(value) else value
 
     stats = result.get("method_stats")
     if isinstance(stats, dict):
@@ -64,9 +73,30 @@ def measured_counters(result: dict[str, Any]) -> dict[str, float]:
     host = result.get("host")
     if isinstance(host, dict):
         for key in ("torch_calls_per_step", "graph_replays_per_step"):
-            if _is_count(host.get(key)):
-                counters[f"host.{key}"] = float(host[key])
-    return counters
+            if host.get(key) is not None:
+                values[f"host.{key}"] = float(host[key]) if _is_count(host[key]) else host[key]
+    return values
+
+
+def counter_problems(baseline: list[dict[str, Any]], current: list[dict[str, Any]]) -> dict[str, str]:
+    """Counters that cannot be compared, by name, and why: a count below zero (bytes, tokens and calls are never
+    negative: -1 bytes passed as "improved"), or a count on one side that is no number on the other (a string
+    was dropped from the comparison, 26 comparisons instead of 32, exit 0). A counter absent or null on one side
+    (a field an older scoutbench did not record, a count of another device) is no problem: it is not compared."""
+    problems: dict[str, str] = {}
+    sides = {"baseline": [_measured_values(r) | work_counters(r) for r in baseline],
+             "current": [_measured_values(r) | work_counters(r) for r in current]}
+    counted = {name for runs in sides.values() for values in runs for name, v in values.items()
+               if isinstance(v, float)}
+    for side, runs in sides.items():
+        for values in runs:
+            for name in sorted(counted & set(values)):
+                value = values[name]
+                if isinstance(value, float) and value < 0:
+                    problems.setdefault(name, f"{value:g} in the {side} run: a count is never negative")
+                elif not isinstance(value, float):
+                    problems.setdefault(name, f"{value!r} in the {side} run where the other side counts a number")
+    return problems
 
 
 def _is_count(value: Any) -> bool:
@@ -113,8 +143,15 @@ def counter_gate(baseline_results: list[dict[str, Any]], current_results: list[d
             report.rows.append(Row(name, "work counters", None, None, tolerance, "INVALID", problem))
             continue
         base_counters, cur_counters = _median_counters(base), _median_counters(cur)
+        for counter, why in sorted(counter_problems(base.ok, cur.ok).items()):
+            report.rows.append(Row(name, counter, base_counters.pop(counter, None), cur_counters.pop(counter, None),
+                                   tolerance, "INVALID", why))
+        unrecorded = sorted(set(base_counters) - set(cur_counters))
+        if unrecorded:  # a field this scoutbench no longer records (or a null): listed, never dropped in silence
+            report.warnings.append(f"{name}: {len(unrecorded)} baseline counter(s) not recorded in the current run, "
+                                   f"not compared: {', '.join(unrecorded)}")
         for counter, base_value in base_counters.items():
-            if counter not in cur_counters:  # a measured field this scoutbench no longer records
+            if counter not in cur_counters:
                 continue
             value = cur_counters[counter]
             if not (math.isfinite(base_value) and math.isfinite(value)):

@@ -66,12 +66,7 @@ def collect(paths: Iterable[str | Path], kinds: tuple[str, ...] | None = None,
     skipped: list[str] = []
     found = load_results(paths, on_skip=lambda file, why: skipped.append(f"{file}: {why}"))
     chosen = []
-    seen: set[str] = set()
-    for result in found:
-        source = os.path.realpath(result["_path"])
-        if source in seen:  # one file reached twice (a folder and a file in it): one result
-            continue
-        seen.add(source)
+    for result in found:  # each file once: load_results reads a file reached twice (or a copy of it) once
         if kinds is not None and result.get("kind") not in kinds:
             kind = str(result.get("kind"))
             article = "an" if kind[:1].lower() in "aeiou" else "a"

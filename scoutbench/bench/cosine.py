@@ -64,9 +64,11 @@ class QueryProbe(FullKV):
 
 def query_cosine(model_name: str = "tiny-qwen3", length: int = 1024, steps: int = 16, batch: int = 1,
                  device: str = "auto", dtype: str | None = None, seed: int = 0, pred_norm: str = "next",
-                 loaded: Any = None, prompt_ids: torch.Tensor | None = None) -> dict[str, Any]:
+                 loaded: Any = None, prompt_ids: torch.Tensor | None = None, force: bool = False) -> dict[str, Any]:
     """Prefill a prompt (random token ids, or `prompt_ids` `[B, N]`), decode `steps` greedy tokens, and return
-    {model, len, steps, pred_norm, mean, per_layer, by_pred_norm: {next: ..., self: ...}}."""
+    {model, len, steps, pred_norm, mean, per_layer, by_pred_norm: {next: ..., self: ...}}. The memory it will take
+    is checked first, as a throughput run's is (`force`: run anyway)."""
+    from scoutbench.bench.resolve import ThroughputConfig, check_memory
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import check_context, load_model, loaded_context_window
 
@@ -79,6 +81,11 @@ def query_cosine(model_name: str = "tiny-qwen3", length: int = 1024, steps: int 
     model = loaded.model
     check_context(model_name, loaded_context_window(loaded), length + steps + 1, f"--len {length} plus {steps} "
                   "decode steps", "lower --len or --steps")  # real attention past the window is noise
+    if prompt_ids is not None:
+        batch, length = prompt_ids.shape
+    run = ThroughputConfig(method="fullkv", model=model_name, length=length, batch=batch, steps=steps + 1, warmup=0,
+                           count_steps=0, device=device, dtype=dtype, seed=seed, prefill="real", force=force)
+    check_memory(run, QueryProbe(), loaded, batch)  # the probe holds FullKV's cache
     if prompt_ids is None:
         generator = torch.Generator().manual_seed(seed)
         prompt_ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)

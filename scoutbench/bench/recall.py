@@ -100,14 +100,16 @@ class ProfilePrompts:
     measured_on: dict[str, Any]
 
 
-def longbench_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int) -> ProfilePrompts:
+def longbench_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int,
+                      data: tuple[list[dict[str, Any]], Any] | None = None) -> ProfilePrompts:
     """The first `limit` records of a LongBench dataset whose official prompt has at least `length` tokens, middle-
     truncated to exactly `length` (`LongBenchTask`, then `truncate_middle_ids`: the drift depends on the context,
-    so the profile is at the length asked for), with their ids and the data's source."""
+    so the profile is at the length asked for), with their ids and the data's source. `data`: the dataset's
+    records and source as `longbench.load_task_data` read them (before the model loaded), else read here."""
     from scoutbench.errors import UsageError
     from scoutbench.workloads import longbench
 
-    rows, source = longbench.load_task_data(dataset, data_dir)
+    rows, source = data if data is not None else longbench.load_task_data(dataset, data_dir)
     whole = longbench.LongBenchTask(dataset, rows, tokenizer, 2**62, source)
     picked = [i for i, row in enumerate(rows) if len(whole.input_ids(row)) >= length][:limit]
     if not picked:
@@ -154,9 +156,11 @@ def _decode_trace(engine: DecodeEngine, method: ScoutAttention, steps: int, batc
 def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: int = 32, beta: float = 0.12,
                    batch: int = 1, device: str = "auto", dtype: str | None = None, seed: int = 0,
                    prefill: str = "real", method_args: dict[str, Any] | None = None,
-                   loaded: Any = None, prompts: ProfilePrompts | None = None) -> dict[str, Any]:
+                   loaded: Any = None, prompts: ProfilePrompts | None = None, force: bool = False) -> dict[str, Any]:
     """Run the profile and return the JSON-ready result (see the module docstring). With `prompts`, each real
-    prompt is profiled on its own (batch 1, its own length) and the curves are averaged over them."""
+    prompt is profiled on its own (batch 1, its own length) and the curves are averaged over them. The memory
+    it will take is checked first, as a throughput run's is (`force`: run anyway)."""
+    from scoutbench.bench.resolve import ThroughputConfig, check_memory
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.models import check_context, load_model, loaded_context_window
 
@@ -174,6 +178,11 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
     if prefill != "synthetic":  # real attention past the trained window is noise: nothing to profile
         check_context(model_name, loaded_context_window(loaded), longest + steps + 1, f"--len {longest} plus "
                       f"{steps} decode steps", "lower --len or --steps, or pass --prefill synthetic")
+    if budget_plan.sparse:  # the free-memory check of a throughput run of the longest prompt: one line, exit 1
+        run = ThroughputConfig(method="scout", method_args=args, model=model_name, length=longest,
+                               batch=batch if prompts is None else 1, steps=steps + 1, warmup=0, count_steps=0,
+                               device=device, dtype=dtype, seed=seed, prefill=prefill, force=force)
+        check_memory(run, method, loaded, run.batch)
     started = time.time()
     traces = []
     if budget_plan.sparse:  # a dense run has no selection to profile

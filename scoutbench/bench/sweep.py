@@ -16,14 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scoutbench.bench.executors import Runner, ThroughputRunner
-from scoutbench.bench.sweep_grid import Settings, SweepPoint, settings_record, write_config
+from scoutbench.bench.sweep_grid import Settings, SweepPoint, run_environment, settings_record, write_config
 from scoutbench.errors import UsageError, error_text
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
@@ -61,24 +62,27 @@ def run_sweep(points: list[SweepPoint], settings: Settings, out_dir: str | Path,
 
     out = Path(out_dir)
     check_writable(out, single_file=False)
+    environment = run_environment(settings.device)
     with output_lock(out):  # one sweep per folder: the stale-temp cleanup below must not hit a live writer's file
-        previous, stamped = _folder_state(out, settings)  # a refused rerun profiles and runs nothing
+        previous, stamped = _folder_state(out, settings, environment)  # a refused rerun profiles and runs nothing
         if recall_profiles:
             points = attach_recall_profiles(points, settings, out, log)
-        return _run_sweep_locked(points, settings, out, previous, stamped, runner, preset, command, retry_failed,
-                                 log, executor, config)
+        return _run_sweep_locked(points, settings, environment, out, previous, stamped, runner, preset, command,
+                                 retry_failed, log, executor, config)
 
 
-def _folder_state(out: Path, settings: Settings) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+def _folder_state(out: Path, settings: Settings, environment: dict[str, Any]
+                  ) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
     """The folder's manifest (None when absent) and, where it is absent, the point files stamped with this sweep's
     settings (by id: what a rebuilt manifest lists). Refuses (exit 2) a folder whose manifest, or without one any
-    of whose point files, records other settings."""
+    of whose point files, records other settings or another environment (`run_environment`: a resume with
+    SCOUTBENCH_CPU_ATTENTION=torch counted the compiled kernel's points as done)."""
     previous = _read_manifest(out)
-    mine = settings_record(settings)
+    mine = settings_record(settings, environment)
     if previous is not None:
         if previous.get("settings") != mine:
             raise UsageError(f"{out} holds a sweep with other settings "
-                             f"({_settings_diff(previous['settings'], settings)}); use another -o folder or the same "
+                             f"({_settings_diff(previous['settings'], mine)}); use another -o folder or the same "
                              "settings to resume it")
         return previous, {}
     stamped = {}
@@ -89,18 +93,19 @@ def _folder_state(out: Path, settings: Settings) -> tuple[dict[str, Any] | None,
             continue  # not a point of a sweep (a recall profile, a throughput result copied in): not this folder's
         if stamp["settings"] != mine:
             raise UsageError(f"{out} holds sweep points with other settings ({path.name}: "
-                             f"{_settings_diff(stamp['settings'], settings)}); use another -o folder or the same "
+                             f"{_settings_diff(stamp['settings'], mine)}); use another -o folder or the same "
                              "settings to resume it")
         stamped[path.stem] = result
     return None, stamped
 
 
-def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, previous: dict[str, Any] | None,
+def _run_sweep_locked(points: list[SweepPoint], settings: Settings, environment: dict[str, Any], out: Path,
+                      previous: dict[str, Any] | None,
                       stamped: dict[str, dict[str, Any]], runner: Runner | None, preset: str | None,
                       command: list[str] | None, retry_failed: bool, log: Callable[[str], None], executor: Any,
                       config: dict[str, Any] | None = None) -> SweepOutcome:
     from scoutbench.bench.executors import Job, LocalExecutor
-    from scoutbench.bench.throughput import ThroughputConfig, failed_result
+    from scoutbench.bench.throughput import failed_result
     from scoutbench.devices import device_description, resolve_device, resolve_dtype
     from scoutbench.results import envelope, utc_now, write_json_atomic
 
@@ -117,7 +122,9 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, p
     entries: dict[str, dict[str, Any]] = {e["id"]: e for e in (previous or {}).get("points", [])}
     entries.update({point_id: _entry(point_id, result["sweep_point"]["point"], result)
                     for point_id, result in stamped.items()})
-    manifest = {**envelope("sweep", command), "updated_at": utc_now(), "preset": preset, "settings": asdict(settings), "points": []}
+    recorded = settings_record(settings, environment)
+    manifest = {**envelope("sweep", command), "updated_at": utc_now(), "preset": preset, "settings": recorded,
+                "points": []}
     by_id = {p.point_id(settings.model): p for p in points}
     saved = {"at": -math.inf, "took_s": 0.0}
 
@@ -136,8 +143,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, p
 
     if previous is not None:  # a resumed sweep keeps the time it started
         manifest["created_at"] = previous["created_at"]
-    recorded = settings_record(settings)
-    stamps = {point_id: point.stamp(recorded) for point_id, point in by_id.items()}
+    stamps = {point_id: point.stamp(settings, recorded, environment) for point_id, point in by_id.items()}
     present = {path.name for path in out.iterdir()}  # one listing, not a failed open per pending point
     for point_id in by_id:
         result = _read_point(out / f"{point_id}.json", stamps[point_id]) if f"{point_id}.json" in present else None
@@ -154,12 +160,7 @@ def _run_sweep_locked(points: list[SweepPoint], settings: Settings, out: Path, p
             outcome.skipped += 1
             log(f"{where}: already {done['status']}, skipped")
             continue
-        cfg = ThroughputConfig(method=point.method, method_args=point.args, model=settings.model,
-                               length=point.length, batch=point.batch, gpu_mem=settings.gpu_mem,
-                               host_mem=settings.host_mem, steps=settings.steps,
-                               warmup=settings.warmup, device=settings.device, dtype=settings.dtype,
-                               seed=settings.seed, prefill=settings.prefill, command=command)
-        jobs.append(Job(point_id, where, cfg))
+        jobs.append(Job(point_id, where, point.config(settings, command)))
     try:
         for job, result in (executor or LocalExecutor()).run(jobs, runner, log):
             if not isinstance(result, dict):
@@ -228,9 +229,11 @@ def attach_recall_profiles(points: list[SweepPoint], settings: Settings, out: Pa
 def _is_profile_for(path: Path, key: list[Any]) -> bool:
     """Whether `path` is a recall profile made for `key` (model, dtype, prefill, length, method fields), as the
     sweep that wrote it recorded (`sweep_profile_key`): a profile is reused by what it records, not by its name."""
+    from scoutbench.input_files import UnusableFile, read_json_file
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json_file(path)
+    except UnusableFile:
         return False
     return (isinstance(data, dict) and data.get("kind") == "scout_recall_profile"
             and data.get("sweep_profile_key") == key and isinstance(data.get("intervals"), list))
@@ -254,26 +257,32 @@ def _entry(point_id: str, point: dict[str, Any], result: dict[str, Any] | None) 
 def _read_point(path: Path, stamp: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A finished point's result, or None (absent, unreadable, malformed, or with `stamp` given, made for another
     point or other settings: then it is run again)."""
+    from scoutbench.input_files import UnusableFile, read_json_file
     from scoutbench.results import result_problem
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json_file(path)
+    except UnusableFile:  # a FIFO, a device or an oversized file named like a point is never opened for reading
         return None
     if result_problem(data) is not None or data.get("status") not in ("ok", "failed"):
         return None
-    return data if stamp is None or data.get("sweep_point") == stamp else None
+    if stamp is None:
+        return data
+    recorded = data.get("sweep_point")  # what the point is: its settings and identity, not where its files lie
+    same = isinstance(recorded, dict) and all(recorded.get(key) == stamp[key] for key in ("settings", "identity"))
+    return data if same else None
 
 
 def _read_manifest(out: Path) -> dict[str, Any] | None:
+    from scoutbench.input_files import UnusableFile, read_json_file
+
     path = out / MANIFEST
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: bad JSON and non-UTF-8 bytes alike
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{path} is not a readable sweep manifest ({reason}); remove it or use another -o") from None
+        data = read_json_file(path)
+    except UnusableFile as exc:
+        raise UsageError(f"{path} is not a readable sweep manifest ({exc}); remove it or use another -o") from None
     if not isinstance(data, dict) or data.get("kind") != "sweep":
         raise UsageError(f"{path} is not a sweep manifest; use another -o folder")
     from scoutbench.results import schema_problem
@@ -289,8 +298,16 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
     return data
 
 
-def _settings_diff(old: dict[str, Any], new: Settings) -> str:
-    return ", ".join(f"{k} {old.get(k)!r} there vs {v!r} now" for k, v in asdict(new).items() if old.get(k) != v)
+def _settings_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """`steps 2 there vs 4 now, SCOUTBENCH_CPU_ATTENTION 'auto' there vs 'torch' now`: the settings records'
+    differences, the environment's by variable (or backend)."""
+    def flat(record: dict[str, Any]) -> dict[str, Any]:
+        environment = record.get("environment")
+        return {**{k: v for k, v in record.items() if k != "environment"},
+                **(environment if isinstance(environment, dict) else {"environment": environment})}
+
+    before, after = flat(old), flat(new)
+    return ", ".join(f"{k} {before.get(k)!r} there vs {v!r} now" for k, v in after.items() if before.get(k) != v)
 
 
 def _one_line(result: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,13 @@ class SweepPoint:
     length: int
     batch: int | str
     method_args: tuple[tuple[str, Any], ...] = ()
+    # the sha256 of each file a method field names (`MethodArgs.file_fields`: a recall profile), by field: the
+    # file's content decides the point, not its name (None: read when the point is made)
+    inputs: tuple[tuple[str, str], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.inputs is None:
+            object.__setattr__(self, "inputs", input_digests(self.method, self.args))
 
     @property
     def args(self) -> dict[str, Any]:
@@ -119,29 +126,105 @@ class SweepPoint:
 
     def point_id(self, model: str) -> str:
         """Deterministic file stem, e.g. `scout_bench-attn16_len16k_b1_block_size-32_budget-1024`; a hash is
-        appended when the readable form had to be altered, so two different points never share a file."""
+        appended when the readable form had to be altered, so two different points never share a file. A file a
+        field names is its stem and its content's hash (`recall_profile-p-3f2a9c0d1e`): two profiles named alike
+        in two folders, or one profile edited, are two points, never one file written over."""
+        digests = dict(self.inputs or ())
         parts = [self.method, model.replace("/", "--"), f"len{format_length(self.length)}", f"b{self.batch}"]
-        # a recall profile is named by its file's stem: the folder it sits in is no part of the point
-        parts += [f"{k}-{Path(str(v)).stem if k == 'recall_profile' else v}" for k, v in self.method_args]
+        parts += [f"{k}-{Path(str(v)).stem}-{digests[k][:10]}" if k in digests else f"{k}-{v}"
+                  for k, v in self.method_args]
         readable = "_".join(parts)
         safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", readable).strip("._") or "point"
         if safe != readable or len(safe) > 150:
-            identity = json.dumps([self.method, model, self.length, self.batch, self.method_args], default=str)
+            identity = json.dumps([self.method, model, self.length, self.batch, self.method_args, self.inputs],
+                                  default=str)
             safe = f"{safe[:150]}_{hashlib.sha1(identity.encode()).hexdigest()[:8]}"
         return safe
 
     def describe(self) -> dict[str, Any]:
-        return {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
+        described = {"method": self.method, "len": self.length, "batch": self.batch, "method_args": self.args}
+        return {**described, "inputs": dict(self.inputs)} if self.inputs else described
 
-    def stamp(self, settings: dict[str, Any]) -> dict[str, Any]:
-        """What the point's file records (`sweep_point`) and a rerun compares before it counts the point as done:
-        the point (its fields are JSON values already) and the sweep's settings (`settings_record`)."""
-        return {"settings": settings, "point": self.describe()}
+    def config(self, settings: Settings, command: list[str] | None = None) -> Any:
+        """The ThroughputConfig this point runs with in a sweep of `settings`."""
+        from scoutbench.bench.resolve import ThroughputConfig
+
+        return ThroughputConfig(method=self.method, method_args=self.args, model=settings.model, length=self.length,
+                                batch=self.batch, gpu_mem=settings.gpu_mem, host_mem=settings.host_mem,
+                                steps=settings.steps, warmup=settings.warmup, device=settings.device,
+                                dtype=settings.dtype, seed=settings.seed, prefill=settings.prefill,
+                                command=command or ["scoutbench", "sweep"])
+
+    def stamp(self, settings: Settings, record: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
+        """What the point's file records (`sweep_point`): the point (its fields are JSON values already), the sweep's
+        settings (`settings_record`, which a rerun into the folder must match) and the digest of the point's
+        identity (`run_identity`), which a rerun compares before it counts the point as done."""
+        identity = _identity_text(self.config(settings), environment, self.inputs or ())
+        return {"settings": record, "point": self.describe(),
+                "identity": "sha256:" + hashlib.sha256(identity.encode()).hexdigest()}
 
 
-def settings_record(settings: Settings) -> dict[str, Any]:
-    """The settings as a sweep's files record them (JSON read back)."""
-    return json.loads(json.dumps(asdict(settings), default=str))
+# ThroughputConfig fields that decide nothing a run computes or measures: how it was invoked
+NOT_IDENTITY_FIELDS = ("command",)
+
+
+def run_identity(cfg: Any, environment: dict[str, Any], inputs: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """Everything that decides what a run of `cfg` (a ThroughputConfig) computes and measures: every field of its
+    configuration but NOT_IDENTITY_FIELDS, its method's full configuration (the preset's and the defaults' fields
+    included, each file a field names by its content's sha256, `inputs`), and the environment that decides a run
+    (`run_environment`). Two runs with equal identities measure the same thing; a resumed sweep counts a point as
+    done only when its file records this identity (the sha256 of its canonical JSON)."""
+    return json.loads(_identity_text(cfg, environment, inputs))
+
+
+def _identity_text(cfg: Any, environment: dict[str, Any], inputs: tuple[tuple[str, str], ...]) -> str:
+    """`run_identity` as canonical JSON (sorted keys), the text its digest is taken of."""
+    from scoutbench.methods import METHODS, resolved_method_config
+
+    run = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in NOT_IDENTITY_FIELDS}
+    run["method"] = METHODS.canonical(cfg.method) if cfg.method in METHODS else cfg.method
+    config = resolved_method_config(cfg.method, dict(cfg.method_args)) if cfg.method in METHODS else \
+        dict(cfg.method_args)
+    run["method_args"] = {**config, **{name: f"sha256:{digest}" for name, digest in inputs}}
+    return json.dumps({"run": run, "environment": environment}, sort_keys=True, default=str)
+
+
+def input_digests(method: str, args: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(field, sha256 of the file it names) for each of `method`'s file fields set in `args`; a file that cannot
+    be read (missing, not a regular file, over the size bound) is a usage error before anything runs."""
+    from scoutbench.input_files import UnusableFile, read_regular_file
+    from scoutbench.methods import METHODS, method_file_fields
+
+    digests = []
+    for name in method_file_fields(method) if method in METHODS else ():
+        if args.get(name) is None:
+            continue
+        try:
+            content = read_regular_file(str(args[name]))
+        except UnusableFile as exc:
+            raise UsageError(f"{method}: --method-arg {name}={args[name]}: {exc}") from None
+        digests.append((name, hashlib.sha256(content).hexdigest()))
+    return tuple(digests)
+
+
+def run_environment(device: str) -> dict[str, Any]:
+    """What decides a run besides its configuration: the environment variables that do (`environment.run_settings`)
+    and the attention backends the run resolves to on its device and on the CPU (the compiled kernel or torch's;
+    flashinfer, Triton or torch on CUDA), which a failed build or an install changes without any variable."""
+    import torch
+
+    from scoutbench.devices import resolve_device
+    from scoutbench.environment import run_settings
+    from scoutbench.kernels.backends import partial_backend
+
+    return {**run_settings(), "attention_backend": partial_backend(resolve_device(device)),
+            "cpu_attention_backend": partial_backend(torch.device("cpu"))}
+
+
+def settings_record(settings: Settings, environment: dict[str, Any]) -> dict[str, Any]:
+    """The settings as a sweep's files record them (JSON read back), with the environment that decides its runs
+    (`run_environment`): a rerun into the folder under other values of either is refused."""
+    return json.loads(json.dumps({**asdict(settings), "environment": environment}, default=str))
 
 
 def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[SweepPoint]:
@@ -162,10 +245,12 @@ def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[Sw
                                      defaults=defaults)
         for method, args in resolve_method_args(list(grid.methods), settings).items():
             args_of[method][tuple(sorted(args.items()))] = None
+    # each setting's files read once, not once per point
+    inputs = {(method, args): input_digests(method, dict(args)) for method in grid.methods for args in args_of[method]}
     points: dict[SweepPoint, None] = {}
     for length, batch, method in itertools.product(grid.lengths, grid.batches, grid.methods):
         for args in args_of[method]:
-            points[SweepPoint(method, length, batch, args)] = None
+            points[SweepPoint(method, length, batch, args, inputs[method, args])] = None
     return list(points)
 
 
@@ -173,9 +258,11 @@ def expand(grid: Grid, defaults: frozenset[SharedFlag] = frozenset()) -> list[Sw
 
 def read_config(path: str | Path) -> dict[str, Any]:
     """A sweep config file: YAML (.yaml/.yml) or TOML (.toml), a mapping of option names to values."""
+    from scoutbench.input_files import UnusableFile, read_regular_file
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_file(path).decode("utf-8")  # a regular file, bounded: a FIFO would block here
         if path.suffix == ".toml":
             try:
                 import tomllib
@@ -188,7 +275,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         else:
             raise UsageError(f"--config {path}: use a .yaml, .yml or .toml file")
-    except (OSError, ValueError) as exc:  # yaml.YAMLError and TOMLDecodeError are ValueErrors or close to them
+    except (OSError, ValueError, UnusableFile) as exc:  # yaml's and toml's errors are ValueErrors or close to them
         raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None
     except Exception as exc:  # noqa: BLE001 - yaml's own errors: one line, never a traceback
         raise UsageError(f"--config {path}: {str(exc).strip().splitlines()[0]}") from None

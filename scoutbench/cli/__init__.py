@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 import os
 import sys
 
@@ -67,11 +68,75 @@ class LazyGroup(click.Group):
                 raise click.ClickException(f"'{name}' is not available in this build")
 
             return unavailable
-        return getattr(module, attr)
+        return _checked(getattr(module, attr))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, help_text) for name, (_, help_text) in COMMANDS.items()])
+
+
+def _checked(command: click.Command) -> click.Command:
+    """`command` with the checks every command's options get from their declarations, in one line before it runs:
+    every option whose value is a number (an int, a float, a length, a size) refuses nan, an infinity and a
+    magnitude past int64 (click's FLOAT takes `nan` and `inf`; an integer past int64 overflowed the first tensor it
+    sized), and an option that takes one value refuses two (click keeps the last silently: `--budget 512 --budget
+    1k` ran 1k, as a repeated `--method-arg` key did)."""
+    if getattr(command, "options_checked", False):
+        return command
+    for param in command.params:
+        param.callback = _finite(param.callback)
+    parse_args = command.parse_args
+
+    def parse_args_once(ctx: click.Context, args: list[str]) -> list[str]:
+        _refuse_repeated_options(command, args)
+        return parse_args(ctx, args)
+
+    command.parse_args = parse_args_once  # type: ignore[method-assign]
+    command.options_checked = True  # type: ignore[attr-defined]
+    return command
+
+
+def _refuse_repeated_options(command: click.Command, args: list[str]) -> None:
+    """A single-value option given twice with two values is a usage error; the same value twice is that value."""
+    from scoutbench.errors import UsageError
+
+    single = {name: param for param in command.params if isinstance(param, click.Option) and not param.multiple
+              and not param.is_flag and not param.count for name in param.opts}
+    given: dict[click.Option, str] = {}
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":
+            break
+        name, equals, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        param = single.get(name)
+        if param is None:
+            continue
+        if not equals:
+            value = next(tokens, None)
+            if value is None:
+                break
+        if given.get(param, value) != value:
+            raise UsageError(f"{name} is given twice ({given[param]!r} and {value!r}): it takes one value; give it "
+                             "once")
+        given[param] = value
+
+
+def _finite(previous):
+    def check(ctx: click.Context, param: click.Parameter, value):
+        if previous is not None:
+            value = previous(ctx, param, value)
+        from scoutbench.errors import UsageError
+        from scoutbench.units import INT64_MAX
+
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                continue
+            if not math.isfinite(item) or abs(item) > INT64_MAX:
+                raise UsageError(f"{param.opts[0] if param.opts else param.name} must be a finite number of magnitude "
+                                 f"at most {INT64_MAX} (got {item})")
+        return value
+
+    return check
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,28 +154,30 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints as `\udce9`, not a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    previous_sigterm = _terminate_like_interrupt()
+    previous_handlers = _interrupt_once()
     previous_show = _one_line_warnings()
     try:
         _run()
     finally:
+        import signal
         import warnings
 
         warnings.showwarning = previous_show
-        if previous_sigterm is not None:
-            import signal
-
-            signal.signal(signal.SIGTERM, previous_sigterm)
+        if previous_handlers and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # not interrupted
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
 
 
 def _run() -> None:
-    from scoutbench.errors import ScoutbenchError, exit_code, is_terminated, missing_extra
+    from scoutbench.environment import check_environment, value
+    from scoutbench.errors import FAILED, ScoutbenchError, exit_code, is_terminated, missing_extra
 
-    if os.environ.get("SCOUTBENCH_EMULATE_CUDA") == "1":  # CUDA code paths on a CPU (the GPU check's dry run)
-        from scoutbench.testing.emulated_cuda import activate_from_environment
-
-        activate_from_environment()
     try:
+        check_environment()  # a bad SCOUTBENCH_* value is bad input: one line, exit 2, before anything runs
+        if value("SCOUTBENCH_EMULATE_CUDA"):  # CUDA code paths on a CPU (the GPU check's dry run)
+            from scoutbench.testing.emulated_cuda import activate_from_environment
+
+            activate_from_environment()
         cli.main(standalone_mode=False, prog_name="scoutbench")
     except ScoutbenchError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -140,12 +207,36 @@ def _run() -> None:
         if missing is not None:  # an optional dependency imported where it is used: name the extra to install
             click.echo(f"error: {missing}", err=True)
             sys.exit(exit_code(missing))
-        if os.environ.get(TRACEBACK_ENV) == "1":
+        if _traceback_wanted():
             raise
+        if _out_of_memory(exc):  # past the free-memory checks (a transient they do not plan): exit 1, as they do
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            click.echo(f"error: out of memory ({text}); lower --len or --batch (see `scoutbench plan`)", err=True)
+            sys.exit(FAILED)
         text = (str(exc).strip().splitlines() or [""])[0][:300]
         click.echo(f"error: internal error, a bug in scoutbench ({type(exc).__name__}{': ' + text if text else ''});"
                    f" rerun with {TRACEBACK_ENV}=1 for the traceback and report it", err=True)
         sys.exit(exit_code(exc))
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    if "torch" not in sys.modules:  # no tensor was allocated
+        return False
+    from scoutbench.planning import is_out_of_memory
+
+    return is_out_of_memory(exc)
+
+
+def _traceback_wanted() -> bool:
+    from scoutbench.environment import value
+    from scoutbench.errors import UsageError
+
+    try:
+        return value(TRACEBACK_ENV)
+    except UsageError:  # a bad value was refused at the start; here it only means no traceback
+        return False
 
 
 def _one_line_warnings():
@@ -167,18 +258,24 @@ def _one_line_warnings():
     return previous
 
 
-def _terminate_like_interrupt():
-    """SIGTERM (a job scheduler, `kill`, `timeout`) ends a run the way Ctrl-C does: finished results are kept and
-    listed, locks released, exit 143. Only the main thread can install a handler (in-process test runners may not
-    be on it)."""
+def _interrupt_once() -> dict:
+    """Ctrl-C (SIGINT) and SIGTERM (a job scheduler, `kill`, `timeout`) end a run once, the same way: finished
+    results are kept and listed, locks released, exit 130 or 143. The first of them raises (KeyboardInterrupt, or
+    Terminated); from then on both are ignored, so a second one while the run winds down (listing what it kept,
+    torch's and threading's exit hooks) neither cuts that short nor prints a traceback, and the exit code stays
+    the first one's. Returns the previous handlers, restored when main returns uninterrupted (an interrupted main
+    leaves both ignored: its process is ending); only the main thread can install a handler (in-process test runners
+    may not be on it)."""
     import signal
     import threading
 
     from scoutbench.errors import Terminated
 
-    def raise_terminated(signum, frame) -> None:
-        raise Terminated()
+    def end_once(signum, frame) -> None:
+        for other in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(other, signal.SIG_IGN)  # kept through the interpreter's exit (it resets only its own)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, raise_terminated)  # the previous handler, restored when main returns
+        return {}
+    return {signum: signal.signal(signum, end_once) for signum in (signal.SIGINT, signal.SIGTERM)}

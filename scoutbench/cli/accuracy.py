@@ -123,6 +123,7 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
     from scoutbench.eval.accuracy import run_comparison
     from scoutbench.eval.generation import method_specs
     from scoutbench.eval.tables import comparison_tables, tables_markdown
+    from scoutbench.method_args import check_methods_fit
     from scoutbench.models import PRESETS, context_window, loaded_context_window
     from scoutbench.results import check_writable, json_text, output_lock, utc_now
     from scoutbench.workloads import resolve_datasets
@@ -145,6 +146,7 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
                          "(use smollm2-135m, a local folder or a Hugging Face id)")
     resolve_dtype(dtype, resolve_device(device))
     records, sources = accuracy_records(names, data_dir, data_revision, limit)
+    check_methods_fit([spec.build() for spec in specs], model)
     check_accuracy_context(names, model, context_window(model), passkey_len, length_limit)
     check_writable(out_dir, single_file=False)
     if markdown_file:
@@ -256,6 +258,9 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
     from scoutbench.results import check_writable, json_text
 
     spec = method_spec(method, parse_method_args(method_args), budget, dense_layers, block_size)
+    from scoutbench.method_args import check_methods_fit
+
+    check_methods_fit([spec.build()], model)
     context_tokens = _parse_len(context_len)
     from scoutbench.models import check_context, context_window, loaded_context_window
 

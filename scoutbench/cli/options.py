@@ -46,6 +46,8 @@ def revision_option(func):
     return click.option("--revision", default=None, metavar="REV", help=REVISION_HELP)(with_revision)
 
 
+FORCE_HELP = "Run even when the planned memory exceeds the free memory."
+
 # torch.Generator.manual_seed takes a signed 64-bit integer: a larger --seed would overflow deep inside a run
 SEED = click.IntRange(0, 2**63 - 1)
 
@@ -111,12 +113,20 @@ WARMUP = AtLeast(0)
 
 
 def parse_method_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """`--method-arg key=value` pairs of a command that runs one configuration per method. A key given twice with
+    two values is refused (throughput kept the last one silently, where `sweep` sweeps both: a repeated key is an
+    axis there); the same value twice is that value, as in a sweep."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"bad --method-arg {pair!r}: use key=value, e.g. --method-arg recall_interval=4")
-        out[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if out.get(key, value) != value:
+            raise UsageError(f"--method-arg {key} is given twice ({out[key]!r} and {value!r}): this command runs one "
+                             f"value; give it once, or run both with `scoutbench sweep --method-arg {key}={out[key]} "
+                             f"--method-arg {key}={value}`")
+        out[key] = value
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from scoutbench.cli.options import DTYPE, LENGTH, SEED, parse_method_args, revision_option
+from scoutbench.cli.options import DTYPE, FORCE_HELP, LENGTH, SEED, parse_method_args, revision_option
 from scoutbench.units import parse_length
 
 _MODEL_HELP = "Built-in name (tiny-qwen3, smollm2-135m, bench-attn, ...), local folder or Hugging Face id."
@@ -59,14 +59,15 @@ def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
               help="Any other ScoutAttention field (repeatable), e.g. dense_layers=2, pred_norm=self.")
 @click.option("-o", "--output", required=True, help="JSON file to write (ScoutAttention's recall_profile).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def profile_recall_command(model, length, batch, device, dtype, seed, steps, beta, prefill, dataset, data_dir, limit,
-                           budget, block_size, method_args, output, overwrite):
+                           budget, block_size, method_args, output, overwrite, force):
     """Profile per-layer recall intervals: the largest interval that keeps each layer's CPU compute ratio
     under BETA after a recall (paper section 3.4), on real records (--dataset) or random prompts. Writes a JSON
     that `--method-arg recall_profile=FILE` reads; it and every result that uses it say what it measured on."""
     from scoutbench.bench.recall import longbench_prompts, profile_recall
     from scoutbench.errors import UsageError
-    from scoutbench.method_args import MethodSettings, resolve_method_args
+    from scoutbench.method_args import MethodSettings, check_methods_fit, resolve_method_args
     from scoutbench.methods.scout import ScoutAttention
     from scoutbench.results import check_writable, write_json_atomic
 
@@ -88,22 +89,30 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
     ScoutAttention.from_args(args)  # validate before loading the model
     if prefill != "synthetic":
         _check_context(model, length_tokens, steps, "or pass --prefill synthetic")
+    data = None
+    if dataset is not None:  # the data before the model (a minute to load): a file that cannot be used is exit 2 at once
+        from scoutbench.models import PRESETS
+        from scoutbench.workloads import longbench
+
+        if dataset not in longbench.DATASETS:
+            raise UsageError(f"unknown --dataset {dataset!r} (LongBench: {', '.join(longbench.DATASETS)})")
+        if model in PRESETS:
+            raise UsageError(f"--dataset needs a model with a tokenizer; {model!r} has none (random-weight preset)")
+        data = longbench.load_task_data(dataset, data_dir)
+    check_methods_fit([ScoutAttention.from_args(args)], model)
     check_writable(output, overwrite, single_file=True)
     loaded = prompts = None
     if dataset is not None:
         from scoutbench.devices import resolve_device, resolve_dtype
         from scoutbench.models import load_model
-        from scoutbench.workloads import longbench
 
-        if dataset not in longbench.DATASETS:
-            raise UsageError(f"unknown --dataset {dataset!r} (LongBench: {', '.join(longbench.DATASETS)})")
         torch_device = resolve_device(device)
         loaded = load_model(model, torch_device, resolve_dtype(dtype, torch_device), seed)
         if loaded.tokenizer is None:
             raise UsageError(f"--dataset needs a model with a tokenizer; {model!r} has none (random-weight preset)")
-        prompts = longbench_prompts(dataset, data_dir, loaded.tokenizer, length_tokens, limit)
+        prompts = longbench_prompts(dataset, data_dir, loaded.tokenizer, length_tokens, limit, data)
     result = profile_recall(model, length_tokens, steps, beta, batch=batch, device=device, dtype=dtype, seed=seed,
-                            prefill=prefill, method_args=args, loaded=loaded, prompts=prompts)
+                            prefill=prefill, method_args=args, loaded=loaded, prompts=prompts, force=force)
     path = write_json_atomic(output, result, overwrite=overwrite)
     click.echo("layer  interval  expected ratio")
     for layer, (interval, ratio) in enumerate(zip(result["intervals"], result["expected_ratio"], strict=False)):
@@ -131,7 +140,8 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (model, mean, per_layer, ...) instead of a table.")
 @click.option("-o", "--output", default=None, help="Also write the JSON to this file.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
-def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, as_json, output, overwrite):
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, as_json, output, overwrite, force):
     """Cosine similarity of the predicted next-layer query vs the true one, per layer (paper Table 1).
     Entry i of per_layer is the prediction of layer i+1 from layer i's input."""
     from scoutbench.bench.cosine import query_cosine
@@ -144,7 +154,7 @@ def cosine_command(model, length, batch, device, dtype, seed, steps, pred_norm, 
     if output is not None:
         check_writable(output, overwrite, single_file=True)
     result = query_cosine(model, length_tokens, steps, batch=batch, device=device, dtype=dtype, seed=seed,
-                          pred_norm=pred_norm)
+                          pred_norm=pred_norm, force=force)
     if output is not None:
         write_json_atomic(output, result, overwrite=overwrite)
     if as_json:

@@ -21,12 +21,13 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 def _ints(values: tuple[str, ...], flag: str, auto: bool = False) -> list[int | str]:
     from scoutbench.errors import UsageError
+    from scoutbench.units import INT64_MAX
 
     out: list[int | str] = []
     for value in _split(values):
         if auto and value.lower() == "auto":
             out.append("auto")
-        elif value.isdigit() and int(value) >= 1:
+        elif value.isdigit() and 1 <= int(value) <= INT64_MAX:
             out.append(int(value))
         else:
             raise UsageError(f"bad {flag} {value!r}: use positive integers{' or auto' if auto else ''}, "
@@ -104,10 +105,8 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
     from scoutbench.cli.options import expand_methods, parse_method_args
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.errors import ScoutbenchError, UsageError
+    from scoutbench.method_args import check_methods_fit
     from scoutbench.methods import build_method
-    from scoutbench.methods.base import ModelShape
-    from scoutbench.models import PRESETS as MODEL_PRESETS
-    from scoutbench.models import preset_config
     from scoutbench.results import check_writable, json_text
     from scoutbench.units import parse_bytes, parse_length
     from scoutbench.workloads.synthetic import SyntheticWorkload
@@ -146,16 +145,14 @@ def command(preset, scale, methods, lengths, batches, gpu_mem, host_mem, budgets
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
     points = expand(grid, defaults=frozenset(flag for flag, given in ((BUDGET, budgets), (BLOCK_SIZE, block_sizes))
                                              if not given))  # a preset's sizes
-    # every usage error before the first point runs, each distinct workload and method checked once; the layers a
-    # method keeps dense are checked against a preset's shape here (other models: when the point loads it)
-    shape = ModelShape.from_config(preset_config(settings.model)) if settings.model in MODEL_PRESETS else None
+    # every usage error before the first point runs, each distinct workload and method checked once, against the
+    # model's shape (its layers: dense layers, a recall profile's) from its config
     for length, batch in dict.fromkeys((p.length, p.batch) for p in points):
         SyntheticWorkload(length, 1 if batch == "auto" else batch, settings.steps, settings.warmup, settings.seed,
                           settings.prefill)
-    for name, args in dict.fromkeys((p.method, p.method_args) for p in points):
-        method = build_method(name, dict(args))
-        if shape is not None:
-            method.memory_footprint(shape, grid.lengths[0], 2)
+    check_methods_fit([build_method(name, dict(args)) for name, args in dict.fromkeys((p.method, p.method_args)
+                                                                                        for p in points)],
+                      settings.model)
     check_writable(output, single_file=False)  # before the first line of output: an unwritable -o is the whole message
     err = rich_console(stderr=True)
     title = f"preset {preset} ({PRESETS[preset].figure})" if preset else "sweep"

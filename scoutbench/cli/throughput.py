@@ -11,6 +11,7 @@ from scoutbench.api import DEFAULT_LENGTH, DEFAULT_MODELS, DEFAULT_STEPS
 from scoutbench.cli.options import (
     BYTES,
     DTYPE,
+    FORCE_HELP,
     LENGTH,
     SEED,
     STEPS,
@@ -70,7 +71,7 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 @click.option("--overwrite", is_flag=True,
               help="Replace existing results (the .json output, or this run's files in the -o folder) instead of "
                    "failing (exit 2).")
-@click.option("--force", is_flag=True, help="Run even when the planned memory exceeds the free memory.")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False),
               help="Also write a torch.profiler trace of --profile-steps extra, untimed decode steps per method into "
@@ -137,13 +138,17 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
 
 def _parse_batch(text: str) -> int | str:
     from scoutbench.errors import UsageError
+    from scoutbench.units import INT64_MAX
 
     if text.strip().lower() == "auto":
         return "auto"
     try:
-        return int(text)  # the workload checks that it is at least 1
+        batch = int(text)  # the workload checks that it is at least 1
     except ValueError:
         raise UsageError(f"bad --batch {text!r}: use a positive integer or 'auto'") from None
+    if batch > INT64_MAX:
+        raise UsageError(f"bad --batch {text!r}: at most {INT64_MAX}")
+    return batch
 
 
 def _taken_outputs(configs, folder: Path) -> list[Path]:

@@ -44,13 +44,14 @@ from pathlib import Path
 import torch
 
 from scoutbench.cache import cache_root, provide
-from scoutbench.errors import ScoutbenchError, UsageError
+from scoutbench.environment import CPU_ATTENTION_BACKENDS, value
+from scoutbench.errors import ScoutbenchError
 from scoutbench.kernels import native_abi
 from scoutbench.kernels.native_abi import ABI_VERSION
 
 SOURCE_DIR = Path(__file__).with_name("csrc")  # the library's C++: one .cpp per operation, shared headers
 ENV_BACKEND = "SCOUTBENCH_CPU_ATTENTION"
-BACKEND_CHOICES = ("auto", "native", "torch")
+BACKEND_CHOICES = CPU_ATTENTION_BACKENDS
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 # -march=native: the CPU's own vector ISA (the cache key includes its flags); compilers that refuse it on a
 # platform (some ARM toolchains) get the next set. -fopenmp-simd enables `omp simd` loops only: no OpenMP runtime.
@@ -69,10 +70,7 @@ class NativeUnavailable(ScoutbenchError):
 
 
 def requested_backend() -> str:
-    choice = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
-    if choice not in BACKEND_CHOICES:
-        raise UsageError(f"{ENV_BACKEND}={choice!r}: use one of {', '.join(BACKEND_CHOICES)}")
-    return choice
+    return value(ENV_BACKEND)
 
 
 def _compiler() -> str | None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from scoutbench.environment import value
 from scoutbench.errors import ScoutbenchError
 
 ARENA_ALIGN_BYTES = 256  # every tensor of an arena starts at a multiple of this (vector loads, any dtype)
@@ -121,7 +122,7 @@ def fresh_host_buffer(nbytes: int) -> tuple[torch.Tensor, int]:
     buffer = torch.empty(nbytes, dtype=torch.uint8)
     huge_page_bytes = huge_page_backing(buffer)
     buffer.zero_()
-    fill_gib_s = float(os.environ.get(HOST_FILL_ENV) or 0)
+    fill_gib_s = value(HOST_FILL_ENV)
     if fill_gib_s > 0:
         time.sleep(max(0.0, nbytes / GIB / fill_gib_s - (time.perf_counter() - start)))
     return buffer, huge_page_bytes

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -195,9 +194,11 @@ def to_emulated_device(module: torch.nn.Module) -> torch.nn.Module:
 def activate_from_environment() -> EmulatedRuntime | None:
     """`SCOUTBENCH_EMULATE_CUDA=1` (the CLI calls this first): the whole process runs on emulated CUDA, with
     `SCOUTBENCH_EMULATE_CUDA_MEMORY_BYTES` of device memory (8 GiB)."""
-    if os.environ.get("SCOUTBENCH_EMULATE_CUDA") != "1":
+    from scoutbench.environment import value
+
+    if not value("SCOUTBENCH_EMULATE_CUDA"):
         return None
-    memory = int(os.environ.get("SCOUTBENCH_EMULATE_CUDA_MEMORY_BYTES", str(8 * 1024**3)))
+    memory = value("SCOUTBENCH_EMULATE_CUDA_MEMORY_BYTES")
     torch.set_num_threads(1)  # thousands of tiny emulated device ops: a second intra-op thread only adds waits
     return activate(lazy=True, memory_bytes=memory)
 
