@@ -169,17 +169,35 @@ class Phases:
                 handle.write(line + "\n")
 
 
+def preset_method_args(methods: list[str], budget: str | None) -> dict[str, dict[str, Any]]:
+    """Each method's fields with the check's `--budget` as a preset: it reaches the methods that have a token budget
+    and is no error for those that have none."""
+    from scoutbench.method_args import BUDGET, MethodSettings, resolve_method_args
+    from scoutbench.units import parse_length
+
+    settings = MethodSettings.of({}, budget=None if budget is None else parse_length(budget),
+                                 defaults=frozenset({BUDGET}))
+    return resolve_method_args(methods, settings)
+
+
+def plan_flags_command(args: argparse.Namespace) -> int:
+    """The plan phase's `--budget` flag: given only when one of the check's methods has a token budget (FullKV alone
+    has none, and `scoutbench plan` refuses a budget that reaches no method)."""
+    from scoutbench.method_args import BUDGET, has_field
+
+    if args.budget is not None and any(has_field(name, BUDGET) for name in args.methods.split()):
+        print(f"--budget {args.budget}")
+    return 0
+
+
 def configs_for(args: argparse.Namespace, methods: list[str], batch: int | str) -> list[Any]:
     """The throughput configs of `methods` at `batch`, as `scoutbench throughput` builds them. The check's
     `--budget` is its own preset, not a user's flag: it goes to the methods that have a token budget, and a phase
     whose methods have none (FullKV alone at the equal batch) runs them without it."""
     from scoutbench.bench.throughput import ThroughputConfig
-    from scoutbench.method_args import BUDGET, MethodSettings, resolve_method_args
     from scoutbench.units import parse_bytes, parse_length
 
-    settings = MethodSettings.of({}, budget=None if args.budget is None else parse_length(args.budget),
-                                 defaults=frozenset({BUDGET}))
-    per_method = resolve_method_args(methods, settings)
+    per_method = preset_method_args(methods, args.budget)
     return [ThroughputConfig(method=name, method_args=per_method[name], model=args.model,
                              length=parse_length(args.len), batch=batch, gpu_mem=parse_bytes(args.gpu_mem)
                              if args.gpu_mem else None, host_mem=parse_bytes(args.host_mem), steps=args.steps,
@@ -381,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     fallback = sub.add_parser("fallback")
     fallback.add_argument("--requested", required=True, help="the host cap asked for, e.g. 64GiB")
     fallback.add_argument("--setup-limit", type=float, required=True, help="the setup phase's limit (s)")
+    plan_flags = sub.add_parser("plan-flags")
+    plan_flags.add_argument("--methods", required=True)
+    plan_flags.add_argument("--budget", default=None)
     compare = sub.add_parser("compare")
     table = sub.add_parser("table")
     for command in (compare, table):
@@ -399,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--budget", default=None)
     table.add_argument("--dest", required=True)
     args = parser.parse_args(argv)
-    return {"host": host_command, "fallback": fallback_command, "compare": compare_command,
+    return {"host": host_command, "fallback": fallback_command, "plan-flags": plan_flags_command,
+            "compare": compare_command,
             "table": table_command}[args.command](args)
 
 

@@ -171,8 +171,10 @@ else
 fi
 
 # -- plan: the max batch of each method and what limits it; the equal batch is the smallest of them
+#    (the check's budget is a preset: `plan-flags` gives it only where one of the methods has a token budget)
+read -r -a PLAN_BUDGET <<< "$("$PY" "$REPO/scripts/gpu_check.py" plan-flags --methods "$METHODS" "${BUDGET[@]}")"
 run_phase plan "$PY" -m scoutbench plan --model "$MODEL" --len "$LEN" --host-mem "$HOST_MEM" "${GPU_MEM_ARGS[@]}" \
-    "${DTYPE[@]}" $(printf -- '--method %s ' $METHODS) "${BUDGET[@]}" --json
+    "${DTYPE[@]}" $(printf -- '--method %s ' $METHODS) "${PLAN_BUDGET[@]}" --json
 cp "$RAW/plan.stdout" "$DEST/gpu_check_plan.txt"
 EQUAL=$("$PY" -c 'import json, sys; plans = json.load(open(sys.argv[1])); print(max(1, min(p["max_batch"] for p in plans)))' \
     "$RAW/plan.stdout" 2>/dev/null || echo 1)
