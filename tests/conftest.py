@@ -8,6 +8,21 @@ else:
     torch.set_num_threads(2)
 
 
+def pytest_report_header(config):
+    """The path the CUDA tests take, at the top of their output (scripts/gpu_check.sh keeps it): a real device's
+    kernels, or emulated CUDA's Triton path (tests/test_gpu.py runs on it where no GPU is)."""
+    if torch is None:
+        return None
+    from scoutbench.kernels import backends
+
+    if torch.cuda.is_available():
+        return f"CUDA: triton {backends.triton_status()}; flashinfer {backends.flashinfer_status()}"
+    from scoutbench.testing.emulated_cuda.interpreter import triton_path
+
+    how = "in triton's interpreter" if triton_path() == backends.INTERPRETED else "as their torch references"
+    return f"emulated CUDA: the Triton kernels and fused ops run {how}"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch is not None and torch.cuda.is_available():
         return

@@ -97,6 +97,7 @@ class EmulatedRuntime:
         # its pool, only a successful capture_end removes it (graphs.end_allocate_to_pool)
         self.pools_recording: list[tuple[int, int]] = []
         self.staged_copies: Counter[tuple[str, str]] = Counter()  # through a pageable buffer: see `_staged`
+        self.triton_launches: Counter[str] = Counter()  # Triton kernels run in triton's interpreter, by name
 
     # -- threads
     def current_stream(self) -> EmulatedStream:
