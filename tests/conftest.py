@@ -8,19 +8,21 @@ else:
     torch.set_num_threads(2)
 
 
-def pytest_report_header(config):
-    """The path the CUDA tests take, at the top of their output (scripts/gpu_check.sh keeps it): a real device's
-    kernels, or emulated CUDA's Triton path (tests/test_gpu.py runs on it where no GPU is)."""
+def pytest_terminal_summary(terminalreporter):
+    """The path the CUDA tests took, after their results (also under -q; scripts/gpu_check.sh keeps the output): a
+    real device's kernels, or emulated CUDA's Triton path (tests/test_gpu.py runs on it where no GPU is)."""
     if torch is None:
-        return None
+        return
     from scoutbench.kernels import backends
 
     if torch.cuda.is_available():
-        return f"CUDA: triton {backends.triton_status()}; flashinfer {backends.flashinfer_status()}"
-    from scoutbench.testing.emulated_cuda.interpreter import triton_path
+        line = f"CUDA: triton {backends.triton_status()}; flashinfer {backends.flashinfer_status()}"
+    else:
+        from scoutbench.testing.emulated_cuda.interpreter import triton_path
 
-    how = "in triton's interpreter" if triton_path() == backends.INTERPRETED else "as their torch references"
-    return f"emulated CUDA: the Triton kernels and fused ops run {how}"
+        how = "in triton's interpreter" if triton_path() == backends.INTERPRETED else "as their torch references"
+        line = f"emulated CUDA: the Triton kernels and fused ops run {how}"
+    terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config, items):
