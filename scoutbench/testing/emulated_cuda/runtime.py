@@ -168,8 +168,10 @@ class EmulatedRuntime:
     def flush(self, stream: EmulatedStream, upto: int) -> None:
         """Run `stream`'s queued items up to position `upto` (and first what each of them waits for). Torch
         function modes are off: the items are device work the host issued earlier (and a mode saw then), not
-        calls of the thread that happens to wait for them."""
-        with self.lock, torch._C.DisableTorchFunction():
+        calls of the thread that happens to wait for them. So is autograd, which device work knows nothing of: a
+        decode step's queued ops, issued under no_grad, may run at a synchronize outside it, where autograd would
+        refuse in-place work on the step's views."""
+        with self.lock, torch._C.DisableTorchFunction(), torch.no_grad():
             previous = (self.executing, getattr(self.local, "stream", None))
             self.local.executing = True
             try:
