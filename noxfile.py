@@ -1,9 +1,9 @@
-"""Sessions: `nox -s tests` (default), `triton` (the Triton kernels in their CPU interpreter), `aot` (every Triton
-kernel compiled ahead for sm_80/86/89/90 with triton 3.9 and 3.6), `lint`, `perf_gate` (CPU
-sweep + relative gate), `floors` (the declared dependency floors, and the lent H200's transformers), `compat` (every
-supported Python, 3.10-3.13, without torch), `tests_python` (the whole suite on each supported Python, where a CPU
-torch wheel for it can be installed), `tests_qwen` (opt-in, the real 32k model), `gpu` (opt-in, CUDA). CI (.ci/run)
-runs tests, triton, aot, perf_gate."""
+"""Sessions: `nox -s tests` (default), `triton` (the Triton kernels in their CPU interpreter, the H200's path on
+emulated CUDA and the GPU check's dry run on it), `aot` (every Triton kernel compiled ahead for sm_80/86/89/90 with
+triton 3.9 and 3.6), `lint`, `perf_gate` (CPU sweep + relative gate), `floors` (the declared dependency floors, and
+the lent H200's transformers), `compat` (every supported Python, 3.10-3.13, without torch), `tests_python` (the whole
+suite on each supported Python, where a CPU torch wheel for it can be installed), `tests_qwen` (opt-in, the real 32k
+model), `gpu` (opt-in, CUDA). CI (.ci/run) runs tests, triton, aot, perf_gate."""
 
 import re
 from pathlib import Path
@@ -133,16 +133,27 @@ def tests_qwen(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", "-m", "slow", *session.posargs)
 
 
+# the GPU check's dry run on the H200's Triton path: every method, then a subset (scripts/gpu_check.sh)
+DRY_RUN_METHODS = ["scout hgca infinigen quest fullkv", "fullkv scout"]
+
+
 @nox.session
 def triton(session: nox.Session) -> None:
-    """tests/test_triton*.py with triton installed: each Triton kernel (decode, region and merge, select-and-split,
-    InfiniGen's speculation count) against its torch reference through the interpreter (TRITON_INTERPRET=1 in a
-    child pytest); SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
+    """The Triton kernels with triton installed, in triton's interpreter (TRITON_INTERPRET=1 in a child process:
+    tests/triton_interpreter.py). tests/test_triton*.py: each kernel (decode, region and merge, select-and-split,
+    InfiniGen's speculation count) against its torch reference; tests/test_emulated_triton.py: every method on
+    emulated CUDA taking the H200's path (the Triton kernels and fused ops, recorded per stage); then the GPU check's
+    dry run on that path (its tests/test_gpu.py selection included), for every method and for FullKV and
+    ScoutAttention alone. SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
     _install(session, "test")
     session.install(TRITON)
     session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", "tests/test_triton_region.py",
-                "tests/test_triton_select.py", "tests/test_triton_speculate.py", *session.posargs,
-                env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
+                "tests/test_triton_select.py", "tests/test_triton_speculate.py", "tests/test_emulated_triton.py",
+                *session.posargs, env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
+    for methods in DRY_RUN_METHODS:
+        session.run("bash", "scripts/gpu_check.sh", str(Path(session.create_tmp()) / "gpu_check_dry_run"),
+                    env={"SCOUTBENCH_GPU_CHECK_CPU": "1", "TRITON_INTERPRET": "1", "GPU_CHECK_METHODS": methods,
+                         "PYTHON": "python"}, external=True)
 
 
 @nox.session

@@ -63,7 +63,7 @@ class _Schedule:
     logits: torch.Tensor | None = None
     # the attention backends the captured pieces call (`backends.USAGE`): its bookkeeping is Python, which a replay
     # does not run, so each replay adds what the capture recorded
-    backend_calls: dict[str, int] = field(default_factory=dict)
+    backend_calls: dict[tuple[str, str], int] = field(default_factory=dict)  # (stage, device:backend)
 
     @property
     def pieces(self) -> int:
@@ -140,7 +140,7 @@ class GraphRunner:
         self.capturing = True
         self.timer.recorder = self
         self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
-        backends_before = attention_backends.snapshot()
+        backends_before = attention_backends.records()
         try:
             with self._calls, torch.cuda.stream(self.stream):  # the capturing stream is current throughout
                 self._begin_piece()
@@ -158,7 +158,7 @@ class GraphRunner:
             self.capturing = False
             self.timer.recorder = None
             self._schedule = None
-        after = attention_backends.snapshot()
+        after = attention_backends.records()
         schedule.backend_calls = {name: n - backends_before.get(name, 0) for name, n in after.items()
                                   if n > backends_before.get(name, 0)}
         attention_backends.reset()  # nothing ran at capture: the replay that follows adds these calls

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.runtime.offload import join_copy_streams
 
 STAGES = ("qkv_proj", "predict", "attn_device", "idle", "merge", "o_proj", "mlp", "other")
@@ -110,10 +111,18 @@ class StageTimer:
     def stage(self, name: str) -> Iterator[None]:
         """Time the block as stage `name`. A stage inside the same stage is the enclosing one (nothing more is
         marked, no capture piece ends): the engine books every method's `decode` as `attn_device`, so a method
-        that times its own device work there costs nothing extra, and one that forgets is still booked right."""
+        that times its own device work there costs nothing extra, and one that forgets is still booked right.
+        The attention calls of the block are booked under the stage too (`backends.USAGE`)."""
         if self._stack and self._stack[-1] == name:
             yield
             return
+        previous = attention_backends.enter_stage(name)
+        try:
+            yield from self._stage(name)
+        finally:
+            attention_backends.exit_stage(previous)
+
+    def _stage(self, name: str) -> Iterator[None]:
         if self.recorder is not None:
             self._stack.append(name)
             self.recorder.enter_stage(name)

@@ -201,8 +201,9 @@ def configs_for(args: argparse.Namespace, methods: list[str], batch: int | str) 
     return [ThroughputConfig(method=name, method_args=per_method[name], model=args.model,
                              length=parse_length(args.len), batch=batch, gpu_mem=parse_bytes(args.gpu_mem)
                              if args.gpu_mem else None, host_mem=parse_bytes(args.host_mem), steps=args.steps,
-                             warmup=args.warmup, device="cuda", dtype=args.dtype, prefill="synthetic",
-                             command=["scripts/gpu_check.py", *sys.argv[1:]]) for name in methods]
+                             warmup=args.warmup, count_steps=args.count_steps, device="cuda", dtype=args.dtype,
+                             prefill="synthetic", command=["scripts/gpu_check.py", *sys.argv[1:]])
+            for name in methods]
 
 
 def run_phase_methods(configs: list[Any], loaded: Any, folder: Path) -> list[dict[str, Any]]:
@@ -377,7 +378,8 @@ def table_command(args: argparse.Namespace) -> int:
     from scoutbench.units import parse_bytes
 
     cap = format_bytes(parse_bytes(args.host_mem))
-    table = "\n".join([f"host-memory cap {cap}; equal batch {equal}", *lines, legend])
+    triton = next((r["env"]["triton"] for r in results if "env" in r), "-")  # the path the Triton kernels took
+    table = "\n".join([f"host-memory cap {cap}; equal batch {equal}; triton: {triton}", *lines, legend])
     print(table)
     Path(args.dest, "gpu_check_table.txt").write_text(table + "\n", encoding="utf-8")
     Path(args.dest, "gpu_check_results.json").write_text(json.dumps(results, indent=1) + "\n",
@@ -416,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--gpu-mem", default=None)
     compare.add_argument("--steps", type=int, required=True)
     compare.add_argument("--warmup", type=int, required=True)
+    compare.add_argument("--count-steps", type=int, default=8, help="untimed steps counting the host's torch calls")
     compare.add_argument("--dtype", default=None)
     compare.add_argument("--budget", default=None)
     table.add_argument("--dest", required=True)

@@ -26,7 +26,9 @@
 #   gpu_check_pytest.txt, gpu_check_plan.txt, gpu_check_host.json, gpu_check_phases.txt, gpu_check_raw.tar.gz.
 # SCOUTBENCH_GPU_CHECK_CPU=1: the dry run, the same plumbing on a CPU through emulated CUDA
 #   (scoutbench/testing/emulated_cuda, SCOUTBENCH_EMULATE_CUDA=1): tiny-qwen3 at 2k, `--device cuda`, explicit
-#   --gpu-mem/--host-mem.
+#   --gpu-mem/--host-mem. Where triton is installed it takes the H200's path: the Triton kernels and fused ops in
+#   triton's interpreter (TRITON_INTERPRET=1, unless set; docs/gpu.md), at 1k and batches of 3-4 with 1 counted
+#   step (the interpreter runs a key tile in ~3 ms of CPU).
 #   SCOUTBENCH_HOST_FILL_GIBS=0.2 fills fresh host memory no faster than the lent machine does.
 # Knobs (environment): GPU_CHECK_MODEL, GPU_CHECK_LEN, GPU_CHECK_METHODS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP,
 #   GPU_CHECK_HOST_MEM (the host-memory cap asked for: the host phase lowers it to what fills in time),
@@ -39,6 +41,7 @@ DEST=${1:-${OUT:-$REPO/results/gpu_check}}
 mkdir -p "$DEST" && DEST=$(cd "$DEST" && pwd)
 PY=${PYTHON:-python3}
 START=$SECONDS
+COUNT_STEPS=8  # untimed steps after the timed ones that count the host's torch calls per step
 
 if [[ "${SCOUTBENCH_GPU_CHECK_CPU:-0}" == 1 ]]; then
     export SCOUTBENCH_EMULATE_CUDA=1 SCOUTBENCH_EMULATE_CUDA_MEMORY_BYTES=$((8 * 1024**3))
@@ -52,6 +55,18 @@ if [[ "${SCOUTBENCH_GPU_CHECK_CPU:-0}" == 1 ]]; then
     TESTS=("$REPO/tests/test_gpu.py" -k "arena or digest or partial_attention")
     LIMITS=(preflight=60 host=60 plan=60 profile=10 setup=150 max_batch=240 equal_batch=150 tests=200 table=30)
     TOTAL_S=1050
+    if "$PY" -c 'import triton' 2> /dev/null; then
+        export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
+    fi
+    if [[ "${TRITON_INTERPRET:-0}" == 1 ]]; then
+        echo "dry run: the Triton kernels and fused ops in triton's interpreter (TRITON_INTERPRET=1)"
+        LEN=${GPU_CHECK_LEN:-1k}; HOST_MEM=${GPU_CHECK_HOST_MEM:-5MiB}; GPU_MEM=${GPU_CHECK_GPU_MEM:-1.145GiB}
+        COUNT_STEPS=1
+        LIMITS+=(max_batch=420 equal_batch=300 tests=300)  # the later entry of a phase is its limit
+        TOTAL_S=1400
+    else
+        echo "dry run: the Triton kernels' torch references (triton not installed, or TRITON_INTERPRET=0)"
+    fi
 else
     MODEL=${GPU_CHECK_MODEL:-qwen3-14b}; LEN=${GPU_CHECK_LEN:-64k}
     STEPS=${GPU_CHECK_STEPS:-6}; WARMUP=${GPU_CHECK_WARMUP:-2}
@@ -196,7 +211,7 @@ timeout -k 5 "$((COMPARE_S + 15))" "$PY" "$REPO/scripts/gpu_check.py" compare --
     --phases "$DEST/gpu_check_phases.txt" \
     --limits "$(for name in "${COMPARE[@]}"; do printf '%s=%s,' "$name" "${LIMIT[$name]}"; done | sed 's/,$//')" \
     --methods "$METHODS" --model "$MODEL" --len "$LEN" --host-mem "$HOST_MEM" "${GPU_MEM_ARGS[@]}" \
-    --steps "$STEPS" --warmup "$WARMUP" "${DTYPE[@]}" "${BUDGET[@]}" --equal "$EQUAL" \
+    --steps "$STEPS" --warmup "$WARMUP" --count-steps "$COUNT_STEPS" "${DTYPE[@]}" "${BUDGET[@]}" --equal "$EQUAL" \
     > "$RAW/compare.stdout" 2> "$RAW/compare.stderr"
 rc=$?
 for name in "${COMPARE[@]}"; do  # a phase the process never reached (it failed or was killed before)

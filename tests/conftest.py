@@ -8,6 +8,23 @@ else:
     torch.set_num_threads(2)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The path the CUDA tests took, after their results (also under -q; scripts/gpu_check.sh keeps the output): a
+    real device's kernels, or emulated CUDA's Triton path (tests/test_gpu.py runs on it where no GPU is)."""
+    if torch is None:
+        return
+    from scoutbench.kernels import backends
+
+    if torch.cuda.is_available():
+        line = f"CUDA: triton {backends.triton_status()}; flashinfer {backends.flashinfer_status()}"
+    else:
+        from scoutbench.testing.emulated_cuda.interpreter import triton_path
+
+        how = "in triton's interpreter" if triton_path() == backends.INTERPRETED else "as their torch references"
+        line = f"emulated CUDA: the Triton kernels and fused ops run {how}"
+    terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch is not None and torch.cuda.is_available():
         return

@@ -42,13 +42,14 @@ class EmulatedRun:
     syncs: list[SyncSite]
     cpu_stats: dict[str, Any]
     cuda_stats: dict[str, Any]
-    backends: dict[str, int]
+    backends: dict[str, int]  # calls per device:backend over the decode steps
     transfers: dict[str, float]  # bytes per decode step the emulator saw, "h2d" and "d2h"
     side_items: int  # work items the copy streams executed
     config: dict[str, Any] = field(default_factory=dict)  # the method's fields
     copied: dict = field(default_factory=dict)  # bytes over the timed steps by (direction, stream kind, dtype)
     step_ms: list[float] = field(default_factory=list)
     graphs: dict[str, Any] | None = None  # GraphRunner.describe() of a run with CUDA graphs
+    backends_by_stage: dict[str, dict[str, int]] = field(default_factory=dict)  # the same per stage
 
     def max_diff(self) -> list[float]:
         return [float((a - b).abs().max()) for a, b in zip(self.cpu_logits, self.cuda_logits, strict=True)]
@@ -123,7 +124,8 @@ def run_emulated(model: torch.nn.Module, make_method: Callable[[], AttentionMeth
             side_items = sum(s.done for s in runtime.streams if not s.is_default) - side_before
             return EmulatedRun(cpu_logits, cuda_logits, syncs, cpu_stats, method.stats(), backends.USAGE.snapshot(),
                                transfers, side_items, method.config(), copied, step_ms,
-                               engine.graphs.describe() if engine.graphs is not None else None)
+                               engine.graphs.describe() if engine.graphs is not None else None,
+                               backends.USAGE.by_stage())
         finally:
             method.close()
 

@@ -175,6 +175,35 @@ def test_quest_host_lengths_equal_its_device_selection(tiny_qwen3):
         assert torch.equal(valid_len, expected), positions
 
 
+def test_usage_books_each_call_under_its_threads_stage():
+    """A call is booked under the stage its own thread is in (the decode loop's stage timer; a CPU worker's
+    `cpu_worker`), a call outside every stage under `other`; the totals sum the stages."""
+    import threading
+
+    usage = backends._Usage()
+    usage.add("cuda", "triton")
+    previous = usage.enter_stage("attn_device")
+    usage.add("cuda", "triton")
+
+    def worker():
+        usage.enter_stage("cpu_worker")
+        usage.add("cpu", "native")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    usage.add("cuda", "fused-region")
+    usage.exit_stage(previous)
+    usage.add("cuda", "triton")
+    assert usage.by_stage() == {"attn_device": {"cuda:fused-region": 1, "cuda:triton": 1},
+                                "cpu_worker": {"cpu:native": 1}, "other": {"cuda:triton": 2}}
+    assert usage.snapshot() == {"cpu:native": 1, "cuda:fused-region": 1, "cuda:triton": 3}
+    records = usage.records()
+    usage.reset()
+    usage.add_counts(records)  # what a CUDA graph's replay adds: the same calls, in the same stages
+    assert usage.records() == records
+
+
 @pytest.mark.parametrize("cuda_present", [False, True])
 @pytest.mark.parametrize("name,expected", [("fullkv", {"cpu:{}"}), ("quest", {"cpu:{}"}),
                                            ("scout", {"cpu:{}"})])
@@ -189,7 +218,9 @@ def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, exp
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
     from scoutbench.devices import resolve_device
     from scoutbench.models import LoadedModel
+    from scoutbench.runtime.offload import CPU_WORKER_STAGE
     from scoutbench.testing.emulated_cuda import emulated_cuda
+    from scoutbench.timing import STAGES
 
     args = {"budget": 64, "block_size": 16, "dense_layers": 1} if name != "fullkv" else {}
     config = ThroughputConfig(method=name, method_args=args, model="tiny-qwen3", length=256, batch=2, steps=2,
@@ -198,9 +229,16 @@ def test_result_records_the_backends_that_ran(tiny_qwen3, cpu_backend, name, exp
     with emulated_cuda() if emulate else contextlib.nullcontext():
         result = run_throughput(config, LoadedModel(tiny_qwen3, "tiny-qwen3", "preset", True))
         best_installed = backends.partial_backend(resolve_device("auto"))
-    used = result["attention_backends"]
+    used, by_stage = result["attention_backends"], result["attention_backends_by_stage"]
     assert set(used) == expected and all(count > 0 for count in used.values())
-    if name == "fullkv":  # one call per layer and timed step (warm-up calls are not counted)
+    if name == "fullkv":  # one call per layer and timed step (warm-up calls are not counted), in attn_device
         assert used == {f"cpu:{cpu_backend}": tiny_qwen3.config.num_hidden_layers * 2}
+        assert by_stage == {"attn_device": used}
+    per_backend: dict[str, int] = {}
+    for stage, calls in by_stage.items():  # per stage, adding up to the totals
+        assert stage in (*STAGES, CPU_WORKER_STAGE) and calls
+        for backend, count in calls.items():
+            per_backend[backend] = per_backend.get(backend, 0) + count
+    assert per_backend == used
     assert result["env"]["cpu_attention_backend"] == cpu_attention.backend_name()
     assert result["env"]["partial_attention_backend"] == best_installed  # the machine's, not the CPU kernel

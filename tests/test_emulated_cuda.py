@@ -140,6 +140,38 @@ def test_transfer_counters_are_what_the_cuda_path_copies(runs, key):
         assert run.cuda_stats[f"{direction}_bytes_per_step"] == pytest.approx(run.transfers[direction]), direction
 
 
+@pytest.mark.parametrize("key", list(VARIANTS))
+def test_attention_backends_are_recorded_per_stage(runs, key):
+    """Every call is booked under the stage it ran in: the device part and the dense layers in `attn_device` (or a
+    method's own stage inside it), a CPU worker's kernel under `cpu_worker`; the stages add up to the totals. Here
+    (no triton interpreted: tests/test_emulated_triton.py has that path) the dense decode is torch's, as on CUDA
+    without triton, and says so."""
+    from scoutbench.runtime.offload import CPU_WORKER_STAGE
+    from scoutbench.timing import STAGES
+
+    run = runs(key)
+    by_stage = run.backends_by_stage
+    assert set(by_stage) <= {*STAGES, CPU_WORKER_STAGE}, by_stage
+    if run.config.get("dense_layers", 1):  # the dense layers' decode (FullKV: every layer)
+        assert by_stage["attn_device"].get("cuda:torch", 0) > 0, by_stage
+    totals: dict[str, int] = {}
+    for calls in by_stage.values():
+        for backend, n in calls.items():
+            totals[backend] = totals.get(backend, 0) + n
+    assert totals == run.backends
+    assert all(key.startswith("cpu:") for key in by_stage.get(CPU_WORKER_STAGE, {})), by_stage
+
+
+def test_replayed_steps_record_the_backends_per_stage(model, prompt):
+    """A CUDA graph's replay books the calls its capture recorded under the stages they were captured in: a
+    replayed ScoutAttention run (device region, dense layer, CPU worker) records the eager run's calls per stage."""
+    _, make = _factory("scout")
+    eager = run_emulated(model, make, *prompt, 8)
+    replayed = run_emulated(model, make, *prompt, 8, cuda_graphs=True)
+    assert replayed.graphs["replayed_steps"] >= 6
+    assert replayed.backends_by_stage == eager.backends_by_stage and len(eager.backends_by_stage) >= 2
+
+
 @pytest.mark.parametrize("key", ["scout", "scout-pr", "scout-beta"])
 def test_recall_bytes_are_what_the_recall_copies(runs, key):
     """2h: ScoutAttention's `recall.bytes` against the K/V bytes its recalls copied to the device (the copy

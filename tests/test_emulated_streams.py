@@ -47,6 +47,23 @@ def test_a_replay_on_a_side_stream_runs_after_what_the_stream_waited_for(cuda):
     assert torch.equal(out.cpu(), torch.ones(4))  # 0 * 2 + 1: the copy had not run
 
 
+def test_queued_work_runs_without_autograd_wherever_it_is_waited_for(cuda):
+    """Work a decode step queues on a side stream under no_grad (a warm-up on the capture stream) runs when waited
+    on, perhaps at a synchronize outside no_grad (a host arena's release at the end of a run): as on a GPU, autograd
+    has no part in it (it refused the in-place add below on the step's view, and failed a comparison's second
+    method)."""
+    stream = torch.cuda.Stream()
+    x = torch.ones(4, 8, device="cuda")
+    weight = torch.nn.Parameter(torch.ones(8, device="cuda"))  # requires grad, as a module's parameters do
+    with torch.no_grad(), torch.cuda.stream(stream):
+        y = x * weight
+        row = y[0]
+        y.add_(1)
+        out = torch.nn.functional.rms_norm(row, (8,), weight)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.cpu(), torch.ones(8))
+
+
 def test_fork_and_join_inside_a_capture(cuda):
     """A side stream that waits on an event of the capture joins it; its work is replayed in issue order."""
     x, side = torch.arange(4.0).to("cuda"), torch.cuda.Stream()

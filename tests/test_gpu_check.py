@@ -185,7 +185,8 @@ def test_a_phase_whose_methods_have_no_budget_runs_them_without_it():
     equal batch (GPU_CHECK_METHODS="fullkv scout") was a UsageError ("no selected method has a token budget")."""
     check = _check_script()
     args = check.main.__globals__["argparse"].Namespace(
-        budget="256", model="tiny-qwen3", len="2k", gpu_mem=None, host_mem="24MiB", steps=2, warmup=1, dtype="fp32")
+        budget="256", model="tiny-qwen3", len="2k", gpu_mem=None, host_mem="24MiB", steps=2, warmup=1, count_steps=8,
+        dtype="fp32")
     fullkv, = check.configs_for(args, ["fullkv"], 4)
     assert fullkv.method == "fullkv" and "budget" not in fullkv.method_args
     scout, fullkv = check.configs_for(args, ["scout", "fullkv"], "auto")

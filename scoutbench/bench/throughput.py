@@ -281,7 +281,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
             if on_progress is not None:
                 on_progress("decode", index + 1, total_steps)
         stats = method.stats()
-        backends_used = attention_backends.snapshot()
+        backends_used, backends_by_stage = attention_backends.snapshot(), attention_backends.by_stage()
         timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
         graphs = graph_fields(engine, timed_captures)
         if nvml is not None:  # the counted and profiled steps below are no part of the measurement
@@ -320,5 +320,5 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         **summarise_steps(records, workload.batch, device.type),
         **host_fields(records, calls_per_step, cfg.count_steps, replays_per_step), **graphs,
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
-        "attention_backends": backends_used,
+        "attention_backends": backends_used, "attention_backends_by_stage": backends_by_stage,
     }

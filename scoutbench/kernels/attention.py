@@ -75,9 +75,11 @@ class StepLengths:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      valid_len: torch.Tensor | None = None, lengths_host: Sequence[int] | None = None,
                      lengths: StepLengths | None = None) -> torch.Tensor:
-    """Exact single-token attention over all (valid) keys; returns `[B, Hq, D]` in q's dtype (FullKV's kernel):
-    flashinfer's paged decode on CUDA where `select_backend` allows it, else torch SDPA in the packed-GQA form.
-    A step's `lengths` (StepLengths) stand for `valid_len` and `lengths_host`, with the torch path's mask made."""
+    """Exact single-token attention over all (valid) keys; returns `[B, Hq, D]` in q's dtype (FullKV's kernel, every
+    dense layer's, InfiniGen's fetched rows): on CUDA the best backend `select_backend` allows, in the documented
+    order (flashinfer's paged decode, the Triton split-KV kernel, torch SDPA in the packed-GQA form); on a CPU the
+    compiled kernel, else SDPA. A step's `lengths` (StepLengths) stand for `valid_len` and `lengths_host`, with the
+    torch path's mask made."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     bias = None
@@ -90,6 +92,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         backends.USAGE.add(q.device.type, backend)
         return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
                                            use_tensor_cores=backend == "flashinfer-tc").o.to(q.dtype)
+    if backend == "triton":
+        backends.USAGE.add(q.device.type, backend)
+        return _triton_partial(q, k, v, scale, valid_len).o.to(q.dtype)
     if cpu_attention.supports(q, k):
         backends.USAGE.add("cpu", "native")
         return _native(q, k, v, scale, valid_len).o.to(q.dtype)
@@ -128,9 +133,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
                                            use_tensor_cores=backend == "flashinfer-tc")
     if backend == "triton":
-        from scoutbench.kernels.triton_decode import triton_partial_attention  # noqa: PLC0415
-
-        return triton_partial_attention(q, k, v, scale, valid_len)
+        return _triton_partial(q, k, v, scale, valid_len)
     q4 = _packed(q, num_kv_heads)
     if bias is None and valid_len is not None:
         bias = length_bias(valid_len, num_keys, num_kv_heads, q.dtype)
@@ -149,6 +152,14 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     return PartialState(out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads))
+
+
+def _triton_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    valid_len: torch.Tensor | None) -> PartialState:
+    """The Triton split-KV flash-decoding kernel (`triton_decode`, imported at its first call: triton is optional)."""
+    from scoutbench.kernels.triton_decode import triton_partial_attention  # noqa: PLC0415
+
+    return triton_partial_attention(q, k, v, scale, valid_len)
 
 
 def partial_attention_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

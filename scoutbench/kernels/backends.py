@@ -34,7 +34,7 @@ import importlib
 import math
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,29 +65,44 @@ def flashinfer_available() -> bool:
     return torch.cuda.is_available() and _flashinfer()[0] is not None
 
 
+# How the CUDA emulation (scoutbench/testing/emulated_cuda) serves the Triton kernels while it runs (None: no
+# emulation). Its device keeps its data in CPU tensors, where a compiled Triton launch would need libcuda, so:
+# INTERPRETED, triton's interpreter runs the kernels on them (triton imported with TRITON_INTERPRET=1: the H200's
+# path); REFERENCE, each fused op's torch reference stands for its kernel (triton absent, or imported compiled),
+# so that an emulated step still issues what a GPU step issues, and every other call goes where it goes on CUDA
+# without triton (the dense decode to torch).
+INTERPRETED, REFERENCE = "triton-interpreter", "torch-reference"
+EMULATED_TRITON: str | None = None
+
+
 def triton_available() -> bool:
+    """Whether the Triton kernels serve the CUDA device: where triton is installed, and on emulated CUDA only in
+    triton's interpreter (never a compiled launch there)."""
+    if EMULATED_TRITON is not None:
+        return EMULATED_TRITON == INTERPRETED
     return torch.cuda.is_available() and _optional("triton")[0] is not None
-
-
-# The CUDA emulation (scoutbench/testing/emulated_cuda) sets this while it runs: its device serves each fused op with
-# the op's torch reference where a GPU runs the op's Triton kernel, so an emulated step issues what a GPU step issues
-FUSED_OPS_EMULATED = False
 
 
 def fused_ops_available(device: torch.device) -> bool:
     """Whether the fused device ops (one launch each: scoutbench/kernels/fused_ops.py) serve `device`: CUDA where
-    triton is installed to compile their kernels, and emulated CUDA. Elsewhere a caller issues the ops the fused
-    one stands for (on a CPU its compiled kernels, on CUDA without triton the torch composite)."""
-    return device.type == "cuda" and (FUSED_OPS_EMULATED or triton_available())
+    triton is installed to compile their kernels, and emulated CUDA (their kernels interpreted, or their
+    references). Elsewhere a caller issues the ops the fused one stands for (on a CPU its compiled kernels, on CUDA
+    without triton the torch composite)."""
+    return device.type == "cuda" and (EMULATED_TRITON is not None or triton_available())
 
 
 def _status(module_name: str) -> str:
     module, reason = _optional(module_name)
     if module is None:
         return f"unavailable ({reason})"
+    version = getattr(module, "__version__", "?")
+    if module_name == "triton" and EMULATED_TRITON is not None:
+        return f"installed {version}; emulated CUDA runs " + (
+            "its kernels in triton's interpreter" if EMULATED_TRITON == INTERPRETED else
+            "their torch references (triton was imported without TRITON_INTERPRET=1)")
     if not torch.cuda.is_available():
-        return f"installed {getattr(module, '__version__', '?')} but no CUDA device"
-    return f"available {getattr(module, '__version__', '?')}"
+        return f"installed {version} but no CUDA device"
+    return f"available {version}"
 
 
 def decode_group_sizes(version: str) -> tuple[int, ...]:
@@ -153,19 +168,37 @@ def partial_backend(device: torch.device) -> str:
     return "triton" if triton_available() else "torch"
 
 
+# the stage of a call made outside every stage of the stage timer (on the decode loop's thread: embedding, lm_head)
+UNSTAGED = "other"
+
+
 class _Usage:
-    """Calls per `device:backend` since the last reset: the result records what really ran, per method."""
+    """Calls per `device:backend` since the last reset, per stage of the decode step: the result records what
+    really ran, per method and stage. A call's stage is its thread's (`enter_stage`: the stage timer's innermost
+    open stage on the decode loop's thread, `cpu_worker` on a CPU worker's), else UNSTAGED."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # CPU workers attend concurrently with the main thread
-        self._counts: Counter[str] = Counter()
+        self._counts: Counter[tuple[str, str]] = Counter()  # (stage, "device:backend") -> calls
+        self._thread = threading.local()
+
+    def enter_stage(self, name: str | None) -> str | None:
+        """Book this thread's calls under stage `name` from now on; returns the stage to restore (`exit_stage`)."""
+        previous = getattr(self._thread, "stage", None)
+        self._thread.stage = name
+        return previous
+
+    def exit_stage(self, previous: str | None) -> None:
+        self._thread.stage = previous
 
     def add(self, device_type: str, backend: str) -> None:
+        stage = getattr(self._thread, "stage", None) or UNSTAGED
         with self._lock:
-            self._counts[f"{device_type}:{backend}"] += 1
+            self._counts[stage, f"{device_type}:{backend}"] += 1
 
-    def add_counts(self, counts: dict[str, int]) -> None:
-        """Calls made again without their Python: a CUDA graph's replay adds what its capture recorded."""
+    def add_counts(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Calls made again without their Python: a CUDA graph's replay adds what its capture recorded
+        (`records()`)."""
         with self._lock:
             self._counts.update(counts)
 
@@ -173,9 +206,24 @@ class _Usage:
         with self._lock:
             self._counts.clear()
 
-    def snapshot(self) -> dict[str, int]:
+    def records(self) -> dict[tuple[str, str], int]:
+        """Calls per (stage, `device:backend`)."""
         with self._lock:
-            return dict(sorted(self._counts.items()))
+            return dict(self._counts)
+
+    def snapshot(self) -> dict[str, int]:
+        """Calls per `device:backend`, over every stage."""
+        totals: Counter[str] = Counter()
+        for (_, backend), calls in self.records().items():
+            totals[backend] += calls
+        return dict(sorted(totals.items()))
+
+    def by_stage(self) -> dict[str, dict[str, int]]:
+        """Calls per `device:backend` in each stage that made any."""
+        stages: dict[str, dict[str, int]] = {}
+        for (stage, backend), calls in sorted(self.records().items()):
+            stages.setdefault(stage, {})[backend] = calls
+        return stages
 
 
 USAGE = _Usage()

@@ -11,22 +11,41 @@ calls is launch-bound (issue 34: the step must measure the methods, not Python).
   device and is what the Triton kernels are tested against in triton's interpreter (tests/test_triton_*.py);
 - a fake (meta) implementation, for capture and shape propagation.
 
-Callers use an op where `backends.fused_ops_available(device)` (CUDA with triton, and emulated CUDA, whose device
-runs the reference as a GPU runs the kernel); on a CPU they keep their compiled kernels, and on CUDA without triton
-the composite. `select_split` and `speculate_count_` write a layer's static buffers (what a captured graph, the CPU
-worker and the host read, with views made once: copying fresh outputs into them would cost a call each);
-`region_attention` and `merged_output` return fresh tensors.
+Callers use an op where `backends.fused_ops_available(device)` (CUDA with triton, and emulated CUDA); on a CPU
+they keep their compiled kernels, and on CUDA without triton the composite. Emulated CUDA keeps its device's data in
+CPU tensors, so there an op reaches its CPU implementation, the op's body: it runs the op's Triton kernel where the
+emulation runs triton's interpreter (`backends.EMULATED_TRITON`: the H200's path on a CPU), else the reference.
+`select_split` and `speculate_count_` write a layer's static buffers (what a captured graph, the CPU worker and the
+host read, with views made once: copying fresh outputs into them would cost a call each); `region_attention` and
+`merged_output` return fresh tensors.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
+from scoutbench.kernels import backends
 from scoutbench.kernels.digest import rank_from_digests
 from scoutbench.kernels.eviction import eviction_order
 from scoutbench.kernels.partial_state import _interpolated
 
 NUM_COUNTS = 4  # a split plan's counts per row: n_cpu, n_selected, n_available, n_resident
+
+
+def _triton_kernel(module: str, name: str) -> Callable[..., Any]:
+    """`name` of the Triton kernel module `scoutbench.kernels.<module>`, imported when first needed (triton is
+    optional)."""
+    return getattr(importlib.import_module(f"scoutbench.kernels.{module}"), name)
+
+
+def _interpreted(module: str, name: str) -> Callable[..., Any] | None:
+    """The op's Triton kernel where an op's body serves emulated CUDA in triton's interpreter, else None (the body
+    runs the reference)."""
+    return _triton_kernel(module, name) if backends.EMULATED_TRITON == backends.INTERPRETED else None
 
 
 # ---------------------------------------------------------------------------------------------- select and split
@@ -48,6 +67,10 @@ def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, 
     the first k slots of `eviction.eviction_order` and how many of them a recall may fill (at most k), else 0
     and 0; n_cpu, n_selected, n_available, n_resident. And `pool_use` `[B, Hkv, S]` bool (S >= k): the pool slots
     the device part reads. Entries of ids and pending past n_selected are padding: their values are unspecified."""
+    kernel = _interpreted("triton_select", "select_split")
+    if kernel is not None:
+        kernel(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data, pool_use)
+        return
     plan, used = select_split_reference(q, digests, blocked, count, (data.shape[-1] - NUM_COUNTS) // 3, block_slot,
                                         slot_ready, slot_block, with_victims)
     data.copy_(plan)
@@ -89,10 +112,8 @@ def _(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victi
 
 @select_split.register_kernel("cuda")
 def _(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data, pool_use):
-    from scoutbench.kernels import triton_select  # noqa: PLC0415 - triton is optional
-
-    triton_select.select_split(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data,
-                               pool_use)
+    _triton_kernel("triton_select", "select_split")(q, digests, blocked, count, block_slot, slot_ready, slot_block,
+                                                    with_victims, data, pool_use)
 
 
 # ---------------------------------------------------------------------------------------------- region attention
@@ -103,7 +124,8 @@ def region_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     KV head) row attending the first `slot_tokens[b, h, s]` tokens of slot s (`[B, Hkv, S]` int64; every row has
     an open token). Returns (o fp32 `[B, Hq, D]`, natural-log lse fp32 `[B, Hq]`): `attention.region_attention`'s
     contract, one launch."""
-    return region_reference(q, k, v, scale, slot_tokens)
+    kernel = _interpreted("triton_region", "region_attention")
+    return (kernel or region_reference)(q, k, v, scale, slot_tokens)
 
 
 def region_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, slot_tokens: torch.Tensor
@@ -133,9 +155,7 @@ def _(q, k, v, scale, slot_tokens):
 
 @region_attention.register_kernel("cuda")
 def _(q, k, v, scale, slot_tokens):
-    from scoutbench.kernels import triton_region  # noqa: PLC0415 - triton is optional
-
-    return triton_region.region_attention(q, k, v, scale, slot_tokens)
+    return _triton_kernel("triton_region", "region_attention")(q, k, v, scale, slot_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- merged output
@@ -144,6 +164,9 @@ def merged_output(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse
                   dtype: torch.dtype) -> torch.Tensor:
     """The output of the exact LSE merge of two partial states (`partial_state.merged_output`), cast to `dtype`:
     the last step of a co-attention layer on the device (ScoutAttention, HGCA), one launch."""
+    kernel = _interpreted("triton_region", "merged_output")
+    if kernel is not None:
+        return kernel(o_a, lse_a, o_b, lse_b, dtype)
     return _interpolated(o_a, lse_a, o_b, lse_b).to(dtype)
 
 
@@ -154,9 +177,7 @@ def _(o_a, lse_a, o_b, lse_b, dtype):
 
 @merged_output.register_kernel("cuda")
 def _(o_a, lse_a, o_b, lse_b, dtype):
-    from scoutbench.kernels import triton_region  # noqa: PLC0415 - triton is optional
-
-    return triton_region.merged_output(o_a, lse_a, o_b, lse_b, dtype)
+    return _triton_kernel("triton_region", "merged_output")(o_a, lse_a, o_b, lse_b, dtype)
 
 
 # ---------------------------------------------------------------------------------------------- speculated count
@@ -187,6 +208,11 @@ def speculate_count_(scores: torch.Tensor, uncached: torch.Tensor, scale: float,
     sub, gt, sum, mean, clamp, long, minimum and group amax; the lengths' add and copy, and their mask's index, lt
     and where). The name ends in `_`, torch's mark of an in-place op; its schema marks the buffers it writes, which
     is how a capture (on a GPU, and on emulated CUDA) records it as work on them."""
+    kernel = _interpreted("triton_speculate", "speculate_count_")
+    if kernel is not None:
+        kernel(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current, valid_len, bias,
+               scratch)
+        return
     _speculate_count_reference(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current,
                                valid_len, bias)
 
@@ -212,7 +238,5 @@ def _(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, c
 
 @speculate_count_.register_kernel("cuda")
 def _(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current, valid_len, bias, scratch):
-    from scoutbench.kernels import triton_speculate  # noqa: PLC0415 - triton is optional
-
-    triton_speculate.speculate_count_(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count,
-                                      current, valid_len, bias, scratch)
+    _triton_kernel("triton_speculate", "speculate_count_")(scores, uncached, scale, alpha, capacity, positions,
+                                                           ranked, mean_count, current, valid_len, bias, scratch)

@@ -39,6 +39,7 @@ import torch
 
 from scoutbench.environment import value
 from scoutbench.errors import ScoutbenchError
+from scoutbench.kernels.backends import USAGE as attention_backends
 
 ARENA_ALIGN_BYTES = 256  # every tensor of an arena starts at a multiple of this (vector loads, any dtype)
 PREFILL_CHUNK_TOKENS = 4096  # tokens per piece of a chunked prefill transient
@@ -53,6 +54,7 @@ MADV_DONTNEED, MADV_HUGEPAGE = 4, 14  # <sys/mman.h>, Linux
 # GIL switch interval while a CPU worker runs beside the main thread (CpuWorkerPool): ScoutAttention's decode steps on
 # bench-attn16 at 32k measured 3-7% faster than at CPython's default 5 ms (0.1-1 ms alike; HGCA, InfiniGen unchanged)
 WORKER_SWITCH_INTERVAL_S = 0.0002
+CPU_WORKER_STAGE = "cpu_worker"  # the stage a CPU worker's attention calls are booked under (`backends.USAGE`)
 
 
 @functools.cache
@@ -433,15 +435,21 @@ class CpuWorkerPool:
         if intra_op_threads is None and device is not None and torch.device(device).type == "cuda":
             intra_op_threads = max(1, (usable_cores() - 1) // workers)
         self.intra_op_threads = intra_op_threads
-        initializer = None if intra_op_threads is None else (lambda: torch.set_num_threads(intra_op_threads))
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scoutbench-cpu",
-                                           initializer=initializer)
+                                           initializer=self._start_worker)
         self._closed = False
         with CpuWorkerPool._lock:
             if CpuWorkerPool._open == 0:
                 CpuWorkerPool._saved_interval_s = sys.getswitchinterval()
             sys.setswitchinterval(min(sys.getswitchinterval(), WORKER_SWITCH_INTERVAL_S))
             CpuWorkerPool._open += 1
+
+    def _start_worker(self) -> None:
+        """A worker's thread: its torch threads, and its attention calls booked as the CPU worker's
+        (`backends.USAGE`: the stage timer's stages are the decode loop's thread's)."""
+        if self.intra_op_threads is not None:
+            torch.set_num_threads(self.intra_op_threads)
+        attention_backends.enter_stage(CPU_WORKER_STAGE)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         return self.executor.submit(fn, *args)

@@ -36,12 +36,16 @@ run). It is adversarial where real hardware is lucky:
   work outside the capture, device work on a stream outside it, a fork not joined back by the capture's end, a
   capture on the default stream, a random op with an explicit generator; waits, queries and timing of an event
   recorded in a capture fail afterwards (a replay does not record it). A kernel reading device memory by address
-  (Triton's interpreter) is refused in a capture: it would run at capture only.
+  is refused in a capture: it would run at capture only.
+- Triton kernels (`interpreter`): where triton was imported with TRITON_INTERPRET=1, its interpreter runs them on the
+  device's CPU tensors, each launch device work of its stream (captured as a launch is), so the dispatch takes the
+  H200's path; elsewhere their torch references stand for them. Never a compiled launch (it would need libcuda).
 
 The modules: `state` (the device, CUDA's error codes, the active emulation), `streams` (streams and
 events), `runtime` (one emulation: how streams run, pinned memory, copies, syncs, cudart), `tensors` (device
 tensors and their dispatch), `factories` (calls without a device tensor), `capture` and `graphs` (CUDA graphs),
-and here the activation. What it cannot see is listed in docs/gpu.md ("What emulation cannot catch").
+`interpreter` (Triton kernels), and here the activation. What it cannot see is listed in docs/gpu.md ("What
+emulation cannot catch").
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from scoutbench.testing.emulated_cuda.graphs import (
     make_graphed_callables,
     release_pool,
 )
+from scoutbench.testing.emulated_cuda.interpreter import interpreter_patches, triton_path
 from scoutbench.testing.emulated_cuda.runtime import EmulatedRuntime
 from scoutbench.testing.emulated_cuda.state import (
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
@@ -81,12 +86,14 @@ from scoutbench.testing.emulated_cuda.tensors import EmulatedTensor
 def _patches(runtime: EmulatedRuntime) -> dict[tuple[Any, str], Any]:
     cuda = torch.cuda
     mib = 1024**2
+    triton = triton_path()
 
     def current_stream(device: Any = None) -> EmulatedStream:
         return runtime.current_stream()
 
     return {
-        (backends, "FUSED_OPS_EMULATED"): True,  # the fused ops' torch references stand for their Triton kernels
+        (backends, "EMULATED_TRITON"): triton,  # the Triton kernels interpreted, or their torch references
+        **(interpreter_patches() if triton == backends.INTERPRETED else {}),
         (cuda, "is_available"): lambda: True,
         (cuda, "device_count"): lambda: 1,
         (cuda, "current_device"): lambda: 0,

@@ -97,6 +97,7 @@ class EmulatedRuntime:
         # its pool, only a successful capture_end removes it (graphs.end_allocate_to_pool)
         self.pools_recording: list[tuple[int, int]] = []
         self.staged_copies: Counter[tuple[str, str]] = Counter()  # through a pageable buffer: see `_staged`
+        self.triton_launches: Counter[str] = Counter()  # Triton kernels run in triton's interpreter, by name
 
     # -- threads
     def current_stream(self) -> EmulatedStream:
@@ -167,8 +168,10 @@ class EmulatedRuntime:
     def flush(self, stream: EmulatedStream, upto: int) -> None:
         """Run `stream`'s queued items up to position `upto` (and first what each of them waits for). Torch
         function modes are off: the items are device work the host issued earlier (and a mode saw then), not
-        calls of the thread that happens to wait for them."""
-        with self.lock, torch._C.DisableTorchFunction():
+        calls of the thread that happens to wait for them. So is autograd, which device work knows nothing of: a
+        decode step's queued ops, issued under no_grad, may run at a synchronize outside it, where autograd would
+        refuse in-place work on the step's views."""
+        with self.lock, torch._C.DisableTorchFunction(), torch.no_grad():
             previous = (self.executing, getattr(self.local, "stream", None))
             self.local.executing = True
             try:
