@@ -100,12 +100,27 @@ class ProfilePrompts:
     measured_on: dict[str, Any]
 
 
-def longbench_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int,
-                      data: tuple[list[dict[str, Any]], Any] | None = None) -> ProfilePrompts:
-    """The first `limit` records of a LongBench dataset whose official prompt has at least `length` tokens, middle-
-    truncated to exactly `length` (`LongBenchTask`, then `truncate_middle_ids`: the drift depends on the context,
-    so the profile is at the length asked for), with their ids and the data's source. `data`: the dataset's
-    records and source as `longbench.load_task_data` read them (before the model loaded), else read here."""
+def longbench_prompts(datasets: str | list[str], data_dir: str | None, tokenizer: Any, length: int, limit: int,
+                      data: dict[str, tuple[list[dict[str, Any]], Any]] | None = None) -> ProfilePrompts:
+    """The first `limit` records of each LongBench dataset whose official prompt has at least `length` tokens,
+    middle-truncated to exactly `length` (`LongBenchTask`, then `truncate_middle_ids`: the drift depends on the
+    context, so the profile is at the length asked for), with their ids and the data's source. Several datasets
+    profile one model over several kinds of text, as the paper profiles its model once: their records are
+    listed in order, each with its dataset. `data`: each dataset's records and source as
+    `longbench.load_task_data` read them (before the model loaded), else read here."""
+    names = [datasets] if isinstance(datasets, str) else list(datasets)
+    parts = [_dataset_prompts(name, data_dir, tokenizer, length, limit, (data or {}).get(name)) for name in names]
+    if len(parts) == 1:
+        return parts[0]
+    return ProfilePrompts([ids for part in parts for ids in part.prompts], {
+        "prompts": "longbench", "dataset": ",".join(names),
+        "data_source": {name: part.measured_on["data_source"] for name, part in zip(names, parts, strict=True)},
+        "records": [{"dataset": name, **record} for name, part in zip(names, parts, strict=True)
+                    for record in part.measured_on["records"]]})
+
+
+def _dataset_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int,
+                     data: tuple[list[dict[str, Any]], Any] | None) -> ProfilePrompts:
     from scoutbench.errors import UsageError
     from scoutbench.workloads import longbench
 
