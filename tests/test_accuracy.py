@@ -278,6 +278,10 @@ def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
     assert code == 0 and result["kind"] == "fidelity" and result["prompt_tokens"] == [150]
     assert result["overall"]["top1_agreement"] == 1.0 and result["overall"]["kl_mean"] < 1e-6
     assert result["overall"]["hidden_cosine_min"] > 0.9999 and result["method_config"]["budget"] == 4096
+    assert result["overall"]["top1_agreement_ci95"] == [1.0, 1.0]  # the interval over prompts (one here)
+    code, out, _ = run_cli(monkeypatch, capsys, "fidelity", "--model", "tiny-llama", "--method", "quest",
+                           "--budget", "4096", "--len", "150", "--steps", "3", "--prompts", "1", "--device", "cpu")
+    assert code == 0 and "1.000 [1.000, 1.000]" in out and "95% interval over the 1 prompts" in out
 
 
 # ------------------------------------------------------------------------------------------ methods vs FullKV

@@ -73,3 +73,12 @@ def test_the_accuracy_figure_is_a_0_100_score_with_intervals_and_a_fidelity_pane
     assert not title.overlaps(legend)
     assert all(not title.overlaps(ax.get_window_extent(renderer)) for ax in panels.values())
     plt.close(fig)
+
+
+def test_the_reports_accuracy_table_shows_each_scores_interval_and_n():
+    from scoutbench.analysis.report import summary_markdown
+
+    result = _accuracy("scout", 1024, {"qasper": (41.5, [30.0, 52.25])})
+    text = summary_markdown(Report(accuracy=[result]))
+    assert "| method | budget | model | metric | value | 95% interval | n |" in text
+    assert "| scout | 1024 | smollm2-135m | qasper.score | 41.50 | [30.00, 52.25] † | 3 |" in text

@@ -69,7 +69,8 @@ def test_a_mean_row_resamples_each_task_on_its_own():
     """Two tasks of constant records (20 and 60) have a mean over tasks of exactly 40 in every resample, whatever
     their sizes; a record-weighted mean would give (3 * 20 + 1 * 60) / 4 = 30 instead."""
     interval = bootstrap.bootstrap([3, 1], bootstrap.mean_over_strata([[20.0] * 3, [60.0]]))
-    assert (interval.value, interval.low, interval.high, interval.n) == (40.0, 40.0, 40.0, 4)
+    assert (interval.value, interval.low, interval.high, interval.n, interval.smallest) == (40.0, 40.0, 40.0, 4, 1)
+    assert interval.few  # a task of one record: the mean over tasks cannot see that task's spread
 
 
 def test_a_pooled_mean_weighs_every_step_the_same():

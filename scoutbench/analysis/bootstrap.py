@@ -12,8 +12,8 @@ teacher-forced top-1 and KL, the figure's error bars) takes its 95% interval fro
 - a comparison with FullKV is paired: one resample picks the same records for both sides;
 - a mean over tasks resamples each task's records on their own (stratified) and takes the mean of the tasks'
   statistics, so every task keeps its weight;
-- a difference whose interval contains 0 is not resolved (`Interval.resolved`), and a figure over fewer than
-  `MIN_RECORDS` records is marked: a bootstrap of 1-4 records cannot see the spread it is asked about.
+- a difference whose interval contains 0 is not resolved (`Interval.resolved`), and a figure with a task of fewer
+  than `MIN_RECORDS` records is marked: a bootstrap of 1-4 records cannot see the spread it is asked about.
 """
 
 from __future__ import annotations
@@ -38,13 +38,15 @@ Statistic = Callable[[Sequence[Sequence[int]]], float | None]  # per stratum, th
 @dataclass(frozen=True)
 class Interval:
     """A statistic with its bootstrap interval: `value` on the records as they are, [`low`, `high`] the 95%
-    percentile interval, `stderr` the resamples' standard deviation, `n` the records (summed over strata)."""
+    percentile interval, `stderr` the resamples' standard deviation, `n` the records (summed over strata) and
+    `smallest` the records of the smallest stratum (a task)."""
 
     value: float
     low: float
     high: float
     stderr: float
     n: int
+    smallest: int  # the fewest records of a stratum (n for one stratum)
 
     @property
     def resolved(self) -> bool:
@@ -53,8 +55,9 @@ class Interval:
 
     @property
     def few(self) -> bool:
-        """Fewer than MIN_RECORDS records: the interval is there, but too few records to trust it."""
-        return self.n < MIN_RECORDS
+        """Fewer than MIN_RECORDS records in a stratum: the interval is there, but that task has too few records
+        for it to see the task's spread."""
+        return self.smallest < MIN_RECORDS
 
     def fields(self, name: str, digits: int = 2) -> dict[str, Any]:
         """`{name}_ci95: [low, high]` and `{name}_stderr`, rounded, for a result file."""
@@ -88,7 +91,7 @@ def bootstrap(sizes: Sequence[int], statistic: Statistic, count: int = RESAMPLES
         return None
     tail = (1 - CONFIDENCE) / 2
     return Interval(value, percentile(values, tail), percentile(values, 1 - tail),
-                    statistics.stdev(values) if len(values) > 1 else 0.0, sum(sizes))
+                    statistics.stdev(values) if len(values) > 1 else 0.0, sum(sizes), min(sizes))
 
 
 def mean_of(values: Sequence[float]) -> Statistic:

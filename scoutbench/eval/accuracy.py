@@ -324,6 +324,53 @@ def fidelity_summary(rows: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     return out
 
 
+def task_entry(task: Task, own: list[dict[str, Any]], budget: int | None, predictions: str,
+               reference_rows: list[dict[str, Any]] | None, fidelity_rows: list[dict[str, Any]] | None,
+               fidelity_steps: int) -> dict[str, Any]:
+    """A task's entry of result.json from its prediction rows: the official score with its interval and standard
+    error, the per-sample values, n, the records the budget covered, CPU seconds; beside FullKV (`reference_rows`)
+    the agreement, and the fidelity (`fidelity_rows`)."""
+    dense = sum(budget is not None and budget >= row["input_tokens"] + task.max_new_tokens for row in own)
+    values = sample_scores(task, own)
+    entry = {**task.score(own), **score_interval(values), "n": len(own), "dense_records": dense, **task.describe(),
+             "predictions": predictions, "prompts_sha256": prompts_sha256(own),
+             "samples": [{"index": row["index"], "_id": row["_id"], "score": value}
+                         for row, value in zip(own, values, strict=True)]}
+    for key, field in (("cpu_s_per_record", "cpu_s"), ("shared_prefill_cpu_s_per_record", "shared_prefill_cpu_s")):
+        cpu = [row[field] for row in own if row.get(field) is not None]
+        if cpu:
+            entry[key] = round(sum(cpu) / len(cpu), 2)
+    if reference_rows is not None:
+        entry["vs_fullkv"] = agreement_with_reference(task, own, reference_rows)
+    if fidelity_rows is not None:
+        entry["fidelity"] = fidelity_summary(fidelity_rows, fidelity_steps)
+    return entry
+
+
+def rescore_folder(folder: Path, tasks: list[Task], reference_folder: Path | None) -> dict[str, Any]:
+    """A run folder's result.json with each of `tasks` that has a prediction file rescored from its files, as a
+    run of this version scores it (per-sample values, intervals, the agreement with the predictions in
+    `reference_folder` and the fidelity of the steps its result names). Reads only: a folder of a configuration
+    that today's methods no longer build (another hash) is scored as it stands."""
+    result = json.loads((folder / "result.json").read_text("utf-8"))
+    budget = (result.get("method_config") or {}).get("budget")
+    results = {}
+    for task in tasks:
+        path = folder / f"{task.name}.jsonl"
+        own = read_predictions(path, task.records, repair=False) if path.exists() else []
+        if not own:
+            continue
+        theirs = fidelity = None
+        steps = ((result.get("results") or {}).get(task.name) or {}).get("fidelity", {}).get("steps", 0)
+        if reference_folder is not None and folder != reference_folder:
+            theirs = read_predictions(reference_folder / f"{task.name}.jsonl", task.records, repair=False)
+            if steps:
+                fidelity = read_rows(folder / fidelity_file_name(task.name, steps), task.records,
+                                     fidelity_row_problem, repair=False)
+        results[task.name] = task_entry(task, own, budget, path.name, theirs, fidelity, steps)
+    return {**result, "results": results}
+
+
 def run_accuracy(tasks: list[Task], loaded: LoadedModel, spec: MethodSpec, out_dir: str | Path,
                  max_length: int | None, seed: int, limit: int | None, command: list[str] | None = None,
                  on_progress: ProgressCallback | None = None) -> tuple[dict[str, Any], Path]:
@@ -381,27 +428,16 @@ def _result(config: Config, reference: Config, tasks: list[Task], rows: dict[str
         own = rows[task.name][config.label]
         if not own:
             continue  # nothing generated yet (a run in progress)
-        dense = sum(budget is not None and budget >= row["input_tokens"] + task.max_new_tokens for row in own)
-        values = sample_scores(task, own)
-        entry = {**task.score(own), **score_interval(values), "n": len(own), "dense_records": dense,
-                 **task.describe(), "predictions": config.predictions_path(task).name,
-                 "prompts_sha256": prompts_sha256(own),
-                 "samples": [{"index": row["index"], "_id": row["_id"], "score": value}
-                             for row, value in zip(own, values, strict=True)]}
-        for key, field in (("cpu_s_per_record", "cpu_s"), ("shared_prefill_cpu_s_per_record", "shared_prefill_cpu_s")):
-            cpu = [row[field] for row in own if row.get(field) is not None]
-            if cpu:
-                entry[key] = round(sum(cpu) / len(cpu), 2)
+        theirs = fidelity = None
         if not config.is_reference:
             theirs = rows[task.name].get(reference.label)
             if theirs is None:
                 theirs = read_predictions(reference.predictions_path(task), task.records, write)
-            entry["vs_fullkv"] = agreement_with_reference(task, own, theirs)
             if fidelity_steps:
                 fidelity = read_rows(config.fidelity_path(task, fidelity_steps), task.records, fidelity_row_problem,
                                      write)
-                entry["fidelity"] = fidelity_summary(fidelity, fidelity_steps)
-        results[task.name] = entry
+        results[task.name] = task_entry(task, own, budget, config.predictions_path(task).name, theirs, fidelity,
+                                        fidelity_steps)
     result = {
         **envelope("accuracy", command, scoring=scoring_versions()),
         **config.method, "label": config.label, "model": loaded.describe(parameter.dtype),
