@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("model_folder", type=Path, help="a model's folder of an accuracy -o (its run folders)")
     parser.add_argument("--folder", action="append", help="only these run folders (repeatable; default: all)")
     parser.add_argument("--data-dir", help="folder of official LongBench <name>.jsonl files")
+    parser.add_argument("--dataset", action="append", help="only these tasks (repeatable; default: every one)")
     parser.add_argument("--model", help="the model whose tokenizer generated passkey prompts")
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
     args = parser.parse_args()
@@ -73,7 +74,7 @@ def main() -> None:
                      and (not args.folder or p.name in args.folder))
     stored = {p: json.loads((p / "result.json").read_text("utf-8")) for p in folders}
     reference = next((p for p, r in stored.items() if r.get("method_repr") == repr(FullKV())), None)
-    tasks = tasks_of(stored, args.data_dir, args.model)
+    tasks = [t for t in tasks_of(stored, args.data_dir, args.model) if not args.dataset or t.name in args.dataset]
     results = [rescore_folder(p, tasks, reference) for p in folders]
     results.sort(key=lambda r: (display_rank(r["method"]), (r.get("method_config") or {}).get("budget") or 0))
     for result in results:  # two configurations of one method and budget: tell them apart by their folder

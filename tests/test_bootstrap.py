@@ -71,6 +71,9 @@ def test_a_mean_row_resamples_each_task_on_its_own():
     interval = bootstrap.bootstrap([3, 1], bootstrap.mean_over_strata([[20.0] * 3, [60.0]]))
     assert (interval.value, interval.low, interval.high, interval.n, interval.smallest) == (40.0, 40.0, 40.0, 4, 1)
     assert interval.few  # a task of one record: the mean over tasks cannot see that task's spread
+    # ... so a difference over it is not resolved, however narrow its interval
+    change = bootstrap.bootstrap([6, 1], bootstrap.change_pct([[60.0] * 6, [60.0]], [[50.0] * 6, [50.0]]))
+    assert (change.low, change.high) == pytest.approx((20.0, 20.0)) and not change.resolved
 
 
 def test_a_pooled_mean_weighs_every_step_the_same():

@@ -13,7 +13,8 @@ teacher-forced top-1 and KL, the figure's error bars) takes its 95% interval fro
 - a mean over tasks resamples each task's records on their own (stratified) and takes the mean of the tasks'
   statistics, so every task keeps its weight;
 - a difference whose interval contains 0 is not resolved (`Interval.resolved`), and a figure with a task of fewer
-  than `MIN_RECORDS` records is marked: a bootstrap of 1-4 records cannot see the spread it is asked about.
+  than `MIN_RECORDS` records is marked (and a difference there is not resolved): a bootstrap of 1-4 records cannot
+  see the spread it is asked about.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ class Interval:
 
     @property
     def resolved(self) -> bool:
-        """For a difference: whether its interval excludes 0 (a sign the records support)."""
-        return self.low > 0 or self.high < 0
+        """For a difference: whether its interval excludes 0 (a sign the records support), over strata of at least
+        MIN_RECORDS records each (a task of one or two records has no spread to resample: a sign there is not
+        resolved however narrow the interval)."""
+        return (self.low > 0 or self.high < 0) and not self.few
 
     @property
     def few(self) -> bool:

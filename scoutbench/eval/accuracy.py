@@ -354,6 +354,9 @@ def rescore_folder(folder: Path, tasks: list[Task], reference_folder: Path | Non
     that today's methods no longer build (another hash) is scored as it stands."""
     result = json.loads((folder / "result.json").read_text("utf-8"))
     budget = (result.get("method_config") or {}).get("budget")
+    # one --fidelity-steps for every task of a run: a task the stored result does not have yet uses the others'
+    steps = next((entry["fidelity"]["steps"] for entry in (result.get("results") or {}).values()
+                  if isinstance(entry, dict) and isinstance(entry.get("fidelity"), dict)), 0)
     results = {}
     for task in tasks:
         path = folder / f"{task.name}.jsonl"
@@ -361,10 +364,9 @@ def rescore_folder(folder: Path, tasks: list[Task], reference_folder: Path | Non
         if not own:
             continue
         theirs = fidelity = None
-        steps = ((result.get("results") or {}).get(task.name) or {}).get("fidelity", {}).get("steps", 0)
         if reference_folder is not None and folder != reference_folder:
             theirs = read_predictions(reference_folder / f"{task.name}.jsonl", task.records, repair=False)
-            if steps:
+            if steps and (folder / fidelity_file_name(task.name, steps)).exists():
                 fidelity = read_rows(folder / fidelity_file_name(task.name, steps), task.records,
                                      fidelity_row_problem, repair=False)
         results[task.name] = task_entry(task, own, budget, path.name, theirs, fidelity, steps)
