@@ -191,12 +191,14 @@ def readings(recorded: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- running
-def record_model(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
-    """Record (or read back) every configuration on every record for `args.model`; returns the model's document."""
+def record_model(args: argparse.Namespace, cache: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Record (or read back) every configuration on every record for `args.model`; returns the model's document
+    and, per configuration, what each record's run recorded (settings and tensors)."""
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     loaded = load_model(args.model, "cpu", dtype)
     length = parse_length(args.length)
     records: dict[str, Any] = {}
+    saved_runs: dict[str, list[dict[str, Any]]] = {}
     for dataset, index, record, _source, prompt in pick_records(args.data_dir, args.dataset, args.record,
                                                                 loaded.tokenizer, length):
         steps = args.steps
@@ -223,6 +225,7 @@ def record_model(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
                 tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                 torch.save(saved, tmp)
                 os.replace(tmp, path)
+            saved_runs.setdefault(config.label, []).append(saved)
             by_config[config.label] = {"readings": readings(saved["recorded"]), "top1_agreement": saved["top1"],
                                        "kl_mean": saved["kl"], "method_cpu_compute_ratio": saved["cpu_ratio"]}
             print(f"  {settings['record']} {config.label}: CPU share "
@@ -236,7 +239,7 @@ def record_model(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
                       or config.hidden_size // config.num_attention_heads},
             "len": length, "steps": args.steps, "budget": args.budget, "dense_layers": args.dense_layers,
             "paper": PAPER, "configs": {c.label: c.args for c in CONFIGS}, "records": records,
-            "summary": summary(records)}
+            "summary": summary(records)}, saved_runs
 
 
 def _record(shared: SharedPrefill, reference: Any, config: Config, args: argparse.Namespace,
@@ -270,6 +273,44 @@ def summary(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "top1_agreement": statistics.fmean(r["top1_agreement"] for r in runs),
             "kl_mean": statistics.fmean(r["kl_mean"] for r in runs)}
     return out
+
+
+# ---------------------------------------------------------------------------------------------- recall profile
+PROFILED = "scout-b32-pool2x-nopr"  # the profile's input: the selections of the default pool with recall off
+
+
+def recall_profile(runs: list[dict[str, Any]], method: Any, args: argparse.Namespace, num_layers: int
+                   ) -> dict[str, Any]:
+    """A `scoutbench profile-recall` document from the recorded no-recall runs of `method` (a ScoutAttention with
+    the runs' settings) on the records: the same procedure
+    (`bench.recall.profile_intervals`: per layer, the drift after a recall into a pool of two selections, and the
+    largest interval that keeps it under beta) on the same selections, which here were made teacher-forced on
+    FullKV's greedy tokens from the sweep's cached prefills rather than on ScoutAttention's own greedy tokens after
+    a prefill of its own (a 16k prefill of qwen2.5-1.5b is hours of this shared CPU)."""
+    from scoutbench.bench.recall import profile_intervals
+
+    traces = []
+    for run in runs:
+        recorded = run["recorded"]
+        trace = []
+        for li, layer in enumerate(recorded["layers"]):
+            for ti, step in enumerate(recorded["steps"]):
+                trace.append({"kind": "plan", "layer": layer, "step": step, **{
+                    name: [[{int(j) for j in row if j >= 0} for row in recorded[name][li, ti]]]
+                    for name in ("selected", "device")}})
+        traces.append(trace)
+    settings = [run["settings"] for run in runs]
+    length, steps = settings[0]["len"], settings[0]["steps"]
+    return {**envelope("scout_recall_profile", sys.argv), "model": args.model, "len": length, "steps": steps,
+            "batch": 1, "beta": args.beta, "prefill": "real",
+            "measured_on": {"prompts": "longbench", "dataset": ",".join(s["record"].split("#")[0] for s in settings),
+                            "records": [{"dataset": s["record"].split("#")[0], "index": int(s["record"].split("#")[1]),
+                                         "_id": s["record_id"], "tokens": s["len"]} for s in settings],
+                            "decode": "teacher-forced on FullKV's greedy tokens (benchmarks/selection_churn.py)",
+                            "model": args.model, "len": length, "steps": steps},
+            "dtype": "bfloat16" if args.dtype == "bf16" else "float32", "device": "cpu", "method": method.config(),
+            "k_sel": method.k_sel, "pool_slots": method.pool_slots, "budget": method.budget,
+            **profile_intervals(traces, method, num_layers, args.beta), "interval_cap": max(1, steps - 1)}
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -337,6 +378,9 @@ def main() -> None:
     parser.add_argument("--cache", help="prefill and selection cache (default $SCOUTBENCH_CACHE/prefill)")
     parser.add_argument("-o", "--output", default="results/real-text-sweep/churn")
     parser.add_argument("--table", metavar="FOLDER", help="print the markdown tables of the models' JSONs, run nothing")
+    parser.add_argument("--profile", metavar="JSON", help="also write the per-layer recall profile of the records "
+                        f"(profile-recall's procedure on the {PROFILED} selections) to this file")
+    parser.add_argument("--beta", type=float, default=0.12, help="the profile's CPU compute ratio threshold")
     args = parser.parse_args()
     if args.table:
         documents = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(args.table).glob("*.json"))]
@@ -346,8 +390,17 @@ def main() -> None:
         sys.exit("give --data-dir and --dataset or --record")
     cache = Path(args.cache or Path(os.environ.get("SCOUTBENCH_CACHE") or Path.home() / ".cache/scoutbench",
                                     "prefill"))
-    document = record_model(args, cache)
+    document, runs = record_model(args, cache)
     write_json_atomic(Path(args.output) / f"{args.model}.json", document, overwrite=True)
+    if args.profile:
+        from scoutbench.methods.scout import ScoutAttention
+
+        config = next(c for c in CONFIGS if c.label == PROFILED)
+        method = ScoutAttention.from_args({**config.args, "budget": args.budget, "dense_layers": args.dense_layers})
+        profile = recall_profile(runs[PROFILED], method, args, document["shape"]["layers"])
+        write_json_atomic(args.profile, profile, overwrite=True)
+        print(f"{args.profile}: intervals {profile['intervals']} (mean {profile['mean_interval']:.1f}, expected "
+              f"ratio {profile['expected_ratio_mean']:.3f})")
 
 
 if __name__ == "__main__":

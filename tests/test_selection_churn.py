@@ -3,6 +3,7 @@ selection, and every reading of the paper's "blocks changed per step" equals a h
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -37,6 +38,15 @@ def test_the_recorder_changes_nothing_and_records_the_methods_selection(tiny_qwe
     result = churn.readings(recorded)
     assert result["mean"]["recorder_matches_method"] == 1.0
     assert result["mean"]["cpu_share"] == pytest.approx(watched.method_stats["cpu_compute_ratio"]["mean"])
+    # the recall profile of the recorded selections is profile-recall's of the method's own trace
+    from scoutbench.bench.recall import profile_intervals
+
+    args = argparse.Namespace(model="tiny-qwen3", dtype="fp32", budget=64, dense_layers=1, beta=0.12)
+    run = {"recorded": recorded, "settings": {"record": "qasper#0", "record_id": "x", "len": 300, "steps": 12}}
+    layers = tiny_qwen3.config.num_hidden_layers
+    profile = churn.recall_profile([run], recorders[0].method, args, layers)
+    own = profile_intervals([recorders[0].method.trace], recorders[0].method, layers, 0.12)
+    assert {k: profile[k] for k in own} == own and profile["measured_on"]["records"][0]["index"] == 0
 
 
 def _ids(sets: list[list[list[set[int]]]], width: int) -> torch.Tensor:

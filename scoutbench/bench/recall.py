@@ -205,7 +205,35 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
             method = ScoutAttention.from_args(args)
             traces.append(_decode_trace(DecodeEngine(model, method), method, steps, batch, length, seed, prefill,
                                         prompt))
-    num_layers = model.config.num_hidden_layers
+    profiled = profile_intervals(traces, method, model.config.num_hidden_layers, beta)
+    measured_on = prompts.measured_on if prompts is not None else {
+        "prompts": "random tokens" if prefill != "synthetic" else "synthetic K/V", "seed": seed, "batch": batch}
+    return {
+        **envelope("scout_recall_profile"),
+        "model": model_name,
+        "len": longest,
+        "steps": steps,
+        "batch": batch if prompts is None else 1,
+        "beta": beta,
+        "prefill": prefill,
+        "measured_on": {**measured_on, "model": model_name, "len": longest, "steps": steps},
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "device": torch_device.type,
+        "method": method.config(),
+        "k_sel": method.k_sel,
+        "pool_slots": method.pool_slots,
+        **budget_plan.result_fields(),
+        **profiled,
+        "interval_cap": max(1, steps - 1),
+        "elapsed_s": time.time() - started,
+    }
+
+
+def profile_intervals(traces: list[list[dict[str, Any]]], method: ScoutAttention, num_layers: int, beta: float
+                      ) -> dict[str, Any]:
+    """The profile of no-recall traces (one per prompt, curves averaged over them): per layer the interval
+    (`choose_interval` of the drift curve at `beta`, null for dense layers), the expected ratio under it, the drift
+    curve and the ratio without recall, and the means over the sparse layers."""
     dense = min(method.dense_layers, num_layers)
     masks = [selection_masks(trace, num_layers) for trace in traces]
     intervals: list[int | None] = []
@@ -229,32 +257,11 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
                                      for trace in traces]))
     sparse_intervals = [i for i in intervals if i is not None]
     sparse_expected = [e for e in expected if e is not None]
-    measured_on = prompts.measured_on if prompts is not None else {
-        "prompts": "random tokens" if prefill != "synthetic" else "synthetic K/V", "seed": seed, "batch": batch}
-    return {
-        **envelope("scout_recall_profile"),
-        "model": model_name,
-        "len": longest,
-        "steps": steps,
-        "batch": batch if prompts is None else 1,
-        "beta": beta,
-        "prefill": prefill,
-        "measured_on": {**measured_on, "model": model_name, "len": longest, "steps": steps},
-        "dtype": str(torch_dtype).removeprefix("torch."),
-        "device": torch_device.type,
-        "method": method.config(),
-        "k_sel": method.k_sel,
-        "pool_slots": method.pool_slots,
-        **budget_plan.result_fields(),
-        "intervals": intervals,
-        "mean_interval": sum(sparse_intervals) / len(sparse_intervals) if sparse_intervals else None,
-        "interval_cap": max(1, steps - 1),
-        "expected_ratio": expected,
-        "expected_ratio_mean": sum(sparse_expected) / len(sparse_expected) if sparse_expected else None,
-        "drift": drift,
-        "ratio_without_recall": without,
-        "elapsed_s": time.time() - started,
-    }
+    return {"intervals": intervals,
+            "mean_interval": sum(sparse_intervals) / len(sparse_intervals) if sparse_intervals else None,
+            "expected_ratio": expected,
+            "expected_ratio_mean": sum(sparse_expected) / len(sparse_expected) if sparse_expected else None,
+            "drift": drift, "ratio_without_recall": without}
 
 
 def _mean_curves(curves: list[list[float]]) -> list[float]:
