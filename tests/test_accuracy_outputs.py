@@ -124,6 +124,9 @@ def test_every_table_figure_carries_its_interval_worked_out_by_hand():
     assert rows[2] == ["mean (1 of 2 tasks)", "", "", "50.00 [0.00, 100.00] †", "50.00 [0.00, 100.00] †"]
     _, rows = tables["change of the official score vs FullKV on the same records, % of FullKV's"]
     assert rows[0] == ["a", "2", "+0.0 [+0.0, +0.0] n.r. †"] and rows[-1][-1] == "+0.0 [+0.0, +0.0] n.r. †"
+    zero = _result("scout@64", "ScoutAttention()", {"a": [50.0, 0.0]}, {"a": [0.0, 0.0]})
+    (_, _, change), = [t for t in comparison_tables([fullkv, zero], ["a"]) if t[0].startswith("change")]
+    assert change[0] == ["a", "2", "FullKV 0"]  # relative to a FullKV score of 0: undefined, said so
     _, rows = tables["exact match with FullKV's prediction, %"]
     assert rows[0] == ["a", "2", "100.0 [100.0, 100.0] †"]
     _, rows = tables["teacher-forced fidelity over FullKV's first 4 generated tokens: top-1 agreement %, every "

@@ -119,6 +119,8 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
                 return "-"
             ours.append(_scores(result, name, len(vs)))
             theirs.append([s["fullkv_score"] for s in vs])
+        if theirs and all(not any(values) for values in theirs):
+            return "FullKV 0"  # a change relative to a score of 0 is undefined
         return interval_cell(_change_interval(ours, theirs), 1, signed=True, difference=True)
 
     if reference is not None and any(_vs_samples(r, t) for r in compared for t in task_names):
