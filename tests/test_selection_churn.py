@@ -84,3 +84,14 @@ def test_readings_equal_a_hand_count():
     # the CPU share as the method counts it: step 2 computes {5, 6} on the CPU, 2 blocks of 8 over 64 tokens
     assert mean["cpu_share"] == pytest.approx((0 + 0 + 2 * 8 / 64) / 3)
     assert mean["kv/overlap"] == 1.0 and mean["recorder_matches_method"] == 1.0
+
+
+def test_a_churn_document_beside_sweep_results_is_skipped_by_their_readers(tmp_path):
+    """The churn JSONs live under results/real-text-sweep/, which the projection and report read as results: a
+    tool's output there is skipped, not an error."""
+    from scoutbench.results import envelope, load_results, write_json_atomic
+
+    write_json_atomic(tmp_path / "churn" / "qwen2.5-0.5b.json", {**envelope("selection_churn"), "model": "x"})
+    skipped = []
+    assert load_results([tmp_path]) == []
+    assert load_results([tmp_path], lambda path, why: skipped.append(why)) == [] and "tool's output" in skipped[0]
