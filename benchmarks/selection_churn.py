@@ -50,6 +50,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 import torch  # noqa: E402
 from real_text_sweep import Config, cached_reference, pick_records  # noqa: E402  (beside this script)
 
+from scoutbench.cache import cache_root  # noqa: E402
 from scoutbench.eval.fidelity import step_agreement  # noqa: E402
 from scoutbench.eval.generation import SharedPrefill, method_spec  # noqa: E402
 from scoutbench.models import load_model  # noqa: E402
@@ -388,8 +389,7 @@ def main() -> None:
         return
     if not (args.dataset or args.record) or not args.data_dir:
         sys.exit("give --data-dir and --dataset or --record")
-    cache = Path(args.cache or Path(os.environ.get("SCOUTBENCH_CACHE") or Path.home() / ".cache/scoutbench",
-                                    "prefill"))
+    cache = Path(args.cache or cache_root() / "prefill")
     document, runs = record_model(args, cache)
     write_json_atomic(Path(args.output) / f"{args.model}.json", document, overwrite=True)
     if args.profile:
