@@ -5,21 +5,21 @@ changes, stratified means and pooled per-step means."""
 from __future__ import annotations
 
 import math
-import random
 import statistics
 
+import numpy as np
 import pytest
 
+from scoutbench import resampling
 from scoutbench.analysis import bootstrap
 
 
 def test_the_interval_is_the_percentiles_and_the_stderr_the_std_of_the_resamples():
-    """Four resamples of three records, drawn by hand from the same seeded generator: the interval is the 2.5th and
-    97.5th percentiles of their means (linear interpolation between order statistics) and the standard error their
-    sample standard deviation."""
+    """Four resamples of three records, drawn by hand from the same seeded generator (numpy's, as
+    scoutbench/resampling.py seeds it): the interval is the 2.5th and 97.5th percentiles of their means (linear
+    interpolation between order statistics) and the standard error their sample standard deviation."""
     values = [10.0, 20.0, 60.0]
-    generator = random.Random(7)
-    draws = [[generator.randrange(3) for _ in range(3)] for _ in range(4)]
+    draws = np.random.default_rng(7).integers(0, 3, size=(4, 3)).tolist()
     assert bootstrap.resamples((3,), 4, 7) == tuple((tuple(d),) for d in draws)
     means = sorted(sum(values[i] for i in d) / 3 for d in draws)
     interval = bootstrap.bootstrap([3], bootstrap.mean_of(values), count=4, seed=7)
@@ -38,8 +38,8 @@ def test_a_two_record_mean_has_the_bootstrap_distribution_worked_out_by_hand():
     assert interval.stderr == pytest.approx(math.sqrt(1250), abs=1.5)
     assert not interval.resolved  # as a difference: it spans 0
     # the defaults are fixed: the same numbers on every call and machine
-    assert bootstrap.mean_interval([0.0, 100.0]) == interval and bootstrap.SEED == 0
-    assert bootstrap.RESAMPLES == 2000 and bootstrap.CONFIDENCE == 0.95 and bootstrap.MIN_RECORDS == 5
+    assert bootstrap.mean_interval([0.0, 100.0]) == interval and resampling.SEED == 0
+    assert resampling.RESAMPLES == 2000 and resampling.CONFIDENCE == 0.95 and bootstrap.MIN_RECORDS == 5
 
 
 def test_constant_records_have_a_zero_width_interval():

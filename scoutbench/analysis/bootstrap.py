@@ -1,14 +1,17 @@
-"""The one interval of every accuracy number: a percentile bootstrap over records with a fixed seed.
+"""The one interval of every accuracy number: the project's percentile bootstrap (`scoutbench/resampling.py`) over
+records.
 
 An accuracy figure is a mean over a handful of records (LongBench's tasks here have 3-15), so one record more or
 less moves it by whole points; a difference between two methods means something only when it is larger than that.
 Every accuracy output (the scores, their change against FullKV, the agreement with FullKV's prediction, the
 teacher-forced top-1 and KL, the figure's error bars) takes its 95% interval from `bootstrap` below:
 
-- the records are resampled with replacement, `RESAMPLES` times, from a generator seeded with `SEED` (so a table is
-  the same on every machine and rerun); every statistic over the same number of records sees the same resamples;
-- the interval is the 2.5th and 97.5th percentiles of the statistic over the resamples (linear interpolation,
-  `step_stats.percentile`), its standard error the resamples' standard deviation (lm-eval's `bootstrap_stderr`);
+- the records are resampled with replacement (`resampling.resample_indices`: `RESAMPLES` times, one generator
+  seeded with `SEED`, the same draws as the throughput's interval over as many steps), so a table is the same on
+  every machine and rerun; every statistic over the same number of records sees the same resamples;
+- the interval is the 2.5th and 97.5th percentiles of the statistic over the resamples
+  (`resampling.percentile_interval`), its standard error the resamples' standard deviation
+  (`resampling.bootstrap_stderr`, lm-eval's `bootstrap_stderr`);
 - a comparison with FullKV is paired: one resample picks the same records for both sides;
 - a mean over tasks resamples each task's records on their own (stratified) and takes the mean of the tasks'
   statistics, so every task keeps its weight;
@@ -19,18 +22,14 @@ teacher-forced top-1 and KL, the figure's error bars) takes its 95% interval fro
 
 from __future__ import annotations
 
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from scoutbench.step_stats import percentile
+from scoutbench.resampling import RESAMPLES, SEED, bootstrap_stderr, percentile_interval, resample_indices
 
-SEED = 0
-RESAMPLES = 2000
-CONFIDENCE = 0.95
 MIN_RECORDS = 5  # below this many records a cell is marked (n < 5)
 
 Statistic = Callable[[Sequence[Sequence[int]]], float | None]  # per stratum, the record indices of one resample
@@ -72,9 +71,10 @@ class Interval:
 def resamples(sizes: tuple[int, ...], count: int = RESAMPLES, seed: int = SEED) -> tuple[tuple[tuple[int, ...], ...],
                                                                                          ...]:
     """`count` resamples of records for strata of `sizes` records: per resample, per stratum, the indices drawn
-    with replacement. The same `sizes` always give the same resamples (one seeded generator per call)."""
-    generator = random.Random(seed)
-    return tuple(tuple(tuple(generator.randrange(n) for _ in range(n)) for n in sizes) for _ in range(count))
+    with replacement (`resampling.resample_indices`, regrouped by resample). The same `sizes` always give the same
+    resamples."""
+    per_stratum = [draws.tolist() for draws in resample_indices(sizes, count, seed)]
+    return tuple(tuple(tuple(draws[r]) for draws in per_stratum) for r in range(count))
 
 
 def bootstrap(sizes: Sequence[int], statistic: Statistic, count: int = RESAMPLES, seed: int = SEED
@@ -92,9 +92,7 @@ def bootstrap(sizes: Sequence[int], statistic: Statistic, count: int = RESAMPLES
     values = [v for v in (statistic(draw) for draw in resamples(sizes, count, seed)) if v is not None]
     if len(values) < count / 2:
         return None
-    tail = (1 - CONFIDENCE) / 2
-    return Interval(value, percentile(values, tail), percentile(values, 1 - tail),
-                    statistics.stdev(values) if len(values) > 1 else 0.0, sum(sizes), min(sizes))
+    return Interval(value, *percentile_interval(values), bootstrap_stderr(values), sum(sizes), min(sizes))
 
 
 def mean_of(values: Sequence[float]) -> Statistic:

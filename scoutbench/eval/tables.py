@@ -10,10 +10,11 @@ from typing import Any
 from scoutbench.analysis import bootstrap
 from scoutbench.analysis.bootstrap import Interval
 from scoutbench.methods.fullkv import FullKV
+from scoutbench.resampling import RESAMPLES, SEED
 
 FEW = "†"  # a cell over fewer than bootstrap.MIN_RECORDS records
 UNRESOLVED = "n.r."  # a difference whose interval contains 0
-NOTE = (f"95% interval over records (percentile bootstrap, {bootstrap.RESAMPLES} resamples, seed {bootstrap.SEED}); "
+NOTE = (f"95% interval over records (percentile bootstrap, {RESAMPLES} resamples, seed {SEED}); "
         f"{FEW} fewer than {bootstrap.MIN_RECORDS} records")
 
 
