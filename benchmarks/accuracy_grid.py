@@ -25,8 +25,10 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
+from scoutbench.analysis import bootstrap  # noqa: E402
 from scoutbench.eval.accuracy import run_comparison  # noqa: E402
 from scoutbench.eval.generation import method_specs  # noqa: E402
+from scoutbench.eval.tables import NOTE, interval_cell  # noqa: E402
 from scoutbench.models import load_model, parse_dtype  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 from scoutbench.workloads.passkey import TASKS, PasskeyTask  # noqa: E402
@@ -48,7 +50,7 @@ def main() -> None:
 
     loaded = load_model(args.model, "cpu", parse_dtype(args.dtype))
     specs = method_specs(list(METHODS), budgets=[int(b) for b in args.budgets.split(",")])
-    scores: dict[str, dict[str, float]] = {}
+    scores: dict[str, dict[str, str]] = {}
     for item in args.lens.split(","):
         length_text, count = item.split(":")
         tasks = [PasskeyTask(variant, loaded.tokenizer, parse_length(length_text), num_samples=int(count),
@@ -61,12 +63,13 @@ def main() -> None:
                                         command=["python", "benchmarks/accuracy_grid.py"], on_progress=progress):
             for task in tasks:
                 entry = result["results"][task.name]
-                scores.setdefault(result["label"], {})[f"{task.name} (n={entry['n']})"] = entry["score"]
+                interval = bootstrap.mean_interval([s["score"] for s in entry["samples"]])
+                scores.setdefault(result["label"], {})[f"{task.name} (n={entry['n']})"] = interval_cell(
+                    interval, 0, value=entry["score"])
     columns = list(dict.fromkeys(column for row in scores.values() for column in row))
     lines = ["| method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    lines += [f"| {label} | " + " | ".join(f"{row.get(c, float('nan')):.0f}" for c in columns) + " |"
-              for label, row in scores.items()]
-    table = "\n".join(lines)
+    lines += [f"| {label} | " + " | ".join(row.get(c, "-") for c in columns) + " |" for label, row in scores.items()]
+    table = "\n".join(lines) + f"\n\n{NOTE}"
     print(table)
     if args.table:
         with open(args.table, "w", encoding="utf-8") as out:

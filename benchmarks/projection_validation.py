@@ -153,8 +153,8 @@ def sweep_label(work: MeasuredWork) -> str | None:
     blocks of 32 by pool and recall, InfiniGen by its count, FullKV and HGCA."""
     config, family = work.config, work.family
     if family == "scout":
-        if config.get("block_size") != 32 or not config.get("pc", True):
-            return None
+        if config.get("block_size") != 32 or not config.get("pc", True) or config.get("recall_profile"):
+            return None  # (a per-layer recall profile is not the pool's fixed-interval point)
         return f"scout-pool{config.get('pool_factor', 1):g}x-{'pr' if config.get('pr', True) else 'nopr'}"
     if family == "infinigen":
         if not config.get("dynamic_count"):

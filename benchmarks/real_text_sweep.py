@@ -7,7 +7,8 @@ tokens from it (also cached); every configuration is then teacher-forced on Full
 (`SharedPrefill.forced`), so step t of every configuration sees the same history:
 
 - ScoutAttention with a device pool of 1, 2, 3 and 4 selections (`pool_factor`), with periodic recall (every 8
-  steps, the default) and without, at blocks of 32 and 16;
+  steps, the default) and without, at blocks of 32 and 16, and at blocks of 32 with a pool of 2 and the per-layer
+  recall intervals that `scoutbench profile-recall` measured on the same records (`RECALL_PROFILE`);
 - Quest with 32- and 16-token pages, one selection per KV head and per query head (`per_query_head`, its own code);
 - InfiniGen with its fixed fetch (budget - 1 tokens) and its own dynamic count (`dynamic_count`);
 - HGCA at its defaults; FullKV forced on its own tokens (top-1 1, KL 0: the harness's check).
@@ -46,9 +47,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 import torch  # noqa: E402
 from real_model_work import result_document  # noqa: E402  (beside this script)
 
+from scoutbench.analysis import bootstrap  # noqa: E402
 from scoutbench.cache import cache_root  # noqa: E402
 from scoutbench.eval.fidelity import fullkv_reference, step_agreement  # noqa: E402
 from scoutbench.eval.generation import Generation, SharedPrefill, method_spec  # noqa: E402
+from scoutbench.eval.tables import NOTE, interval_cell  # noqa: E402
 from scoutbench.methods import METHODS  # noqa: E402
 from scoutbench.methods.base import ModelShape  # noqa: E402
 from scoutbench.models import load_model  # noqa: E402
@@ -67,6 +70,11 @@ class Config:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+# the per-layer recall intervals of `scoutbench profile-recall` on the sweep's own records (docs/accuracy.md), for
+# the model and length of the run; a model without a profile there skips that row
+RECALL_PROFILE = "results/recall-profiles/{model}-{len}-pool2x.json"
+
+
 def configurations() -> list[Config]:
     """The grid, most telling first (a run cut short still has block 32 of every method)."""
     configs = [Config("fullkv", "fullkv")]
@@ -76,6 +84,8 @@ def configurations() -> list[Config]:
                 configs.append(Config(f"scout-b{block}-pool{pool}x-{'pr' if recall else 'nopr'}", "scout",
                                       {"block_size": block, "pool_factor": pool, "pr": recall}))
         if block == 32:
+            configs.append(Config("scout-b32-pool2x-profile", "scout",
+                                  {"block_size": 32, "pool_factor": 2, "pr": True, "recall_profile": RECALL_PROFILE}))
             configs += [Config("infinigen-fixed", "infinigen"),
                         Config("infinigen-dynamic", "infinigen", {"dynamic_count": True}),
                         Config("hgca", "hgca")]
@@ -179,7 +189,13 @@ def run_record(loaded: Any, dtype: torch.dtype, args: argparse.Namespace, config
     shape = ModelShape.from_config(loaded.model.config)
     for config in todo:
         start = time.time()
-        spec = method_spec(config.method, config.args, budget=None if config.method == "fullkv" else args.budget,
+        method_args = {k: v.format(model=args.model, len=format_length(length)) if isinstance(v, str) else v
+                       for k, v in config.args.items()}
+        profile = method_args.get("recall_profile")
+        if profile is not None and not Path(profile).is_file():
+            print(f"  {config.label}: no {profile}: skipped (make it with scoutbench profile-recall)", flush=True)
+            continue
+        spec = method_spec(config.method, method_args, budget=None if config.method == "fullkv" else args.budget,
                            dense_layers=None if config.method == "fullkv" else args.dense_layers)
         built = spec.build()
         device_bytes = built.memory_footprint(shape, length + steps, dtype.itemsize).device_bytes_per_seq
@@ -266,9 +282,10 @@ def tables(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
             f"{_fmt(statistics.fmean(churn) if churn else None)} | "
             f"{_fmt(statistics.fmean(recall) / 1e6 if None not in recall else None, 1)} | "
             f"{_fmt(statistics.fmean(s['device_bytes_per_seq'] for s in sweeps) / 1e6, 0)} | "
-            f"{_fmt(statistics.fmean(s['top1_agreement'] for s in sweeps))} | "
-            f"{_fmt(statistics.fmean(s['kl_mean'] for s in sweeps))} |")
-    lines += ["", "Per record: top-1 / KL (CPU compute ratio)", "",
+            f"{interval_cell(bootstrap.mean_interval([s['top1_agreement'] for s in sweeps]), 3)} | "
+            f"{interval_cell(bootstrap.mean_interval([s['kl_mean'] for s in sweeps]), 3)} |")
+    lines += ["", f"top-1 and KL: mean over the records (every record has the same steps), {NOTE}.", "",
+              "Per record: top-1 / KL (CPU compute ratio)", "",
               "| configuration | " + " | ".join(records) + " |", "|---" * (len(records) + 1) + "|"]
     for label, by_record in runs.items():
         cells = []
@@ -316,12 +333,14 @@ def figure(runs: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
     for label, by_record in runs.items():
         sweeps = [r["real_text_sweep"] for r in by_record.values()]
         x = statistics.fmean(s["device_bytes_per_seq"] for s in sweeps) / 1e6
-        y = statistics.fmean(s["top1_agreement"] for s in sweeps)
-        accuracy.scatter(x, y, s=12, color=colors[["scout", "quest", "infinigen", "hgca", "fullkv"].index(
-            label.split("-")[0])])
+        interval = bootstrap.mean_interval([s["top1_agreement"] for s in sweeps])
+        y = interval.value
+        accuracy.errorbar(x, y, yerr=[[y - interval.low], [interval.high - y]], fmt="o", markersize=3,
+                          elinewidth=0.6, color=colors[["scout", "quest", "infinigen", "hgca", "fullkv"].index(
+                              label.split("-")[0])])
         accuracy.annotate(label, (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
     accuracy.set(xscale="log", xlabel="device MB per sequence (log)", ylabel="top-1 agreement with FullKV",
-                 title="every configuration, mean over records")
+                 title="every configuration, mean over records (95% bootstrap interval)")
     for axis in (by_step, by_layer):
         axis.legend(fontsize=7)
         axis.set_ylim(bottom=0)

@@ -34,7 +34,7 @@ from scoutbench.input_files import (
 SCHEMA_VERSION = 2
 # files with the envelope that are inputs or diagnostics, not results a gate, report or projection reads (a sweep
 # folder holds the recall profiles it made); `load_results` passes over them
-TOOL_OUTPUT_KINDS = ("scout_recall_profile", "scout_query_cosine")
+TOOL_OUTPUT_KINDS = ("scout_recall_profile", "scout_query_cosine", "selection_churn")
 ENVELOPE_FIELDS = ("schema_version", "kind", "scoutbench_version", "created_at", "command", "env")
 
 

@@ -11,9 +11,9 @@ outliers (a page fault, another process), so a t-interval around the mean would 
 two of the measured steps, [x_(j), x_(n+1-j)], with the largest j whose coverage is still at least 95%; fewer than 6
 steps cannot give 95% at all (coverage 1 - 2 / 2^n), so the interval is then null and the result says so.
 
-The throughput's interval (and a speed-up's, a ratio of two throughputs) is the percentile bootstrap over the timed
-steps with a fixed seed (`bootstrap_resamples`, `percentile_interval`): the same skew rules out a t-interval of the
-mean, and the fixed seed makes a report of the same results the same file.
+The throughput's interval (and a speed-up's, a ratio of two throughputs) is the project's one percentile bootstrap
+(`scoutbench/resampling.py`: fixed seed and resample count) over the timed steps: the same skew rules out a
+t-interval of the mean, and the fixed seed makes a report of the same results the same file.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from scoutbench.resampling import CONFIDENCE, percentile_interval, resample_indices
+
 # how every table, figure, summary and export states its throughput column
 THROUGHPUT_DEFINITION = "tok/s is tokens over the total timed decode time (batch x timed steps / their summed time)."
-CONFIDENCE = 0.95
 # A ratio of two medians each known to +-10% is uncertain by ~+-14%: beyond that a speed-up is not worth quoting.
 MAX_CI_HALF_WIDTH_FRAC = 0.10
 
@@ -82,40 +83,22 @@ def spread_warning(summary: dict[str, Any]) -> str | None:
     return None
 
 
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
 # below this many values in a sample the bootstrap's resamples repeat the same few values: no interval
 MIN_BOOTSTRAP_VALUES = 6
 
 Samples = Sequence[Sequence[float]]
 
 
-def bootstrap_resamples(samples: Samples, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
-                        ) -> list[Any] | None:
+def bootstrap_resamples(samples: Samples) -> list[Any] | None:
     """Each of `samples` (independent samples, e.g. the timed steps of each run that a number is made of: the strata
-    of a stratified bootstrap) resampled with replacement `resamples` times, as one (resamples, len) numpy array
-    per sample, drawn from one generator with a fixed seed: the same inputs give the same interval every time.
-    None when a sample is too small to resample."""
+    of a stratified bootstrap) resampled with replacement (`resampling.resample_indices`), as one (resamples, len)
+    numpy array per sample. None when a sample is too small to resample."""
     import numpy as np
 
     if not samples or any(len(sample) < MIN_BOOTSTRAP_VALUES for sample in samples):
         return None
-    rng = np.random.default_rng(seed)
-    out = []
-    for sample in samples:
-        values = np.asarray(sample, dtype=np.float64)
-        out.append(values[rng.integers(0, len(values), size=(resamples, len(values)))])
-    return out
-
-
-def percentile_interval(values: Any, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The percentile bootstrap interval of a statistic from its values over the resamples (linear interpolation
-    between order statistics, as `percentile`)."""
-    import numpy as np
-
-    tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(values, [tail, 100 - tail])
-    return float(low), float(high)
+    return [np.asarray(sample, dtype=np.float64)[indices]
+            for sample, indices in zip(samples, resample_indices([len(sample) for sample in samples]), strict=True)]
 
 
 def _resampled_throughputs(runs: Sequence[tuple[float, Sequence[float]]], resampled: list[Any]) -> Any:

@@ -278,6 +278,10 @@ def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
     assert code == 0 and result["kind"] == "fidelity" and result["prompt_tokens"] == [150]
     assert result["overall"]["top1_agreement"] == 1.0 and result["overall"]["kl_mean"] < 1e-6
     assert result["overall"]["hidden_cosine_min"] > 0.9999 and result["method_config"]["budget"] == 4096
+    assert result["overall"]["top1_agreement_ci95"] == [1.0, 1.0]  # the interval over prompts (one here)
+    code, out, _ = run_cli(monkeypatch, capsys, "fidelity", "--model", "tiny-llama", "--method", "quest",
+                           "--budget", "4096", "--len", "150", "--steps", "3", "--prompts", "1", "--device", "cpu")
+    assert code == 0 and "1.000 [1.000, 1.000]" in out and "95% interval over the 1 prompts" in out
 
 
 # ------------------------------------------------------------------------------------------ methods vs FullKV
@@ -388,7 +392,7 @@ def test_several_methods_in_one_run_predict_what_separate_runs_predict(smollm2, 
             assert preds[0] == preds[1], (result["label"], name)
             assert alone["results"][name]["score"] == result["results"][name]["score"]
     markdown = table.read_text()
-    assert markdown.count("| task |") == 4 and "scout@64" in markdown and "(change vs FullKV)" in markdown
+    assert markdown.count("| task |") == 7 and "scout@64" in markdown and "change of the official score" in markdown
     assert "CPU seconds per record" in markdown
     # a rerun of the same command finds every configuration complete: nothing is generated again
     monkeypatch.setattr("scoutbench.eval.accuracy.SharedPrefill", _never)
@@ -457,12 +461,13 @@ def test_comparison_tables_while_no_task_is_finished_by_every_configuration():
     from scoutbench.eval.tables import comparison_tables
     from scoutbench.methods.fullkv import FullKV
 
-    fidelity = {"steps": 32, "compared_steps": 10, "top1_agreement": 90.0, "kl_mean": 0.1}
+    fidelity = {"steps": 32, "compared_steps": 10, "top1_agreement": 90.0, "kl_mean": 0.1,
+                "samples": [{"index": 0, "steps": 10, "top1_agreement": 90.0, "kl_mean": 0.1}]}
     reference = {"method_repr": repr(FullKV()), "label": "fullkv",
                  "results": {"a": {"n": 2, "score": 50.0, "metric": "qa_f1"}}}
     scout = {"method_repr": "ScoutAttention()", "label": "scout@1024",
              "results": {"b": {"n": 1, "score": 40.0, "metric": "qa_f1", "fidelity": fidelity,
                                "vs_fullkv": {"exact_match": 100.0, "metric_vs_fullkv_pred": 100.0}}}}
     tables = {title: rows for title, _, rows in comparison_tables([reference, scout], ["a", "b"])}
-    fidelity_rows = next(rows for title, rows in tables.items() if title.startswith("teacher-forced"))
-    assert fidelity_rows[1] == ["b", "1", "90.0 / 0.1"] and fidelity_rows[-1][-1] == "-"
+    fidelity_rows = next(rows for title, rows in tables.items() if "top-1 agreement" in title)
+    assert fidelity_rows[1] == ["b", "1", "90.0 [90.0, 90.0] †"] and fidelity_rows[-1][-1] == "-"

@@ -104,7 +104,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("core", {"scoutbench.engine", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
               "scoutbench.devices", "scoutbench.planning", "scoutbench.method_args", "scoutbench.telemetry",
               "scoutbench.profiling", "scoutbench.progress", "scoutbench.tiers", "scoutbench.step_stats",
-              "scoutbench.decode_ops", "scoutbench.graphs", "scoutbench.workloads.synthetic_kv"}),
+              "scoutbench.resampling", "scoutbench.decode_ops", "scoutbench.graphs", "scoutbench.workloads.synthetic_kv"}),
     ("workloads", {"scoutbench.workloads"}),
     ("analysis", {"scoutbench.analysis"}),
     ("bench and eval", {"scoutbench.bench", "scoutbench.eval"}),

@@ -263,6 +263,15 @@ def test_profile_recall_on_real_records_says_what_it_measured(smollm2, tmp_path,
             ] == [0]
     with pytest.raises(UsageError, match="no qasper record has 1000000 prompt tokens"):
         longbench_prompts("qasper", data, smollm2.tokenizer, 10**6, 1)
+    # several datasets: one profile over each one's first --limit records, listed in order with their dataset
+    both = longbench_prompts(["qasper", "2wikimqa"], data, smollm2.tokenizer, 150, 1)
+    alone = [longbench_prompts(name, data, smollm2.tokenizer, 150, 1) for name in ("qasper", "2wikimqa")]
+    assert both.prompts == [p for part in alone for p in part.prompts]
+    assert both.measured_on["dataset"] == "qasper,2wikimqa"
+    assert both.measured_on["records"] == [{"dataset": name, **part.measured_on["records"][0]}
+                                           for name, part in zip(("qasper", "2wikimqa"), alone, strict=True)]
+    assert both.measured_on["data_source"] == {name: part.measured_on["data_source"]
+                                               for name, part in zip(("qasper", "2wikimqa"), alone, strict=True)}
 
 
 def test_cli_commands(tmp_path, monkeypatch):

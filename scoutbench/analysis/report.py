@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scoutbench.analysis.bootstrap import MIN_RECORDS
 from scoutbench.analysis.figures import (
     DEFAULT_FIGURE_FORMATS,
     FIGURE_FORMATS,
@@ -345,12 +346,19 @@ def summary_markdown(report: Report) -> str:
                              f"| {step_up} |")
         lines.append("")
     if report.accuracy:
-        lines += ["## Accuracy", "", "| method | budget | model | metric | value |", "|---|---|---|---|---|"]
+        lines += ["## Accuracy", "", "95% interval: the percentile bootstrap over records the result stores "
+                  f"(`analysis/bootstrap.py`); † fewer than {MIN_RECORDS} records.", "",
+                  "| method | budget | model | metric | value | 95% interval | n |", "|---|---|---|---|---|---|---|"]
         for r in report.accuracy:
             budget = (r.get("method_config") if isinstance(r.get("method_config"), dict) else {}).get("budget")
             for metric, (value, _) in sorted(metric_values(r).items()):
+                entry = (r.get("results") or {}).get(metric.removesuffix(".score")) or {}
+                ci, n = entry.get("score_ci95"), entry.get("n")
+                interval = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and len(ci) == 2 else "-"
+                few = " †" if isinstance(n, int) and n < MIN_RECORDS else ""
                 lines.append(f"| {canonical_method(str(r.get('method')))} | {'-' if budget is None else budget} "
-                             f"| {(r.get('model') or {}).get('name')} | {metric} | {value:.2f} |")
+                             f"| {(r.get('model') or {}).get('name')} | {metric} | {value:.2f} | {interval}{few} "
+                             f"| {'-' if n is None else n} |")
         lines.append("")
     if report.projections:
         from scoutbench.analysis.projection import projection_markdown

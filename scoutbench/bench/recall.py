@@ -100,12 +100,27 @@ class ProfilePrompts:
     measured_on: dict[str, Any]
 
 
-def longbench_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int,
-                      data: tuple[list[dict[str, Any]], Any] | None = None) -> ProfilePrompts:
-    """The first `limit` records of a LongBench dataset whose official prompt has at least `length` tokens, middle-
-    truncated to exactly `length` (`LongBenchTask`, then `truncate_middle_ids`: the drift depends on the context,
-    so the profile is at the length asked for), with their ids and the data's source. `data`: the dataset's
-    records and source as `longbench.load_task_data` read them (before the model loaded), else read here."""
+def longbench_prompts(datasets: str | list[str], data_dir: str | None, tokenizer: Any, length: int, limit: int,
+                      data: dict[str, tuple[list[dict[str, Any]], Any]] | None = None) -> ProfilePrompts:
+    """The first `limit` records of each LongBench dataset whose official prompt has at least `length` tokens,
+    middle-truncated to exactly `length` (`LongBenchTask`, then `truncate_middle_ids`: the drift depends on the
+    context, so the profile is at the length asked for), with their ids and the data's source. Several datasets
+    profile one model over several kinds of text, as the paper profiles its model once: their records are
+    listed in order, each with its dataset. `data`: each dataset's records and source as
+    `longbench.load_task_data` read them (before the model loaded), else read here."""
+    names = [datasets] if isinstance(datasets, str) else list(datasets)
+    parts = [_dataset_prompts(name, data_dir, tokenizer, length, limit, (data or {}).get(name)) for name in names]
+    if len(parts) == 1:
+        return parts[0]
+    return ProfilePrompts([ids for part in parts for ids in part.prompts], {
+        "prompts": "longbench", "dataset": ",".join(names),
+        "data_source": {name: part.measured_on["data_source"] for name, part in zip(names, parts, strict=True)},
+        "records": [{"dataset": name, **record} for name, part in zip(names, parts, strict=True)
+                    for record in part.measured_on["records"]]})
+
+
+def _dataset_prompts(dataset: str, data_dir: str | None, tokenizer: Any, length: int, limit: int,
+                     data: tuple[list[dict[str, Any]], Any] | None) -> ProfilePrompts:
     from scoutbench.errors import UsageError
     from scoutbench.workloads import longbench
 
@@ -190,7 +205,35 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
             method = ScoutAttention.from_args(args)
             traces.append(_decode_trace(DecodeEngine(model, method), method, steps, batch, length, seed, prefill,
                                         prompt))
-    num_layers = model.config.num_hidden_layers
+    profiled = profile_intervals(traces, method, model.config.num_hidden_layers, beta)
+    measured_on = prompts.measured_on if prompts is not None else {
+        "prompts": "random tokens" if prefill != "synthetic" else "synthetic K/V", "seed": seed, "batch": batch}
+    return {
+        **envelope("scout_recall_profile"),
+        "model": model_name,
+        "len": longest,
+        "steps": steps,
+        "batch": batch if prompts is None else 1,
+        "beta": beta,
+        "prefill": prefill,
+        "measured_on": {**measured_on, "model": model_name, "len": longest, "steps": steps},
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "device": torch_device.type,
+        "method": method.config(),
+        "k_sel": method.k_sel,
+        "pool_slots": method.pool_slots,
+        **budget_plan.result_fields(),
+        **profiled,
+        "interval_cap": max(1, steps - 1),
+        "elapsed_s": time.time() - started,
+    }
+
+
+def profile_intervals(traces: list[list[dict[str, Any]]], method: ScoutAttention, num_layers: int, beta: float
+                      ) -> dict[str, Any]:
+    """The profile of no-recall traces (one per prompt, curves averaged over them): per layer the interval
+    (`choose_interval` of the drift curve at `beta`, null for dense layers), the expected ratio under it, the drift
+    curve and the ratio without recall, and the means over the sparse layers."""
     dense = min(method.dense_layers, num_layers)
     masks = [selection_masks(trace, num_layers) for trace in traces]
     intervals: list[int | None] = []
@@ -214,32 +257,11 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
                                      for trace in traces]))
     sparse_intervals = [i for i in intervals if i is not None]
     sparse_expected = [e for e in expected if e is not None]
-    measured_on = prompts.measured_on if prompts is not None else {
-        "prompts": "random tokens" if prefill != "synthetic" else "synthetic K/V", "seed": seed, "batch": batch}
-    return {
-        **envelope("scout_recall_profile"),
-        "model": model_name,
-        "len": longest,
-        "steps": steps,
-        "batch": batch if prompts is None else 1,
-        "beta": beta,
-        "prefill": prefill,
-        "measured_on": {**measured_on, "model": model_name, "len": longest, "steps": steps},
-        "dtype": str(torch_dtype).removeprefix("torch."),
-        "device": torch_device.type,
-        "method": method.config(),
-        "k_sel": method.k_sel,
-        "pool_slots": method.pool_slots,
-        **budget_plan.result_fields(),
-        "intervals": intervals,
-        "mean_interval": sum(sparse_intervals) / len(sparse_intervals) if sparse_intervals else None,
-        "interval_cap": max(1, steps - 1),
-        "expected_ratio": expected,
-        "expected_ratio_mean": sum(sparse_expected) / len(sparse_expected) if sparse_expected else None,
-        "drift": drift,
-        "ratio_without_recall": without,
-        "elapsed_s": time.time() - started,
-    }
+    return {"intervals": intervals,
+            "mean_interval": sum(sparse_intervals) / len(sparse_intervals) if sparse_intervals else None,
+            "expected_ratio": expected,
+            "expected_ratio_mean": sum(sparse_expected) / len(sparse_expected) if sparse_expected else None,
+            "drift": drift, "ratio_without_recall": without}
 
 
 def _mean_curves(curves: list[list[float]]) -> list[float]:

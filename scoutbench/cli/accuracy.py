@@ -208,14 +208,25 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
 def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{result['method_repr']} on {result['model']['name']}")
-    for column in ("dataset", "metric", "n", "score (0-100)", "buckets"):
+    from scoutbench.eval.tables import NOTE, interval_cell
+
+    table = Table(title=f"{result['method_repr']} on {result['model']['name']}", caption=NOTE)
+    for column in ("dataset", "metric", "n", "score (0-100) [95% interval]", "buckets"):
         table.add_column(column)
     for name in names:
         entry = result["results"][name]
         buckets = " ".join(f"{k}: {v}" for k, v in entry.get("buckets", {}).items())
-        table.add_row(name, entry["metric"], str(entry["n"]), f"{entry['score']:.2f}", buckets)
+        table.add_row(name, entry["metric"], str(entry["n"]), interval_cell(_score_interval(entry),
+                                                                            value=entry["score"]), buckets)
     console.print(table)
+
+
+def _score_interval(entry: dict[str, Any]):
+    """The task's score interval from its per-sample values (the one bootstrap of every accuracy output)."""
+    from scoutbench.analysis import bootstrap
+
+    samples = entry.get("samples")
+    return bootstrap.mean_interval([s["score"] for s in samples]) if samples else None
 
 
 def _print_comparison(console, tables) -> None:
@@ -288,6 +299,10 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
     for row in metrics["per_step"]:
         table.add_row(str(row["step"]), f"{row['top1_agreement']:.3f}", f"{row['kl_mean']:.4g}",
                       f"{row['hidden_cosine']:.5f}")
-    table.add_row("all", f"{overall['top1_agreement']:.3f}", f"{overall['kl_mean']:.4g}",
+    table.add_row("all", *(f"{overall[name]:{spec}}" + ("" if f"{name}_ci95" not in overall else
+                                                         " [{:{spec}}, {:{spec}}]".format(*overall[f"{name}_ci95"],
+                                                                                          spec=spec))
+                           for name, spec in (("top1_agreement", ".3f"), ("kl_mean", ".4g"))),
                   f"{overall['hidden_cosine']:.5f}", style="bold")
+    table.caption = f"all: 95% interval over the {len(prompts)} prompts (percentile bootstrap, seed 0)"
     rich_console().print(table)

@@ -47,12 +47,13 @@ def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
 @click.option("--prefill", type=click.Choice(["real", "synthetic"]), default="real", show_default=True,
               help="real: the model runs on the prompt (--dataset's records, else random tokens); synthetic: random "
                    "K/V, whose selection churns without real drift (its intervals describe no real workload).")
-@click.option("--dataset", default=None, help="Profile on real LongBench records of this dataset (e.g. gov_report), "
-              "those of at least --len tokens, each prompt middle-truncated to --len, instead of random tokens.")
+@click.option("--dataset", "datasets", multiple=True, help="Profile on real LongBench records of this dataset (e.g. "
+              "gov_report), those of at least --len tokens, each prompt middle-truncated to --len, instead of random "
+              "tokens; repeatable (--limit records of each, one profile over all).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder of official LongBench <dataset>.jsonl files (default: the hub archive).")
 @click.option("--limit", default=1, show_default=True, type=int,
-              help="Records of --dataset profiled (its first N of at least --len tokens).")
+              help="Records of each --dataset profiled (its first N of at least --len tokens).")
 @click.option("--budget", default=None, type=LENGTH, help="ScoutAttention's token budget (default 2048; e.g. 2k).")
 @click.option("--block-size", default=None, type=LENGTH, help="ScoutAttention's block size (default 32).")
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
@@ -60,7 +61,7 @@ def _check_context(model: str, length: int, steps: int, more: str = "") -> None:
 @click.option("-o", "--output", required=True, help="JSON file to write (ScoutAttention's recall_profile).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
-def profile_recall_command(model, length, batch, device, dtype, seed, steps, beta, prefill, dataset, data_dir, limit,
+def profile_recall_command(model, length, batch, device, dtype, seed, steps, beta, prefill, datasets, data_dir, limit,
                            budget, block_size, method_args, output, overwrite, force):
     """Profile per-layer recall intervals: the largest interval that keeps each layer's CPU compute ratio
     under BETA after a recall (paper section 3.4), on real records (--dataset) or random prompts. Writes a JSON
@@ -77,9 +78,9 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
     _check_positive("--limit", limit)
     if not 0.0 <= beta <= 1.0:
         raise UsageError(f"--beta must be in [0, 1] (got {beta})")
-    if dataset is None and data_dir is not None:
+    if not datasets and data_dir is not None:
         raise UsageError("--data-dir needs --dataset: name the LongBench dataset to profile on")
-    if dataset is not None and (prefill == "synthetic" or batch != 1):
+    if datasets and (prefill == "synthetic" or batch != 1):
         raise UsageError("--dataset profiles real records, one at a time: drop --prefill synthetic and --batch")
     args = resolve_method_args(["scout"], MethodSettings.of(parse_method_args(method_args), budget=budget,
                                                             block_size=block_size))["scout"]
@@ -90,19 +91,20 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
     if prefill != "synthetic":
         _check_context(model, length_tokens, steps, "or pass --prefill synthetic")
     data = None
-    if dataset is not None:  # the data before the model (a minute to load): a file that cannot be used is exit 2 at once
+    if datasets:  # the data before the model (a minute to load): a file that cannot be used is exit 2 at once
         from scoutbench.models import PRESETS
         from scoutbench.workloads import longbench
 
-        if dataset not in longbench.DATASETS:
-            raise UsageError(f"unknown --dataset {dataset!r} (LongBench: {', '.join(longbench.DATASETS)})")
+        unknown = [name for name in datasets if name not in longbench.DATASETS]
+        if unknown:
+            raise UsageError(f"unknown --dataset {unknown[0]!r} (LongBench: {', '.join(longbench.DATASETS)})")
         if model in PRESETS:
             raise UsageError(f"--dataset needs a model with a tokenizer; {model!r} has none (random-weight preset)")
-        data = longbench.load_task_data(dataset, data_dir)
+        data = {name: longbench.load_task_data(name, data_dir) for name in dict.fromkeys(datasets)}
     check_methods_fit([ScoutAttention.from_args(args)], model)
     check_writable(output, overwrite, single_file=True)
     loaded = prompts = None
-    if dataset is not None:
+    if datasets:
         from scoutbench.devices import resolve_device, resolve_dtype
         from scoutbench.models import load_model
 
@@ -110,7 +112,7 @@ def profile_recall_command(model, length, batch, device, dtype, seed, steps, bet
         loaded = load_model(model, torch_device, resolve_dtype(dtype, torch_device), seed)
         if loaded.tokenizer is None:
             raise UsageError(f"--dataset needs a model with a tokenizer; {model!r} has none (random-weight preset)")
-        prompts = longbench_prompts(dataset, data_dir, loaded.tokenizer, length_tokens, limit, data)
+        prompts = longbench_prompts(list(datasets), data_dir, loaded.tokenizer, length_tokens, limit, data)
     result = profile_recall(model, length_tokens, steps, beta, batch=batch, device=device, dtype=dtype, seed=seed,
                             prefill=prefill, method_args=args, loaded=loaded, prompts=prompts, force=force)
     path = write_json_atomic(output, result, overwrite=overwrite)

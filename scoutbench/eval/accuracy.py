@@ -1,16 +1,18 @@
 """The accuracy runner: generate predictions for LongBench or passkey tasks under one or several method
 configurations, score them officially, and compare each with FullKV.
 
-Layout of a run, under `-o DIR`, one folder per method configuration:
-    DIR/<model>/<method>-<config hash>/<task>.jsonl   one line per sample, in the official prediction format
+Layout of a run, under `-o DIR`, one folder per method configuration, `<run>` = `<method>-budget<N>-<config hash>`
+(`<method>-<config hash>` without a budget, and for folders made before the budget was in the name):
+    DIR/<model>/<run>/<task>.jsonl                    one line per sample, in the official prediction format
                                                      (`pred`, `answers`, `all_classes`, `length`) plus `_id`,
                                                      `index`, `input_tokens`, `prompt_sha256` and its CPU seconds;
                                                      official eval.py reads it as is
-    DIR/<model>/<method>-<config hash>/<task>.fidelity-N.jsonl   per sample, the method teacher-forced on
+    DIR/<model>/<run>/<task>.fidelity-N.jsonl         per sample, the method teacher-forced on
                                                      FullKV's first N generated tokens: top-1 agreement, KL and
                                                      hidden-state cosine per step (`--fidelity-steps N`)
-    DIR/<model>/<method>-<config hash>/result.json    scores, agreement with FullKV, fidelity, config and
-                                                     provenance, written atomically
+    DIR/<model>/<run>/result.json                     scores with their intervals and per-sample values,
+                                                     agreement with FullKV, fidelity, config and provenance,
+                                                     written atomically
 
 Several configurations in one run share one dense prefill per record (`generation.SharedPrefill`; the prefill
 does not depend on the method, and at long context it is most of the time); each still predicts exactly what a
@@ -32,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import re
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ from typing import Any, Protocol
 
 import torch
 
+from scoutbench.analysis import bootstrap
 from scoutbench.devices import device_description
 from scoutbench.errors import UsageError
 from scoutbench.eval.fidelity import compare_steps, fullkv_reference
@@ -81,12 +85,23 @@ class Task(Protocol):
 
 def run_dir(out_dir: str | Path, loaded: LoadedModel, method: dict[str, Any], dtype: torch.dtype,
             device: torch.device, max_length: int | None, seed: int) -> Path:
-    """`out_dir/<model>/<method>-<hash of everything that changes a prediction>`: a rerun finds its own files."""
+    """`out_dir/<model>/<method>-budget<N>-<hash of everything that changes a prediction>` (no budget part for a
+    method without one): a reader sees what ran, and a rerun finds its own files. A folder of the earlier naming,
+    `<method>-<hash>` (the same hash), is used as it is when it exists: runs are resumed where their files are,
+    never moved (a run of an older version may still be appending to them). Both at once is an error."""
     identity = {"model": loaded.name, "method": method["method_repr"], "dtype": str(dtype), "device": device.type,
                 "max_length": max_length, "seed": seed}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
-    model_dir = re.sub(r"[^A-Za-z0-9._-]+", "--", loaded.name.strip("/"))
-    return Path(out_dir) / model_dir / f"{method['method']}-{digest}"
+    model_dir = Path(out_dir) / re.sub(r"[^A-Za-z0-9._-]+", "--", loaded.name.strip("/"))
+    budget = method["method_config"].get("budget")
+    readable = model_dir / "-".join([method["method"], *([] if budget is None else [f"budget{budget}"]), digest])
+    legacy = model_dir / f"{method['method']}-{digest}"
+    if legacy == readable or not legacy.exists():
+        return readable
+    if readable.exists():
+        raise UsageError(f"{legacy} and {readable} both hold the files of one configuration (one written by an "
+                         "older version): merge them into one, or remove one")
+    return legacy
 
 
 # ---------------------------------------------------------------------------------------------- configurations
@@ -232,41 +247,130 @@ def scoring_versions() -> dict[str, str | None]:
     return versions
 
 
+def sample_scores(task: Task, rows: list[dict[str, Any]]) -> list[float]:
+    """Each record's own metric value (0-100, the official score of that record alone): the per-sample values the
+    task's score is the mean of, which its interval resamples."""
+    return [task.score([row])["score"] for row in rows]
+
+
+def score_interval(values: list[float]) -> dict[str, Any]:
+    """The official score's 95% interval and standard error (`analysis/bootstrap.py`) from per-sample values."""
+    interval = bootstrap.mean_interval(values)
+    return {} if interval is None else interval.fields("score")
+
+
 def agreement_with_reference(task: Task, rows: list[dict[str, Any]], reference_rows: list[dict[str, Any]]
                              ) -> dict[str, Any] | None:
     """How far a method's predictions are from FullKV's own on the same records: the exact-match rate, the task's
     metric with FullKV's prediction as the only reference (records where that metric is undefined, e.g. a
     retrieval reference without a paragraph number, are left out and counted), and the official score's change
-    relative to FullKV's on the same records. None when FullKV has none of these records."""
+    relative to FullKV's on the same records, each with its bootstrap interval over the records (the change
+    paired: a resample takes the same records on both sides; `score_change_resolved`: its interval excludes 0).
+    `samples` holds the per-record values (`exact_match` 0 or 100, `metric_vs_fullkv_pred` or None, FullKV's own
+    `fullkv_score`). None when FullKV has none of these records."""
     n = min(len(rows), len(reference_rows))
     if n == 0:
         return None
     ours, theirs = rows[:n], reference_rows[:n]
-    exact = sum(a["pred"] == b["pred"] for a, b in zip(ours, theirs, strict=True))
+    exact = [100.0 * (a["pred"] == b["pred"]) for a, b in zip(ours, theirs, strict=True)]
     as_reference = getattr(task, "reference_answer", lambda pred: pred)  # passkey: the key FullKV answered
-    metric = []
+    metric: list[float | None] = []
     for a, b in zip(ours, theirs, strict=True):
         try:
             metric.append(task.score([{**a, "answers": [as_reference(b["pred"])]}])["score"])
         except ValueError:
-            continue
+            metric.append(None)
+    defined = [value for value in metric if value is not None]
     score, reference_score = task.score(ours)["score"], task.score(theirs)["score"]
     change = 100 * (score - reference_score) / reference_score if reference_score else None
-    return {"n": n, "exact_match": round(100 * exact / n, 2),
-            "metric_vs_fullkv_pred": round(sum(metric) / len(metric), 2) if metric else None,
-            "metric_undefined": n - len(metric), "score": score, "fullkv_score": reference_score,
-            "score_change_pct": None if change is None else round(change, 2)}
+    own, fullkv = sample_scores(task, ours), sample_scores(task, theirs)
+    out: dict[str, Any] = {
+        "n": n, "exact_match": round(statistics.fmean(exact), 2),
+        "metric_vs_fullkv_pred": round(statistics.fmean(defined), 2) if defined else None,
+        "metric_undefined": n - len(defined), "score": score, "fullkv_score": reference_score,
+        "score_change_pct": None if change is None else round(change, 2)}
+    for name, interval in (("exact_match", bootstrap.mean_interval(exact)),
+                           ("metric_vs_fullkv_pred", bootstrap.mean_interval(defined) if defined else None),
+                           ("score_change_pct", bootstrap.bootstrap([n], bootstrap.change_pct([own], [fullkv])))):
+        if interval is not None:
+            out |= interval.fields(name)
+            if name == "score_change_pct":
+                out["score_change_resolved"] = interval.resolved
+    out["samples"] = [{"index": a["index"], "exact_match": e, "metric_vs_fullkv_pred": v, "fullkv_score": f}
+                      for a, e, v, f in zip(ours, exact, metric, fullkv, strict=True)]
+    return out
 
 
 def fidelity_summary(rows: list[dict[str, Any]], steps: int) -> dict[str, Any]:
-    """Teacher-forced fidelity over every (record, step) compared: top-1 agreement (%) and mean KL (nats)."""
+    """Teacher-forced fidelity over every (record, step) compared: top-1 agreement (%) and mean KL (nats), each
+    with its bootstrap interval over the records (every compared step weighs the same); `samples` per record."""
     top1 = [value for row in rows for value in row["top1"]]
     kl = [value for row in rows for value in row["kl"]]
     cpu = [row["cpu_s"] for row in rows if row.get("cpu_s") is not None]
-    return {"steps": steps, "records": len(rows), "compared_steps": len(top1),
-            "cpu_s_per_record": round(sum(cpu) / len(cpu), 2) if cpu else None,
-            "top1_agreement": round(100 * sum(top1) / len(top1), 2) if top1 else None,
-            "kl_mean": sum(kl) / len(kl) if kl else None, "kl_max": max(kl) if kl else None}
+    out = {"steps": steps, "records": len(rows), "compared_steps": len(top1),
+           "cpu_s_per_record": round(sum(cpu) / len(cpu), 2) if cpu else None,
+           "top1_agreement": round(100 * sum(top1) / len(top1), 2) if top1 else None,
+           "kl_mean": sum(kl) / len(kl) if kl else None, "kl_max": max(kl) if kl else None}
+    counts = [len(row["top1"]) for row in rows]
+    for name, per_record, scale, digits in (("top1_agreement", [sum(row["top1"]) for row in rows], 100, 2),
+                                            ("kl_mean", [sum(row["kl"]) for row in rows], 1, 4)):
+        interval = bootstrap.bootstrap([len(rows)], bootstrap.pooled([[scale * v for v in per_record]], [counts])) \
+            if rows else None
+        if interval is not None:
+            out |= interval.fields(name, digits)
+    out["samples"] = [{"index": row["index"], "steps": len(row["top1"]),
+                       "top1_agreement": round(100 * sum(row["top1"]) / len(row["top1"]), 2) if row["top1"] else None,
+                       "kl_mean": sum(row["kl"]) / len(row["kl"]) if row["kl"] else None} for row in rows]
+    return out
+
+
+def task_entry(task: Task, own: list[dict[str, Any]], budget: int | None, predictions: str,
+               reference_rows: list[dict[str, Any]] | None, fidelity_rows: list[dict[str, Any]] | None,
+               fidelity_steps: int) -> dict[str, Any]:
+    """A task's entry of result.json from its prediction rows: the official score with its interval and standard
+    error, the per-sample values, n, the records the budget covered, CPU seconds; beside FullKV (`reference_rows`)
+    the agreement, and the fidelity (`fidelity_rows`)."""
+    dense = sum(budget is not None and budget >= row["input_tokens"] + task.max_new_tokens for row in own)
+    values = sample_scores(task, own)
+    entry = {**task.score(own), **score_interval(values), "n": len(own), "dense_records": dense, **task.describe(),
+             "predictions": predictions, "prompts_sha256": prompts_sha256(own),
+             "samples": [{"index": row["index"], "_id": row["_id"], "score": value}
+                         for row, value in zip(own, values, strict=True)]}
+    for key, field in (("cpu_s_per_record", "cpu_s"), ("shared_prefill_cpu_s_per_record", "shared_prefill_cpu_s")):
+        cpu = [row[field] for row in own if row.get(field) is not None]
+        if cpu:
+            entry[key] = round(sum(cpu) / len(cpu), 2)
+    if reference_rows is not None:
+        entry["vs_fullkv"] = agreement_with_reference(task, own, reference_rows)
+    if fidelity_rows is not None:
+        entry["fidelity"] = fidelity_summary(fidelity_rows, fidelity_steps)
+    return entry
+
+
+def rescore_folder(folder: Path, tasks: list[Task], reference_folder: Path | None) -> dict[str, Any]:
+    """A run folder's result.json with each of `tasks` that has a prediction file rescored from its files, as a
+    run of this version scores it (per-sample values, intervals, the agreement with the predictions in
+    `reference_folder` and the fidelity of the steps its result names). Reads only: a folder of a configuration
+    that today's methods no longer build (another hash) is scored as it stands."""
+    result = json.loads((folder / "result.json").read_text("utf-8"))
+    budget = (result.get("method_config") or {}).get("budget")
+    # one --fidelity-steps for every task of a run: a task the stored result does not have yet uses the others'
+    steps = next((entry["fidelity"]["steps"] for entry in (result.get("results") or {}).values()
+                  if isinstance(entry, dict) and isinstance(entry.get("fidelity"), dict)), 0)
+    results = {}
+    for task in tasks:
+        path = folder / f"{task.name}.jsonl"
+        own = read_predictions(path, task.records, repair=False) if path.exists() else []
+        if not own:
+            continue
+        theirs = fidelity = None
+        if reference_folder is not None and folder != reference_folder:
+            theirs = read_predictions(reference_folder / f"{task.name}.jsonl", task.records, repair=False)
+            if steps and (folder / fidelity_file_name(task.name, steps)).exists():
+                fidelity = read_rows(folder / fidelity_file_name(task.name, steps), task.records,
+                                     fidelity_row_problem, repair=False)
+        results[task.name] = task_entry(task, own, budget, path.name, theirs, fidelity, steps)
+    return {**result, "results": results}
 
 
 def run_accuracy(tasks: list[Task], loaded: LoadedModel, spec: MethodSpec, out_dir: str | Path,
@@ -326,23 +430,16 @@ def _result(config: Config, reference: Config, tasks: list[Task], rows: dict[str
         own = rows[task.name][config.label]
         if not own:
             continue  # nothing generated yet (a run in progress)
-        dense = sum(budget is not None and budget >= row["input_tokens"] + task.max_new_tokens for row in own)
-        entry = {**task.score(own), "n": len(own), "dense_records": dense, **task.describe(),
-                 "predictions": config.predictions_path(task).name, "prompts_sha256": prompts_sha256(own)}
-        for key, field in (("cpu_s_per_record", "cpu_s"), ("shared_prefill_cpu_s_per_record", "shared_prefill_cpu_s")):
-            cpu = [row[field] for row in own if row.get(field) is not None]
-            if cpu:
-                entry[key] = round(sum(cpu) / len(cpu), 2)
+        theirs = fidelity = None
         if not config.is_reference:
             theirs = rows[task.name].get(reference.label)
             if theirs is None:
                 theirs = read_predictions(reference.predictions_path(task), task.records, write)
-            entry["vs_fullkv"] = agreement_with_reference(task, own, theirs)
             if fidelity_steps:
                 fidelity = read_rows(config.fidelity_path(task, fidelity_steps), task.records, fidelity_row_problem,
                                      write)
-                entry["fidelity"] = fidelity_summary(fidelity, fidelity_steps)
-        results[task.name] = entry
+        results[task.name] = task_entry(task, own, budget, config.predictions_path(task).name, theirs, fidelity,
+                                        fidelity_steps)
     result = {
         **envelope("accuracy", command, scoring=scoring_versions()),
         **config.method, "label": config.label, "model": loaded.describe(parameter.dtype),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from scoutbench.analysis import bootstrap
 from scoutbench.eval.generation import Generation, MethodSpec, SharedPrefill
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.sparse import dense_if_budget_covers
@@ -87,6 +88,11 @@ def measure_fidelity(loaded: LoadedModel, spec: MethodSpec, prompts: list[list[i
     overall = {"top1_agreement": _mean([a for values in agreement for a in values]),
                "kl_mean": _mean([k for values in kl for k in values]),
                "hidden_cosine": _mean(every_cosine), "hidden_cosine_min": min(every_cosine)}
+    for name, by_step in (("top1_agreement", agreement), ("kl_mean", kl)):  # 95% interval over the prompts
+        per_prompt = [sum(values[p] for values in by_step) for p in range(len(prompts))]
+        interval = bootstrap.bootstrap([len(prompts)], bootstrap.pooled([per_prompt], [[steps] * len(prompts)]))
+        if interval is not None:
+            overall |= interval.fields(name, 4)
     return {"overall": overall, "per_step": per_step, "budget": plans[0].budget,
             "effective_budget": max(p.effective_budget or 0 for p in plans) if plans[0].budget is not None else None,
             "sparse": any(p.sparse for p in plans), "num_prompts": len(prompts),
