@@ -109,13 +109,6 @@ inline int64_t row_len(const Args& a, int64_t row) {
 
 using AttendFn = void (*)(const Args&, const Item&, State);
 
-// Where element d of a row sits in the vector paths' bf16 layout: each chunk of `chunk` elements stored as its even
-// elements, then its odd ones (how a shift and a mask widen bf16 pairs). The AVX-512 kernel lays out q by it (the
-// AVX2 kernel widens q as it widens K, which puts each element there), and store_row reads the accumulators back.
-constexpr int64_t even_odd_slot(int64_t d, int64_t chunk) {
-  return (d / chunk) * chunk + (d % 2) * (chunk / 2) + (d % chunk) / 2;
-}
-
 #if defined(SB_AVX512) || defined(SB_AVX2)
 // ------------------------------------------------------------------------------------------ vector kernels' schedule
 // What the AVX-512 and AVX2 kernels share: the softmax step, the software prefetch and its distance.
