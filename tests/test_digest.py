@@ -40,6 +40,29 @@ def test_digest_kernel_is_the_bound(cpu_backend, digest_dtype, q_dtype, group, d
     assert torch.equal(top_scores, scores) and torch.equal(ids, torch.topk(scores, 7, dim=-1).indices)
 
 
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
+@pytest.mark.parametrize("k", [1, 64, 300])
+def test_digest_top_k_breaks_ties_by_the_lower_block(cpu_backend, k):
+    """Equal scores (a row of equal digests; another with five distinct ones) go to the lower block (a stable sort
+    of the masked scores; `torch.topk` leaves ties in any order), over 1000 blocks, k below and past the first cut
+    of the kernel's kept candidates and past the candidates."""
+    from scoutbench.kernels import digest_native
+    from scoutbench.kernels.digest import CandidateBlocks
+
+    g = torch.Generator().manual_seed(k)
+    digests = torch.zeros(1, 2, 1000, 256)
+    digests[0, 1] = torch.randint(0, 5, (1000, 1), generator=g).float() * torch.ones(256)  # five distinct scores
+    q = torch.rand(1, 8, 128, generator=g)
+    excluded = torch.rand(1, 1, 1000, generator=g) < 0.1
+    candidates = CandidateBlocks.build(1000, torch.tensor([900]), k, excluded, torch.device("cpu"))
+    ids, scores = digest_native.top_blocks(q, digests, candidates.blocked, candidates.k)
+    count = int(candidates.count[0, 0])
+    stable = torch.sort(scores.masked_fill(candidates.blocked, float("-inf")), descending=True, stable=True).indices
+    assert torch.equal(ids[..., :count], stable[..., :count])
+    allowed = torch.arange(900)[~excluded[0, 0, :900]]
+    assert ids[0, 0, :count].tolist() == allowed[:count].tolist()
+
+
 @pytest.mark.parametrize("cpu_backend", [*native_paths(), "torch"], indirect=True)
 @pytest.mark.parametrize("heads_blocked", [1, 3])
 @pytest.mark.parametrize("k", [5, 40, 70])

@@ -13,13 +13,13 @@ namespace {
 // while ScoutAttention's worker attends the previous layer's CPU part on its own thread.
 //
 // The vector scorers (GQA group 4, a row of whole 64-byte lines per block: 2D a multiple of 16 fp32 or 32 bf16
-// elements) read each digest line once for the four query heads, four blocks a pass (AVX-512; two on AVX2) so that
-// each line of q is loaded once for four blocks and 16 independent sums hide the FMA latency, and prefetch the line
-// kDigestPrefetchBytes ahead in each of the pass's blocks as they load theirs: one prefetch per line, spread
-// through the pass (docs/platform.md has the measurements).
-constexpr int64_t kDigestLanes = 16;
+// elements) score NB blocks a pass (4 on AVX-512, 2 on AVX2), one from each of NB streams that walk the row's
+// quarters (halves) in address order: each line of q is then loaded once for NB blocks, 16 (8) independent sums hide
+// the multiply-add latency, and the hardware prefetcher follows NB sequential streams. NB consecutive blocks a pass
+// read each 4 KiB page in strides of a block, which the prefetcher does not follow (half the read rate from DRAM,
+// software prefetches or not), and software prefetches beside the streams only slowed them (docs/platform.md has
+// the measurements).
 constexpr int64_t kLine = 64;
-constexpr int64_t kDigestPrefetchBytes = 4096;
 
 // b_g = [q_g | |q_g|] of the G heads (scratch of G * 2D floats); rounded to bf16 (kept in fp32) for bf16 digests
 template <typename T>
@@ -53,42 +53,53 @@ void scores_portable(const T* row, const float* both, int64_t group, int64_t wid
 }
 
 #ifdef SB_AVX512
-// The pass's NB blocks' sums against the four heads, acc[b][g] lane-wise; q in the layout the digest chunks widen to
-// (fp32: as is; bf16 with AVX512-BF16: bf16 pairs in `qbf`; bf16 without: each 32-chunk's even | odd elements).
+// `x`, kept in a register: the compiler may not fold its load into each instruction that reads it
+inline __m512 in_register(__m512 x) {
+  asm("" : "+v"(x));
+  return x;
+}
+
+// The pass's NB blocks' (ds[b]) sums against the four heads, acc[b][g] lane-wise; q in the layout the digest
+// chunks widen to (fp32: as is; bf16 with AVX512-BF16: bf16 pairs in `qbf`; bf16 without: each 32-chunk's even | odd
+// elements).
 template <typename T, int NB>
-inline void dots_g4_avx512(const T* d, const float* both, const uint16_t* qbf, int64_t width, const char* ahead,
+inline void dots_g4_avx512(const T* const* ds, const float* both, const uint16_t* qbf, int64_t width,
                            __m512 (&acc)[NB][4]) {
   for (int b = 0; b < NB; ++b)
     for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_setzero_ps();
   constexpr int64_t kChunk = kLine / sizeof(T);  // elements per line: one chunk
-  const int64_t line_bytes_per_block = width * static_cast<int64_t>(sizeof(T));
   for (int64_t c = 0; c < width; c += kChunk) {
-    if (ahead != nullptr)
-      for (int b = 0; b < NB; ++b) _mm_prefetch(ahead + b * line_bytes_per_block + c * sizeof(T), _MM_HINT_T0);
+    // the chunk's q vectors in registers, then each block's chunk loaded once for them: the loads the L1 serves (one
+    // 64-byte load a cycle on Zen 4) stay at a quarter of the multiply-adds, where a q load folded into every one
+    // (GCC's choice unless told, in_register) makes the loads, not the multiply-adds, bound the scorer
     if constexpr (std::is_same_v<T, float>) {
       (void)qbf;
-      __m512 x[NB];
-      for (int b = 0; b < NB; ++b) x[b] = _mm512_loadu_ps(d + b * width + c);
-      for (int g = 0; g < 4; ++g) {
-        const __m512 qv = _mm512_loadu_ps(both + g * width + c);
-        for (int b = 0; b < NB; ++b) acc[b][g] = _mm512_fmadd_ps(x[b], qv, acc[b][g]);
+      __m512 qv[4];
+      for (int g = 0; g < 4; ++g) qv[g] = in_register(_mm512_loadu_ps(both + g * width + c));
+      for (int b = 0; b < NB; ++b) {
+        const __m512 x = in_register(_mm512_loadu_ps(ds[b] + c));
+        for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_fmadd_ps(x, qv[g], acc[b][g]);
       }
     } else {
 #ifdef __AVX512BF16__
       (void)both;
-      __m512i x[NB];
-      for (int b = 0; b < NB; ++b) x[b] = _mm512_loadu_si512(d + b * width + c);
-      for (int g = 0; g < 4; ++g) {
-        const __m512bh qv = (__m512bh)_mm512_loadu_si512(qbf + g * width + c);
-        for (int b = 0; b < NB; ++b) acc[b][g] = _mm512_dpbf16_ps(acc[b][g], qv, (__m512bh)x[b]);
+      __m512 qv[4];
+      for (int g = 0; g < 4; ++g) qv[g] = in_register(_mm512_castsi512_ps(_mm512_loadu_si512(qbf + g * width + c)));
+      for (int b = 0; b < NB; ++b) {
+        const __m512bh x = (__m512bh)in_register(_mm512_castsi512_ps(_mm512_loadu_si512(ds[b] + c)));
+        for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_dpbf16_ps(acc[b][g], (__m512bh)qv[g], x);
       }
 #else
       (void)qbf;
-      __m512 even[NB], odd[NB];
-      for (int b = 0; b < NB; ++b) bf16_even_odd(d + b * width + c, even[b], odd[b]);
+      __m512 qe[4], qo[4];  // 16 accumulators, 8 q vectors and a chunk's two halves: 26 of the 32 registers
       for (int g = 0; g < 4; ++g) {
-        const __m512 qe = _mm512_loadu_ps(both + g * width + c), qo = _mm512_loadu_ps(both + g * width + c + 16);
-        for (int b = 0; b < NB; ++b) acc[b][g] = _mm512_fmadd_ps(qe, even[b], _mm512_fmadd_ps(qo, odd[b], acc[b][g]));
+        qe[g] = in_register(_mm512_loadu_ps(both + g * width + c));
+        qo[g] = in_register(_mm512_loadu_ps(both + g * width + c + 16));
+      }
+      for (int b = 0; b < NB; ++b) {
+        __m512 even, odd;
+        bf16_even_odd(ds[b] + c, even, odd);
+        for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_fmadd_ps(qe[g], even, _mm512_fmadd_ps(qo[g], odd, acc[b][g]));
       }
 #endif
     }
@@ -96,33 +107,29 @@ inline void dots_g4_avx512(const T* d, const float* both, const uint16_t* qbf, i
 }
 
 template <typename T, typename Emit>
-void scores_g4_avx512(const T* row, const float* both, const uint16_t* qbf, int64_t width, int64_t first,
-                      int64_t last, Emit&& emit) {
-  const int64_t block_bytes = width * static_cast<int64_t>(sizeof(T));
-  const char* end = reinterpret_cast<const char*>(row + last * width);
-  auto ahead_of = [&](const T* d, int blocks) -> const char* {  // null past the row's last block
-    const char* p = reinterpret_cast<const char*>(d) + kDigestPrefetchBytes;
-    return p + blocks * block_bytes <= end ? p : nullptr;
-  };
-  int64_t j = first;
-  for (; j + 4 <= last; j += 4) {
-    const T* d = row + j * width;
-    __m512 acc[4][4];
-    dots_g4_avx512<T, 4>(d, both, qbf, width, ahead_of(d, 4), acc);
+void scores_g4_avx512(const T* row, const float* both, const uint16_t* qbf, int64_t width, int64_t num_blocks,
+                      Emit&& emit) {
+  constexpr int NB = 4;
+  const int64_t quarter = num_blocks / NB;
+  for (int64_t i = 0; i < quarter; ++i) {
+    const T* ds[NB];
+    for (int b = 0; b < NB; ++b) ds[b] = row + (b * quarter + i) * width;
+    __m512 acc[NB][4];
+    dots_g4_avx512<T, NB>(ds, both, qbf, width, acc);
     __m512 sums[16];  // acc[b][g] at slot_of(4b + g): reduce16 then puts block b's four sums in lanes 4b .. 4b+3
-    for (int b = 0; b < 4; ++b)
+    for (int b = 0; b < NB; ++b)
       for (int g = 0; g < 4; ++g) sums[slot_of(4 * b + g)] = acc[b][g];
     __m512 s = reduce16(sums);
     s = _mm512_max_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
     s = _mm512_max_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
     alignas(64) float best[16];
     _mm512_store_ps(best, s);
-    for (int b = 0; b < 4; ++b) emit(j + b, 0.5f * best[4 * b]);
+    for (int b = 0; b < NB; ++b) emit(b * quarter + i, 0.5f * best[4 * b]);
   }
-  for (; j < last; ++j) {
-    const T* d = row + j * width;
+  for (int64_t j = NB * quarter; j < num_blocks; ++j) {
+    const T* ds[1] = {row + j * width};
     __m512 acc[1][4];
-    dots_g4_avx512<T, 1>(d, both, qbf, width, ahead_of(d, 1), acc);
+    dots_g4_avx512<T, 1>(ds, both, qbf, width, acc);
     float best = kNegInf;
     for (int g = 0; g < 4; ++g) best = std::max(best, _mm512_reduce_add_ps(acc[0][g]));
     emit(j, 0.5f * best);
@@ -131,63 +138,52 @@ void scores_g4_avx512(const T* row, const float* both, const uint16_t* qbf, int6
 #endif  // SB_AVX512
 
 #ifdef SB_AVX2
-// The pass's NB blocks' sums against the four heads on 8-lane vectors (two blocks: 8 accumulators, the blocks'
-// chunks and a q chunk in the 16 registers); bf16 widened by a shift and a mask, q in each 16-chunk's even | odd
-// order.
+// The pass's NB blocks' (ds[b]) sums against the four heads on 8-lane vectors (two blocks: 8 accumulators, the
+// blocks' chunks and a q chunk in the 16 registers); bf16 widened by a shift and a mask, q in each 16-chunk's
+// even | odd order.
 template <typename T, int NB>
-inline void dots_g4_avx2(const T* d, const float* both, int64_t width, const char* ahead, __m256 (&acc)[NB][4]) {
+inline void dots_g4_avx2(const T* const* ds, const float* both, int64_t width, __m256 (&acc)[NB][4]) {
   for (int b = 0; b < NB; ++b)
     for (int g = 0; g < 4; ++g) acc[b][g] = _mm256_setzero_ps();
-  constexpr int64_t kChunk = kLine / sizeof(T);
-  const int64_t block_bytes = width * static_cast<int64_t>(sizeof(T));
-  for (int64_t c = 0; c < width; c += kChunk) {
-    if (ahead != nullptr)
-      for (int b = 0; b < NB; ++b) _mm_prefetch(ahead + b * block_bytes + c * sizeof(T), _MM_HINT_T0);
-    for (int64_t h = c; h < c + kChunk; h += 16) {  // 16 elements a step: two fp32 vectors, or one bf16 pair
-      if constexpr (std::is_same_v<T, float>) {
-        for (int64_t e = h; e < h + 16; e += 8) {
-          __m256 x[NB];
-          for (int b = 0; b < NB; ++b) x[b] = _mm256_loadu_ps(d + b * width + e);
-          for (int g = 0; g < 4; ++g) {
-            const __m256 qv = _mm256_loadu_ps(both + g * width + e);
-            for (int b = 0; b < NB; ++b) acc[b][g] = _mm256_fmadd_ps(x[b], qv, acc[b][g]);
-          }
-        }
-      } else {
-        __m256 even[NB], odd[NB];
-        for (int b = 0; b < NB; ++b) bf16_even_odd8(d + b * width + h, even[b], odd[b]);
+  for (int64_t h = 0; h < width; h += 16) {  // 16 elements a step: two fp32 vectors, or one bf16 pair
+    if constexpr (std::is_same_v<T, float>) {
+      for (int64_t e = h; e < h + 16; e += 8) {
+        __m256 x[NB];
+        for (int b = 0; b < NB; ++b) x[b] = _mm256_loadu_ps(ds[b] + e);
         for (int g = 0; g < 4; ++g) {
-          const __m256 qe = _mm256_loadu_ps(both + g * width + h), qo = _mm256_loadu_ps(both + g * width + h + 8);
-          for (int b = 0; b < NB; ++b) acc[b][g] = _mm256_fmadd_ps(qe, even[b], _mm256_fmadd_ps(qo, odd[b], acc[b][g]));
+          const __m256 qv = _mm256_loadu_ps(both + g * width + e);
+          for (int b = 0; b < NB; ++b) acc[b][g] = _mm256_fmadd_ps(x[b], qv, acc[b][g]);
         }
+      }
+    } else {
+      __m256 even[NB], odd[NB];
+      for (int b = 0; b < NB; ++b) bf16_even_odd8(ds[b] + h, even[b], odd[b]);
+      for (int g = 0; g < 4; ++g) {
+        const __m256 qe = _mm256_loadu_ps(both + g * width + h), qo = _mm256_loadu_ps(both + g * width + h + 8);
+        for (int b = 0; b < NB; ++b) acc[b][g] = _mm256_fmadd_ps(qe, even[b], _mm256_fmadd_ps(qo, odd[b], acc[b][g]));
       }
     }
   }
 }
 
 template <typename T, typename Emit>
-void scores_g4_avx2(const T* row, const float* both, int64_t width, int64_t first, int64_t last, Emit&& emit) {
-  const int64_t block_bytes = width * static_cast<int64_t>(sizeof(T));
-  const char* end = reinterpret_cast<const char*>(row + last * width);
-  auto ahead_of = [&](const T* d, int blocks) -> const char* {  // null past the row's last block
-    const char* p = reinterpret_cast<const char*>(d) + kDigestPrefetchBytes;
-    return p + blocks * block_bytes <= end ? p : nullptr;
-  };
-  int64_t j = first;
-  for (; j + 2 <= last; j += 2) {
-    const T* d = row + j * width;
-    __m256 acc[2][4];
-    dots_g4_avx2<T, 2>(d, both, width, ahead_of(d, 2), acc);
-    for (int b = 0; b < 2; ++b) {
+void scores_g4_avx2(const T* row, const float* both, int64_t width, int64_t num_blocks, Emit&& emit) {
+  constexpr int NB = 2;
+  const int64_t half = num_blocks / NB;
+  for (int64_t i = 0; i < half; ++i) {
+    const T* ds[NB] = {row + i * width, row + (half + i) * width};
+    __m256 acc[NB][4];
+    dots_g4_avx2<T, NB>(ds, both, width, acc);
+    for (int b = 0; b < NB; ++b) {
       float best = kNegInf;
       for (int g = 0; g < 4; ++g) best = std::max(best, hsum8(acc[b][g]));
-      emit(j + b, 0.5f * best);
+      emit(b * half + i, 0.5f * best);
     }
   }
-  for (; j < last; ++j) {
-    const T* d = row + j * width;
+  for (int64_t j = NB * half; j < num_blocks; ++j) {
+    const T* ds[1] = {row + j * width};
     __m256 acc[1][4];
-    dots_g4_avx2<T, 1>(d, both, width, nullptr, acc);
+    dots_g4_avx2<T, 1>(ds, both, width, acc);
     float best = kNegInf;
     for (int g = 0; g < 4; ++g) best = std::max(best, hsum8(acc[0][g]));
     emit(j, 0.5f * best);
@@ -214,7 +210,7 @@ void row_scores(const T* row, const float* q_row, int64_t group, int64_t dim, in
       for (int64_t i = 0; i < group * width; ++i) both[even_odd_slot(i, 32)] = natural[i];
 #endif
     }
-    return scores_g4_avx512<T>(row, both, qbf, width, 0, num_blocks, emit);
+    return scores_g4_avx512<T>(row, both, qbf, width, num_blocks, emit);
   }
 #elif defined(SB_AVX2)
   if (vector) {
@@ -223,7 +219,7 @@ void row_scores(const T* row, const float* q_row, int64_t group, int64_t dim, in
       natural.assign(both, both + group * width);
       for (int64_t i = 0; i < group * width; ++i) both[even_odd_slot(i, 16)] = natural[i];
     }
-    return scores_g4_avx2<T>(row, both, width, 0, num_blocks, emit);
+    return scores_g4_avx2<T>(row, both, width, num_blocks, emit);
   }
 #endif
   (void)qbf;
@@ -232,12 +228,15 @@ void row_scores(const T* row, const float* q_row, int64_t group, int64_t dim, in
   scores_portable<T>(row, both, group, width, 0, num_blocks, emit);
 }
 
-// The k best (score, block) pairs of a row so far, worst on top: a block below the worst costs one comparison,
-// made while the next digests stream in, so that the selection costs no pass of its own over the row's scores.
+// The k best (score, block) pairs of a row, selected as the scores come: a score below the k-th best of those kept
+// so far costs one well-predicted comparison; the others are appended to a buffer that, when full, is cut back to its
+// k best (nth_element), which raises the threshold. A heap of the k best costs each admitted score two sift passes of
+// mispredicted branches instead: on random scores (k ln(n/k) admissions of n, 64 of 1024 blocks: about a quarter)
+// a third of a DRAM-bound scorer's time.
 class TopK {
  public:
   using Entry = std::pair<float, int64_t>;
-  // a function object, not a function: std::push_heap then inlines it (a function pointer is an indirect call)
+  // a function object, not a function: the algorithms then inline it (a function pointer is an indirect call)
   struct Better {
     bool operator()(const Entry& a, const Entry& b) const {
       return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -247,32 +246,40 @@ class TopK {
 
   void reset(int64_t k) {
     k_ = k;
-    heap_.clear();
+    threshold_ = kNegInf;
+    kept_.clear();
+    kept_.reserve(capacity());
   }
 
   void offer(float score, int64_t j) {
-    const Entry entry{score, j};
-    if (static_cast<int64_t>(heap_.size()) < k_) {
-      heap_.push_back(entry);
-      std::push_heap(heap_.begin(), heap_.end(), better);
-    } else if (k_ > 0 && better(entry, heap_.front())) {
-      std::pop_heap(heap_.begin(), heap_.end(), better);
-      heap_.back() = entry;
-      std::push_heap(heap_.begin(), heap_.end(), better);
+    if (score >= threshold_ && k_ > 0) {  // ties stay candidates: among equal scores the lower block wins
+      kept_.emplace_back(score, j);
+      if (static_cast<int64_t>(kept_.size()) == capacity()) cut();
     }
   }
 
   // the ids, best first, then 0 up to k
   void write(int64_t* out) {
-    std::sort_heap(heap_.begin(), heap_.end(), better);
-    const int64_t n = static_cast<int64_t>(heap_.size());
-    for (int64_t i = 0; i < n; ++i) out[i] = heap_[i].second;
+    if (static_cast<int64_t>(kept_.size()) > k_) cut();
+    std::sort(kept_.begin(), kept_.end(), better);
+    const int64_t n = static_cast<int64_t>(kept_.size());
+    for (int64_t i = 0; i < n; ++i) out[i] = kept_[i].second;
     std::fill(out + n, out + k_, int64_t{0});
   }
 
  private:
+  int64_t capacity() const { return 2 * k_ + 64; }
+
+  // keep the k best, and admit from now on only what could still be among them
+  void cut() {
+    std::nth_element(kept_.begin(), kept_.begin() + (k_ - 1), kept_.end(), better);
+    kept_.resize(k_);
+    threshold_ = kept_[k_ - 1].first;  // the k-th best: those before it score as high or higher
+  }
+
   int64_t k_ = 0;
-  std::vector<Entry> heap_;
+  float threshold_ = kNegInf;
+  std::vector<Entry> kept_;
 };
 
 }  // namespace
