@@ -78,9 +78,11 @@ inline void store_out(T* dst, float value) {
 }
 
 #if defined(SB_AVX512) || defined(SB_AVX2)
+// every line of [p, p + bytes) into L1 (_MM_HINT_T0), or as `Hint` says
+template <int Hint = _MM_HINT_T0>
 inline void prefetch_row(const void* p, int bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, static_cast<_mm_hint>(Hint));
 }
 #endif
 
