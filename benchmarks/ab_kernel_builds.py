@@ -53,6 +53,9 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
     """Step times (ms) per build of one process that loads `first`, then `second`."""
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
     from scoutbench.devices import resolve_device
     from scoutbench.engine import DecodeEngine
     from scoutbench.kernels import cpu_attention
@@ -116,6 +119,13 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
     return alternate(builds, current, call, args.steps * (4 if args.calls == "sparse" else 1))
 
 
+def torch_threads() -> int:
+    """torch's thread count here (what the runs use without --threads)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", type=Path, help="the baseline's source folder (a copy of scoutbench/kernels/csrc)")
@@ -126,6 +136,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=96, help="timed steps per process, half per build")
     parser.add_argument("--calls", choices=("sparse", "full", "digest"), help="time kernel calls, not decode steps")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="of --calls")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--order", choices=("ab", "ba"), help=argparse.SUPPRESS)  # one process of the pair
     args = parser.parse_args()
     if args.order:
@@ -138,6 +149,8 @@ def main() -> None:
                "--len", args.len, "--steps", str(args.steps), "--dtype", args.dtype, "--order", order]
         if args.calls:
             cmd += ["--calls", args.calls]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
         env = dict(os.environ)
         if args.calls:  # each build's awake helper would take a core from the other build's next call
             env["SCOUTBENCH_KERNEL_SPIN_US"] = "0"
@@ -152,7 +165,7 @@ def main() -> None:
     what = (f"{args.calls} {args.dtype} calls (bench_sparse_attention's)" if args.calls
             else f"{args.method} on {args.model} {args.len}")
     print(f"{what}: B/A {math.sqrt(ratios[0] * ratios[1]):.3f} "
-          f"(geometric mean of both orders; load {os.getloadavg()[0]:.1f})")
+          f"(geometric mean of both orders; {args.threads or torch_threads()} threads; load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

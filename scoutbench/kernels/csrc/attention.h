@@ -135,13 +135,6 @@ constexpr int64_t kNearTokens = 8;
 constexpr int64_t kFarTokens = 64;
 constexpr int64_t kFp32VHeadTokens = 8;
 
-// Whether this CPU's prefetch hints can fill L2 without L1: AVX-512 (F) as the sign, asked at run time, so that the
-// AVX2 path forced on such a CPU (SCOUTBENCH_CPU_ISA) prefetches as it would there.
-inline bool l2_prefetch_hints() {
-  static const bool value = __builtin_cpu_supports("avx512f");
-  return value;
-}
-
 // One item's walk, as both vector kernels make it: the K and V cursors of its tokens, and cursors that run ahead
 // and prefetch the rows of the tokens up to prefetch_until's position plus their distance (above); the constructor
 // prefetches the first ones.

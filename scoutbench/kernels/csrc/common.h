@@ -78,6 +78,14 @@ inline void store_out(T* dst, float value) {
 }
 
 #if defined(SB_AVX512) || defined(SB_AVX2)
+// Whether this CPU's prefetch hints can fill L2 without L1 (Zen 4 and Intel's AVX-512 cores; Zen 2 and 3 fill L1 with
+// every hint): AVX-512 (F) as the sign, asked at run time, so that the AVX2 path forced on such a CPU
+// (SCOUTBENCH_CPU_ISA) prefetches as it would there. The kernels' software prefetch takes its form from it.
+inline bool l2_prefetch_hints() {
+  static const bool value = __builtin_cpu_supports("avx512f");
+  return value;
+}
+
 // every line of [p, p + bytes) into L1 (_MM_HINT_T0), or as `Hint` says
 template <int Hint = _MM_HINT_T0>
 inline void prefetch_row(const void* p, int bytes) {
