@@ -396,14 +396,29 @@ def test_a_forced_vector_path_is_the_one_built(cpu_backend):
     assert cpu_attention.backend_name() == f"native-{expected}"
 
 
-def test_a_vector_path_this_cpu_cannot_run_is_a_clear_error(monkeypatch):
-    """A path the CPU lacks (or a misspelt one) is the user's error, named with the paths that do run here, never a
-    build failure that falls back to torch's kernels."""
+def test_the_registry_declares_every_vector_path():
+    """SCOUTBENCH_CPU_ISA's values in scoutbench.environment (checked at every command's start) are `best` and the
+    kernel's paths, widest first."""
+    from scoutbench.environment import CPU_ISA_CHOICES, VARIABLES
+
+    assert CPU_ISA_CHOICES == ("best", *cpu_attention.ISA_PATHS)
+    assert VARIABLES[cpu_attention.ENV_ISA].decides_run
+
+
+@pytest.mark.parametrize("text, message", [
+    ("avx1024", "SCOUTBENCH_CPU_ISA='avx1024': use one of best, avx512-bf16, avx512, avx2, portable"),
+    ("avx512", "SCOUTBENCH_CPU_ISA='avx512': this CPU does not run that path; it runs best, avx2, portable"),
+])
+def test_a_vector_path_this_cpu_cannot_run_is_a_clear_error(text, message, monkeypatch):
+    """A misspelt path, or one the CPU lacks (an AVX2-only CPU's flags here), is the user's error, named with the
+    paths that do run here, never a build failure that falls back to torch's kernels."""
     monkeypatch.setenv(cpu_attention.ENV_BACKEND, "auto")
-    monkeypatch.setenv(cpu_attention.ENV_ISA, "avx1024")
+    monkeypatch.setenv(cpu_attention.ENV_ISA, text)
+    monkeypatch.setattr(cpu_attention, "_cpu_flags", lambda: "fpu sse2 avx avx2 fma")
+    monkeypatch.setattr(cpu_attention.platform, "machine", lambda: "x86_64")
     cpu_attention.library.cache_clear()
     try:
-        with pytest.raises(UsageError, match=r"SCOUTBENCH_CPU_ISA='avx1024': an unknown path; this CPU runs best, "):
+        with pytest.raises(UsageError, match=re.escape(message)):
             cpu_attention.library()
     finally:
         cpu_attention.library.cache_clear()

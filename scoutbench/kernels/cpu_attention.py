@@ -50,7 +50,7 @@ import torch
 
 from scoutbench.cache import cache_root, provide
 from scoutbench.environment import CPU_ATTENTION_BACKENDS, value
-from scoutbench.errors import ScoutbenchError
+from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels import native_abi
 from scoutbench.kernels.native_abi import ABI_VERSION
 
@@ -120,12 +120,13 @@ def runnable_isa_paths() -> list[str]:
 
 
 def requested_isa() -> str:
-    """`SCOUTBENCH_CPU_ISA` checked against this CPU: `best`, or a path of `runnable_isa_paths()`."""
-    choice = os.environ.get(ENV_ISA, "best").strip().lower() or "best"
+    """`SCOUTBENCH_CPU_ISA` (a path's name, checked by the registry) checked against this CPU: `best`, or a path of
+    `runnable_isa_paths()`."""
+    choice = value(ENV_ISA)
     runnable = runnable_isa_paths()
     if choice != "best" and choice not in runnable:
-        known = "" if choice in ISA_PATHS else "an unknown path; "
-        raise UsageError(f"{ENV_ISA}={choice!r}: {known}this CPU runs best, {', '.join(runnable)}")
+        raise UsageError(f"{ENV_ISA}={choice!r}: this CPU does not run that path; it runs best, {', '.join(runnable)} "
+                         "(or unset it)")
     return choice
 
 
