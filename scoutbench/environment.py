@@ -107,8 +107,8 @@ _DECLARED = [
              "(torch), or the kernel where it builds (auto) (docs/platform.md)",
              _choice(*CPU_ATTENTION_BACKENDS, fold_case=True), "auto", CPU_ATTENTION_BACKENDS, decides_run=True),
     Variable("SCOUTBENCH_CPU_ISA", "the CPU kernel's vector path: the widest this CPU runs (best), or avx512-bf16, "
-             "avx512, avx2 or portable where the CPU runs it (docs/platform.md)", _choice(*CPU_ISA_CHOICES, fold_case=True), "best",
-             ("best", "portable"), decides_run=True),
+             "avx512, avx2 or portable where the CPU runs it (docs/platform.md)",
+             _choice(*CPU_ISA_CHOICES, fold_case=True), "best", ("best", "portable"), decides_run=True),
     Variable("SCOUTBENCH_DECODE_OPS", "the decode step's model work around attention in one form for every engine "
              "(docs/architecture.md); unset: each device's own", _choice(*DECODE_OPS_FORMS), None, DECODE_OPS_FORMS,
              decides_run=True),
