@@ -7,9 +7,10 @@ The library loaded second runs a few percent faster in A/A runs (the same source
 comparison runs in both orders, in fresh processes, and reports the geometric mean of the two B/A ratios, which
 cancels that bias.
 
-`--calls sparse|full` times single attention calls instead, those of benchmarks/bench_sparse_attention.py (64k
-tokens, 2048 of them in blocks of 32 for the sparse call, 32 query / 8 KV heads, head_dim 128, `--dtype`), A B B A
-in the same way: a kernel change shows there before it is diluted in a decode step. Its processes set
+`--calls sparse|full|digest` times single calls instead, those of benchmarks/bench_sparse_attention.py (64k
+tokens, 2048 of them in blocks of 32 for the sparse call, 32 query / 8 KV heads, head_dim 128, `--dtype`; digest: one
+sparse layer's digest scoring and top-64 at `--len`, its tables rotating), A B B A in the same way: a kernel change
+shows there before it is diluted in a decode step. Its processes set
 `SCOUTBENCH_KERNEL_SPIN_US=0`: a build's helper kept awake after its call takes a core from the other build's next
 one (docs/platform.md), so a change to the pool's waiting cannot be judged here.
 
@@ -52,6 +53,9 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
     """Step times (ms) per build of one process that loads `first`, then `second`."""
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
     from scoutbench.devices import resolve_device
     from scoutbench.engine import DecodeEngine
     from scoutbench.kernels import cpu_attention
@@ -90,6 +94,18 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
     import bench_sparse_attention as bench  # beside this script, on sys.path as its folder
     import torch
 
+    from scoutbench.units import parse_length
+
+    if args.calls == "digest":
+        digests = bench.digest_calls(bench.DTYPES[args.dtype], parse_length(args.len), 2048, 32, 1, 32, 8, 128)
+        outputs = []
+        for name in ("first", "second"):  # both builds select the same blocks
+            current[0] = builds[name]
+            digests.calls_made = 0
+            outputs.append(digests.select())
+        if not torch.equal(outputs[0], outputs[1]):
+            raise SystemExit("the two builds' digest selections differ")
+        return alternate(builds, current, digests.select, args.steps * 8)
     calls = bench.attention_calls(bench.DTYPES[args.dtype], 65536, 2048, 32, 1, 32, 8, 128)
     call = calls.sparse if args.calls == "sparse" else calls.full
     outputs = []
@@ -103,6 +119,13 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
     return alternate(builds, current, call, args.steps * (4 if args.calls == "sparse" else 1))
 
 
+def torch_threads() -> int:
+    """torch's thread count here (what the runs use without --threads)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", type=Path, help="the baseline's source folder (a copy of scoutbench/kernels/csrc)")
@@ -111,8 +134,9 @@ def main() -> None:
     parser.add_argument("--model", default="bench-attn16")
     parser.add_argument("--len", default="32k")
     parser.add_argument("--steps", type=int, default=96, help="timed steps per process, half per build")
-    parser.add_argument("--calls", choices=("sparse", "full"), help="time attention calls, not decode steps")
+    parser.add_argument("--calls", choices=("sparse", "full", "digest"), help="time kernel calls, not decode steps")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="of --calls")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--order", choices=("ab", "ba"), help=argparse.SUPPRESS)  # one process of the pair
     args = parser.parse_args()
     if args.order:
@@ -125,6 +149,8 @@ def main() -> None:
                "--len", args.len, "--steps", str(args.steps), "--dtype", args.dtype, "--order", order]
         if args.calls:
             cmd += ["--calls", args.calls]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
         env = dict(os.environ)
         if args.calls:  # each build's awake helper would take a core from the other build's next call
             env["SCOUTBENCH_KERNEL_SPIN_US"] = "0"
@@ -136,10 +162,10 @@ def main() -> None:
         unit = f"{args.calls} call" if args.calls else "step"
         print(f"{order}: A {statistics.median(a):.3f} ms, B {statistics.median(b):.3f} ms median {unit} "
               f"({len(a)} each), B/A {ratio:.3f}")
-    what = (f"{args.calls} {args.dtype} attention calls (bench_sparse_attention's)" if args.calls
+    what = (f"{args.calls} {args.dtype} calls (bench_sparse_attention's)" if args.calls
             else f"{args.method} on {args.model} {args.len}")
     print(f"{what}: B/A {math.sqrt(ratios[0] * ratios[1]):.3f} "
-          f"(geometric mean of both orders; load {os.getloadavg()[0]:.1f})")
+          f"(geometric mean of both orders; {args.threads or torch_threads()} threads; load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

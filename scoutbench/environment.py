@@ -96,14 +96,19 @@ def _raw(text: str) -> str:
     return text
 
 
-# the values of the two switches other modules name (decode_ops.FORMS, cpu_attention.BACKEND_CHOICES)
+# the values of the switches other modules name (decode_ops.FORMS, cpu_attention.BACKEND_CHOICES, the names of
+# cpu_attention.ISA_PATHS after `best`)
 DECODE_OPS_FORMS = ("cpu-kernel", "fused", "hf")
 CPU_ATTENTION_BACKENDS = ("auto", "native", "torch")
+CPU_ISA_CHOICES = ("best", "avx512-bf16", "avx512", "avx2", "portable")
 
 _DECLARED = [
     Variable("SCOUTBENCH_CPU_ATTENTION", "the CPU attention backend: the compiled kernel (native), torch's kernels "
              "(torch), or the kernel where it builds (auto) (docs/platform.md)",
              _choice(*CPU_ATTENTION_BACKENDS, fold_case=True), "auto", CPU_ATTENTION_BACKENDS, decides_run=True),
+    Variable("SCOUTBENCH_CPU_ISA", "the CPU kernel's vector path: the widest this CPU runs (best), or avx512-bf16, "
+             "avx512, avx2 or portable where the CPU runs it (docs/platform.md)",
+             _choice(*CPU_ISA_CHOICES, fold_case=True), "best", ("best", "portable"), decides_run=True),
     Variable("SCOUTBENCH_DECODE_OPS", "the decode step's model work around attention in one form for every engine "
              "(docs/architecture.md); unset: each device's own", _choice(*DECODE_OPS_FORMS), None, DECODE_OPS_FORMS,
              decides_run=True),

@@ -109,10 +109,16 @@ def smollm2():
 @pytest.fixture(params=["native", "torch"])
 def cpu_backend(request, monkeypatch):
     """Run a test on both CPU attention backends: the compiled kernel and torch's kernels (the fallback), forced
-    through SCOUTBENCH_CPU_ATTENTION. Yields the backend name."""
+    through SCOUTBENCH_CPU_ATTENTION; a param `native:<path>` forces the kernel's vector path too
+    (SCOUTBENCH_CPU_ISA; `kernel_inputs.native_paths()` lists this CPU's). Yields the backend name."""
     from scoutbench.kernels import cpu_attention
 
-    monkeypatch.setenv(cpu_attention.ENV_BACKEND, request.param)
+    backend, _, isa = request.param.partition(":")
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, backend)
+    if isa:
+        monkeypatch.setenv(cpu_attention.ENV_ISA, isa)
+    else:
+        monkeypatch.delenv(cpu_attention.ENV_ISA, raising=False)
     cpu_attention.library.cache_clear()
-    yield request.param
+    yield backend
     cpu_attention.library.cache_clear()

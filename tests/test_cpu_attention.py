@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+from kernel_inputs import native_paths
 
 from scoutbench.errors import UsageError
 from scoutbench.kernels import backends, cpu_attention
@@ -25,6 +26,9 @@ from scoutbench.kernels.attention import (
     partial_attention_probs,
 )
 from scoutbench.kernels.partial_state import merge_states
+
+# the parity tests: the compiled kernel on every vector path this CPU runs, and torch's kernels
+EVERY_PATH = pytest.mark.parametrize("cpu_backend", [*native_paths(), "torch"], indirect=True)
 
 # fp32 rounding: the kernel accumulates in fp32 in another order than the fp64 reference. torch's own bf16 path
 # rounds its output to bf16, hence the fallback's wider bf16 tolerance.
@@ -68,6 +72,7 @@ def _check(state_o, state_lse, ref, backend, dtype):
     torch.testing.assert_close(state_lse.double()[finite], ref_lse[finite], atol=atol, rtol=0)
 
 
+@EVERY_PATH
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("group", [1, 2, 4, 5, 8])
 @pytest.mark.parametrize("dim", [64, 128])
@@ -90,6 +95,7 @@ def test_portable_head_dim(cpu_backend, dtype):
     _check(state.o, state.lse, _reference(q, k, v, 0.11, lengths.clamp(min=1)), cpu_backend, dtype)
 
 
+@EVERY_PATH
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("dim", [64, 256])
 @pytest.mark.parametrize("group", [3, 7])
@@ -103,6 +109,7 @@ def test_softmax_steps_and_uneven_pv_query_blocks(cpu_backend, dtype, dim, group
     _check(state.o, state.lse, _reference(q, k, v, 0.07, lengths), cpu_backend, dtype)
 
 
+@EVERY_PATH
 @pytest.mark.parametrize("threads", [1, 2])
 def test_long_rows_split_over_chunks_merge_exactly(cpu_backend, threads):
     """Rows long enough to be split into chunks (flash-decoding split-K) merged by LSE, one or two threads."""
@@ -124,6 +131,7 @@ def _scout_tier(batch, kv_heads, num_blocks, block, dim, dtype, g):
     return blocks, blocks.reshape(batch, kv_heads, num_blocks * block, dim)
 
 
+@EVERY_PATH
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("group", [1, 4, 5])
 def test_block_sparse_reads_selected_blocks_in_place(cpu_backend, dtype, group):
@@ -145,6 +153,7 @@ def test_block_sparse_reads_selected_blocks_in_place(cpu_backend, dtype, group):
     _check(state.o, state.lse, _reference(q, *gathered, 0.1, lengths), cpu_backend, dtype)
 
 
+@EVERY_PATH
 @pytest.mark.parametrize("per_query_head", [False, True], ids=["per-kv-head", "per-query-head"])
 def test_token_ids_with_probabilities(cpu_backend, per_query_head):
     """HGCA's form: token ids (blocks of one token) into a head-major tier, one selection per KV head (the group
@@ -165,6 +174,7 @@ def test_token_ids_with_probabilities(cpu_backend, per_query_head):
     torch.testing.assert_close(probs.double(), ref[2], atol=1e-6, rtol=0)
 
 
+@EVERY_PATH
 def test_dense_probabilities(cpu_backend):
     q, k, v, lengths = _inputs(2, 2, 4, 77, 64, torch.float32, seed=8)
     state, probs = partial_attention_probs(q, k, v, 0.2, lengths)
@@ -173,6 +183,7 @@ def test_dense_probabilities(cpu_backend):
     torch.testing.assert_close(probs.double(), ref[2], atol=1e-6, rtol=0)
 
 
+@EVERY_PATH
 def test_sparse_part_merges_with_the_rest_into_full_attention(cpu_backend):
     """A block-sparse part and a dense part over the remaining tokens merge (merge_states) into full attention."""
     g = torch.Generator().manual_seed(2)
@@ -192,6 +203,7 @@ def test_sparse_part_merges_with_the_rest_into_full_attention(cpu_backend):
     torch.testing.assert_close(merged.lse, full.lse, atol=2e-6, rtol=0)
 
 
+@EVERY_PATH
 def test_concurrent_callers_get_their_own_results(cpu_backend):
     """ScoutAttention's worker calls the kernels while the main thread does. Concurrent callers share the pool
     (each runs its own items, then helps the other's), and more callers than it has job slots run alone: six
@@ -373,6 +385,43 @@ def test_every_vector_path_compiles_and_is_the_one_its_cpu_takes(isa):
     expected = {"portable": set(), "avx2": {"SB_AVX2"}, "avx512": {"SB_AVX512"},
                 "avx512-bf16": {"SB_AVX512", "__AVX512BF16__"}}[isa]
     assert macros == expected
+
+
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
+def test_a_forced_vector_path_is_the_one_built(cpu_backend):
+    """SCOUTBENCH_CPU_ISA builds the path it names, the widest this CPU runs by default, and the backend's name (what
+    results record) says which; each path is its own cached build."""
+    forced = os.environ.get(cpu_attention.ENV_ISA)
+    expected = forced or cpu_attention.runnable_isa_paths()[0]
+    assert cpu_attention.backend_name() == f"native-{expected}"
+
+
+def test_the_registry_declares_every_vector_path():
+    """SCOUTBENCH_CPU_ISA's values in scoutbench.environment (checked at every command's start) are `best` and the
+    kernel's paths, widest first."""
+    from scoutbench.environment import CPU_ISA_CHOICES, VARIABLES
+
+    assert CPU_ISA_CHOICES == ("best", *cpu_attention.ISA_PATHS)
+    assert VARIABLES[cpu_attention.ENV_ISA].decides_run
+
+
+@pytest.mark.parametrize("text, message", [
+    ("avx1024", "SCOUTBENCH_CPU_ISA='avx1024': use one of best, avx512-bf16, avx512, avx2, portable"),
+    ("avx512", "SCOUTBENCH_CPU_ISA='avx512': this CPU does not run that path; it runs best, avx2, portable"),
+])
+def test_a_vector_path_this_cpu_cannot_run_is_a_clear_error(text, message, monkeypatch):
+    """A misspelt path, or one the CPU lacks (an AVX2-only CPU's flags here), is the user's error, named with the
+    paths that do run here, never a build failure that falls back to torch's kernels."""
+    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "auto")
+    monkeypatch.setenv(cpu_attention.ENV_ISA, text)
+    monkeypatch.setattr(cpu_attention, "_cpu_flags", lambda: "fpu sse2 avx avx2 fma")
+    monkeypatch.setattr(cpu_attention.platform, "machine", lambda: "x86_64")
+    cpu_attention.library.cache_clear()
+    try:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            cpu_attention.library()
+    finally:
+        cpu_attention.library.cache_clear()
 
 
 def test_the_build_takes_the_vector_path_this_cpu_has():

@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_inputs import native_paths
 
 from scoutbench.kernels import cpu_decode
 
@@ -16,7 +17,7 @@ def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(x.abs().clamp(min=1e-30))) - 7)
 
 
-@pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
 @pytest.mark.parametrize("rows,out_features,in_features", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp32_matches_float64_reference(rows, out_features, in_features, with_bias, cpu_backend):
@@ -32,7 +33,7 @@ def test_fp32_matches_float64_reference(rows, out_features, in_features, with_bi
     assert ((ours.double() - ref).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
 @pytest.mark.parametrize("rows,out_features,in_features", SHAPES)
 def test_bf16_is_the_fp32_sum_rounded_once(rows, out_features, in_features, cpu_backend):
     """bf16 in and out, fp32 accumulation: within one bf16 ulp of the exact result (as torch's bf16 linear), with a
@@ -88,7 +89,7 @@ def test_torch_backend_is_f_linear(cpu_backend):
 
 
 # ---------------------------------------------------------------------------------------------- RMSNorm, prologue
-@pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_matches_hf_module(tiny_qwen3, dtype, cpu_backend):
     norm = copy.deepcopy(tiny_qwen3.model.layers[0].input_layernorm).to(dtype)
@@ -105,7 +106,7 @@ def test_rms_norm_matches_hf_module(tiny_qwen3, dtype, cpu_backend):
         assert ((ours.double() - ref.double()).abs() <= _bf16_ulp(ref.double())).all()
 
 
-@pytest.mark.parametrize("cpu_backend", ["native"], indirect=True)
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
 @pytest.mark.parametrize("model_fixture", ["tiny_qwen3", "tiny_llama", "tiny_qwen2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_prologue_matches_hf_modules(model_fixture, dtype, request, cpu_backend):

@@ -4,35 +4,66 @@ the CUDA digest form's rounding."""
 
 import pytest
 import torch
+from kernel_inputs import native_paths
 
 from scoutbench.kernels.digest import block_digests, select_top_blocks, upper_bound_scores
 
 
-@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("group", [1, 3, 4])
-def test_digest_kernel_matches_torch_scoring(monkeypatch, group, q_dtype):
-    """The compiled digest scoring (digest_native) equals torch's matmul form on a prefix of a digest table, at GQA
-    group 4 (its one-pass path) and others (the generic loop); where it is not built the test has nothing to
-    compare."""
-    from scoutbench.kernels import cpu_attention, digest_native
+def _exact_bound(q, digests):
+    """fp64 `0.5 * max over the group of [q | |q|] . digest`, q rounded to the digests' dtype first (as every scoring
+    path casts it): `[B, Hkv, nB]`."""
+    batch, heads, dim = q.shape
+    q4 = q.to(digests.dtype).double().view(batch, digests.shape[1], heads // digests.shape[1], dim)
+    return 0.5 * (digests.double() @ torch.cat([q4, q4.abs()], dim=-1).transpose(-1, -2)).amax(dim=-1)
+
+
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
+@pytest.mark.parametrize("digest_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16], ids=["q32", "q16"])
+@pytest.mark.parametrize("group,dim", [(1, 32), (3, 32), (4, 32), (4, 24), (4, 128)])
+def test_digest_kernel_is_the_bound(cpu_backend, digest_dtype, q_dtype, group, dim):
+    """The compiled digest scoring (digest_native) on a prefix of a digest table equals the bound computed exactly,
+    within fp32 summation: at GQA group 4 (the vector paths' four- and one-block passes, with the prefetch and
+    without near a row's end; head_dim 24 keeps bf16 off them, its 48-element rows not whole lines) and others (the
+    portable loop), on every vector path this CPU runs; its top-k is its own scores' top-k."""
+    from scoutbench.kernels import digest_native
     from scoutbench.kernels.digest import bound_from_digests
 
-    g = torch.Generator().manual_seed(group)
-    table = torch.randn(2, 3, 70, 2 * 32, generator=g)
-    digests, q = table[:, :, :61], torch.randn(2, 3 * group, 32, generator=g).to(q_dtype)
-    if not digest_native.supports(q, digests):
-        pytest.skip("the digest scoring kernel is not built here")
-    native = bound_from_digests(q, digests)
-    monkeypatch.setenv(cpu_attention.ENV_BACKEND, "torch")
-    cpu_attention.library.cache_clear()
-    try:
-        assert not digest_native.supports(q, digests)
-        torch.testing.assert_close(native, bound_from_digests(q, digests), atol=1e-5, rtol=1e-6)
-    finally:
-        cpu_attention.library.cache_clear()
+    g = torch.Generator().manual_seed(group * 1000 + dim)
+    table = torch.randn(2, 3, 70, 2 * dim, generator=g).to(digest_dtype)
+    digests, q = table[:, :, :61], torch.randn(2, 3 * group, dim, generator=g).to(q_dtype)
+    assert digest_native.supports(q, digests)
+    scores = bound_from_digests(q, digests)
+    exact = _exact_bound(q, digests)
+    torch.testing.assert_close(scores.double(), exact, atol=2e-6 * exact.abs().max().item(), rtol=0)
+    ids, top_scores = digest_native.top_blocks(q, digests, torch.zeros(1, 1, 61, dtype=torch.bool), 7)
+    assert torch.equal(top_scores, scores) and torch.equal(ids, torch.topk(scores, 7, dim=-1).indices)
 
 
-@pytest.mark.parametrize("cpu_backend", ["native", "torch"], indirect=True)
+@pytest.mark.parametrize("cpu_backend", native_paths(), indirect=True)
+@pytest.mark.parametrize("k", [1, 64, 300])
+def test_digest_top_k_breaks_ties_by_the_lower_block(cpu_backend, k):
+    """Equal scores (a row of equal digests; another with five distinct ones) go to the lower block (a stable sort
+    of the masked scores; `torch.topk` leaves ties in any order), over 1000 blocks, k below and past the first cut
+    of the kernel's kept candidates and past the candidates."""
+    from scoutbench.kernels import digest_native
+    from scoutbench.kernels.digest import CandidateBlocks
+
+    g = torch.Generator().manual_seed(k)
+    digests = torch.zeros(1, 2, 1000, 256)
+    digests[0, 1] = torch.randint(0, 5, (1000, 1), generator=g).float() * torch.ones(256)  # five distinct scores
+    q = torch.rand(1, 8, 128, generator=g)
+    excluded = torch.rand(1, 1, 1000, generator=g) < 0.1
+    candidates = CandidateBlocks.build(1000, torch.tensor([900]), k, excluded, torch.device("cpu"))
+    ids, scores = digest_native.top_blocks(q, digests, candidates.blocked, candidates.k)
+    count = int(candidates.count[0, 0])
+    stable = torch.sort(scores.masked_fill(candidates.blocked, float("-inf")), descending=True, stable=True).indices
+    assert torch.equal(ids[..., :count], stable[..., :count])
+    allowed = torch.arange(900)[~excluded[0, 0, :900]]
+    assert ids[0, 0, :count].tolist() == allowed[:count].tolist()
+
+
+@pytest.mark.parametrize("cpu_backend", [*native_paths(), "torch"], indirect=True)
 @pytest.mark.parametrize("heads_blocked", [1, 3])
 @pytest.mark.parametrize("k", [5, 40, 70])
 def test_digest_table_select_is_the_masked_top_k(cpu_backend, heads_blocked, k):

@@ -23,6 +23,11 @@ fails, times out or is interrupted.
 `SCOUTBENCH_CPU_ATTENTION` picks the CPU backend: `auto` (default: the kernel, or torch's kernels with a one-line
 warning when the build fails), `native` (the kernel or an error), `torch` (force torch's kernels, the tested
 reference path). `backend_name()` says which runs; `kernels/backends.USAGE` counts each call's.
+
+`SCOUTBENCH_CPU_ISA` picks the kernel's vector path: `best` (default: the widest this CPU has) or one of `ISA_PATHS`
+that the CPU can run (`runnable_isa_paths()`), built with the wider extensions switched off (an AVX-512 machine
+builds and runs the AVX2 path, the one of Zen 2 and 3 hosts), so that every path's parity tests and benchmarks run
+on one machine.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import torch
 
 from scoutbench.cache import cache_root, provide
 from scoutbench.environment import CPU_ATTENTION_BACKENDS, value
-from scoutbench.errors import ScoutbenchError
+from scoutbench.errors import ScoutbenchError, UsageError
 from scoutbench.kernels import native_abi
 from scoutbench.kernels.native_abi import ABI_VERSION
 
@@ -63,6 +68,15 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp-sim
 BUILD_TIMEOUT_S = 120
 LIBRARY_STEM = "cpu_attention"
 LIBRARY_NAME = f"{LIBRARY_STEM}.so"
+ENV_ISA = "SCOUTBENCH_CPU_ISA"
+# the kernel's vector paths, widest first (`sb_isa()` names the one a build takes): each with the CPU flags it needs
+# and the g++ options, added to -march=native, that switch the wider ones off (on x86-64)
+ISA_PATHS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "avx512-bf16": (frozenset({"avx512f", "avx512bw", "avx512dq", "avx512_bf16"}), ()),
+    "avx512": (frozenset({"avx512f", "avx512bw", "avx512dq"}), ("-mno-avx512bf16",)),
+    "avx2": (frozenset({"avx2", "fma"}), ("-mno-avx512f",)),
+    "portable": (frozenset(), ("-mno-avx2",)),
+}
 
 
 class NativeUnavailable(ScoutbenchError):
@@ -94,6 +108,31 @@ def cpuinfo_field(*names: str) -> str | None:
 
 def _cpu_flags() -> str:
     return cpuinfo_field("flags", "Features") or platform.processor()
+
+
+def runnable_isa_paths() -> list[str]:
+    """The vector paths this CPU runs, widest first (the first is the one `best` builds); `portable` alone off
+    x86-64, where the vector paths do not exist."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["portable"]
+    flags = set(_cpu_flags().split())
+    return [name for name, (needs, _) in ISA_PATHS.items() if needs <= flags]
+
+
+def requested_isa() -> str:
+    """`SCOUTBENCH_CPU_ISA` (a path's name, checked by the registry) checked against this CPU: `best`, or a path of
+    `runnable_isa_paths()`."""
+    choice = value(ENV_ISA)
+    runnable = runnable_isa_paths()
+    if choice != "best" and choice not in runnable:
+        raise UsageError(f"{ENV_ISA}={choice!r}: this CPU does not run that path; it runs best, {', '.join(runnable)} "
+                         "(or unset it)")
+    return choice
+
+
+def _isa_flags(isa: str) -> tuple[str, ...]:
+    """The g++ options that switch the paths wider than `isa` off (none for `best`, or off x86-64)."""
+    return ISA_PATHS[isa][1] if isa != "best" and runnable_isa_paths() != ["portable"] else ()
 
 
 def cache_dir() -> Path:
@@ -139,11 +178,13 @@ def source_digest(folder: Path | None = None) -> bytes:
     return digest.digest()
 
 
-def _compile(compiler: str, deadline: float, folder: Path) -> None:
-    """The library into `folder` (a staging folder of `cache.provide`), with the first flag set the compiler takes."""
+def _compile(compiler: str, deadline: float, isa: str, folder: Path) -> None:
+    """The library into `folder` (a staging folder of `cache.provide`), with the first flag set the compiler takes
+    (the vector path `isa`: `requested_isa()`)."""
     errors = []
     for arch in FLAG_SETS:
-        cmd = [compiler, *BASE_FLAGS, *arch, *map(str, sources()), "-o", str(folder / LIBRARY_NAME)]
+        narrowed = _isa_flags(isa) if arch == ("-march=native",) else ()
+        cmd = [compiler, *BASE_FLAGS, *arch, *narrowed, *map(str, sources()), "-o", str(folder / LIBRARY_NAME)]
         result = _run_bounded(cmd, deadline)
         if result.returncode == 0:
             return
@@ -155,12 +196,13 @@ def _build(compiler: str) -> Path:
     """The cached, verified shared object for these sources, compiler and CPU; compiled now if missing or if the
     cached one does not verify (`scoutbench.cache`: a truncated library would kill the process when mapped)."""
     deadline = time.monotonic() + BUILD_TIMEOUT_S
+    isa = requested_isa()
     source = source_digest()
     version = _run_bounded([compiler, "--version"], deadline).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), _cpu_flags().encode(),
-                                     platform.machine().encode()])).hexdigest()[:16]
+                                     platform.machine().encode(), isa.encode()])).hexdigest()[:16]
     folder, rebuilt_because = provide(cache_dir() / f"{LIBRARY_STEM}-{key}",
-                                      functools.partial(_compile, compiler, deadline),
+                                      functools.partial(_compile, compiler, deadline, isa),
                                       lock_timeout_s=max(deadline - time.monotonic(), 0.0))
     if rebuilt_because is not None:
         warnings.warn(f"scoutbench: the cached CPU kernel in {folder} did not verify ({rebuilt_because}); rebuilt it",
@@ -187,10 +229,11 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, or None when torch's kernels serve the CPU (forced, or the build failed: warned once).
-    Tests clear this cache after changing `SCOUTBENCH_CPU_ATTENTION`."""
+    Tests clear this cache after changing `SCOUTBENCH_CPU_ATTENTION` or `SCOUTBENCH_CPU_ISA`."""
     choice = requested_backend()
     if choice == "torch":
         return None
+    requested_isa()  # a path this CPU cannot run is the user's error, not a build failure to fall back from
     try:
         return _bind(_load())
     except (ScoutbenchError, OSError, subprocess.SubprocessError) as exc:

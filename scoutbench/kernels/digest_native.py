@@ -1,12 +1,14 @@
-"""Quest digest scoring and top-k on a CPU (fp32) through the compiled kernel (`sb_digest_scores` of
+"""Quest digest scoring and top-k on a CPU (fp32 or bf16 digests) through the compiled kernel (`sb_digest_scores` of
 `csrc/digest.cpp`, built and cached with the rest of the kernel library).
 
 Why: ScoutAttention scores every complete block of a sparse layer once per layer and step (1024 blocks x 8 KV heads
 x 2 x 128 fp32 = 8 MB at 32k on bench-attn16). torch's batched matmul with 4 query heads per KV head, then a
 group max and a scale, reads it well below the memory rate; the kernel reads each digest once for the group's four
-query heads and writes the group max, one row per pool task (a free core takes half the rows; docs/platform.md has
-the timings). Its sums run in another order than the matmul's, so scores differ in the last bits
-(within 1e-5 of ~30 here); the selection is the same but on such near-ties.
+query heads and writes the group max, one row per pool task (a free core takes half the rows), near the memory's
+read rate (docs/platform.md; `benchmarks/bench_sparse_attention.py` measures it). Its sums run in another order
+than the matmul's, so scores differ in the last bits (within 1e-5 of ~30 here); the selection is the same but on
+such near-ties. bf16 digests are scored against q rounded to bf16, as torch's path and the CUDA kernel score them
+(q cast to the digests' dtype), with fp32 sums.
 
 `top_blocks` also selects in the same call (`DigestTable.select`), where torch's masked top-k of 64 of 1024 blocks
 per row is a pass of its own: the kernel keeps each row's best k in a heap as the scores come.
@@ -23,10 +25,9 @@ from scoutbench.kernels import cpu_attention
 
 
 def supports(q: torch.Tensor, digests: torch.Tensor) -> bool:
-    """CPU query (fp32, or bf16: scored in fp32 as torch's path casts it to the digests' dtype) and fp32 digests
-    `[B, Hkv, nB, 2D]` whose blocks are contiguous rows and whose (sequence, KV head) rows are evenly strided (a
-    prefix of `DigestTable`'s), and the kernel built."""
-    return (q.device.type == "cpu" and digests.device.type == "cpu" and digests.dtype == torch.float32
+    """CPU query (fp32 or bf16) and fp32 or bf16 digests `[B, Hkv, nB, 2D]` whose blocks are contiguous rows and
+    whose (sequence, KV head) rows are evenly strided (a prefix of `DigestTable`'s), and the kernel built."""
+    return (q.device.type == "cpu" and digests.device.type == "cpu" and digests.dtype in cpu_attention.DTYPE_CODES
             and q.dtype in (torch.float32, torch.bfloat16)
             and digests.stride(-1) == 1 and digests.stride(-2) == digests.shape[-1]
             and digests.stride(0) == digests.shape[1] * digests.stride(1) and cpu_attention.library() is not None)
@@ -46,7 +47,8 @@ def _scores(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor | None
         blocked_h = blocked.stride(1) if blocked.shape[1] > 1 else 0
         blocked_b = blocked.stride(0) if blocked.shape[0] > 1 else 0
     code = cpu_attention.library().sb_digest_scores(
-        batch * num_kv_heads, num_kv_heads, num_heads // num_kv_heads, head_dim, num_blocks, digests.data_ptr(),
+        cpu_attention.DTYPE_CODES[digests.dtype], batch * num_kv_heads, num_kv_heads, num_heads // num_kv_heads,
+        head_dim, num_blocks, digests.data_ptr(),
         digests.stride(1), q.data_ptr(), cpu_attention.pointer(blocked), blocked_b, blocked_h, k,
         scores.data_ptr(), cpu_attention.pointer(ids), torch.get_num_threads())
     cpu_attention.check_call(code, "digest scoring", q=q, digests=digests)

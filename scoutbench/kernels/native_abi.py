@@ -14,7 +14,7 @@ import ctypes
 
 # the library's `sb_abi_version()`: raised with any change of an entry point's parameters, which makes a cached
 # library built from older sources fail `bind` (`stale kernel build`) rather than be called with the wrong arguments
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # name -> (C result type, C parameters) as in the definition
 SIGNATURES: dict[str, tuple[str, str]] = {
@@ -38,10 +38,10 @@ SIGNATURES: dict[str, tuple[str, str]] = {
                                      "float qk_eps, const void* cos, const void* sin, void* q, void* k, void* v, "
                                      "int threads"),
     # csrc/digest.cpp
-    "sb_digest_scores": ("int", "int64_t rows, int64_t heads, int64_t group, int64_t dim, int64_t num_blocks, "
-                                "const float* digests, int64_t row_stride, const float* q, const uint8_t* blocked, "
-                                "int64_t blocked_b, int64_t blocked_h, int64_t k, float* scores, int64_t* ids, "
-                                "int threads"),
+    "sb_digest_scores": ("int", "int dtype, int64_t rows, int64_t heads, int64_t group, int64_t dim, "
+                                "int64_t num_blocks, const void* digests, int64_t row_stride, const float* q, "
+                                "const uint8_t* blocked, int64_t blocked_b, int64_t blocked_h, int64_t k, "
+                                "float* scores, int64_t* ids, int threads"),
     # csrc/top_tokens.cpp
     "sb_top_tokens": ("int", "int64_t rows, int64_t heads, int64_t G, int64_t P, const float* k, int64_t row_stride, "
                              "int64_t tok_stride, const float* q, const int64_t* lens, int64_t n, int64_t* ids, "

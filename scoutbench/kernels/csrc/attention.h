@@ -109,58 +109,67 @@ inline int64_t row_len(const Args& a, int64_t row) {
 
 using AttendFn = void (*)(const Args&, const Item&, State);
 
-// Where element d of a row sits in the vector paths' bf16 layout: each chunk of `chunk` elements stored as its even
-// elements, then its odd ones (how a shift and a mask widen bf16 pairs). The AVX-512 kernel lays out q by it (the
-// AVX2 kernel widens q as it widens K, which puts each element there), and store_row reads the accumulators back.
-constexpr int64_t even_odd_slot(int64_t d, int64_t chunk) {
-  return (d / chunk) * chunk + (d % 2) * (chunk / 2) + (d % chunk) / 2;
-}
-
 #if defined(SB_AVX512) || defined(SB_AVX2)
 // ------------------------------------------------------------------------------------------ vector kernels' schedule
 // What the AVX-512 and AVX2 kernels share: the softmax step, the software prefetch and its distance.
 constexpr int kMaxGroup = 32;  // queries per row on the vector paths (stack arrays); larger groups: portable
 // Tokens per softmax step: the QK of every query over the step's tiles first (independent work, no chain through
-// the running max), then one max update and rescale per query, then PV over the whole step. 32: a bf16 step's K and
-// V rows (16 KiB) and the rows prefetched for the next one fit the 48 KiB L1 together, where 64-token steps do not
-// (docs/platform.md has the measurements).
+// the running max), then one max update and rescale per query, then PV over the whole step (docs/platform.md has
+// the measurements of 16, 32 and 64).
 constexpr int kStepTokens = 32;
-// Software prefetch: the K and V rows of the tokens kPrefetchTokens ahead, issued a share at a time through the
-// step's QK tiles and PV tiles, so that the memory system sees an even demand while the core computes: spread so,
-// the reads overlap the arithmetic, where a burst of a tile's rows in the first query's pass leaves a call's time
-// its compute plus its DRAM reads. One step ahead, for long runs and for the sparse selections' 32-token blocks
-// alike, which the hardware prefetcher does not follow from block to block (docs/platform.md: the distances tried).
-constexpr int64_t kPrefetchTokens = kStepTokens;
-// fp32 V rows (512 bytes a token at head_dim 128) are the exception: the hardware prefetcher follows that stream
-// within a block, and software prefetches beside it slow full calls, so fp32 V rows are prefetched only for the
-// first kFp32VHeadTokens tokens of each block and of each item (sparse selections' 32-token blocks need the start).
-// bf16 V rows (256 bytes) need every prefetch (docs/platform.md has the A/B runs).
+// Software prefetch, issued a share at a time through the step's QK tiles and PV tiles, so that the memory system
+// sees an even demand while the core computes: spread so, the reads overlap the arithmetic, where a burst of a
+// tile's rows in the first query's pass leaves a call's time its compute plus its DRAM reads. It follows the row's
+// blocks, which the hardware prefetcher does not follow from one selected block to the next. Two forms, by what the
+// CPU's prefetch hints do (docs/platform.md has the measurements of both):
+// - where a hint can fill L2 alone (AVX-512 CPUs: Zen 4 and Intel's), the K and V rows kFarTokens ahead into L2
+//   (_MM_HINT_T2) and kNearTokens ahead into L1. An L1 prefetch holds one of the core's few L1 miss buffers until
+//   DRAM answers (about 24 on Zen 4: a core then reads 12-15 GB/s at DRAM's latency), an L2 prefetch one of L2's
+//   many; the near one then waits for L2 only, and a step's rows and those prefetched for the next fit Zen 4's 32 KiB
+//   L1, where 32 tokens ahead (16 KiB in bf16, 32 in fp32) do not;
+// - elsewhere (Zen 2 and 3, where every hint fills L1 and a second, farther prefetch made calls slower) the rows
+//   kStepTokens ahead into L1, fp32 V rows only for the first kFp32VHeadTokens tokens of each block and of each item:
+//   the hardware prefetcher follows that 512-byte-a-token stream within a block, and software prefetches beside it
+//   slowed full calls (sparse selections' 32-token blocks need the start).
+constexpr int64_t kNearTokens = 8;
+constexpr int64_t kFarTokens = 64;
 constexpr int64_t kFp32VHeadTokens = 8;
 
-// One item's walk, as both vector kernels make it: the K and V cursors of its tokens, and a second pair that runs
-// ahead and prefetches the rows of the tokens before prefetch_until's stop (K always, V as said above); the
-// constructor prefetches the first kPrefetchTokens.
+// One item's walk, as both vector kernels make it: the K and V cursors of its tokens, and cursors that run ahead
+// and prefetch the rows of the tokens up to prefetch_until's position plus their distance (above); the constructor
+// prefetches the first ones.
 template <typename T, int D>
 struct PrefetchedRows {
-  Cursor<T> k, v, k_ahead, v_ahead;
-  int64_t begin, end, prefetched;
+  static constexpr bool kBF16 = std::is_same_v<T, uint16_t>;
+  Cursor<T> k, v, k_near, v_near, k_far, v_far;
+  int64_t begin, end, near_done, far_done;
+  bool far;
 
   PrefetchedRows(const Args& a, const RowView<T>& rv, const Item& item)
       : k(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin),
         v(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin),
-        k_ahead(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin),
-        v_ahead(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin),
-        begin(item.begin), end(item.end), prefetched(item.begin) {
-    prefetch_until(begin + kPrefetchTokens);
+        k_near(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin),
+        v_near(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin),
+        k_far(rv.k, rv.ids, a.kid, a.ktok, a.block_size, item.begin),
+        v_far(rv.v, rv.ids, a.vid, a.vtok, a.block_size, item.begin),
+        begin(item.begin), end(item.end), near_done(item.begin), far_done(item.begin), far(l2_prefetch_hints()) {
+    prefetch_until(begin);
   }
 
-  void prefetch_until(int64_t stop) {
-    constexpr bool kBF16 = std::is_same_v<T, uint16_t>;
-    for (stop = std::min(stop, end); prefetched < stop; ++prefetched) {
-      prefetch_row(k_ahead.next_token(), D * sizeof(T));
-      const bool v_stream_start = v_ahead.offset < kFp32VHeadTokens || prefetched < begin + kFp32VHeadTokens;
-      const T* v_row = v_ahead.next_token();
-      if (kBF16 || v_stream_start) prefetch_row(v_row, D * sizeof(T));
+  // prefetch the rows due once the tokens before `position` are consumed
+  void prefetch_until(int64_t position) {
+    if (far) {
+      for (const int64_t stop = std::min(position + kFarTokens, end); far_done < stop; ++far_done) {
+        prefetch_row<_MM_HINT_T2>(k_far.next_token(), D * sizeof(T));
+        prefetch_row<_MM_HINT_T2>(v_far.next_token(), D * sizeof(T));
+      }
+    }
+    const int64_t distance = far ? kNearTokens : kStepTokens;
+    for (const int64_t stop = std::min(position + distance, end); near_done < stop; ++near_done) {
+      prefetch_row(k_near.next_token(), D * sizeof(T));
+      const bool v_head = v_near.offset < kFp32VHeadTokens || near_done < begin + kFp32VHeadTokens;
+      const T* v_row = v_near.next_token();
+      if (kBF16 || far || v_head) prefetch_row(v_row, D * sizeof(T));
     }
   }
 };

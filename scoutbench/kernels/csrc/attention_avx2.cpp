@@ -121,7 +121,7 @@ void attend_avx2(const Args& a, const Item& item, State st) {
     const int tiles = (n + kTile8 - 1) / kTile8;
     const int shares = (G + pv_groups) * tiles;
     auto prefetch_share = [&](int pass) {
-      rows.prefetch_until(t0 + kPrefetchTokens + int64_t{n} * (pass + 1) / shares);
+      rows.prefetch_until(t0 + int64_t{n} * (pass + 1) / shares);
     };
     const void* kp[kStepTokens];
     const void* vp[kStepTokens];

@@ -156,7 +156,7 @@ void attend_avx512(const Args& a, const Item& item, State st) {
     // the step's prefetches in equal shares, one before each of its (G + pv_groups) * tiles tile passes
     const int shares = (G + pv_groups) * tiles;
     auto prefetch_share = [&](int pass) {
-      rows.prefetch_until(t0 + kPrefetchTokens + int64_t{n} * (pass + 1) / shares);
+      rows.prefetch_until(t0 + int64_t{n} * (pass + 1) / shares);
     };
     const T* kp[kStepTokens];
     const T* vp[kStepTokens];

@@ -60,6 +60,14 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// Where element d of a row sits in the vector paths' bf16 layout: each chunk of `chunk` elements stored as its even
+// elements, then its odd ones (how a shift and a mask widen bf16 pairs). The AVX-512 attention kernel and the digest
+// scorers lay out q by it (the AVX2 attention kernel widens q as it widens K, which puts each element there), and
+// the attention's store_row reads the accumulators back.
+constexpr int64_t even_odd_slot(int64_t d, int64_t chunk) {
+  return (d / chunk) * chunk + (d % 2) * (chunk / 2) + (d % chunk) / 2;
+}
+
 template <typename T>
 inline void store_out(T* dst, float value) {
   if constexpr (std::is_same_v<T, float>) {
@@ -70,9 +78,19 @@ inline void store_out(T* dst, float value) {
 }
 
 #if defined(SB_AVX512) || defined(SB_AVX2)
+// Whether this CPU's prefetch hints can fill L2 without L1 (Zen 4 and Intel's AVX-512 cores; Zen 2 and 3 fill L1 with
+// every hint): AVX-512 (F) as the sign, asked at run time, so that the AVX2 path forced on such a CPU
+// (SCOUTBENCH_CPU_ISA) prefetches as it would there. The kernels' software prefetch takes its form from it.
+inline bool l2_prefetch_hints() {
+  static const bool value = __builtin_cpu_supports("avx512f");
+  return value;
+}
+
+// every line of [p, p + bytes) into L1 (_MM_HINT_T0), or as `Hint` says
+template <int Hint = _MM_HINT_T0>
 inline void prefetch_row(const void* p, int bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(c + off, static_cast<_mm_hint>(Hint));
 }
 #endif
 

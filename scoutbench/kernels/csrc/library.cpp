@@ -25,7 +25,7 @@ extern "C" {
 
 // native_abi.ABI_VERSION: raised with any change of an entry point's parameters, so that a stale cached build is
 // refused rather than called with the wrong arguments
-int sb_abi_version() { return 6; }
+int sb_abi_version() { return 7; }
 
 int sb_helper_spin_us() { return Pool::spin_us(); }
 
