@@ -22,8 +22,12 @@ METHODS.register("quest", "scoutbench.methods.quest:Quest")
 # Quest as its own code runs it (mit-han-lab/Quest): 16-token pages, one selection per query head.
 METHODS.register("quest-official", "scoutbench.methods.quest:Quest", preset={"block_size": 16, "per_query_head": True})
 METHODS.register("infinigen", "scoutbench.methods.infinigen:InfiniGen")
-# InfiniGen with its own fetch count (tokens within alpha of the max), where `infinigen` fetches budget - 1 tokens.
+# InfiniGen with its authors' fetch counts (tokens within alpha of the max), where `infinigen` fetches budget - 1
+# tokens: their accuracy code's (alpha 5, at most 20% of the context: the class's count settings) and their speedup
+# code's (alpha 4, at most 400 tokens).
 METHODS.register("infinigen-dynamic", "scoutbench.methods.infinigen:InfiniGen", preset={"dynamic_count": True})
+METHODS.register("infinigen-speedup", "scoutbench.methods.infinigen:InfiniGen",
+                 preset={"dynamic_count": True, "alpha": 4.0, "count_cap": 400, "count_cap_frac": None})
 METHODS.register("hgca", "scoutbench.methods.hgca:HGCA")
 METHODS.register("scout", "scoutbench.methods.scout:ScoutAttention", "scoutattention")
 

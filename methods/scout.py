@@ -92,6 +92,11 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     pred_norm: str = "next"
     cpu_workers: int = 1
 
+    # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults"): the pool,
+    # which the paper leaves open ("a small set of important blocks"), at the paper's blocks of 32
+    settings_grid = {f"pool {pool}": {"pool_factor": float(pool)} for pool in (1, 2, 3, 4)}
+    paper_setting = ("pool 1", "the paper's pool of important blocks, read as one selection (the counters it reports)")
+
     def __post_init__(self) -> None:
         require(self.block_size >= 1, f"block_size must be >= 1 (got {self.block_size})")
         self.check_dense_layers()
