@@ -131,6 +131,18 @@ class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel, DefaultsS
         with equal keys issue the same device work from the same buffers. None: every step is alike."""
         return None
 
+    def block_cycle(self) -> int | None:
+        """Decode steps from one occurrence of the method's per-block work (a completed block's digests and copy to
+        the host tier, a window block's migration) to the next, from the config alone; None without such work. A
+        timed window of whole cycles holds that work at its real rate (bench/throughput.py)."""
+        return None
+
+    def block_events(self, positions: list[int]) -> tuple[str, ...]:
+        """The per-block work (named events, e.g. "complete") that a decode step whose new tokens go to
+        `positions` does, from the method's state now: right for the next step, and for later ones until an event
+        happens. Each event happens once per `block_cycle` steps."""
+        return ()
+
     def stats(self) -> dict[str, Any]:
         return {}
 

@@ -336,6 +336,18 @@ class HGCA(HGCAModel, SparseLayerMethod):
         """Whether the CPU attends anything this step (its hand-off, wait and merge are device work too)."""
         return self._cpu_active
 
+    def block_cycle(self) -> int | None:
+        """With a budget the window migrates a block every `migrate_block` steps; the fraction policy's window
+        grows with the context, so its migrations come every migrate_block / (1 - window_frac) steps, rounded."""
+        if self.budget is None and self.window_frac == 1.0:  # nothing ever migrates
+            return None
+        return self.migrate_block if self.budget is not None else round(self.migrate_block / (1 - self.window_frac))
+
+    def block_events(self, positions: list[int]) -> tuple[str, ...]:
+        due = any(p + 1 - split - self.window_target(p + 1) >= self.migrate_block
+                  for p, split in zip(positions, self.split, strict=True))
+        return ("migrate",) if due and self.sparse_layers else ()
+
     def decode_sparse(self, layer, q, k, v):
         """The window attention and the merge are device work on static buffers (the new token at its device
         slot, the window's lengths of the step); the CPU part's hand-off, wait and the migrations are host work

@@ -331,6 +331,21 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     def graph_key(self) -> Any:
         return self._short if self.sparse_layers else None
 
+    def block_cycle(self) -> int | None:
+        return self.block_size
+
+    def block_events(self, positions: list[int]) -> tuple[str, ...]:
+        """A block completes with its last token (its digests, its copy to the host tier: `end_step`); the block
+        leaving the local window is handed over to the pool when the next block starts (`begin_step`)."""
+        if not self.sparse_layers:
+            return ()
+        b, ring = self.block_size, self.store.n_ring
+        events = ("complete",) if any((p + 1) % b == 0 for p in positions) else ()
+        if any(p % b == 0 and p > prompt and p // b - ring >= self.sink_blocks
+               for p, prompt in zip(positions, self._prompt_len, strict=True)):
+            events += ("hand-over",)
+        return events
+
     def end_step(self) -> None:
         self._issue_recalls()  # the last layers' recalls
         if self.sparse_layers:  # what every sparse layer attended this step, in four calls rather than four a layer
