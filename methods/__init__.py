@@ -139,6 +139,18 @@ def artefact_fields(name: str) -> tuple[str, ...]:
     return () if cls is None else tuple(cls.artefact_fields)
 
 
+def setting_label(name: str, config: dict[str, Any]) -> str | None:
+    """The grid point of the one rule for defaults (docs/methods.md) that a run of `name` with `config` is, e.g.
+    "pool 3" (its `settings_grid` label: what tables name a row's setting by); None for a method without a grid, an
+    unknown name, or a config on none of its points."""
+    cls = method_class(name)
+    if cls is None or not cls.settings_grid:
+        return None
+    full = {**cls.defaults(), **METHODS.preset(name), **config}
+    return next((label for label, fields in cls.settings_grid.items()
+                 if all(full.get(key) == value for key, value in fields.items())), None)
+
+
 def ablation_order(name: str) -> list[str]:
     """The variants of `name`'s method in the order its ablation figure shows them (empty when it has none)."""
     cls = method_class(name)
