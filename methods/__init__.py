@@ -29,6 +29,9 @@ METHODS.register("infinigen-dynamic", "scoutbench.methods.infinigen:InfiniGen", 
 METHODS.register("infinigen-speedup", "scoutbench.methods.infinigen:InfiniGen",
                  preset={"dynamic_count": True, "alpha": 4.0, "count_cap": 400, "count_cap_frac": None})
 METHODS.register("hgca", "scoutbench.methods.hgca:HGCA")
+# HGCA reading every host token's score average each step (`score_read=all`), where `hgca` keeps its selection and
+# reads the selected tokens' (the same tokens: methods/hgca_selection.py).
+METHODS.register("hgca-full-read", "scoutbench.methods.hgca:HGCA", preset={"score_read": "all"})
 METHODS.register("scout", "scoutbench.methods.scout:ScoutAttention", "scoutattention")
 
 

@@ -109,8 +109,9 @@ class HGCA(HGCAModel, SparseLayerMethod):
     observed_queries: int = 32  # last prompt queries whose mean attention starts the moving average
     dense_layers: int = DEFAULT_DENSE_LAYERS  # as every sparse method: a comparison keeps the same layers dense
     # with a budget, the CPU's ranking: "all" reads every host token's average per query head each step, "selected"
-    # keeps the selection and reads the selected tokens' (the same tokens: methods/hgca_selection.py)
-    score_read: str = "all"
+    # keeps the selection and reads the selected tokens' (the same tokens: methods/hgca_selection.py); the fraction
+    # policy (budget=None) reads all
+    score_read: str = "selected"
 
     # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults")
     settings_grid = {f"window {share:g}, {read} read": {"window_share": share, "score_read": read}
@@ -137,8 +138,6 @@ class HGCA(HGCAModel, SparseLayerMethod):
         require(self.observed_queries >= 1, f"observed_queries must be >= 1, got {self.observed_queries}")
         require(self.score_read in SCORE_READS, f"score_read must be one of {', '.join(SCORE_READS)}, got "
                 f"{self.score_read!r}")
-        require(self.score_read == "all" or self.budget is not None,
-                "score_read=selected keeps a budget's selection: set a budget, or score_read=all")
 
     @property
     def window_tokens(self) -> int:
@@ -181,6 +180,9 @@ class HGCA(HGCAModel, SparseLayerMethod):
             specs |= {("k", i): (host_shape, ctx.dtype), ("v", i): (host_shape, ctx.dtype),
                       ("ema", i): ((batch, ctx.num_heads, self.host_capacity), torch.float32),
                       ("stage_k", i): (staging_shape, ctx.dtype), ("stage_v", i): (staging_shape, ctx.dtype)}
+            if self.tracks_selection:  # the kept selection: token ids per KV head, averages per query head
+                specs |= {("sel_ids", i): ((batch, kv_heads, self.tracked_capacity()), torch.long),
+                          ("sel_scores", i): ((batch, ctx.num_heads, self.tracked_capacity()), torch.float32)}
         self._host_arena = HostArena(specs, ctx.device)
         arena = self._host_arena
         window = device_zeros({(kind, i): (window_shape, ctx.dtype) for kind in "kv" for i in self.sparse_layers},
@@ -227,10 +229,15 @@ class HGCA(HGCAModel, SparseLayerMethod):
         self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
         self._split_device = torch.zeros(batch, dtype=torch.long, device=ctx.device)  # kept in step with `split`
         # score_read="selected": each sparse layer's selection, kept by the worker from step to step
-        self._tracked = {i: TrackedSelection(batch, kv_heads, ctx.group_size, self.tracked_capacity(),
-                                             self.sink_tokens) for i in self.sparse_layers} \
-            if self.score_read == "selected" else {}
+        self._tracked = {i: TrackedSelection(arena["sel_ids", i], arena["sel_scores", i], self.sink_tokens)
+                         for i in self.sparse_layers} if self.tracks_selection else {}
         self.reset_stats()
+
+    @property
+    def tracks_selection(self) -> bool:
+        """Whether the CPU keeps its selection (`score_read="selected"`, budget policy: the fraction policy's per-head
+        share of a growing host ranks every host token each step)."""
+        return self.score_read == "selected" and self.budget is not None
 
     def tracked_capacity(self) -> int:
         """Entries of a kept selection per (sequence, KV head): the most the CPU takes (the budget less the window

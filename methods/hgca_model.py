@@ -27,7 +27,7 @@ class HGCAModel(MemoryPlan, WorkModel):
         # the host arena: K/V and fp32 moving averages of the host part, migration staging (the CPU attention reads
         # the host tier in place: no gather buffers)
         host = sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv
-        if self.score_read == "selected":  # each layer's kept selection: token ids per KV head, averages per query head
+        if self.tracks_selection:  # each layer's kept selection: token ids per KV head, averages per query head
             host += sparse * self.tracked_capacity() * (shape.num_kv_heads * 8 + shape.num_heads * 4)
         return Footprint(device, host)
 
@@ -65,7 +65,8 @@ class HGCAModel(MemoryPlan, WorkModel):
             cpu_per_head = min(fractions["cpu_host_frac"] * host, host)
             selection_heads = m.num_heads
         # K and V of the selected tokens per selection row, and the fp32 score averages of every query head
-        scored = cpu_per_head if config.get("score_read", "all") == "selected" else host
+        keeps = config.get("budget") is not None and config.get("score_read", "all") == "selected"
+        scored = cpu_per_head if keeps else host
         host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * scored * FP32_BYTES
         return terms.layer("same_layer", device_kv_bytes=B * window * shape.kv_bytes_per_token,
                            device_tokens=B * m.num_kv_heads * window, host_kv_bytes=host_bytes,

@@ -22,12 +22,14 @@ class TrackedSelection:
     """One sparse layer's selection: per (sequence, KV head) the selected host token ids, their moving averages per
     query head, and per query head the maximum average of every other host token. Worker thread only."""
 
-    def __init__(self, batch: int, kv_heads: int, group: int, capacity: int, sink_tokens: int) -> None:
-        self.group, self.sink_tokens = group, sink_tokens
-        self.ids = torch.zeros((batch, kv_heads, capacity), dtype=torch.long)
-        self.scores = torch.zeros((batch, kv_heads * group, capacity), dtype=torch.float32)
+    def __init__(self, ids: torch.Tensor, scores: torch.Tensor, sink_tokens: int) -> None:
+        """`ids` int64 `[B, Hkv, capacity]` and `scores` fp32 `[B, Hq, capacity]`: host buffers the method owns (its
+        arena), `capacity` the most entries a step holds (the selection and a migrated block)."""
+        batch, kv_heads, _ = ids.shape
+        self.ids, self.scores, self.sink_tokens = ids, scores, sink_tokens
+        self.group = scores.shape[1] // kv_heads
         self.count = [0] * batch  # selected tokens of each sequence (every KV head alike)
-        self.others_max = torch.full((batch, kv_heads * group), float("-inf"))  # per query head, the unselected
+        self.others_max = torch.full((batch, scores.shape[1]), float("-inf"))  # per query head, the unselected
         self.started = False
 
     def start(self, ids: torch.Tensor, ema: torch.Tensor, split: list[int], take: list[int]) -> None:

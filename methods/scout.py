@@ -83,7 +83,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     pc: bool = True
     pr: bool = True
     recall_interval: int = 8
-    pool_factor: float = 2.0  # device pool slots per selection (docs/methods.md: why 2)
+    pool_factor: float = 3.0  # device pool slots per selection (docs/methods.md: the one rule chose 3)
     beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
     beta_trigger: bool = False
     device_blocks: str = "selected"

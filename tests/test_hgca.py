@@ -350,9 +350,11 @@ def test_budget_option_reaches_hgca(monkeypatch, capsys):
     assert code == 0, err
     [row] = json.loads(out)
     assert row["device_bytes_per_seq"] == 2 * 65536 * 4096 + 38 * (2048 + 32) * 4096
-    # host: K/V and fp32 moving averages of the rest and 32 tokens of migration staging (the CPU part reads the
-    # host tier in place: no gather buffers)
-    assert row["host_bytes_per_seq"] == 38 * (65536 - 2048) * (4096 + 40 * 4) + 38 * 32 * 4096
+    # host: K/V and fp32 moving averages of the rest, 32 tokens of migration staging and the kept selection (budget
+    # - window + a migration block entries: ids per KV head, averages per query head; the CPU part reads the host
+    # tier in place: no gather buffers)
+    assert row["host_bytes_per_seq"] == (38 * (65536 - 2048) * (4096 + 40 * 4) + 38 * 32 * 4096
+                                         + 38 * (4096 - 2048 + 32) * (8 * 8 + 40 * 4))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
@@ -404,5 +406,5 @@ def test_selected_score_read_selects_the_tokens_of_the_full_read(model_name, len
 def test_score_read_is_a_budget_setting():
     with pytest.raises(ValueError, match="score_read must be one of"):
         HGCA(score_read="some")
-    with pytest.raises(ValueError, match="set a budget"):
-        HGCA(budget=None, score_read="selected")
+    assert HGCA().tracks_selection and not HGCA(score_read="all").tracks_selection
+    assert not HGCA(budget=None).tracks_selection  # the fraction policy ranks every host token
