@@ -10,8 +10,8 @@ tokens from it (also cached); every configuration is then teacher-forced on Full
   steps, the default) and without, at blocks of 32 and 16, and at blocks of 32 with a pool of 2 and the per-layer
   recall intervals that `scoutbench profile-recall` measured on the same records (`RECALL_PROFILE`);
 - Quest with 32- and 16-token pages, one selection per KV head and per query head (`per_query_head`, its own code);
-- InfiniGen with its fixed fetch (budget - 1 tokens), its own dynamic count (`dynamic_count`) and its authors' two
-  counts (alpha 4 capped at 400 tokens, alpha 5 capped at 20% of the context);
+- InfiniGen with its fixed fetch (budget - 1 tokens) and its authors' two counts (`dynamic_count`: alpha 4 capped
+  at 400 tokens, `infinigen-speedup`; alpha 5 capped at 20% of the context, `infinigen-dynamic`);
 - HGCA at window shares of 0.25, 0.5 and 0.75, with and without the score-average read (`score_read`);
 - FullKV forced on its own tokens (top-1 1, KL 0: the harness's check).
 
@@ -88,9 +88,7 @@ def configurations() -> list[Config]:
         if block == 32:
             configs.append(Config("scout-b32-pool2x-profile", "scout",
                                   {"block_size": 32, "pool_factor": 2, "pr": True, "recall_profile": RECALL_PROFILE}))
-            configs += [Config("infinigen-fixed", "infinigen"),
-                        Config("infinigen-dynamic", "infinigen", {"dynamic_count": True})]
-            configs += defaults_grid_points()
+            configs += [Config("infinigen-fixed", "infinigen"), *defaults_grid_points()]
         configs += [Config(f"quest-p{block}-{rows}", "quest", {"block_size": block, "per_query_head": rows == "qhead"})
                     for rows in ("kv", "qhead")]
     return configs

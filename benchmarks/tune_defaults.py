@@ -171,7 +171,7 @@ def markdown(found: dict[str, Any]) -> list[str]:
     which point is the winner, the default and the paper-literal setting."""
     lines = [f"Bound: top-1 agreement >= {found['bound']:.2f}; records: {', '.join(found['records'])}."]
     for name, entry in found["methods"].items():
-        lines += ["", f"**{METHODS.load(name).display_name or name}**", "",
+        lines += ["", f"#### {METHODS.load(name).display_name or name}", "",
                   "| setting | fields | top-1 vs FullKV | tok/s 32k (batch) | tok/s 64k (batch) | speed | |",
                   "|---|---|---|---|---|---|---|"]
         for p in entry["points"]:

@@ -56,13 +56,25 @@ def test_every_grid_is_declared_in_its_method_file_and_holds_its_defaults_and_th
     assert not METHODS.load("fullkv").settings_grid
 
 
-@pytest.mark.skipif(not SWEEP.is_dir(), reason="no committed real-text sweep")
-def test_the_registered_defaults_follow_the_rule_on_the_committed_sweep():
+@pytest.fixture(scope="module")
+def committed_search() -> dict:
+    if not SWEEP.is_dir():
+        pytest.skip("no committed real-text sweep")
+    return tune.search(str(SWEEP))
+
+
+def test_the_registered_defaults_follow_the_rule_on_the_committed_sweep(committed_search):
     """benchmarks/tune_defaults.py on results/real-text-sweep with today's projection: every grid point ran on every
     record, and every method's registered default is the rule's winner (rerun the search when this fails)."""
-    found = tune.search(str(SWEEP))
-    assert found["missing"] == []
-    assert tune.stale_defaults(found) == []
+    assert committed_search["missing"] == []
+    assert tune.stale_defaults(committed_search) == []
+
+
+def test_docs_show_the_search_as_the_command_prints_it(committed_search):
+    """docs/methods.md holds the search's tables (every grid point, the winner, the default, the paper-literal
+    setting) exactly as `python benchmarks/tune_defaults.py --runs results/real-text-sweep` prints them today."""
+    docs = (SWEEP.parents[1] / "docs" / "methods.md").read_text(encoding="utf-8")
+    assert "\n".join(tune.markdown(committed_search)) in docs
 
 
 def test_a_row_is_named_by_its_grid_setting():
