@@ -5,7 +5,8 @@ to add each method's host issue time to a projected step.
 
     python benchmarks/launch_counts.py            # rewrites scoutbench/data/launch_counts.json (a few minutes)
 
-The configuration is issue 34's: bench-attn16 (16 layers, 2 dense), 2k context, budget 256, block 32, batch 1.
+The configuration is issue 34's: bench-attn16 (16 layers, 2 dense), 2k context, budget 256, block 32, batch 1; the
+calls are counted over 32 steps, a whole block cycle, so that each method's per-block work counts at its rate.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def count(graphs: str, folder: Path) -> dict[str, dict[str, float]]:
     """Per method (registered names, ablations included): torch calls, replays, and both per layer."""
     env = {**os.environ, "SCOUTBENCH_EMULATE_CUDA": "1"}
     subprocess.run([sys.executable, "-m", "scoutbench", "throughput", "--model", MODEL, "--len", LENGTH, "--budget",
-                    BUDGET, "--method", "all", "--steps", "2", "--warmup", "2", "--count-steps", "8",
+                    BUDGET, "--method", "all", "--steps", "2", "--warmup", "2", "--count-steps", "32",
                     "--cuda-graphs", graphs, "-o", str(folder), "--json"], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     counts = {}

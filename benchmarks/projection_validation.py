@@ -78,7 +78,7 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "scout-pc": ("scout-pc", "ScoutAttention without recall (PC)", {"pool_factor": 1.0}),
     "scout-base": ("scout-base", "ScoutAttention without PC and recall", {"pool_factor": 1.0}),
     "fullkv": ("fullkv", "FullKV", {}),
-    "hgca": ("hgca", "HGCA (score average of every host token read)", {}),
+    "hgca": ("hgca", "HGCA (score average of every host token read)", {"score_read": "all"}),
     "hgca-selected-read": ("hgca", "HGCA (score average of the selected tokens read)", {"score_read": "selected"}),
     "infinigen": ("infinigen", "InfiniGen (fixed fetch: budget - 1)", {}),
     "infinigen-dynamic": ("infinigen-dynamic", "InfiniGen (its accuracy code's count)", {}),

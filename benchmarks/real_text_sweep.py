@@ -10,8 +10,10 @@ tokens from it (also cached); every configuration is then teacher-forced on Full
   steps, the default) and without, at blocks of 32 and 16, and at blocks of 32 with a pool of 2 and the per-layer
   recall intervals that `scoutbench profile-recall` measured on the same records (`RECALL_PROFILE`);
 - Quest with 32- and 16-token pages, one selection per KV head and per query head (`per_query_head`, its own code);
-- InfiniGen with its fixed fetch (budget - 1 tokens) and its own dynamic count (`dynamic_count`);
-- HGCA at its defaults; FullKV forced on its own tokens (top-1 1, KL 0: the harness's check).
+- InfiniGen with its fixed fetch (budget - 1 tokens) and its authors' two counts (`dynamic_count`: alpha 4 capped
+  at 400 tokens, `infinigen-speedup`; alpha 5 capped at 20% of the context, `infinigen-dynamic`);
+- HGCA at window shares of 0.25, 0.5 and 0.75, with and without the score-average read (`score_read`);
+- FullKV forced on its own tokens (top-1 1, KL 0: the harness's check).
 
 All at `--budget` (2048) and `--dense-layers` (2). Each (configuration, record) is one result file of kind
 `throughput` (what `scoutbench project` reads: the method's stats over the forced steps) with, beside them, what
@@ -86,12 +88,22 @@ def configurations() -> list[Config]:
         if block == 32:
             configs.append(Config("scout-b32-pool2x-profile", "scout",
                                   {"block_size": 32, "pool_factor": 2, "pr": True, "recall_profile": RECALL_PROFILE}))
-            configs += [Config("infinigen-fixed", "infinigen"),
-                        Config("infinigen-dynamic", "infinigen", {"dynamic_count": True}),
-                        Config("hgca", "hgca")]
+            configs += [Config("infinigen-fixed", "infinigen"), *defaults_grid_points()]
         configs += [Config(f"quest-p{block}-{rows}", "quest", {"block_size": block, "per_query_head": rows == "qhead"})
                     for rows in ("kv", "qhead")]
     return configs
+
+
+def defaults_grid_points() -> list[Config]:
+    """The grid points of the one rule for every method's defaults (docs/methods.md) that the configurations above
+    do not already run: InfiniGen's authors' two counts, and HGCA's window shares with and without the
+    score-average read (`benchmarks/tune_defaults.py` reads every point from its result's config)."""
+    return [Config("infinigen-alpha4-cap400", "infinigen",
+                   {"dynamic_count": True, "alpha": 4.0, "count_cap": 400, "count_cap_frac": None}),
+            Config("infinigen-alpha5-cap20pct", "infinigen",
+                   {"dynamic_count": True, "alpha": 5.0, "count_cap": None, "count_cap_frac": 0.2}),
+            *(Config(f"hgca-w{share:g}-{read}", "hgca", {"window_share": share, "score_read": read})
+              for share in (0.25, 0.5, 0.75) for read in ("all", "selected"))]
 
 
 def pick_records(data_dir: str, datasets: list[str], named: list[str], tokenizer: Any, length: int

@@ -22,9 +22,16 @@ METHODS.register("quest", "scoutbench.methods.quest:Quest")
 # Quest as its own code runs it (mit-han-lab/Quest): 16-token pages, one selection per query head.
 METHODS.register("quest-official", "scoutbench.methods.quest:Quest", preset={"block_size": 16, "per_query_head": True})
 METHODS.register("infinigen", "scoutbench.methods.infinigen:InfiniGen")
-# InfiniGen with its own fetch count (tokens within alpha of the max), where `infinigen` fetches budget - 1 tokens.
+# InfiniGen with its authors' fetch counts (tokens within alpha of the max), where `infinigen` fetches budget - 1
+# tokens: their accuracy code's (alpha 5, at most 20% of the context: the class's count settings) and their speedup
+# code's (alpha 4, at most 400 tokens).
 METHODS.register("infinigen-dynamic", "scoutbench.methods.infinigen:InfiniGen", preset={"dynamic_count": True})
+METHODS.register("infinigen-speedup", "scoutbench.methods.infinigen:InfiniGen",
+                 preset={"dynamic_count": True, "alpha": 4.0, "count_cap": 400, "count_cap_frac": None})
 METHODS.register("hgca", "scoutbench.methods.hgca:HGCA")
+# HGCA reading every host token's score average each step (`score_read=all`), where `hgca` keeps its selection and
+# reads the selected tokens' (the same tokens: methods/hgca_selection.py).
+METHODS.register("hgca-full-read", "scoutbench.methods.hgca:HGCA", preset={"score_read": "all"})
 METHODS.register("scout", "scoutbench.methods.scout:ScoutAttention", "scoutattention")
 
 
@@ -133,6 +140,18 @@ def artefact_fields(name: str) -> tuple[str, ...]:
     for an unknown name."""
     cls = method_class(name)
     return () if cls is None else tuple(cls.artefact_fields)
+
+
+def setting_label(name: str, config: dict[str, Any]) -> str | None:
+    """The grid point of the one rule for defaults (docs/methods.md) that a run of `name` with `config` is, e.g.
+    "pool 3" (its `settings_grid` label: what tables name a row's setting by); None for a method without a grid, an
+    unknown name, or a config on none of its points."""
+    cls = method_class(name)
+    if cls is None or not cls.settings_grid:
+        return None
+    full = {**cls.defaults(), **METHODS.preset(name), **config}
+    return next((label for label, fields in cls.settings_grid.items()
+                 if all(full.get(key) == value for key, value in fields.items())), None)
 
 
 def ablation_order(name: str) -> list[str]:

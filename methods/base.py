@@ -38,8 +38,8 @@ import torch
 # the declarations beside the runtime, and the names the methods have always imported from here
 from scoutbench.methods.declarations import DEFAULT_DENSE_LAYERS as DEFAULT_DENSE_LAYERS
 from scoutbench.methods.declarations import DENSE_LAYERS_FIELD as DENSE_LAYERS_FIELD
+from scoutbench.methods.declarations import DefaultsSearch, MemoryPlan, MethodArgs, MethodLabels, WorkModel
 from scoutbench.methods.declarations import Footprint as Footprint
-from scoutbench.methods.declarations import MemoryPlan, MethodArgs, MethodLabels, WorkModel
 from scoutbench.methods.declarations import ModelShape as ModelShape
 from scoutbench.methods.declarations import dense_layers_of as dense_layers_of
 from scoutbench.methods.declarations import sparse_layer_range as sparse_layer_range
@@ -94,11 +94,12 @@ class MethodContext:
 
 
 @dataclass
-class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel):
+class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel, DefaultsSearch):
     """The runtime contract (module docstring). What else the rest of scoutbench knows about a method is declared
     beside it, one small class per concern (methods/declarations.py): its labels in reports (`MethodLabels`), its
     fields and their conversion from `--method-arg` (`MethodArgs`), its memory (`MemoryPlan.memory_footprint`) and
-    its work model (`WorkModel`: what `project` and `gate --counters` count)."""
+    its work model (`WorkModel`: what `project` and `gate --counters` count) and the grid its defaults are chosen
+    over (`DefaultsSearch`)."""
 
     # True when the method needs before_layer (the engine skips the call otherwise).
     layer_ahead: ClassVar[bool] = False
@@ -129,6 +130,18 @@ class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel):
         """Which captured variant of the step's device work this step replays (called after `begin_step`); steps
         with equal keys issue the same device work from the same buffers. None: every step is alike."""
         return None
+
+    def block_cycle(self) -> int | None:
+        """Decode steps from one occurrence of the method's per-block work (a completed block's digests and copy to
+        the host tier, a window block's migration) to the next, from the config alone; None without such work. A
+        timed window of whole cycles holds that work at its real rate (bench/throughput.py)."""
+        return None
+
+    def block_events(self, positions: list[int]) -> tuple[str, ...]:
+        """The per-block work (named events, e.g. "complete") that a decode step whose new tokens go to
+        `positions` does, from the method's state now: right for the next step, and for later ones until an event
+        happens. Each event happens once per `block_cycle` steps."""
+        return ()
 
     def stats(self) -> dict[str, Any]:
         return {}

@@ -1,4 +1,4 @@
-"""What the rest of scoutbench knows about a method besides its runtime (methods/base.py): four small classes, one
+"""What the rest of scoutbench knows about a method besides its runtime (methods/base.py): five small classes, one
 per concern, each with its defaults, which `AttentionMethod` inherits (a method overrides what it declares, nothing
 else has to know the runtime):
 
@@ -11,6 +11,8 @@ else has to know the runtime):
     WorkModel      what one decode step reads, copies and attends, from measured shape-free fractions
                    (`project`, `gate --counters`: analysis/work.py, analysis/projection.py; vocabulary:
                    methods/work_model.py)
+    DefaultsSearch the grid of open settings its defaults are chosen over by the one rule of docs/methods.md, and
+                   the setting the papers describe literally (benchmarks/tune_defaults.py)
 
 A method may keep its memory plan and work model in a companion mixin beside its runtime (methods/infinigen_model.py,
 methods/hgca_model.py), so that its runtime file holds the runtime only. Nothing here imports the runtime: base.py
@@ -223,6 +225,17 @@ class WorkModel:
         (possibly re-budgeted) `config`."""
         raise UsageError(f"method {cls.name!r} declares no work model (AttentionMethod.sparse_layer_work): "
                          "`project` and `gate --counters` cannot count its work")
+
+
+class DefaultsSearch:
+    """The settings a method's defaults are chosen over (docs/methods.md, "One rule for every method's defaults";
+    benchmarks/tune_defaults.py runs the rule): each grid point sets the same fields, the default is the winning
+    point's values, and the point the papers describe literally is shown beside it."""
+
+    # label -> the fields of one grid point (every point sets the same fields); empty: nothing left open
+    settings_grid: ClassVar[dict[str, dict[str, Any]]] = {}
+    # (label of the grid point the papers describe literally, where they say so); None without a grid
+    paper_setting: ClassVar[tuple[str, str] | None] = None
 
 
 # The largest magnitude of a numeric field: the largest integer a float holds exactly, so that a field's arithmetic

@@ -12,6 +12,9 @@ leaves the rest open (and we found no public code); our choices, all fields:
   aggregated over the group's query heads by max (Quest's GQA convention: the score stays an upper bound for every head
   of the group, so a token that one head needs is not lost to the others), and reads the selected tokens of each KV head
   in place for the whole group (packed-GQA attention by token ids, no gather copy).
+- `score_read` (budget policy): "all" ranks every host token's moving average each step, as written above;
+  "selected" keeps the selection from step to step and reads only the selected tokens' averages, the same tokens
+  (methods/hgca_selection.py says why), without the read of every host token's fp32 average per query head.
 - `budget=None` keeps the original fraction policy below (the paper's behaviour):
 - window: relative, `ceil(window_frac * n)` of a sequence's n tokens; it grows with decode and its oldest
   `migrate_block` tokens move to host memory whenever it exceeds the target by a whole block. Within a step the
@@ -74,6 +77,7 @@ from scoutbench.methods.base import (
     transfer_stats,
 )
 from scoutbench.methods.hgca_model import HGCAModel
+from scoutbench.methods.hgca_selection import TrackedSelection
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.runtime.offload import (
     CopyStream,
@@ -85,6 +89,7 @@ from scoutbench.runtime.offload import (
 )
 
 OBSERVED_LOGIT_BYTES = 64 * 1024**2  # fp32 logits per piece of the prefill's observed attention weights
+SCORE_READS = ("all", "selected")
 
 
 @dataclass
@@ -103,6 +108,16 @@ class HGCA(HGCAModel, SparseLayerMethod):
     refresh_interval: int = 0  # every N-th step the CPU attends every host token (0 = never)
     observed_queries: int = 32  # last prompt queries whose mean attention starts the moving average
     dense_layers: int = DEFAULT_DENSE_LAYERS  # as every sparse method: a comparison keeps the same layers dense
+    # with a budget, the CPU's ranking: "all" reads every host token's average per query head each step, "selected"
+    # keeps the selection and reads the selected tokens' (the same tokens: methods/hgca_selection.py); the fraction
+    # policy (budget=None) reads all
+    score_read: str = "selected"
+
+    # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults")
+    settings_grid = {f"window {share:g}, {read} read": {"window_share": share, "score_read": read}
+                     for share in (0.25, 0.5, 0.75) for read in SCORE_READS}
+    paper_setting = ("window 0.25, all read", "the ScoutAttention paper's HGCA: 25% of the tokens in a GPU window, "
+                     "75% on the CPU, selected by their moving-average scores")
 
     def __post_init__(self) -> None:
         require(0.0 < self.window_share < 1.0, f"window_share must be in (0, 1), got {self.window_share}")
@@ -121,6 +136,8 @@ class HGCA(HGCAModel, SparseLayerMethod):
         require(self.refresh_interval >= 0, f"refresh_interval must be >= 0 (0 = never), got {self.refresh_interval}")
         self.check_dense_layers()
         require(self.observed_queries >= 1, f"observed_queries must be >= 1, got {self.observed_queries}")
+        require(self.score_read in SCORE_READS, f"score_read must be one of {', '.join(SCORE_READS)}, got "
+                f"{self.score_read!r}")
 
     @property
     def window_tokens(self) -> int:
@@ -163,6 +180,9 @@ class HGCA(HGCAModel, SparseLayerMethod):
             specs |= {("k", i): (host_shape, ctx.dtype), ("v", i): (host_shape, ctx.dtype),
                       ("ema", i): ((batch, ctx.num_heads, self.host_capacity), torch.float32),
                       ("stage_k", i): (staging_shape, ctx.dtype), ("stage_v", i): (staging_shape, ctx.dtype)}
+            if self.tracks_selection:  # the kept selection: token ids per KV head, averages per query head
+                specs |= {("sel_ids", i): ((batch, kv_heads, self.tracked_capacity()), torch.long),
+                          ("sel_scores", i): ((batch, ctx.num_heads, self.tracked_capacity()), torch.float32)}
         self._host_arena = HostArena(specs, ctx.device)
         arena = self._host_arena
         window = device_zeros({(kind, i): (window_shape, ctx.dtype) for kind in "kv" for i in self.sparse_layers},
@@ -208,7 +228,21 @@ class HGCA(HGCAModel, SparseLayerMethod):
         self._host_writes: dict[int, Future] = {}
         self.split: list[int] = [0] * batch  # per sequence: tokens [0, split) on the host, the rest in the window
         self._split_device = torch.zeros(batch, dtype=torch.long, device=ctx.device)  # kept in step with `split`
+        # score_read="selected": each sparse layer's selection, kept by the worker from step to step
+        self._tracked = {i: TrackedSelection(arena["sel_ids", i], arena["sel_scores", i], self.sink_tokens)
+                         for i in self.sparse_layers} if self.tracks_selection else {}
         self.reset_stats()
+
+    @property
+    def tracks_selection(self) -> bool:
+        """Whether the CPU keeps its selection (`score_read="selected"`, budget policy: the fraction policy's per-head
+        share of a growing host ranks every host token each step)."""
+        return self.score_read == "selected" and self.budget is not None
+
+    def tracked_capacity(self) -> int:
+        """Entries of a kept selection per (sequence, KV head): the most the CPU takes (the budget less the window
+        with its new token) and a migrated block admitted before the next step drops its lowest."""
+        return self.budget - self.window_tokens + self.migrate_block
 
     def reset_stats(self) -> None:
         self.drain()  # the workers add to the timers: let them finish first
@@ -309,6 +343,18 @@ class HGCA(HGCAModel, SparseLayerMethod):
         """Whether the CPU attends anything this step (its hand-off, wait and merge are device work too)."""
         return self._cpu_active
 
+    def block_cycle(self) -> int | None:
+        """With a budget the window migrates a block every `migrate_block` steps; the fraction policy's window
+        grows with the context, so its migrations come every migrate_block / (1 - window_frac) steps, rounded."""
+        if self.budget is None and self.window_frac == 1.0:  # nothing ever migrates
+            return None
+        return self.migrate_block if self.budget is not None else round(self.migrate_block / (1 - self.window_frac))
+
+    def block_events(self, positions: list[int]) -> tuple[str, ...]:
+        due = any(p + 1 - split - self.window_target(p + 1) >= self.migrate_block
+                  for p, split in zip(positions, self.split, strict=True))
+        return ("migrate",) if due and self.sparse_layers else ()
+
     def decode_sparse(self, layer, q, k, v):
         """The window attention and the merge are device work on static buffers (the new token at its device
         slot, the window's lengths of the step); the CPU part's hand-off, wait and the migrations are host work
@@ -387,6 +433,17 @@ class HGCA(HGCAModel, SparseLayerMethod):
         # ordered only when the rows keep different counts (a third faster unordered, measured at 24k tokens)
         return scores.topk(max(take), dim=-1, sorted=min(take) != max(take)).indices
 
+    def _select(self, layer: int, split: list[int], take: list[int]) -> torch.Tensor:
+        """Worker thread: this step's CPU selection (`cpu_select`), or with score_read="selected" the kept one (its
+        first step: `cpu_select`'s)."""
+        tracked = self._tracked.get(layer)
+        if tracked is not None and tracked.started:
+            return tracked.select(split, take)
+        ids = self.cpu_select(layer, split, take)
+        if tracked is not None:
+            tracked.start(ids, self.ema[layer], split, take)
+        return ids
+
     def _cpu_attention(self, layer: int, q: torch.Tensor, q_ready: Any, split: list[int], take: list[int],
                        results_read: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Worker thread: sparse attention of every query head over its selection's host tokens, read in place by
@@ -396,7 +453,7 @@ class HGCA(HGCAModel, SparseLayerMethod):
         if q_ready is not None:
             q_ready.synchronize()
         start = time.perf_counter()
-        ids = self.cpu_select(layer, split, take)
+        ids = self._select(layer, split, take)
         valid = None if min(take) == ids.shape[-1] else torch.tensor(take)
         # the host tier [B, Hkv, N, D] as blocks of one token: [B, Hkv, N, 1, D]
         state, probs = block_sparse_attention_probs(q, self.host_k[layer].unsqueeze(3), self.host_v[layer].unsqueeze(3),
@@ -415,6 +472,10 @@ class HGCA(HGCAModel, SparseLayerMethod):
             ready.synchronize()
         start = time.perf_counter()
         cpu_share = torch.exp(lse_cpu - torch.logaddexp(lse_cpu, lse_device))  # [B, Hq]: CPU part of the mass
+        if layer in self._tracked:
+            self._tracked[layer].update(probs, cpu_share * (1.0 - self.ema_decay), self.ema_decay)
+            self._ema_ms += (time.perf_counter() - start) * 1e3
+            return
         ema = self.ema[layer][:, :, :span]
         ema.mul_(self.ema_decay)
         if ids.shape[1] != ema.shape[1]:  # one selection per KV head: each of the group's query heads read it
@@ -442,6 +503,9 @@ class HGCA(HGCAModel, SparseLayerMethod):
         stop = start + self.migrate_block
         self.host_k[layer][b, :, start:stop].copy_(self._staging[layer][0][b])
         self.host_v[layer][b, :, start:stop].copy_(self._staging[layer][1][b])
+        if layer in self._tracked:
+            self._tracked[layer].admit(b, start, self.migrate_block)
+            return
         ema = self.ema[layer][b]
         ema[:, start:stop] = ema[:, :start].amax(dim=-1, keepdim=True) if start else 1.0
 

@@ -27,9 +27,17 @@ class HGCAModel(MemoryPlan, WorkModel):
         # the host arena: K/V and fp32 moving averages of the host part, migration staging (the CPU attention reads
         # the host tier in place: no gather buffers)
         host = sparse * (context_len - window) * (kv + shape.num_heads * 4) + sparse * self.migrate_block * kv
+        if self.tracks_selection:  # each layer's kept selection: token ids per KV head, averages per query head
+            host += sparse * self.tracked_capacity() * (shape.num_kv_heads * 8 + shape.num_heads * 4)
         return Footprint(device, host)
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
+    @classmethod
+    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
+        """As every method's, and a result written before `score_read` was a setting read every host token's
+        average."""
+        return {"score_read": "all", **super().work_config(config, budget, block_size)}
+
     @classmethod
     def measure_work(cls, run: RunRecord) -> dict[str, float]:
         pairs = run.sparse_layer_mean("cpu_tokens_per_layer")  # (query head, token) pairs of the whole batch
@@ -39,8 +47,9 @@ class HGCAModel(MemoryPlan, WorkModel):
 
     @classmethod
     def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """The device window, and the CPU's selected host tokens (plus every query head's fp32 score average) in
-        the same layer, merged on the device."""
+        """The device window, and the CPU's selected host tokens in the same layer, merged on the device; the CPU
+        reads every query head's fp32 score average of every host token (`score_read="all"`) or of the selected
+        tokens only ("selected")."""
         shape = terms.shape
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
         if config.get("budget") is not None:  # window + CPU tokens = budget, one selection per KV head
@@ -55,8 +64,10 @@ class HGCAModel(MemoryPlan, WorkModel):
             host = N - window
             cpu_per_head = min(fractions["cpu_host_frac"] * host, host)
             selection_heads = m.num_heads
-        # K and V of the selected tokens per selection row, and the fp32 score average of every query head
-        host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * host * FP32_BYTES
+        # K and V of the selected tokens per selection row, and the fp32 score averages of every query head
+        keeps = config.get("budget") is not None and config.get("score_read", "all") == "selected"
+        scored = cpu_per_head if keeps else host
+        host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * scored * FP32_BYTES
         return terms.layer("same_layer", device_kv_bytes=B * window * shape.kv_bytes_per_token,
                            device_tokens=B * m.num_kv_heads * window, host_kv_bytes=host_bytes,
                            cpu_tokens=B * m.num_heads * cpu_per_head / (m.num_heads // m.num_kv_heads),

@@ -13,8 +13,11 @@ skew (RoPE forbids folding the skew into W_Q):
   scored with the partial keys (scaled logits); n = budget - 1 by default, so that InfiniGen attends `budget`
   tokens like every other sparse method (the paper fixes 2048 for all baselines). `dynamic_count=True` is the
   original's count: per query head the tokens above `max - alpha` are counted and n = min(floor(mean count),
-  budget - 1) (a host sync, timed as idle). Either way n >= 1 is the same for every head and sequence (in a
-  ragged batch a short sequence's fetched slots past its own length are masked), and the top-n tokens of each
+  budget - 1) (a host sync, timed as idle), bounded further by the authors' caps where set: `count_cap` tokens
+  (their speedup code: alpha 4, at most 400) and `count_cap_frac` of each sequence's cached tokens (their accuracy
+  code: alpha 5, at most 20% of the context, the default); the budget binds over both. Either way n >= 1 is the same
+  for every head and sequence (in a ragged batch a sequence fetches at most its own length, and its own share of it
+  under `count_cap_frac`: its fetched slots past that are masked), and the top-n tokens of each
   (sequence, KV head) are fetched from host memory one layer ahead: a worker thread gathers them and copies them to
   the device on a copy stream while layer i computes. On a CPU-only run the "device" is host memory: layer i+1
   reads its selected tokens in place in the host tier (no fetch copy); the transfer counters still count what the
@@ -82,6 +85,8 @@ from scoutbench.runtime.offload import (
     token_chunks,
 )
 
+PPM = 1_000_000  # count_cap_frac's unit in the integer arithmetic of its cap
+
 
 @dataclass
 class InfiniGen(InfiniGenModel, SparseLayerMethod):
@@ -95,16 +100,44 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
     alpha: float = 5.0  # a token counts if its speculated logit is within alpha of the head's max (inf: all)
     budget: int = 2048  # tokens attended per (sequence, KV head) and layer: budget - 1 fetched + the current one
     dynamic_count: bool = False  # the original's count: n = min(mean #tokens within alpha of the max, budget - 1)
+    # the dynamic count's caps besides the budget (None: none): at most `count_cap` tokens, and at most
+    # `count_cap_frac` of a sequence's cached tokens (the authors' speedup code: 400; their accuracy code: 0.2)
+    count_cap: int | None = None
+    count_cap_frac: float | None = 0.2
+
+    # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults"): its fixed
+    # fetch and its authors' two counts (snu-comparch/InfiniGen: speedup/ counts within alpha 4 of the max, at most
+    # 400 tokens; accuracy/ within alpha 5, at most 20% of the context); a point's fields left out do not act in it
+    settings_grid = {"fixed fetch": {"dynamic_count": False},
+                     "alpha 4, cap 400": {"dynamic_count": True, "alpha": 4.0, "count_cap": 400, "count_cap_frac": None},
+                     "alpha 5, cap 20%": {"dynamic_count": True, "alpha": 5.0, "count_cap": None, "count_cap_frac": 0.2}}
+    paper_setting = ("fixed fetch", "the ScoutAttention paper gives every baseline the budget of 2048 tokens")
     dense_layers: int = DEFAULT_DENSE_LAYERS
 
     def __post_init__(self) -> None:
         require(0.0 < self.partial_ratio <= 1.0, f"partial_ratio must be in (0, 1], got {self.partial_ratio}")
         require(self.alpha > 0.0, f"alpha must be > 0 (logit units; inf fetches every token), got {self.alpha}")
         require(self.budget >= 2, f"budget must be >= 2 (one fetched token plus the current one), got {self.budget}")
+        require(self.count_cap is None or self.count_cap >= 1, f"count_cap must be >= 1 or none, got {self.count_cap}")
+        require(self.count_cap_frac is None or 0.0 < self.count_cap_frac <= 1.0,
+                f"count_cap_frac must be in (0, 1] or none, got {self.count_cap_frac}")
         self.check_dense_layers()
 
     def partial_dim(self, head_dim: int) -> int:
         return math.ceil(self.partial_ratio * head_dim)
+
+    def count_limit(self, cached: int) -> int:
+        """The most tokens the dynamic count fetches for a sequence of `cached` tokens under `count_cap_frac` (its
+        cached tokens where unset): floor(frac x cached), at least 1, in integer arithmetic, so that the host and
+        the device (`_fetch_limit`) agree to the token."""
+        if self.count_cap_frac is None:
+            return cached
+        return min(cached, max(1, cached * self._cap_ppm // PPM))
+
+    @property
+    def _cap_ppm(self) -> int:
+        """`count_cap_frac` in parts per million (the integer arithmetic of the cap)."""
+        return round(self.count_cap_frac * PPM)
 
     # ------------------------------------------------------------------ setup
     def bind(self, ctx: MethodContext) -> None:
@@ -145,6 +178,13 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self._uncached_rows = self._uncached.view(batch, ctx.max_len)
         self._masked, self._kept = (torch.tensor(x, device=ctx.device) for x in (float("-inf"), 0.0))
         self._fetch_count = 1  # the fixed fetch count of this step (host)
+        # the dynamic count's bound over every sequence (the budget and count_cap), and per sequence the most tokens
+        # it may fetch this step (its cached tokens, or its count_cap_frac share of them): on the host and, where a
+        # share caps it, on the device (written in begin_step; otherwise the positions themselves)
+        self._count_cap = min(self.capacity, self.count_cap or self.capacity)
+        self._fetch_limits: list[int] = []
+        self._fetch_limit_device = torch.zeros(batch, dtype=torch.long, device=ctx.device) \
+            if self.dynamic_count and self.count_cap_frac is not None else None
         self._sorted_fetch = True  # CUDA, fixed count: the step's top-n is sorted (graph_key)
         self._layer_count = [0] * ctx.num_layers  # the fetch count of each layer in this step (host)
         self._selected: dict[int, tuple[torch.Tensor, int]] = {}  # CPU: layer -> its speculated (ids, n)
@@ -251,6 +291,12 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         # the fixed count: budget - 1 tokens + the current one = the budget every sparse method gets, no sync
         self._fetch_count = max(1, min(self.capacity, max(step.positions_host)))
         self._sorted_fetch = min(step.positions_host) < self.capacity
+        if self._fetch_limit_device is None:
+            self._fetch_limits = list(step.positions_host)
+        else:  # floor(frac x cached) >= 1, at most the cached tokens: the integer arithmetic of `count_limit`
+            self._fetch_limits = [self.count_limit(p) for p in step.positions_host]
+            limit = torch.div(step.positions * self._cap_ppm, PPM, rounding_mode="floor").clamp_(min=1)
+            torch.minimum(limit, step.positions, out=self._fetch_limit_device)
         if not self.dynamic_count:  # the fetch of every sparse layer is known now
             if self._fetched is None:  # CPU: a short sequence has fewer valid fetched tokens
                 self._cpu_valid = None if step.uniform else step.positions.clamp(max=self._fetch_count)
@@ -285,7 +331,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self._d2h_bytes += rows * n * 8  # the token ids, to the worker
         self._h2d_bytes += 2 * rows * n * ctx.head_dim * ctx.dtype.itemsize  # fetched K and V
         # the speculated tokens a sequence really has, and the current one
-        self._attended.add_host([min(p, n) + 1 for p in self.step.positions_host], ctx.num_kv_heads, len(layers))
+        self._attended.add_host([min(limit, n) + 1 for limit in self._fetch_limits], ctx.num_kv_heads, len(layers))
 
     # ------------------------------------------------------------------ decode: the layers
     def before_layer(self, layer, hidden, normed):
@@ -332,13 +378,24 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
             # wait is the GPU's idle time, not prediction work, so it is timed as `idle`.
             with ctx.timer.stage("idle"):
                 mean_count = counts.float().mean().item()
-            n = max(1, min(int(mean_count), self.capacity, max(self.step.positions_host)))
+            n = self._dynamic_fetch(mean_count)
         else:
             n = self._fetch_count
-        # the fetched tokens' order does not matter to their attention, except that a sequence holding fewer than n
-        # tokens must have its valid ones first (decode masks the rest): only then sorted (2x slower at 32k on CPU)
-        ordered = min(self.step.positions_host) < n
+        # the fetched tokens' order does not matter to their attention, except that a sequence that may fetch fewer
+        # than n tokens must have its valid ones first (decode masks the rest): only then sorted (2x slower at 32k
+        # on CPU)
+        ordered = min(self._fetch_limits) < n
         return scores.amax(dim=2).topk(n, dim=-1, sorted=ordered).indices, n
+
+    def _dynamic_fetch(self, mean_count: float) -> int:
+        """n of the dynamic count: the floored mean count within the budget, `count_cap` and the longest sequence's
+        limit, at least 1 (what the device derives from the same count, per sequence: `_fetch_limit`)."""
+        return max(1, min(int(mean_count), self._count_cap, max(self._fetch_limits)))
+
+    @property
+    def _fetch_limit(self) -> torch.Tensor:
+        """Per sequence `[B]` on the device, the most tokens the dynamic count may fetch this step."""
+        return self.step.positions if self._fetch_limit_device is None else self._fetch_limit_device
 
     def _partial_query(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """The query `[B, Hq, D]` skewed and cut to the partial channels, by KV group: `[B, Hkv, G, r]`."""
@@ -359,8 +416,9 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         partial_q = self._partial_query(layer, q)
         if self._fused_count:  # the count, the current token's slot and the attended lengths in one launch
             lengths = self._lengths[slot]
+            # the op bounds each sequence's count by its `positions` argument: here its fetch limit
             fused_ops.speculate_count_(torch.matmul(partial_q, self._partial_keys_t[layer]), self._uncached,
-                                       self.ctx.scale, self.alpha, self.capacity, self.step.positions, self._ranked,
+                                       self.ctx.scale, self.alpha, self._count_cap, self._fetch_limit, self._ranked,
                                        self._mean_count[slot], self._current[slot], lengths.valid_len, lengths.bias,
                                        self._count_scratch)
             ranked, ordered = self._ranked, True
@@ -368,10 +426,10 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
             scores = self._logits(layer, partial_q)
             counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
             torch.mean(counts, dtype=torch.float32, out=self._mean_count[slot])
-            # n = max(1, min(floor(mean count), capacity, cached)): each sequence's min(position, n) (the integer
+            # n = max(1, min(floor(mean count), the caps)): each sequence's min(its fetch limit, n) (the integer
             # bounds commute with the floor, which the conversion to int64 takes)
-            count = self._mean_count[slot].clamp(1, self.capacity).long()
-            torch.minimum(self.step.positions, count, out=self._current[slot])
+            count = self._mean_count[slot].clamp(1, self._count_cap).long()
+            torch.minimum(self._fetch_limit, count, out=self._current[slot])
             ranked, ordered = scores.amax(dim=2, keepdim=True), True
         else:
             # the ranking needs neither the scale nor fp32: the bias only masks the slots not cached yet
@@ -387,9 +445,9 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         if self.dynamic_count:
             # The method's one host sync: n sizes the fetch (the original calls .item() at the same point)
             mean_count = self._mean_count[slot].item()
-            n = max(1, min(int(mean_count), self.capacity, max(self.step.positions_host)))
+            n = self._dynamic_fetch(mean_count)
             self._count_fetch([layer], n)
-            self._lengths[slot].set_host([min(p, n) + 1 for p in self.step.positions_host])
+            self._lengths[slot].set_host([min(limit, n) + 1 for limit in self._fetch_limits])
         # the speculation is queued on the compute stream, after layer `layer - 2`'s attention that last read the
         # fetch target of this slot and wrote its new token there, which goes to the host tier first
         ready = torch.cuda.current_stream(self.ctx.device).record_event()
@@ -444,7 +502,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         them, after the fetched tokens) to host memory, once the compute stream reaches the event `ready`. The copies
         follow this slot's fetch on the copy stream and precede its next one, which may overwrite them."""
         n = self._layer_count[layer]
-        current = [min(p, n) for p in self.step.positions_host]
+        current = [min(limit, n) for limit in self._fetch_limits]
         self._last_store = self.pool.submit(self._copy_to_host, layer, layer % 2, list(self.step.positions_host),
                                             current, ready)
 
@@ -471,7 +529,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self.host_v[layer][step.positions, self._batch_index] = v
         valid = self._cpu_valid
         if self.dynamic_count and not step.uniform:  # a short sequence has fewer tokens
-            valid = step.positions.clamp(max=n)
+            valid = self._fetch_limit.clamp(max=n)
         fetched = block_sparse_attention(q, *self._host_blocks[layer], ids, ctx.scale, valid)
         current = partial_attention(q, k[:, :, None], v[:, :, None], ctx.scale)
         with ctx.timer.stage("merge"):

@@ -42,21 +42,35 @@ class InfiniGenModel(MemoryPlan, WorkModel):
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
     @classmethod
+    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
+        """As every method's, and a result written before the count's caps were settings counted without them."""
+        return {"count_cap": None, "count_cap_frac": None, **super().work_config(config, budget, block_size)}
+
+    @classmethod
     def measure_work(cls, run: RunRecord) -> dict[str, float]:
         fetched = run.sparse_layer_mean("tokens_fetched_per_layer") or 0.0
         return {"fetch_context_frac": fetched / run.shape.context_len}
 
     @classmethod
     def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """Speculation over every cached token's partial key, `budget - 1` tokens fetched one layer ahead (the
-        alpha count only with dynamic_count). `terms.fetch_granularity`: `gathered` (this implementation, like
+        """Speculation over every cached token's partial key, `budget - 1` tokens fetched one layer ahead (with
+        dynamic_count the measured alpha count as a share of the context, within `count_cap` and `count_cap_frac`
+        of the context where set). `terms.fetch_granularity`: `gathered` (this implementation, like
         its recall): the host gathers the selected tokens into a staging buffer, then K and V go in one copy each;
         `token`: one copy per token (all KV heads), as the ScoutAttention paper describes its InfiniGen baseline
         (section 2.3: "4 KB per token per layer ... 800 MB/s")."""
         shape = terms.shape
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
         cap = config["budget"] - 1
-        fetched = min(fractions["fetch_context_frac"] * N, cap, N) if config.get("dynamic_count") else min(cap, N)
+        if config.get("dynamic_count"):  # the measured count, within the budget and the authors' caps where set
+            caps = [cap, N]
+            if config.get("count_cap") is not None:
+                caps.append(config["count_cap"])
+            if config.get("count_cap_frac") is not None:
+                caps.append(max(1, math.floor(config["count_cap_frac"] * N)))
+            fetched = min(fractions["fetch_context_frac"] * N, *caps)
+        else:
+            fetched = min(cap, N)
         # the method's own channel count (ceil, as `partial_dim` takes it), not a rounded one
         partial_dim = math.ceil(config.get("partial_ratio", 0.2) * m.head_dim)
         speculation = B * N * m.num_kv_heads * partial_dim * e

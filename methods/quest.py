@@ -31,5 +31,10 @@ class Quest(BlockSelection):
     display_name = "Quest"
     per_query_head: bool = False  # one selection per query head (the official code) instead of per KV head
 
+    # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults")
+    settings_grid = {f"pages {block}, per {rows}": {"block_size": block, "per_query_head": rows == "query head"}
+                     for block in (32, 16) for rows in ("KV head", "query head")}
+    paper_setting = ("pages 16, per query head", "Quest's own code (mit-han-lab/Quest; `quest-official`)")
+
     def select_blocks(self, layer, q):
         self.digests.select(layer, q, self.candidates, self.per_query_head, out=self.top_out)

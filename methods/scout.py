@@ -83,7 +83,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     pc: bool = True
     pr: bool = True
     recall_interval: int = 8
-    pool_factor: float = 2.0  # device pool slots per selection (docs/methods.md: why 2)
+    pool_factor: float = 3.0  # device pool slots per selection (docs/methods.md: the one rule chose 3)
     beta: float = 0.12  # the reactive trigger's threshold (beta_trigger); profile-recall takes its own --beta
     beta_trigger: bool = False
     device_blocks: str = "selected"
@@ -91,6 +91,11 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     oracle: bool = False
     pred_norm: str = "next"
     cpu_workers: int = 1
+
+    # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults"): the pool,
+    # which the paper leaves open ("a small set of important blocks"), at the paper's blocks of 32
+    settings_grid = {f"pool {pool}": {"pool_factor": float(pool)} for pool in (1, 2, 3, 4)}
+    paper_setting = ("pool 1", "the paper's pool of important blocks, read as one selection (the counters it reports)")
 
     def __post_init__(self) -> None:
         require(self.block_size >= 1, f"block_size must be >= 1 (got {self.block_size})")
@@ -325,6 +330,21 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
 
     def graph_key(self) -> Any:
         return self._short if self.sparse_layers else None
+
+    def block_cycle(self) -> int | None:
+        return self.block_size
+
+    def block_events(self, positions: list[int]) -> tuple[str, ...]:
+        """A block completes with its last token (its digests, its copy to the host tier: `end_step`); the block
+        leaving the local window is handed over to the pool when the next block starts (`begin_step`)."""
+        if not self.sparse_layers:
+            return ()
+        b, ring = self.block_size, self.store.n_ring
+        events = ("complete",) if any((p + 1) % b == 0 for p in positions) else ()
+        if any(p % b == 0 and p > prompt and p // b - ring >= self.sink_blocks
+               for p, prompt in zip(positions, self._prompt_len, strict=True)):
+            events += ("hand-over",)
+        return events
 
     def end_step(self) -> None:
         self._issue_recalls()  # the last layers' recalls

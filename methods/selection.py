@@ -182,6 +182,14 @@ class BlockSelection(AttentionMethod):
         """A context that fits the budget runs dense (FullKV's device work): its own variant."""
         return self._fits
 
+    def block_cycle(self) -> int | None:
+        """A block's digests are written when its last token arrives (a method that keeps none has no block work)."""
+        return self.block_size if self.keeps_digests else None
+
+    def block_events(self, positions: list[int]) -> tuple[str, ...]:
+        done = self.keeps_digests and any((p + 1) % self.block_size == 0 for p in positions)
+        return ("complete",) if done else ()
+
     def end_step(self) -> None:
         for layer in self.sparse_layers if self.keeps_digests else ():
             for rows, block in self._completed:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,8 +41,16 @@ if TYPE_CHECKING:
 # same dense layers.
 DEFAULT_MODELS = {"cuda": "qwen3-14b", "cpu": "bench-attn16"}
 DEFAULT_LENGTH = 32 * 1024
-# (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes over 100 ms
+# (timed, warm-up) decode steps: fewer on a CPU, where a 32k FullKV step of bench-attn16 takes over 100 ms; the timed
+# ones at least, rounded up to whole block cycles of the compared methods (32 with the defaults: `whole_cycle_steps`)
 DEFAULT_STEPS = {"cuda": (16, 3), "cpu": (8, 2)}
+
+
+def whole_cycle_steps(least: int, cycles: Sequence[int | None]) -> int:
+    """The default timed steps: at least `least`, in whole block cycles of every compared method (the least common
+    multiple of their `block_cycle`s), so that the window holds each method's per-block work at its real rate."""
+    unit = math.lcm(*(c for c in cycles if c)) if any(cycles) else 1
+    return math.ceil(least / unit) * unit
 
 
 def _names(values: str | Sequence[str], what: str, example: str) -> list[str]:
@@ -164,7 +173,6 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     if revision is not None and model is None:
         raise UsageError("--revision pins the weights of a Hugging Face --model; pass --model ID too")
     model = model_reference(model or DEFAULT_MODELS[kind], revision)
-    steps = DEFAULT_STEPS[kind][0] if steps is None else steps
     warmup = DEFAULT_STEPS[kind][1] if warmup is None else warmup
     if batch == "auto" and gpu_mem is None and resolved.type != "cuda":
         raise UsageError("--batch auto needs --gpu-mem when the device is not CUDA (e.g. --gpu-mem 2GiB)")
@@ -172,6 +180,9 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     names = [METHODS.canonical(name) for name in _names(methods, "methods", "['fullkv', 'scout']")]
     per_method = resolve_method_args(names, MethodSettings.of(method_args, budget=budget, block_size=block_size,
                                                               dense_layers=dense_layers))
+    if steps is None:
+        steps = whole_cycle_steps(DEFAULT_STEPS[kind][0], [build(name, per_method[name]).block_cycle()
+                                                           for name in names])
     configs = [ThroughputConfig(method=name, method_args=per_method[name], model=model, length=length, batch=batch,
                                 gpu_mem=gpu_mem, host_mem=host_mem, steps=steps, warmup=warmup, device=device,
                                 dtype=dtype, seed=seed, prefill=prefill,

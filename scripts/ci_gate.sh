@@ -24,7 +24,7 @@ REPEATS="${REPEATS:-3}"
 BASELINE=results/baselines/cpu-ci
 # every method's defaults (budget 2048, block 32, 2 dense layers), as the no-argument `scoutbench throughput` run
 SWEEP=(--method fullkv --method scout --model bench-attn16 --len 32k --batch 1
-       --steps 6 --warmup 2 --prefill synthetic --device cpu --seed 0)
+       --steps 32 --warmup 2 --prefill synthetic --device cpu --seed 0)  # a whole cycle of 32-token blocks
 # Spinning OpenMP workers lose their time slices on a busy machine and every parallel op then waits for them
 # (2-thread matrix-vector products measured 10x slower than 1-thread ones under load); passive waiting keeps the
 # comparison between methods fair there and costs little on an idle machine.

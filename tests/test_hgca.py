@@ -350,9 +350,11 @@ def test_budget_option_reaches_hgca(monkeypatch, capsys):
     assert code == 0, err
     [row] = json.loads(out)
     assert row["device_bytes_per_seq"] == 2 * 65536 * 4096 + 38 * (2048 + 32) * 4096
-    # host: K/V and fp32 moving averages of the rest and 32 tokens of migration staging (the CPU part reads the
-    # host tier in place: no gather buffers)
-    assert row["host_bytes_per_seq"] == 38 * (65536 - 2048) * (4096 + 40 * 4) + 38 * 32 * 4096
+    # host: K/V and fp32 moving averages of the rest, 32 tokens of migration staging and the kept selection (budget
+    # - window + a migration block entries: ids per KV head, averages per query head; the CPU part reads the host
+    # tier in place: no gather buffers)
+    assert row["host_bytes_per_seq"] == (38 * (65536 - 2048) * (4096 + 40 * 4) + 38 * 32 * 4096
+                                         + 38 * (4096 - 2048 + 32) * (8 * 8 + 40 * 4))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present")
@@ -370,3 +372,39 @@ def test_replayed_steps_with_and_without_a_cpu_part_give_the_eager_logits():
     assert max(run.max_diff()) <= 2e-4, run.max_diff()
     assert run.unexpected_syncs() == []
     assert run.cuda_stats["host_tokens_mean"] > 0 and min(run.cuda_stats["cpu_tokens_per_layer"][1:]) > 0
+
+
+@pytest.mark.parametrize(("model_name", "lengths"), [("tiny_llama", [50, 31]), ("tiny_qwen3", [44, 44])])
+def test_selected_score_read_selects_the_tokens_of_the_full_read(model_name, lengths, request):
+    """score_read="selected" keeps the selection instead of ranking every host token's average each step: over
+    migrations (a block enters at its row's maximum) and the shrinking CPU share between them, every step's
+    selection is the full read's, token for token, and so are the logits (fp32 summation order aside)."""
+    model = request.getfixturevalue(model_name)
+    prompt, lengths = ragged_prompt(model.config.vocab_size, lengths)
+    _, tokens = fullkv_reference(model, prompt, lengths, steps=24)
+    runs = {}
+    for read in ("all", "selected"):
+        method = HGCA(**SMALL_BUDGET, dense_layers=0, score_read=read)
+        chosen = []
+        select = method._select
+
+        def spy(layer, split, take, select=select, chosen=chosen):
+            ids = select(layer, split, take)
+            chosen.append([[sorted(row[: take[b]].tolist()) for row in ids[b]] for b in range(len(take))])
+            return ids
+
+        method._select = spy
+        logits = run_engine(model, method, prompt, lengths, tokens)
+        runs[read] = (logits, chosen, list(method.split))
+    (full_logits, full_ids, full_split), (kept_logits, kept_ids, kept_split) = runs["all"], runs["selected"]
+    assert full_split == kept_split and full_split != [n - 6 for n in lengths.tolist()]  # blocks migrated
+    assert len(full_ids) == len(kept_ids) > 0 and kept_ids == full_ids
+    for a, b in zip(kept_logits, full_logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_score_read_is_a_budget_setting():
+    with pytest.raises(ValueError, match="score_read must be one of"):
+        HGCA(score_read="some")
+    assert HGCA().tracks_selection and not HGCA(score_read="all").tracks_selection
+    assert not HGCA(budget=None).tracks_selection  # the fraction policy ranks every host token

@@ -29,7 +29,8 @@ def test_fetching_every_token_equals_fullkv(model_name, dense_layers, dynamic_co
     # uniform lengths: n is one count for the whole batch (the mean over sequences and heads, as the original)
     prompt, lengths = ragged_prompt(model.config.vocab_size, [40, 40])
     reference, tokens = fullkv_reference(model, prompt, lengths, steps=5)
-    method = InfiniGen(alpha=float("inf"), budget=4096, dense_layers=dense_layers, dynamic_count=dynamic_count)
+    method = InfiniGen(alpha=float("inf"), budget=4096, dense_layers=dense_layers, dynamic_count=dynamic_count,
+                       count_cap_frac=None)
     ours = run_engine(model, method, prompt, lengths, tokens)
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -74,7 +75,7 @@ def _bound_infinigen(lengths, num_kv_heads, seed=0, **fields):
 def test_speculation_with_every_channel_ranks_by_the_exact_scores(num_kv_heads):
     lengths, alpha = [30, 17], 2.0
     method, ctx, keys, _, generator = _bound_infinigen(lengths, num_kv_heads, partial_ratio=1.0, alpha=alpha,
-                                                       budget=65, dynamic_count=True)
+                                                       budget=65, dynamic_count=True, count_cap_frac=None)
     group = ctx.num_heads // num_kv_heads
     q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
     ids, n = method.speculate(2, q)
@@ -124,6 +125,36 @@ def test_attention_is_exact_over_the_fetched_tokens_and_counters_match(num_kv_he
     # the transfer counters: H2D = the fetched K/V; D2H = the fetched ids and each layer's new K/V (one step, 2 layers)
     assert stats["h2d_bytes_per_step"] == 2 * fetch * token_bytes
     assert stats["d2h_bytes_per_step"] == 2 * (fetch * len(lengths) * num_kv_heads * 8 + token_bytes)
+
+
+@pytest.mark.parametrize(("caps", "expected"), [({"count_cap_frac": None}, (23, [23, 17])),
+                                               ({"count_cap": 10, "count_cap_frac": None}, (10, [10, 10])),
+                                               ({}, (6, [6, 3])),  # 20% of 30 and of 17 cached tokens
+                                               ({"count_cap": 4}, (4, [4, 3]))])
+def test_dynamic_count_within_the_authors_caps(caps, expected):
+    """alpha = inf counts every cached token (a mean of 23.5 over sequences of 30 and 17): the fetch is that count
+    within the budget, `count_cap` and each sequence's `count_cap_frac` share of its cached tokens (floor(0.2 x 30)
+    = 6, floor(0.2 x 17) = 3), every bound binding over the others; each sequence's valid tokens are its own top."""
+    lengths = [30, 17]
+    method, ctx, keys, _, generator = _bound_infinigen(lengths, 2, partial_ratio=1.0, alpha=float("inf"), budget=65,
+                                                       dynamic_count=True, **caps)
+    q = torch.randn((len(lengths), ctx.num_heads, ctx.head_dim), generator=generator)
+    ids, n = method.speculate(2, q)
+    method.close()
+    group = ctx.num_heads // 2
+    assert (n, [min(limit, n) for limit in method._fetch_limits]) == expected
+    for b, valid in enumerate(expected[1]):
+        for h in range(2):
+            scores = (q[b, h * group: (h + 1) * group] @ keys[2][b, h, : lengths[b]].T).amax(0)
+            assert set(ids[b, h, :valid].tolist()) == set(scores.argsort(descending=True)[:valid].tolist())
+
+
+def test_count_caps_are_checked():
+    with pytest.raises(UsageError, match="count_cap must be"):
+        InfiniGen.from_args({"count_cap": "0"})
+    with pytest.raises(UsageError, match="count_cap_frac must be"):
+        InfiniGen.from_args({"count_cap_frac": "1.5"})
+    assert InfiniGen.from_args({"count_cap_frac": "none"}).count_cap_frac is None
 
 
 def test_engine_run_respects_the_fetch_cap(tiny_llama):
@@ -275,3 +306,29 @@ def test_fused_count_is_bit_identical_to_the_composite(lengths, alpha, monkeypat
     logits, fetched = _emulated_dynamic_run(lengths, alpha, False, monkeypatch)
     assert fused_fetched == fetched
     assert all(torch.equal(a, b) for a, b in zip(fused_logits, logits, strict=True))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present (the test emulates one)")
+def test_capped_count_on_the_cuda_path_equals_the_cpu_path(monkeypatch):
+    """Where 20% of the context binds (every token counted: 24 and 10 of 120 and 50 cached), the CUDA path's
+    device-side limits (the fused count's per-sequence bound, the slot of each current token) agree with the host's
+    (the fetch size, the attended lengths, the token copied back to the host tier): its logits are the CPU path's."""
+    from emulated import small_qwen3
+
+    cuda_logits, cuda_fetched = _emulated_dynamic_run([120, 50], float("inf"), True, monkeypatch)
+    model = small_qwen3()
+    prompt, lengths = ragged_prompt(model.config.vocab_size, [120, 50], seed=3)
+    method = InfiniGen(budget=24, dense_layers=1, dynamic_count=True, alpha=float("inf"))
+    engine = DecodeEngine(model, method)
+    engine.start(2, 130)
+    try:
+        out, logits = engine.prefill(prompt, lengths), []
+        for _ in range(8):
+            out = engine.decode_step(out.argmax(-1))
+            logits.append(out)
+        fetched = method.stats()["tokens_fetched_per_layer"]
+    finally:
+        method.close()
+    assert fetched == cuda_fetched and fetched[1:] == [23.0] * (len(fetched) - 1)  # the budget binds over 24
+    for a, b in zip(cuda_logits, logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -47,13 +47,27 @@ def test_a_result_made_with_other_settings_is_refused(tmp_path):
 
 def test_the_grid_has_every_configuration_of_the_issue():
     labels = [c.label for c in sweep.configurations()]
-    assert len(labels) == len(set(labels)) == 1 + 16 + 1 + 4 + 2 + 1
+    assert len(labels) == len(set(labels)) == 1 + 16 + 1 + 4 + 3 + 6
     scout = [c for c in sweep.configurations() if c.method == "scout" and "recall_profile" not in c.args]
     assert {(c.args["block_size"], c.args["pool_factor"], c.args["pr"]) for c in scout} == {
         (b, p, r) for b in (16, 32) for p in (1, 2, 3, 4) for r in (True, False)}
-    # the per-layer recall intervals profiled on the sweep's own records, at the default pool
+    # the per-layer recall intervals profiled on the sweep's own records, at a pool of two selections
     (profiled,) = [c for c in sweep.configurations() if "recall_profile" in c.args]
     assert profiled.args == {"block_size": 32, "pool_factor": 2, "pr": True,
                              "recall_profile": "results/recall-profiles/{model}-{len}-pool2x.json"}
     quest = {(c.args["block_size"], c.args["per_query_head"]) for c in sweep.configurations() if c.method == "quest"}
     assert quest == {(b, q) for b in (16, 32) for q in (False, True)}
+
+
+def test_the_grid_runs_every_point_each_method_declares_for_its_defaults():
+    """Every `settings_grid` point of every method (the one rule's grid, docs/methods.md) is a configuration of the
+    sweep: benchmarks/tune_defaults.py finds a run of each."""
+    from scoutbench.methods import METHODS
+
+    configs = sweep.configurations()
+    for name in METHODS.names():
+        cls = METHODS.load(name)
+        defaults = cls.defaults()
+        for label, fields in cls.settings_grid.items():
+            assert any(c.method == cls.name and fields.items() <= {**defaults, **c.args}.items() for c in configs), \
+                (name, label)

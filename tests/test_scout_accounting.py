@@ -133,7 +133,7 @@ def test_memory_footprint_formula():
 def test_pool_factor_sizes_the_pool_not_the_budget():
     one = ScoutAttention(budget=64, block_size=4, pool_factor=1)
     assert one.pool_slots == one.k_sel == 13
-    assert ScoutAttention(budget=64, block_size=4).pool_slots == 26  # the default: two selections
+    assert ScoutAttention(budget=64, block_size=4).pool_slots == 39  # the default: three selections
     assert ScoutAttention(budget=64, block_size=4, pool_factor=1.5).pool_slots == 20  # round(19.5): banker's
     assert ScoutAttention(budget=64, block_size=4, pool_factor=2).k_sel == 13
     for bad in ("0.5", "0"):

@@ -47,6 +47,9 @@ class ThroughputConfig:
     # extra, untimed steps after the timed ones during which the main thread's torch calls are counted (counting
     # adds host time to every call, so it never runs in a timed step); 0: not counted
     count_steps: int = 8
+    # time each method's per-block work as an amortised step (bench/throughput.py): the window opens on a block
+    # event, after untimed alignment steps, where it does not span whole block cycles
+    amortise_blocks: bool = False
     # on: decode steps replay piecewise CUDA graphs (scoutbench/graphs.py); off: eager; auto: on where the device
     # is CUDA
     cuda_graphs: str = "auto"
@@ -92,6 +95,12 @@ def resolve_prefill(mode: str, model: LoadedModel | str) -> str:
     return "synthetic" if model.random_weights else "real"
 
 
+def alignment_room(cfg: ThroughputConfig, method: AttentionMethod) -> int:
+    """Tokens an amortised window's alignment steps may add to the stored context (a block cycle and one)."""
+    cycle = method.block_cycle()
+    return cycle + 1 if cfg.amortise_blocks and cycle is not None else 0
+
+
 def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel, batch: int) -> dict[str, int]:
     """Bytes the run will allocate beyond the loaded weights, from the planner's footprint functions: the
     method's device and host tiers plus the per-sequence workspace, for prompt + warm-up + timed tokens."""
@@ -99,7 +108,7 @@ def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedMo
 
     dtype = next(loaded.model.parameters()).dtype
     shape = ModelShape.from_config(loaded.model.config)
-    context_len = cfg.stored_tokens
+    context_len = cfg.stored_tokens + alignment_room(cfg, method)
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
     workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),

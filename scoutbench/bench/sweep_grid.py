@@ -46,7 +46,7 @@ class Settings:
     """What every point of a sweep shares; a rerun into the same folder must use the same settings."""
 
     model: str = "tiny-qwen3"
-    steps: int = 16
+    steps: int = 32  # whole cycles of 32-token blocks: every method's per-block work at its rate (bench/throughput.py)
     warmup: int = 3
     device: str = "auto"
     dtype: str | None = None
@@ -64,7 +64,7 @@ class Scale:
     batches: tuple[int | str, ...]
     budget: int
     block_sizes: tuple[int, ...] = (32,)
-    steps: int = 16
+    steps: int = 32  # whole block cycles of the largest block size (bench/throughput.py)
     warmup: int = 3
 
 
@@ -86,7 +86,7 @@ K = 1024
 # maximum batch (FullKV is capped by memory: that is the point of Figure 8). The CPU scale keeps the
 # paper's budget/length ratios (1/4 .. 1/32) on the bench-attn16 shape, where attention dominates a step as it
 # does on a GPU at long context. The paper does not name its three block sizes; 16/32/64 bracket its default.
-_CPU_STEPS = dict(steps=8, warmup=2)
+_CPU_STEPS = dict(steps=32, warmup=2)
 PRESETS: dict[str, Preset] = {
     "lengths": Preset("Figure 8: decode throughput vs input length", COMPARED,
                       Scale("qwen3-14b", (8 * K, 16 * K, 32 * K, 64 * K), ("auto",), 2048),
@@ -95,8 +95,8 @@ PRESETS: dict[str, Preset] = {
                     Scale("qwen3-14b", (32 * K,), (16, 32, 64), 2048),
                     Scale("bench-attn16", (8 * K,), (1, 2, 4), 512, **_CPU_STEPS)),
     "block-size": Preset("Figure 10: ScoutAttention throughput vs block size", (PROPOSED_METHOD,),
-                         Scale("qwen3-14b", (32 * K,), ("auto",), 2048, (16, 32, 64)),
-                         Scale("bench-attn16", (16 * K,), (2,), 1024, (16, 32, 64), **_CPU_STEPS)),
+                         Scale("qwen3-14b", (32 * K,), ("auto",), 2048, (16, 32, 64), steps=64),
+                         Scale("bench-attn16", (16 * K,), (2,), 1024, (16, 32, 64), steps=64, warmup=2)),
     "breakdown": Preset("Figure 11: latency breakdown with GPU idle time", COMPARED,
                         Scale("qwen3-14b", (32 * K,), ("auto",), 2048),
                         Scale("bench-attn16", (16 * K,), (1,), 1024, **_CPU_STEPS)),

@@ -3,6 +3,13 @@
 Decode is summarised by the median step (as SGLang's bench_one_batch does) and throughput is
 batch x timed steps / timed decode time. Warm-up steps run first and are excluded (their count is recorded).
 
+The timed window holds each method's per-block work (a completed block's digests and copy to the host tier, a
+window migration: `block_events`) at its real rate in one of two forms (`block_window` in the result): whole
+cycles, a window of a multiple of the method's `block_cycle` steps, which then holds every event steps / cycle
+times (the default step counts are whole cycles of the compared methods); or, with `amortise_blocks`, a window
+opened on the method's next block event (untimed alignment steps first), whose event steps and ordinary steps are
+timed apart and weighted as one cycle holds them (the amortised step). Any other window is `partial`, and says so.
+
 A run is resolved first (`bench/resolve.py`: ThroughputConfig -> ResolvedRun, with its one memory check); this
 module measures it (the timed decode loop, the host-side counters, the result dict) and runs a comparison's
 methods in turn (`run_methods`).
@@ -20,6 +27,7 @@ import torch
 from scoutbench.bench.resolve import (
     ResolvedRun,
     ThroughputConfig,
+    alignment_room,
     memory_need,
     resolve_prefill,
     resolve_run,
@@ -75,16 +83,19 @@ def host_fields(records: list[dict[str, float]], calls_per_step: float | None, c
     return {"host": host, "launch_bound": launch_bound}
 
 
-def count_calls(engine: Any, tokens: torch.Tensor, steps: int) -> tuple[torch.Tensor, float | None, float | None]:
+def count_calls(engine: Any, tokens: torch.Tensor, steps: int, events: list[tuple[str, ...]] | None = None
+                ) -> tuple[torch.Tensor, float | None, float | None]:
     """Decode `steps` untimed steps with the main thread's torch calls counted; (next tokens, calls per step,
     CUDA graph replays per step or None without graphs). With graphs a torch function mode sees the host points'
-    calls, not the replayed ones: the replays are counted apart."""
+    calls, not the replayed ones: the replays are counted apart. `events` receives each step's block events."""
     if steps <= 0:
         return tokens, None, None
     counter = TorchCallCounter()
     replays_before = engine.graphs.replayed_pieces if engine.graphs is not None else 0
     with counter:
         for _ in range(steps):
+            if events is not None:
+                events.append(engine.method.block_events(engine.positions_host))
             tokens = engine.decode_step(tokens).argmax(-1)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
@@ -108,6 +119,71 @@ def summarise_steps(records: list[dict[str, float]], batch: int, device_type: st
         **wait_fields(breakdown["idle"], mean_total, device_type),
         "step_ms": totals,
     }
+
+
+def alignment_steps(method: Any, positions: list[int], steps: int, amortise: bool) -> int:
+    """Untimed steps before an amortised window, so that it opens on the method's next block event (a step with
+    events after one without: ScoutAttention's completion, then its hand-over); 0 for whole cycles, a method
+    without per-block work, or without `amortise`."""
+    cycle = method.block_cycle()
+    if not amortise or cycle is None or steps % cycle == 0:
+        return 0
+
+    def events(ahead: int) -> tuple[str, ...]:
+        return method.block_events([p + ahead for p in positions])
+
+    return next(k for k in range(cycle + 1) if events(k) and not events(k - 1))
+
+
+def cycle_events(method: Any, positions: list[int]) -> dict[tuple[str, ...], int]:
+    """The steps of one block cycle from `positions` that do per-block work, by their events: each event comes once
+    a cycle, alone or with others in one step (looking ahead is right up to each event's first step)."""
+    kinds: dict[tuple[str, ...], int] = {}
+    seen: set[str] = set()
+    for ahead in range(method.block_cycle() or 0):
+        found = method.block_events([p + ahead for p in positions])
+        if set(found) - seen:
+            kinds[found] = 1
+            seen.update(found)
+    return kinds
+
+
+def block_window(step_ms: list[float], events: list[tuple[str, ...]], cycle: int | None,
+                 per_cycle: dict[tuple[str, ...], int], amortise: bool, alignment: int) -> dict[str, Any]:
+    """The result's `block_window`: how the timed window holds the method's per-block work (module docstring), the
+    events it held, and in the amortised form the event and ordinary steps' times and the amortised step."""
+    counts: dict[str, int] = {}
+    for step in events:
+        for event in step:
+            counts[event] = counts.get(event, 0) + 1
+    out: dict[str, Any] = {"cycle_steps": cycle, "steps": len(step_ms), "events": counts,
+                           "alignment_steps": alignment}
+    if cycle is None:
+        return {**out, "form": "none"}
+    if len(step_ms) % cycle == 0:
+        return {**out, "form": "whole"}
+    by_kind: dict[tuple[str, ...], list[float]] = {}
+    for ms, step in zip(step_ms, events, strict=True):
+        by_kind.setdefault(step, []).append(ms)
+    ordinary = cycle - sum(per_cycle.values())
+    if not amortise or any(kind not in by_kind for kind in per_cycle) or (ordinary and () not in by_kind):
+        return {**out, "form": "partial"}
+    mean = statistics.fmean
+    total = sum(mean(by_kind[kind]) * n for kind, n in per_cycle.items()) + (ordinary and ordinary * mean(by_kind[()]))
+    return {**out, "form": "amortised", "ordinary_step_ms": mean(by_kind[()]) if () in by_kind else None,
+            "event_step_ms": {"+".join(kind): mean(by_kind[kind]) for kind in per_cycle},
+            "amortised_step_ms": total / cycle}
+
+
+def amortised_timing(timing: dict[str, Any], window: dict[str, Any], batch: int) -> dict[str, Any]:
+    """An amortised window's throughput: the window at the cycle's mix of steps (`decode_time_s` = steps x the
+    amortised step, the measured time kept as `measured_decode_time_s`), so that tok/s stays tokens over the
+    window's time."""
+    if window["form"] != "amortised":
+        return timing
+    decode_s = window["steps"] * window["amortised_step_ms"] / 1e3
+    return {**timing, "decode_time_s": decode_s, "measured_decode_time_s": timing["decode_time_s"],
+            "decode_throughput_tok_s": batch * window["steps"] / decode_s}
 
 
 ProgressCallback = Callable[[str, int, int], None]  # (phase "prefill" | "decode", done, total)
@@ -240,6 +316,11 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     timer = engine.timer
     timer.nvtx = cfg.nvtx and device.type == "cuda"
     total_steps = workload.warmup + workload.steps
+    cycle = method.block_cycle()
+    alignment = 0
+    per_cycle: dict[tuple[str, ...], int] = {}  # the event steps one cycle holds (amortised form)
+    events: list[tuple[str, ...]] = []  # each timed step's block events
+    counted_events: list[tuple[str, ...]] = []
     profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
     calls_per_step = replays_per_step = None
     graphs_on = use_cuda_graphs(cfg.cuda_graphs, device)
@@ -248,7 +329,8 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     nvml = nvml_summary = profile = None
     attention_backends.reset()  # also counted when there are no warm-up steps
     try:
-        engine.start(workload.batch, workload.total_tokens + cfg.count_steps + profiled_steps, cuda_graphs=graphs_on)
+        engine.start(workload.batch, workload.total_tokens + cfg.count_steps + profiled_steps + alignment_room(cfg, method),
+                     cuda_graphs=graphs_on)
         if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
             on_progress("prefill", 0, engine.num_layers)
         start = time.perf_counter()
@@ -266,20 +348,29 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         prefill_ms = (time.perf_counter() - start) * 1e3
         if on_progress is not None:
             on_progress("decode", 0, total_steps)
-        for index in range(total_steps):
-            if index == workload.warmup:
+        index = 0
+        while index < total_steps:
+            if index == workload.warmup and alignment == 0:  # an amortised window opens on a block event
+                alignment = alignment_steps(method, engine.positions_host, workload.steps, cfg.amortise_blocks)
+                total_steps += alignment
+            if index == workload.warmup + alignment:
                 method.reset_stats()
                 attention_backends.reset()
                 captures_before_timing = len(engine.graphs.schedules) if engine.graphs is not None else 0
+                per_cycle = cycle_events(method, engine.positions_host)
                 if device.type == "cuda":
                     nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
+            timed = index >= workload.warmup + alignment
+            if timed:
+                events.append(method.block_events(engine.positions_host))
             timer.begin_step()
             tokens = engine.decode_step(tokens).argmax(-1)
             record = timer.end_step()
-            if index >= workload.warmup:
+            if timed:
                 records.append(record)
+            index += 1
             if on_progress is not None:
-                on_progress("decode", index + 1, total_steps)
+                on_progress("decode", index, total_steps)
         stats = method.stats()
         backends_used, backends_by_stage = attention_backends.snapshot(), attention_backends.by_stage()
         timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
@@ -287,7 +378,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         if nvml is not None:  # the counted and profiled steps below are no part of the measurement
             nvml.__exit__(None, None, None)
             nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
-        tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps)
+        tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps, counted_events)
         if profiled_steps:
             from scoutbench.profiling import profile_decode
 
@@ -310,6 +401,10 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         if nvml is not None:  # also on errors: never leave the sampler thread running
             nvml.__exit__(None, None, None)
         method.close()
+    window = block_window([r["total"] for r in records], events, cycle, per_cycle, cfg.amortise_blocks, alignment)
+    host = host_fields(records, calls_per_step, cfg.count_steps, replays_per_step)
+    host["host"]["block_events"] = block_window([0.0] * len(counted_events), counted_events, cycle, {}, False,
+                                                0)["events"] if cfg.count_steps else None
     return {
         **envelope("throughput", cfg.command), "status": "ok", "error": None,
         "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
@@ -317,8 +412,8 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
         "model": loaded.describe(dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
         "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
-        **summarise_steps(records, workload.batch, device.type),
-        **host_fields(records, calls_per_step, cfg.count_steps, replays_per_step), **graphs,
+        **amortised_timing(summarise_steps(records, workload.batch, device.type), window, workload.batch),
+        "block_window": window, **host, **graphs,
         "nvml": nvml_summary, "profile": profile, "method_stats": stats,
         "attention_backends": backends_used, "attention_backends_by_stage": backends_by_stage,
     }

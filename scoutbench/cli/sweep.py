@@ -74,7 +74,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--method-arg", "method_args", multiple=True, metavar="KEY=VALUE",
               help="A method field (repeatable; repeating a key sweeps its values).")
 @click.option("--model", default=None, help="Model (default: the preset's, else tiny-qwen3).")
-@click.option("--steps", default=None, type=STEPS, help="Timed decode steps per point (default 16; cpu presets 8).")
+@click.option("--steps", default=None, type=STEPS, help="Timed decode steps per point (default 32, whole cycles of 32-token blocks; the block-size preset 64).")
 @click.option("--warmup", default=None, type=WARMUP, help="Untimed decode steps first (default 3; cpu presets 2).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default=None, type=DTYPE, help="Default fp32 on CPU, bf16 on CUDA.")

@@ -22,7 +22,7 @@ from scoutbench.cli.options import (
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.methods import SPEED_METHODS, is_reference
+from scoutbench.methods import SPEED_METHODS, is_reference, setting_label
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -49,7 +49,11 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 @click.option("--host-mem", default=None, type=BYTES, help="Host memory for offloaded KV with --batch auto, e.g. 96GiB "
               "(default: this machine's available memory).")
 @click.option("--steps", default=None, type=STEPS,
-              help=f"Timed decode steps (default {DEFAULT_STEPS['cuda'][0]} on CUDA, {DEFAULT_STEPS['cpu'][0]} on CPU).")
+              help="Timed decode steps (default: whole block cycles of the methods, at least "
+                   f"{DEFAULT_STEPS['cuda'][0]} on CUDA, {DEFAULT_STEPS['cpu'][0]} on CPU: 32 with the defaults).")
+@click.option("--amortise-blocks", is_flag=True,
+              help="Where --steps is not whole block cycles: open the timed window on each method's next per-block "
+                   "work (untimed steps first) and report the amortised step (result's block_window).")
 @click.option("--warmup", default=None, type=WARMUP,
               help=f"Untimed decode steps first (default {DEFAULT_STEPS['cuda'][1]} on CUDA, "
                    f"{DEFAULT_STEPS['cpu'][1]} on CPU).")
@@ -84,12 +88,12 @@ DEFAULT_METHODS = tuple(SPEED_METHODS)  # the algorithms (InfiniGen both ways); 
 @click.option("--cuda-graphs", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="Replay each decode step from piecewise CUDA graphs (its device work between host points, "
                    "captured once): auto = on where the device is CUDA.")
-def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, device, dtype, seed, prefill, kv_skew,
-            budget, block_size, dense_layers, method_args, output, overwrite, force, as_json, profile_dir, profile_steps, nvtx,
-            count_steps, cuda_graphs):
+def command(methods, model, length, batch, gpu_mem, host_mem, steps, amortise_blocks, warmup, device, dtype, seed,
+            prefill, kv_skew, budget, block_size, dense_layers, method_args, output, overwrite, force, as_json,
+            profile_dir, profile_steps, nvtx, count_steps, cuda_graphs):
     """Decode throughput and latency breakdown. With no arguments: the compared methods at 32k with a synthetic
-    prefill, on the paper's Qwen3-14B shape (bf16, 16 steps) on CUDA, or on a CPU on bench-attn16 (16 layers of
-    which 2 dense, GQA group 4, attention-dominated; 8 steps; about a minute on two idle cores)."""
+    prefill, on the paper's Qwen3-14B shape (bf16) on CUDA, or on a CPU on bench-attn16 (16 layers of which 2 dense,
+    GQA group 4, attention-dominated; about a minute on two idle cores); 32 timed steps, whole block cycles."""
     from scoutbench.api import throughput_configs
     from scoutbench.errors import UsageError
     from scoutbench.results import check_writable, json_text, output_lock
@@ -105,7 +109,7 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
                                  prefill=prefill, kv_skew=kv_skew, budget=budget, block_size=block_size,
                                  dense_layers=dense_layers, method_args=parse_method_args(method_args), force=force,
                                  profile_dir=profile_dir, profile_steps=profile_steps, nvtx=nvtx,
-                                 count_steps=count_steps, cuda_graphs=cuda_graphs,
+                                 count_steps=count_steps, cuda_graphs=cuda_graphs, amortise_blocks=amortise_blocks,
                                  command=["scoutbench", *sys.argv[1:]])
     check_writable(out_path, overwrite)
     taken = [] if single_file or overwrite else _taken_outputs(configs, out_path)
@@ -126,6 +130,11 @@ def command(methods, model, length, batch, gpu_mem, host_mem, steps, warmup, dev
         for result, _ in finished:
             if result.get("step_spread_warning"):
                 err.print(f"warning: {result['method']}: {result['step_spread_warning']}", highlight=False)
+            window = result["block_window"]
+            if window["form"] == "partial":
+                err.print(f"warning: {result['method']}: its {window['steps']} timed steps are not whole block cycles "
+                          f"of {window['cycle_steps']} steps, so its per-block work is not at its real rate: use "
+                          f"--steps {window['cycle_steps']} (a multiple) or --amortise-blocks", highlight=False)
     if not as_json:
         err.print(f"results: {', '.join(paths)}", highlight=False)
     failed = [r for r in results if r["status"] != "ok"]
@@ -271,6 +280,10 @@ def _table(results):
     launch_bound = [r for r in results if r.get("launch_bound")]
     caption = TABLE_CAPTION + ("; " + LAUNCH_BOUND_NOTE.format(frac=launch_bound[0]["host"]["launch_bound_frac"])
                                if launch_bound else "")
+    settings = [f"{r['method']} {label}" for r in results
+                if (label := setting_label(r["method"], r["method_config"])) is not None]
+    if settings:  # each row's setting among its method's grid (docs/methods.md, the one rule for defaults)
+        caption += "; settings: " + ", ".join(settings)
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
                         f"len {first['workload']['len']}, {batch}"
                         + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",
