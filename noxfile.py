@@ -21,7 +21,7 @@ nox.options.reuse_venv = "yes"
 # torch first, pinned: the CPU wheel 2.13.0 is on our machines; an unpinned torch would pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
 # The Triton kernel's CPU checks run in triton's interpreter (no GPU needed; ~1 GB). Pinned: the interpreter's
-# known bf16 `tl.dot` error (tests/test_triton.py) is a property of this version.
+# known bf16 `tl.dot` error (tests/kernels/test_triton.py) is a property of this version.
 TRITON = "triton==3.9.0"
 # The versions every kernel is compiled ahead with (scripts/triton_aot.py): the interpreter tests' and the lent
 # H200's (its python3 has triton 3.6), each in an environment of its own.
@@ -66,13 +66,13 @@ def declared_floors() -> list[str]:
 
 
 # The engine, kernels and backends, every method, the CLI and planner, and the emulated CUDA path.
-FLOOR_TESTS = ["tests/test_engine.py", "tests/test_partial_state.py", "tests/test_attention.py", "tests/test_digest.py",
-               "tests/test_top_tokens.py", "tests/test_block_table.py", "tests/test_backends.py", "tests/test_scout.py",
-               "tests/test_scout_accounting.py", "tests/test_scout_pipeline.py", "tests/test_scout_recall.py",
-               "tests/test_hgca.py", "tests/test_infinigen.py", "tests/test_quest.py", "tests/test_plan.py",
-               "tests/test_cli.py", "tests/test_cli_throughput.py", "tests/test_throughput.py", "tests/test_units.py",
-               "tests/test_registry.py", "tests/test_results.py", "tests/test_progress.py", "tests/test_telemetry.py",
-               "tests/test_emulated_cuda.py", "tests/test_emulated_flashinfer.py"]
+FLOOR_TESTS = ["tests/engine/test_engine.py", "tests/kernels/test_partial_state.py", "tests/kernels/test_attention.py", "tests/kernels/test_digest.py",
+               "tests/kernels/test_top_tokens.py", "tests/runtime/test_block_table.py", "tests/kernels/test_backends.py", "tests/methods/test_scout.py",
+               "tests/methods/test_scout_accounting.py", "tests/methods/test_scout_pipeline.py", "tests/methods/test_scout_recall.py",
+               "tests/methods/test_hgca.py", "tests/methods/test_infinigen.py", "tests/methods/test_quest.py", "tests/bench/test_plan.py",
+               "tests/cli/test_cli.py", "tests/cli/test_cli_throughput.py", "tests/engine/test_throughput.py", "tests/foundation/test_units.py",
+               "tests/foundation/test_registry.py", "tests/foundation/test_results.py", "tests/foundation/test_progress.py", "tests/engine/test_telemetry.py",
+               "tests/emulation/test_emulated_cuda.py", "tests/emulation/test_emulated_flashinfer.py"]
 
 
 @nox.session
@@ -95,7 +95,7 @@ def _dependencies_without(*left_out: str) -> list[str]:
 
 
 # The tests that need no torch: the gate, the LongBench scoring, export's and the envelope's torch-free commands.
-TORCH_FREE_TESTS = ["tests/test_gate.py", "tests/test_score.py", "tests/test_dependencies.py::"
+TORCH_FREE_TESTS = ["tests/analysis/test_gate.py", "tests/eval/test_score.py", "tests/project/test_dependencies.py::"
                     "test_commands_documented_torch_free_run_without_torch"]
 
 
@@ -140,15 +140,15 @@ DRY_RUN_METHODS = ["scout hgca infinigen quest fullkv", "fullkv scout"]
 @nox.session
 def triton(session: nox.Session) -> None:
     """The Triton kernels with triton installed, in triton's interpreter (TRITON_INTERPRET=1 in a child process:
-    tests/triton_interpreter.py). tests/test_triton*.py: each kernel (decode, region and merge, select-and-split,
-    InfiniGen's speculation count) against its torch reference; tests/test_emulated_triton.py: every method on
+    tests/triton_interpreter.py). tests/kernels/test_triton*.py: each kernel (decode, region and merge, select-and-split,
+    InfiniGen's speculation count) against its torch reference; tests/emulation/test_emulated_triton.py: every method on
     emulated CUDA taking the H200's path (the Triton kernels and fused ops, recorded per stage); then the GPU check's
-    dry run on that path (its tests/test_gpu.py selection included), for every method and for FullKV and
+    dry run on that path (its tests/emulation/test_gpu.py selection included), for every method and for FullKV and
     ScoutAttention alone. SCOUTBENCH_REQUIRE_TRITON turns a missing triton into a failure."""
     _install(session, "test")
     session.install(TRITON)
-    session.run("python", "-m", "pytest", "-q", "-rs", "tests/test_triton.py", "tests/test_triton_region.py",
-                "tests/test_triton_select.py", "tests/test_triton_speculate.py", "tests/test_emulated_triton.py",
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/kernels/test_triton.py", "tests/kernels/test_triton_region.py",
+                "tests/kernels/test_triton_select.py", "tests/kernels/test_triton_speculate.py", "tests/emulation/test_emulated_triton.py",
                 *session.posargs, env={"SCOUTBENCH_REQUIRE_TRITON": "1"})
     for methods in DRY_RUN_METHODS:
         session.run("bash", "scripts/gpu_check.sh", str(Path(session.create_tmp()) / "gpu_check_dry_run"),
@@ -165,7 +165,7 @@ def aot(session: nox.Session, triton_version: str) -> None:
     session.install(TORCH)
     session.install("-e", ".[test]")
     session.install(f"triton=={triton_version}")
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_aot.py")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/test_triton_aot.py")
     session.run("python", "scripts/triton_aot.py", *session.posargs)
 
 

@@ -11,7 +11,7 @@ no admissible point, the most accurate. Rerun it whenever the sweep or the proje
     python benchmarks/tune_defaults.py --runs results/real-text-sweep --json     # every point, the winners
     python benchmarks/tune_defaults.py --runs results/real-text-sweep --bound 0.8  # how the winners move
 
-Exit status 1 when a registered default is not its method's winner (tests/test_tune_defaults.py runs the same check),
+Exit status 1 when a registered default is not its method's winner (tests/methods/test_tune_defaults.py runs the same check),
 2 when a grid point has no runs on every record.
 """
 

@@ -17,7 +17,7 @@ Three sources, one row per method of the default `scoutbench throughput` run (ap
 "Pick it when" follows from the table by one rule: a method is worth its place when no other method is both faster
 on the paper's machine and at least as close to FullKV; such a method's row says how it trades off, a dominated
 one names what dominates it. The table records every setting it was made with (a JSON comment above it);
-tests/test_which_method_when.py fails when they differ from the current defaults, and the fix is to rerun this
+tests/bench/test_which_method_when.py fails when they differ from the current defaults, and the fix is to rerun this
 command. Runs made with other settings are refused, so the table is never made from stale runs.
 """
 
@@ -162,7 +162,7 @@ def table(defaults: dict[str, Any], cpu: dict, projected: dict, top1: dict, mach
              f"{defaults['run']['steps']} timed steps; load average {load}), projected to {machine} at "
              f"{PAPER_MODEL}, {PAPER_LENGTH}, each method at its largest batch; top-1 agreement from the {quality_source}. "
              "Every method at its current defaults (the settings column); tok/s is tokens over the total timed time, "
-             "the speed-up's 95% interval the bootstrap over the timed steps. `tests/test_which_method_when.py` fails "
+             "the speed-up's 95% interval the bootstrap over the timed steps. `tests/bench/test_which_method_when.py` fails "
              "when the defaults move away from these settings: rerun the command.", "",
              "| method | settings | CPU tok/s | CPU vs FullKV (95% CI) | projected tok/s (batch) | projected vs FullKV "
              "| top-1 vs FullKV | pick it when |", "|---|---|---|---|---|---|---|---|"]

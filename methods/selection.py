@@ -1,5 +1,5 @@
 """`BlockSelection`, the shared base of the block-selection methods (Quest; a sinks + recent-window toy is ten
-lines on it, tests/test_toy_method.py): a subclass supplies one hook, `select_blocks(layer, q)`, which complete
+lines on it, tests/methods/test_toy_method.py): a subclass supplies one hook, `select_blocks(layer, q)`, which complete
 blocks each (sequence, selection row) attends this step; the base does everything else once.
 
 What the base does: the device storage (FullKV's rows for every layer, rounded to whole blocks so that a row is a

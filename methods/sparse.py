@@ -1,7 +1,7 @@
 """What builds on FullKV's storage for the sparse methods: `SparseLayerMethod`, the base of the methods whose
 first `dense_layers` layers stay dense (FullKV rows on the device), and the budget plan that runs a method dense
 when its budget covers the context (`dense_if_budget_covers`). Apart from base.py so that base.py does not import
-FullKV (which is built on it): methods/ has no import circle (tests/test_layers.py)."""
+FullKV (which is built on it): methods/ has no import circle (tests/project/test_layers.py)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ in one of three forms, chosen once per engine:
   one +-1 per column) and cos/sin read from a per-position table built once from the model's own rotary embedding
   (`index_select` by the device positions: graph-safe); decode rows as `[B, heads, D]` views with no transposes.
   Bit-identical to HF in fp32 on a CPU; in bf16 `F.rms_norm` rounds once where HF rounds after the float32 norm and
-  again after the weight, within one bf16 ulp (docs/architecture.md, tests/test_decode_ops.py).
+  again after the weight, within one bf16 ulp (docs/architecture.md, tests/models/test_decode_ops.py).
 - `hf` (`SCOUTBENCH_DECODE_OPS=hf`, or `SCOUTBENCH_CPU_ATTENTION=torch` on a CPU): HF's own modules in HF's order, so
-  that with the same attention the logits are bit-identical to `model(...)` (tests/test_engine.py).
+  that with the same attention the logits are bit-identical to `model(...)` (tests/engine/test_engine.py).
 
 Hidden states are `[B, hidden]` rows (one new token per sequence); q `[B, Hq, D]`, k/v `[B, Hkv, D]`.
 """

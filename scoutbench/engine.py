@@ -4,7 +4,7 @@ Per layer: input norm -> q/k/v projections -> q/k norm (Qwen3) -> RoPE -> method
 residual -> post-attention norm -> MLP -> residual; then final norm -> lm_head. The prefill runs HF's modules in
 HF's order and layout. A decode step's work around attention runs in one of the forms of `decode_ops`: the CPU
 kernel's, a fused torch form with few calls per layer (CUDA), or HF's modules (`SCOUTBENCH_DECODE_OPS=hf`), with
-which and the same attention function the logits are bit-identical to `model(...)` (tests/test_engine.py).
+which and the same attention function the logits are bit-identical to `model(...)` (tests/engine/test_engine.py).
 
 Before a layer's attention the engine offers the method the layer's residual input (`before_layer`), which is where
 ScoutAttention and InfiniGen predict the next layer's query.
@@ -195,7 +195,7 @@ class DecodeEngine:
     def forward_step(self, tokens: torch.Tensor) -> torch.Tensor:
         """The layer loop of a decode step: tokens `[B]` -> logits `[B, vocab]`. Everything per step that it reads
         comes from device tensors (tokens, positions, the method's metadata), so that a captured replay of it is
-        that step (tests/test_graphs.py)."""
+        that step (tests/emulation/test_graphs.py)."""
         method, timer, ops = self.method, self.timer, self.ops
         x = self.inner.embed_tokens(tokens)  # [B, hidden]
         self._cos, self._sin = ops.rotary(self.positions)

@@ -1,6 +1,6 @@
 """Every environment variable scoutbench reads, declared once: what it means, the values it takes (parsed and
 checked here) and whether it decides what a run computes or measures. Code reads a variable only through `value`;
-tests/test_environment.py fails on a `SCOUTBENCH_*` name anywhere in the code that is not declared here, and on a
+tests/foundation/test_environment.py fails on a `SCOUTBENCH_*` name anywhere in the code that is not declared here, and on a
 read of one that bypasses this module.
 
 `check_environment()` runs at the start of every command and Python API run: a bad value, or a `SCOUTBENCH_*`

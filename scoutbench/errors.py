@@ -61,7 +61,7 @@ def error_text(exc: BaseException) -> str:
 
 
 # The optional dependencies a command imports, by the module's import name -> the extra that installs it
-# (pyproject.toml's [project.optional-dependencies]; tests/test_errors.py keeps the two equal).
+# (pyproject.toml's [project.optional-dependencies]; tests/foundation/test_errors.py keeps the two equal).
 OPTIONAL_MODULES = {"flashinfer": "gpu", "rouge": "accuracy", "jieba": "accuracy", "fuzzywuzzy": "accuracy",
                     "huggingface_hub": "accuracy", "gguf": "smollm", "accelerate": "smollm", "matplotlib": "report",
                     "mlflow": "mlflow", "wandb": "wandb", "datasets": "datasets", "ray": "ray"}

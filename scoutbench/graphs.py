@@ -10,7 +10,7 @@ its stage), and a step is the replay of its schedule, pieces and host points in 
 
 What a piece may do is what the method contract says (methods/base.py, "CUDA graphs"): read only device tensors
 that every step writes in place (tokens, positions, the method's per-step metadata written by `begin_step`), with
-no host read and no Python value that changes per step. tests/test_graphs.py replays every method under emulated
+no host read and no Python value that changes per step. tests/emulation/test_graphs.py replays every method under emulated
 CUDA (scoutbench/testing/emulated_cuda, whose capture records device work without running it, as a GPU does) against
 its eager logits, and a planted Python scalar makes it fail.
 

@@ -13,7 +13,7 @@
 #   max_batch    } host buffer of the cap, filled and registered once, that each offloading method's host tier
 #   equal_batch  } takes in turn; each method at its planned max batch (--batch auto), ScoutAttention first; then
 #                  at the equal batch (the smallest batch max_batch ran at) each method whose max_batch run was not
-#   tests        tests/test_gpu.py and the backend/kernel tests on CUDA
+#   tests        tests/emulation/test_gpu.py and the backend/kernel tests on CUDA
 #   table        one table: method, run, len, batch, planned max batch (limit), tok/s, step ms, idle %, the backend
 #                that ran, CPU compute ratio, CUDA graphs, GPU util and energy per token (marked when their NVML
 #                window was too short to trust)
@@ -52,7 +52,7 @@ if [[ "${SCOUTBENCH_GPU_CHECK_CPU:-0}" == 1 ]]; then
     DTYPE=(--dtype fp32)
     HOST_PROBE=(--probe 16MiB --probe-chunk 1MiB)
     # the plumbing: a few of test_gpu.py's tests on emulated CUDA (the suite runs all of them)
-    TESTS=("$REPO/tests/test_gpu.py" -k "arena or digest or partial_attention")
+    TESTS=("$REPO/tests/emulation/test_gpu.py" -k "arena or digest or partial_attention")
     LIMITS=(preflight=60 host=60 plan=60 profile=10 setup=150 max_batch=240 equal_batch=150 tests=200 table=30)
     TOTAL_S=1050
     if "$PY" -c 'import triton' 2> /dev/null; then
@@ -74,9 +74,9 @@ else
     BUDGET=()  # each method's default: 2048, the paper's
     DTYPE=()  # bf16 on CUDA
     HOST_PROBE=(--probe 512MiB --probe-chunk 16MiB)  # 4 s at 0.13 GiB/s
-    TESTS=("$REPO/tests/test_gpu.py" "$REPO/tests/test_backends.py" "$REPO/tests/test_partial_state.py"
-           "$REPO/tests/test_attention.py" "$REPO/tests/test_digest.py" "$REPO/tests/test_top_tokens.py"
-           "$REPO/tests/test_block_table.py")
+    TESTS=("$REPO/tests/emulation/test_gpu.py" "$REPO/tests/kernels/test_backends.py" "$REPO/tests/kernels/test_partial_state.py"
+           "$REPO/tests/kernels/test_attention.py" "$REPO/tests/kernels/test_digest.py" "$REPO/tests/kernels/test_top_tokens.py"
+           "$REPO/tests/runtime/test_block_table.py")
     # seconds per phase (H200). setup: CUDA, the model's random init on the GPU, the kept host buffer (its fill and
     # registration get 75% of the limit: the host phase sizes the cap for that; 105 s hold one sequence of every
     # offloading method at 64k even at 0.13 GiB/s); max_batch: per method a 64k synthetic prefill + 2 + 6 steps

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the committed projection inputs under results/projection (the host-issue table of docs/projection.md
-# projects the first set; tests/test_projection.py keeps every set projectable), resumable:
+# projects the first set; tests/bench/test_projection.py keeps every set projectable), resumable:
 #   1. budget-matched synthetic runs: every method at budget 2048 and 2 dense layers on the CPU default shape
 #      bench-attn16 at 32k (24 timed steps, so ScoutAttention's periodic recall (interval 8) fires 3 times a layer);
 #   2. real-model drift: qwen2.5-0.5b (bf16) on three real LongBench records at 8k tokens, budget 512 (1/16 of

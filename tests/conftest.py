@@ -8,9 +8,20 @@ else:
     torch.set_num_threads(2)
 
 
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """For modules of emulated CUDA (`pytestmark = pytest.mark.usefixtures("one_intra_op_thread")`): the emulated
+    device runs thousands of tiny ops, where a second intra-op thread only adds barrier waits (on a loaded 2-core
+    machine, 100x on some matmuls)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The path the CUDA tests took, after their results (also under -q; scripts/gpu_check.sh keeps the output): a
-    real device's kernels, or emulated CUDA's Triton path (tests/test_gpu.py runs on it where no GPU is)."""
+    real device's kernels, or emulated CUDA's Triton path (tests/emulation/test_gpu.py runs on it where no GPU is)."""
     if torch is None:
         return
     from scoutbench.kernels import backends
@@ -25,7 +36,46 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(line)
 
 
+# The suite's tiers (README, "Tests"): a test is marked with what makes it slow, read from what it runs rather than
+# kept by hand, so a new test lands in its tier by itself; `slow` (the real qwen2.5 tests, `nox -s tests_qwen`) is
+# marked by hand. `-m "not (emulated or build or subprocess or slow)"` is the inner loop.
+TIER_TOKENS = {
+    "emulated": ("emulated", "EMULATED_DEVICE"),  # the CUDA paths on emulated CUDA: thousands of tiny ops a step
+    "build": ("native_paths", "SCOUTBENCH_CPU_ISA"),  # the native kernels built for each vector path the CPU runs
+    "subprocess": ("subprocess", "sys.executable", "child_run_test"),  # a Python child: its imports, its start
+}
+
+
+def _sources(item) -> str:
+    """The test's own source, the module functions it calls and the fixtures it uses (one level: what a test
+    runs is nearly always there)."""
+    import inspect
+
+    function = getattr(item, "function", None)
+    if function is None:
+        return ""
+    functions = [function]
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        functions += [value for name in code.co_names if inspect.isfunction(value := function.__globals__.get(name))]
+    for definitions in getattr(item, "_fixtureinfo").name2fixturedefs.values():
+        functions += [definition.func for definition in definitions if "tests" in str(
+            getattr(definition.func, "__code__", None) and definition.func.__code__.co_filename)]
+    texts = []
+    for each in functions:
+        try:
+            texts.append(inspect.getsource(each))
+        except (OSError, TypeError):
+            continue
+    return "\n".join(texts)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        source = _sources(item)
+        for marker, tokens in TIER_TOKENS.items():
+            if any(token in source for token in tokens) or (marker == "emulated" and "emulation" in item.path.parts):
+                item.add_marker(marker)
     if torch is not None and torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a real CUDA device")

@@ -1,4 +1,4 @@
-"""The method configurations of the CUDA tests (tests/test_gpu.py), in one place: tests/test_emulated_cuda.py builds
+"""The method configurations of the CUDA tests (tests/emulation/test_gpu.py), in one place: tests/emulation/test_emulated_cuda.py builds
 and runs every one of them on a CPU, so a configuration a method refuses fails here, not on a lent GPU."""
 
 from __future__ import annotations

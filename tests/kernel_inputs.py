@@ -1,4 +1,4 @@
-"""Inputs shared by the kernel tests (tests/test_partial_state.py, tests/test_attention.py), and the CPU kernel
+"""Inputs shared by the kernel tests (tests/kernels/test_partial_state.py, tests/kernels/test_attention.py), and the CPU kernel
 library's vector paths that its parity tests run on."""
 
 import torch

@@ -1,4 +1,4 @@
-"""ScoutAttention's test references and helpers (tests/test_scout*.py): the device-only selection reference, runs
+"""ScoutAttention's test references and helpers (tests/methods/test_scout*.py): the device-only selection reference, runs
 with the trace on, and the shared 300-token prompt."""
 
 from __future__ import annotations

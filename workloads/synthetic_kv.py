@@ -2,7 +2,7 @@
 the model (decode-only benchmarks; the paper measures decode instances only).
 
 The engine ingests these layers as it ingests a recorded prefill (`DecodeEngine.prefill_synthetic`); this module
-only draws them. It sits beside the engine in the import layers (tests/test_layers.py): it reads the planner's host
+only draws them. It sits beside the engine in the import layers (tests/project/test_layers.py): it reads the planner's host
 memory figure, and the engine calls it.
 """
 

@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # the engine (and its kernels) is imported where a run starts
     from scoutbench.workloads.synthetic_kv import SyntheticKVCache
 
 # an offloading method's host arena is its planned host bytes within this fraction (alignment, per-layer staging;
-# tests/test_plan.py): what a buffer kept for several runs reserves on top of the largest plan
+# tests/bench/test_plan.py): what a buffer kept for several runs reserves on top of the largest plan
 HOST_PLAN_SLACK = 0.02
 
 

@@ -103,7 +103,7 @@ class AtLeast(click.IntRange):
             raise UsageError(f"{flag} must be at least {self.min} (got {number})") from None
 
 
-# models.DTYPES' names (tests/test_listing.py keeps them equal); spelled out here so --help needs no torch
+# models.DTYPES' names (tests/cli/test_listing.py keeps them equal); spelled out here so --help needs no torch
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 LENGTH = LengthType()
 BYTES = BytesType()

@@ -170,8 +170,8 @@ class _PrefillRecorder(AttentionMethod):
 class SharedPrefill:
     """One dense prefill of one prompt, from which any number of methods decode: the prefill does not depend on
     the method (every method only reads the prefill's K/V), so comparing methods on a long prompt pays for it once,
-    and each method still decodes exactly what its own full run decodes (tests/test_passkey.py,
-    tests/test_accuracy.py). The recorded K/V of every layer is held until the object is dropped."""
+    and each method still decodes exactly what its own full run decodes (tests/eval/test_passkey.py,
+    tests/eval/test_accuracy.py). The recorded K/V of every layer is held until the object is dropped."""
 
     @torch.no_grad()
     def __init__(self, model: torch.nn.Module, prompt_ids: list[int],

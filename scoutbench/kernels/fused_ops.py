@@ -8,7 +8,7 @@ calls is launch-bound (issue 34: the step must measure the methods, not Python).
 - a CUDA kernel in Triton (`triton_select`, `triton_region`, `triton_speculate`), compiled where triton is installed:
   one launch, one torch call, one node of a CUDA graph;
 - a torch reference (the ops it stands for, composed as the unfused path composes them), which serves every other
-  device and is what the Triton kernels are tested against in triton's interpreter (tests/test_triton_*.py);
+  device and is what the Triton kernels are tested against in triton's interpreter (tests/kernels/test_triton_*.py);
 - a fake (meta) implementation, for capture and shape propagation.
 
 Callers use an op where `backends.fused_ops_available(device)` (CUDA with triton, and emulated CUDA); on a CPU
@@ -132,7 +132,7 @@ def region_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """`region_attention` in 15 torch calls (the unfused path on CUDA without triton, `attention.region_attention`):
     the closed tokens masked in place in the logits, and one softmax beside the LSE (every row has an open token),
-    in fp32, or in fp64 for fp64 inputs (the exact reference tests/test_gpu.py holds the kernel to)."""
+    in fp32, or in fp64 for fp64 inputs (the exact reference tests/emulation/test_gpu.py holds the kernel to)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_slots = slot_tokens.shape[1:]
     block_size = k.shape[2] // num_slots

@@ -1,7 +1,7 @@
 """The kernel library's foreign functions, each declared once: its C result type and parameter list, written as in
 its `extern "C"` definition in `csrc/*.cpp`. `bind` gives ctypes every signature from this table when the library
 loads; callers then call `library().sb_<name>(...)` with the arguments in this order, and ctypes converts and checks
-each one against its declared type (a wrong count raises TypeError). tests/test_native_abi.py reads the C++
+each one against its declared type (a wrong count raises TypeError). tests/kernels/test_native_abi.py reads the C++
 definitions and checks them against this table, name for name and type for type.
 
 Binding costs nothing per call: ctypes keeps the argument types on the function object, as a hand-written

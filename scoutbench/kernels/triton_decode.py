@@ -8,7 +8,7 @@ Why a kernel: the torch fallback materialises fp32 logits and probabilities for 
 kernels per call; this one streams K/V once. The G query heads of a KV group are packed into one tile (GQA), so
 each K/V block is read once per group. Long rows are split over several programs (flash-decoding) and the splits
 are merged with the shared exact LSE merge. Imported lazily (triton may be absent); with `TRITON_INTERPRET=1` set
-before triton is imported it runs on CPU tensors, which is how tests/test_triton.py checks it.
+before triton is imported it runs on CPU tensors, which is how tests/kernels/test_triton.py checks it.
 """
 
 from __future__ import annotations

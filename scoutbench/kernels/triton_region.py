@@ -17,7 +17,7 @@ split over programs: a split would need a second launch to merge (the very calls
 parts give o_a, never NaN; cast to the requested dtype on store.
 
 Imported lazily (triton may be absent); with `TRITON_INTERPRET=1` set before triton is imported it runs on CPU
-tensors, which is how tests/test_triton_region.py checks it against the torch references.
+tensors, which is how tests/kernels/test_triton_region.py checks it against the torch references.
 """
 
 from __future__ import annotations

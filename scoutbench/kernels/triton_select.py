@@ -33,7 +33,7 @@ GPU the step is launch-bound (issue 34). Here one program handles one row, in fo
 
 Entries past n_selected are padding (unspecified in the contract); the kernel writes them like the rest. Imported
 lazily (triton may be absent); with `TRITON_INTERPRET=1` set before triton is imported it runs on CPU tensors,
-which is how tests/test_triton_select.py checks it.
+which is how tests/kernels/test_triton_select.py checks it.
 """
 
 from __future__ import annotations

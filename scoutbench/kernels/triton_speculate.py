@@ -1,7 +1,7 @@
 """Triton kernel of `fused_ops.speculate_count_`: InfiniGen's dynamic fetch count of one layer in one launch.
 
 Contract: `fused_ops.speculate_count_` (the torch reference it is tested against in triton's interpreter,
-tests/test_triton_speculate.py). Imported lazily (triton may be absent); with `TRITON_INTERPRET=1` set before
+tests/kernels/test_triton_speculate.py). Imported lazily (triton may be absent); with `TRITON_INTERPRET=1` set before
 triton is imported it runs on CPU tensors.
 
 Shape of the launch: one program per (sequence, KV head) row streams the row's G query heads twice, first for
