@@ -66,7 +66,8 @@ from scoutbench.kernels.attention import (
     merge_output,
     partial_attention,
 )
-from scoutbench.kernels.backends import fused_ops_available, page_aligned
+from scoutbench.kernels.backends import fused_ops_available
+from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,

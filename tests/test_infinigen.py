@@ -16,7 +16,7 @@ from method_harness import (
 
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
-from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import ModelShape
 from scoutbench.methods.infinigen import InfiniGen
 
