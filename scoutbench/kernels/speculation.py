@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from scoutbench.kernels import backends, cpu_attention, fused_ops
+from scoutbench.kernels import cpu_attention, fused_ops
+from scoutbench.kernels.backends import fused_ops_available
 
 
 def top_tokens(partial_q: torch.Tensor, partial_keys: torch.Tensor, partial_keys_t: torch.Tensor,
@@ -30,7 +31,7 @@ def speculate_count_(scores: torch.Tensor, uncached: torch.Tensor, scale: float,
                      valid_len: torch.Tensor, bias: torch.Tensor, scratch: torch.Tensor) -> None:
     """InfiniGen's dynamic fetch count on a device, in place (`fused_ops.speculate_count_`'s contract): one launch
     where the fused ops serve the device, else the torch ops it stands for."""
-    if backends.fused_ops_available(scores.device):
+    if fused_ops_available(scores.device):
         fused_ops.speculate_count_(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current,
                                    valid_len, bias, scratch)
     else:
