@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from scoutbench.kernels.attention import StepLengths, decode_attention
-from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import (
     AttendedTokens,
     AttentionMethod,

@@ -66,7 +66,7 @@ from scoutbench.kernels.attention import (
     merge_output,
     partial_attention,
 )
-from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.kernels.partial_state import PartialState
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,

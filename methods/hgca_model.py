@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.declarations import Footprint, MemoryPlan, ModelShape, WorkModel
 from scoutbench.methods.work_model import FP32_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 

@@ -40,9 +40,9 @@ into the fetch target's front) and waiting for it. The current token is written 
 fetch target, so one attention call over the step's lengths (StepLengths) attends both; the worker copies it from
 there to the host tier, handed over at the next fetch into the same target (two layers on) or at the step's end.
 The dynamic count is part of the fetch's host point: the host reads the count there (the documented sync) and
-sizes the fetch with it, while the device derives the same n from the same count. Where the fused device ops serve
-the device (`backends.fused_ops_available`), the count, each sequence's current slot, the attended lengths and the
-group max that the top-k ranks are one launch (`fused_ops.speculate_count_`, fifteen torch calls otherwise). The
+sizes the fetch with it, while the device derives the same n from the same count. The count, each sequence's
+current slot, the attended lengths and the group max that the top-k ranks are one call (`speculation.speculate_count_`:
+one launch where the fused device ops serve the device, fifteen torch calls otherwise). The
 CPU path keeps host-sized spans (the compiled kernels read exact spans): the top-n by the kernel library, attention
 in place over the host tier, the current token merged by LSE. The counters of a fixed count are the step's plan
 (`begin_step`), those of the dynamic count the host point's.
@@ -58,7 +58,6 @@ from typing import Any
 
 import torch
 
-from scoutbench.kernels import cpu_attention, fused_ops
 from scoutbench.kernels.attention import (
     StepLengths,
     block_sparse_attention,
@@ -66,7 +65,8 @@ from scoutbench.kernels.attention import (
     merge_output,
     partial_attention,
 )
-from scoutbench.kernels.backends import fused_ops_available, page_aligned
+from scoutbench.kernels.flashinfer_decode import page_aligned
+from scoutbench.kernels.speculation import speculate_count_, top_tokens
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
@@ -190,7 +190,6 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self._selected: dict[int, tuple[torch.Tensor, int]] = {}  # CPU: layer -> its speculated (ids, n)
         self._cpu_valid: torch.Tensor | None = None  # CPU, fixed count, ragged batch: valid fetched tokens [B]
         self._fetched = None
-        self._fused_count = False  # the alpha count as one fused launch (CUDA: _bind_fetch)
         if on_cuda:
             self._bind_fetch(arena)
         self.copy = CopyStream(ctx.device)
@@ -232,10 +231,9 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self._current = current * 2 if shared else current
         self._lengths = lengths * 2 if shared else lengths
         self._mean_count = [torch.zeros((), dtype=torch.float32, device=ctx.device) for _ in range(2)]
-        # the alpha count as one fused launch (fused_ops.speculate_count_) where the device has it: the group max
-        # it ranks, and its kernel's global count and ticket (zero between launches)
-        self._fused_count = self.dynamic_count and fused_ops_available(ctx.device)
-        if self._fused_count:
+        # the alpha count (`speculation.speculate_count_`, one fused launch where the device has it): the group max
+        # it ranks, and the fused kernel's global count and ticket (zero between launches)
+        if self.dynamic_count:
             self._ranked = torch.empty((batch, kv_heads, 1, ctx.max_len), dtype=torch.float32, device=ctx.device)
             self._count_scratch = torch.zeros(2, dtype=torch.long, device=ctx.device)
 
@@ -350,12 +348,9 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         slot = layer % 2
         self._speculate_on_device(layer, q, slot)
         if self.dynamic_count:
-            # the attended lengths of the fetch target (on the host: set by _start_fetch, which knows n); the fused
-            # count wrote them on the device
-            if self._fused_count:
-                self._lengths[slot].set_host(None)
-            else:
-                self._lengths[slot].update(self._current[slot] + 1, None)
+            # the attended lengths of the fetch target: the count wrote them on the device; on the host they are
+            # set by _start_fetch, which knows n
+            self._lengths[slot].set_host(None)
             with self.ctx.timer.stage("idle"):  # the host waits for the count: the GPU's idle time
                 self.ctx.host(self._start_fetch, layer)
         else:
@@ -366,24 +361,19 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         the host (the CPU path, whose kernels read exact spans)."""
         ctx = self.ctx
         partial_q = self._partial_query(layer, q)
-        if not self.dynamic_count:  # on a CPU (fp32), scores and top-n in one call of the kernel library
+        # a sequence that may fetch fewer than n tokens must have its valid ones first (decode masks the rest)
+        if not self.dynamic_count:
             n = self._fetch_count
-            ids = cpu_attention.top_tokens(partial_q, self.partial_keys[layer], self.step.positions, n)
-            if ids is not None:
-                return ids, n
+            return top_tokens(partial_q, self.partial_keys[layer], self._partial_keys_t[layer], self._uncached,
+                              self.step.positions, n, ctx.scale, min(self._fetch_limits) < n), n
         scores = self._logits(layer, partial_q)  # [B, Hkv, G, max_len]
-        if self.dynamic_count:
-            counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
-            # The method's one host sync: n sizes the fetch (the original calls .item() at the same point). The
-            # wait is the GPU's idle time, not prediction work, so it is timed as `idle`.
-            with ctx.timer.stage("idle"):
-                mean_count = counts.float().mean().item()
-            n = self._dynamic_fetch(mean_count)
-        else:
-            n = self._fetch_count
-        # the fetched tokens' order does not matter to their attention, except that a sequence that may fetch fewer
-        # than n tokens must have its valid ones first (decode masks the rest): only then sorted (2x slower at 32k
-        # on CPU)
+        counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
+        # The method's one host sync: n sizes the fetch (the original calls .item() at the same point). The wait is
+        # the GPU's idle time, not prediction work, so it is timed as `idle`.
+        with ctx.timer.stage("idle"):
+            mean_count = counts.float().mean().item()
+        n = self._dynamic_fetch(mean_count)
+        # the fetched tokens' order does not matter to their attention: only then sorted (2x slower at 32k on CPU)
         ordered = min(self._fetch_limits) < n
         return scores.amax(dim=2).topk(n, dim=-1, sorted=ordered).indices, n
 
@@ -412,25 +402,15 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         """The CUDA path's speculation, in static shapes read by a captured graph: the top `capacity` tokens of each
         (sequence, KV head) into `self._ids[slot]`, sorted by score where the first n of them must be the top n;
         with the alpha count, its mean into `self._mean_count[slot]` and the current token's slot after the n (and the
-        attended lengths, where the fused launch `_fused_count` writes them too)."""
+        attended lengths)."""
         partial_q = self._partial_query(layer, q)
-        if self._fused_count:  # the count, the current token's slot and the attended lengths in one launch
+        if self.dynamic_count:  # the count, the current token's slot and the attended lengths
             lengths = self._lengths[slot]
-            # the op bounds each sequence's count by its `positions` argument: here its fetch limit
-            fused_ops.speculate_count_(torch.matmul(partial_q, self._partial_keys_t[layer]), self._uncached,
-                                       self.ctx.scale, self.alpha, self._count_cap, self._fetch_limit, self._ranked,
-                                       self._mean_count[slot], self._current[slot], lengths.valid_len, lengths.bias,
-                                       self._count_scratch)
+            # the count bounds each sequence's count by its `positions` argument: here its fetch limit
+            speculate_count_(torch.matmul(partial_q, self._partial_keys_t[layer]), self._uncached, self.ctx.scale,
+                             self.alpha, self._count_cap, self._fetch_limit, self._ranked, self._mean_count[slot],
+                             self._current[slot], lengths.valid_len, lengths.bias, self._count_scratch)
             ranked, ordered = self._ranked, True
-        elif self.dynamic_count:
-            scores = self._logits(layer, partial_q)
-            counts = (scores > scores.amax(dim=-1, keepdim=True) - self.alpha).sum(dim=-1)
-            torch.mean(counts, dtype=torch.float32, out=self._mean_count[slot])
-            # n = max(1, min(floor(mean count), the caps)): each sequence's min(its fetch limit, n) (the integer
-            # bounds commute with the floor, which the conversion to int64 takes)
-            count = self._mean_count[slot].clamp(1, self._count_cap).long()
-            torch.minimum(self._fetch_limit, count, out=self._current[slot])
-            ranked, ordered = scores.amax(dim=2, keepdim=True), True
         else:
             # the ranking needs neither the scale nor fp32: the bias only masks the slots not cached yet
             scores = torch.matmul(partial_q, self._partial_keys_t[layer])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import OBS_WINDOW
 from scoutbench.methods.declarations import Footprint, MemoryPlan, ModelShape, WorkModel
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord, Transfer

@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 import torch
 
 from scoutbench.kernels.attention import StepLengths, block_sparse_attention, decode_attention
-from scoutbench.kernels.backends import PAGE_TOKENS
 from scoutbench.kernels.digest import CandidateBlocks, block_digests
+from scoutbench.kernels.flashinfer_decode import PAGE_TOKENS
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,

@@ -138,7 +138,8 @@ def build_method(name: str, *, budget: int | None = None, block_size: int | None
 def decode_engine(loaded: LoadedModel, method: AttentionMethod, batch: int, max_len: int) -> DecodeEngine:
     """The engine every command decodes with, running `method` on `loaded`'s model, started for `batch` sequences of
     up to `max_len` tokens: `prefill(input_ids)` (the prompts' last logits) then `decode_step(tokens)` as often as
-    you like; `method.stats()` has the method's counters, `method.close()` releases its workers."""
+    you like; `method.stats()` has the method's counters. Use it as a context manager (`with decode_engine(...) as
+    engine:`): its end closes the method (its workers and host memory)."""
     from scoutbench.engine import DecodeEngine
 
     engine = DecodeEngine(loaded.model, method)

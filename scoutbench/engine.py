@@ -54,6 +54,14 @@ class DecodeEngine:
         self.step_index = 0
 
     # ------------------------------------------------------------------ setup
+    def __enter__(self) -> DecodeEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The end of a `with DecodeEngine(...)` block closes the method (its workers, copy streams and host
+        memory), on every path: a run that fails still releases them."""
+        self.method.close()
+
     def start(self, batch: int, max_len: int, cuda_graphs: bool = False) -> None:
         """Bind the method to this model and run shape; storage for `max_len` tokens per sequence. With
         `cuda_graphs` (a CUDA device) the decode steps replay captured graphs (scoutbench/graphs.py)."""

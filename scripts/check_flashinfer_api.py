@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check that a flashinfer release has the API scoutbench's adapter calls (scoutbench/kernels/backends.py), without
+"""Check that a flashinfer release has the API scoutbench's adapter calls (scoutbench/kernels/flashinfer_decode.py), without
 a GPU and without installing it: the wheel's Python source is read with `ast`, its CUDA header as text.
 
     pip download --no-deps flashinfer-python==0.6.13 -d /tmp/fi && python scripts/check_flashinfer_api.py /tmp/fi/*.whl
@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 WRAPPER = "BatchDecodeWithPagedKVCacheWrapper"
-# What backends.py passes: the constructor's layout and tensor-core switch, plan()'s seven positional arguments
+# What flashinfer_decode.py passes: the constructor's layout and tensor-core switch, plan()'s seven positional arguments
 # and three keywords, run()'s query, paged cache and return_lse.
 INIT_PARAMS = ("float_workspace_buffer", "kv_layout", "use_tensor_cores")
 PLAN_POSITIONAL = ("indptr", "indices", "last_page_len", "num_qo_heads", "num_kv_heads", "head_dim", "page_size")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from scoutbench.engine import DecodeEngine
-from scoutbench.kernels import backends
+from scoutbench.kernels import backends, flashinfer_decode
 from scoutbench.methods.base import AttentionMethod
 from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, SyncSite, emulated_cuda, to_emulated_device
 
@@ -158,10 +158,11 @@ def flashinfer_standin(version: str | None = None) -> Iterator[Any]:
 
 
 def _clear_backend_caches() -> None:
-    for name in dir(backends):
-        cached = getattr(backends, name)
-        if hasattr(cached, "cache_clear"):
-            cached.cache_clear()
+    for module in (backends, flashinfer_decode):
+        for name in dir(module):
+            cached = getattr(module, name)
+            if hasattr(cached, "cache_clear"):
+                cached.cache_clear()
 
 
 def small_qwen3(num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 32, dtype: torch.dtype = torch.float32,

@@ -91,13 +91,12 @@ def query_cosine(model_name: str = "tiny-qwen3", length: int = 1024, steps: int 
         prompt_ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)
     batch, length = prompt_ids.shape
     probe = QueryProbe()
-    engine = DecodeEngine(model, probe)
     started = time.time()
-    engine.start(batch=batch, max_len=length + steps + 1)
-    tokens = engine.prefill(prompt_ids.to(torch_device)).argmax(-1)
-    for _ in range(steps):
-        tokens = engine.decode_step(tokens).argmax(-1)
-    probe.close()
+    with DecodeEngine(model, probe) as engine:
+        engine.start(batch=batch, max_len=length + steps + 1)
+        tokens = engine.prefill(prompt_ids.to(torch_device)).argmax(-1)
+        for _ in range(steps):
+            tokens = engine.decode_step(tokens).argmax(-1)
     by_variant = probe.result()
     chosen = by_variant[pred_norm]
     return {**envelope("scout_query_cosine"), "model": model_name, "len": length, "steps": steps, "batch": batch,

@@ -165,7 +165,6 @@ def _decode_trace(engine: DecodeEngine, method: ScoutAttention, steps: int, batc
         return method.trace
     finally:
         method.trace = None
-        method.close()
 
 
 def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: int = 32, beta: float = 0.12,
@@ -203,8 +202,8 @@ def profile_recall(model_name: str = "tiny-qwen3", length: int = 4096, steps: in
     if budget_plan.sparse:  # a dense run has no selection to profile
         for prompt in prompts.prompts if prompts is not None else [None]:
             method = ScoutAttention.from_args(args)
-            traces.append(_decode_trace(DecodeEngine(model, method), method, steps, batch, length, seed, prefill,
-                                        prompt))
+            with DecodeEngine(model, method) as engine:
+                traces.append(_decode_trace(engine, method, steps, batch, length, seed, prefill, prompt))
     profiled = profile_intervals(traces, method, model.config.num_hidden_layers, beta)
     measured_on = prompts.measured_on if prompts is not None else {
         "prompts": "random tokens" if prefill != "synthetic" else "synthetic K/V", "seed": seed, "batch": batch}

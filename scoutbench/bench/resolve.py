@@ -160,16 +160,17 @@ def check_memory(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedM
                 f"{fix}, or pass --force to try anyway")
 
 
-def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None) -> None:
+def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None, prefill: str | None = None) -> None:
     """A real prefill of a real model past its trained window measures attention the model never learned (every
     sparse method's selection then runs on noise): refused, pointing at a synthetic prefill, which only times the
-    decode over that many positions. Before loading (`loaded` None) only built-in real models' windows are known."""
+    decode over that many positions. Before loading (`loaded` None) only built-in real models' windows are known;
+    after it, `prefill` is the run's resolved one."""
     from scoutbench.models import check_context, context_window, loaded_context_window
 
     if loaded is None:
         window, real = context_window(cfg.model), cfg.prefill != "synthetic"
     else:
-        window, real = loaded_context_window(loaded), resolve_prefill(cfg.prefill, loaded) == "real"
+        window, real = loaded_context_window(loaded), (prefill or resolve_prefill(cfg.prefill, loaded)) == "real"
     if not real:
         return
     check_context(cfg.model, window, cfg.context_tokens,
@@ -181,8 +182,9 @@ def check_context_fits(cfg: ThroughputConfig, loaded: LoadedModel | None = None)
 class ResolvedRun:
     """One throughput run with every choice made, once, at the edge (the CLI, a sweep's runner): the loaded model
     with its device and dtype, the method's configuration and its budget plan (FullKV runs when the budget covers
-    the context: methods.sparse.dense_if_budget_covers), the batch (`--batch auto`: planned, with the plan) and a
-    passed free-memory check. `run_throughput` executes it and decides nothing again."""
+    the context: methods.sparse.dense_if_budget_covers), the batch (`--batch auto`: planned, with the plan), the
+    prefill (`resolve_prefill`), whether decode replays CUDA graphs (`use_cuda_graphs`) and a passed free-memory
+    check. `run_throughput` executes it and decides nothing again."""
 
     cfg: ThroughputConfig
     loaded: LoadedModel
@@ -190,6 +192,8 @@ class ResolvedRun:
     dtype: torch.dtype
     budget_plan: BudgetPlan
     batch: int
+    prefill: str  # "real" or "synthetic"
+    cuda_graphs: bool
     auto_plan: Any = None  # planning.MethodPlan of --batch auto, else None
 
     @property
@@ -221,10 +225,11 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
     it: always for `--batch auto` (the plan takes what is free), otherwise where the run would not fit beside it."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    use_cuda_graphs(cfg.cuda_graphs, device)
+    cuda_graphs = use_cuda_graphs(cfg.cuda_graphs, device)
     if loaded is None:
         loaded = load_model(cfg.model, device, dtype, cfg.seed)
-    check_context_fits(cfg, loaded)
+    prefill = resolve_prefill(cfg.prefill, loaded)
+    check_context_fits(cfg, loaded, prefill)
     requested = build_method(cfg.method, cfg.method_args)
     method, budget_plan = dense_if_budget_covers(requested, cfg.context_tokens)
     try:
@@ -238,7 +243,7 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
         method.close()
         if requested is not method:
             requested.close()
-    return ResolvedRun(cfg, loaded, device, dtype, budget_plan, batch, auto_plan)
+    return ResolvedRun(cfg, loaded, device, dtype, budget_plan, batch, prefill, cuda_graphs, auto_plan)
 
 
 def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel) -> tuple[int, Any]:

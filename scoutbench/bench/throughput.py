@@ -31,7 +31,6 @@ from scoutbench.bench.resolve import (
     memory_need,
     resolve_prefill,
     resolve_run,
-    use_cuda_graphs,
 )
 from scoutbench.devices import device_description
 from scoutbench.errors import ScoutbenchError, error_text
@@ -303,8 +302,7 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     """One measured run of `run` at `batch`; out-of-memory errors propagate when the caller backs off."""
     cfg, loaded, device, dtype, budget_plan = run.cfg, run.loaded, run.device, run.dtype, run.budget_plan
     requested, method = run.build()
-    workload = SyntheticWorkload(cfg.length, batch, cfg.steps, cfg.warmup, cfg.seed,
-                                 resolve_prefill(cfg.prefill, loaded), cfg.kv_skew)
+    workload = SyntheticWorkload(cfg.length, batch, cfg.steps, cfg.warmup, cfg.seed, run.prefill, cfg.kv_skew)
     from scoutbench.engine import DecodeEngine
 
     def report(phase: str) -> Callable[[int, int], None] | None:
@@ -323,68 +321,69 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     counted_events: list[tuple[str, ...]] = []
     profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
     calls_per_step = replays_per_step = None
-    graphs_on = use_cuda_graphs(cfg.cuda_graphs, device)
     captures_before_timing = 0
     records: list[dict[str, float]] = []
     nvml = nvml_summary = profile = None
     attention_backends.reset()  # also counted when there are no warm-up steps
     try:
-        engine.start(workload.batch, workload.total_tokens + cfg.count_steps + profiled_steps + alignment_room(cfg, method),
-                     cuda_graphs=graphs_on)
-        if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
-            on_progress("prefill", 0, engine.num_layers)
-        start = time.perf_counter()
-        kv_reused = None  # a real prefill draws nothing
-        if workload.prefill == "real":
-            logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size), on_layer=report("prefill"))
-            tokens = logits.argmax(-1)
-        else:
-            lengths = torch.full((workload.batch,), workload.length, dtype=torch.long)
-            kv_reused = engine.prefill_synthetic(lengths, cfg.seed, key_skew=workload.kv_skew,
-                                                 on_layer=report("prefill"), shared_kv=shared_kv)
-            tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        prefill_ms = (time.perf_counter() - start) * 1e3
-        if on_progress is not None:
-            on_progress("decode", 0, total_steps)
-        index = 0
-        while index < total_steps:
-            if index == workload.warmup and alignment == 0:  # an amortised window opens on a block event
-                alignment = alignment_steps(method, engine.positions_host, workload.steps, cfg.amortise_blocks)
-                total_steps += alignment
-            if index == workload.warmup + alignment:
-                method.reset_stats()
-                attention_backends.reset()
-                captures_before_timing = len(engine.graphs.schedules) if engine.graphs is not None else 0
-                per_cycle = cycle_events(method, engine.positions_host)
-                if device.type == "cuda":
-                    nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
-            timed = index >= workload.warmup + alignment
-            if timed:
-                events.append(method.block_events(engine.positions_host))
-            timer.begin_step()
-            tokens = engine.decode_step(tokens).argmax(-1)
-            record = timer.end_step()
-            if timed:
-                records.append(record)
-            index += 1
+        with engine:  # closes the method on every path
+            engine.start(workload.batch,
+                         workload.total_tokens + cfg.count_steps + profiled_steps + alignment_room(cfg, method),
+                         cuda_graphs=run.cuda_graphs)
+            if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
+                on_progress("prefill", 0, engine.num_layers)
+            start = time.perf_counter()
+            kv_reused = None  # a real prefill draws nothing
+            if workload.prefill == "real":
+                logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size), on_layer=report("prefill"))
+                tokens = logits.argmax(-1)
+            else:
+                lengths = torch.full((workload.batch,), workload.length, dtype=torch.long)
+                kv_reused = engine.prefill_synthetic(lengths, cfg.seed, key_skew=workload.kv_skew,
+                                                     on_layer=report("prefill"), shared_kv=shared_kv)
+                tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            prefill_ms = (time.perf_counter() - start) * 1e3
             if on_progress is not None:
-                on_progress("decode", index, total_steps)
-        stats = method.stats()
-        backends_used, backends_by_stage = attention_backends.snapshot(), attention_backends.by_stage()
-        timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
-        graphs = graph_fields(engine, timed_captures)
-        if nvml is not None:  # the counted and profiled steps below are no part of the measurement
-            nvml.__exit__(None, None, None)
-            nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
-        tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps, counted_events)
-        if profiled_steps:
-            from scoutbench.profiling import profile_decode
+                on_progress("decode", 0, total_steps)
+            index = 0
+            while index < total_steps:
+                if index == workload.warmup and alignment == 0:  # an amortised window opens on a block event
+                    alignment = alignment_steps(method, engine.positions_host, workload.steps, cfg.amortise_blocks)
+                    total_steps += alignment
+                if index == workload.warmup + alignment:
+                    method.reset_stats()
+                    attention_backends.reset()
+                    captures_before_timing = len(engine.graphs.schedules) if engine.graphs is not None else 0
+                    per_cycle = cycle_events(method, engine.positions_host)
+                    if device.type == "cuda":
+                        nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
+                timed = index >= workload.warmup + alignment
+                if timed:
+                    events.append(method.block_events(engine.positions_host))
+                timer.begin_step()
+                tokens = engine.decode_step(tokens).argmax(-1)
+                record = timer.end_step()
+                if timed:
+                    records.append(record)
+                index += 1
+                if on_progress is not None:
+                    on_progress("decode", index, total_steps)
+            stats = method.stats()
+            backends_used, backends_by_stage = attention_backends.snapshot(), attention_backends.by_stage()
+            timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
+            graphs = graph_fields(engine, timed_captures)
+            if nvml is not None:  # the counted and profiled steps below are no part of the measurement
+                nvml.__exit__(None, None, None)
+                nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
+            tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps, counted_events)
+            if profiled_steps:
+                from scoutbench.profiling import profile_decode
 
-            stem = (f"throughput_{cfg.method}_{cfg.model.replace('/', '--')}_len{format_length(cfg.length)}"
-                    f"_b{workload.batch}")  # the result file's name in a folder (cli/throughput.py)
-            profile = profile_decode(engine, tokens, profiled_steps, cfg.profile_dir, stem)
+                stem = (f"throughput_{cfg.method}_{cfg.model.replace('/', '--')}_len{format_length(cfg.length)}"
+                        f"_b{workload.batch}")  # the result file's name in a folder (cli/throughput.py)
+                profile = profile_decode(engine, tokens, profiled_steps, cfg.profile_dir, stem)
     except torch.OutOfMemoryError:
         if oom_backoff:
             raise
@@ -400,7 +399,6 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
     finally:
         if nvml is not None:  # also on errors: never leave the sampler thread running
             nvml.__exit__(None, None, None)
-        method.close()
     window = block_window([r["total"] for r in records], events, cycle, per_cycle, cfg.amortise_blocks, alignment)
     host = host_fields(records, calls_per_step, cfg.count_steps, replays_per_step)
     host["host"]["block_events"] = block_window([0.0] * len(counted_events), counted_events, cycle, {}, False,

@@ -5,6 +5,7 @@ part of the output; decoding with `skip_special_tokens` removes EOS but keeps a 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -216,10 +217,13 @@ class SharedPrefill:
         return shared
 
     def engine(self, method: AttentionMethod, new_tokens: int) -> DecodeEngine:
-        """A decode engine for `method` that starts from this prefill, with room for `new_tokens` more tokens."""
-        engine = DecodeEngine(self.model, method, silent_timer(self.device))
-        engine.start(batch=1, max_len=len(self.prompt_ids) + new_tokens)
-        engine.adopt_prefill(self._layer_inputs, self._lengths)
+        """A decode engine for `method` that starts from this prefill, with room for `new_tokens` more tokens (a
+        context manager that closes `method`; closed here already when it cannot start)."""
+        with contextlib.ExitStack() as on_failure:
+            engine = on_failure.enter_context(DecodeEngine(self.model, method, silent_timer(self.device)))
+            engine.start(batch=1, max_len=len(self.prompt_ids) + new_tokens)
+            engine.adopt_prefill(self._layer_inputs, self._lengths)
+            on_failure.pop_all()
         return engine
 
     @torch.no_grad()
@@ -227,12 +231,8 @@ class SharedPrefill:
                  min_new_tokens: int = 0, keep_steps: int = 0) -> Generation:
         """Greedy decode with a fresh `spec` method (dense when its budget covers the run), always closed."""
         _check_max_new_tokens(max_new_tokens)
-        method = spec.build_for(len(self.prompt_ids) + max_new_tokens)
-        try:
-            engine = self.engine(method, max_new_tokens)
+        with self.engine(spec.build_for(len(self.prompt_ids) + max_new_tokens), max_new_tokens) as engine:
             return _greedy_decode(engine, self.logits, max_new_tokens, stop_ids, min_new_tokens, keep_steps)
-        finally:
-            method.close()
 
     @torch.no_grad()
     def forced(self, spec: MethodSpec, token_ids: list[int],

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from scoutbench.kernels import backends, cpu_attention, fused_ops
+from scoutbench.kernels import backends, cpu_attention, flashinfer_decode, fused_ops
 from scoutbench.kernels.partial_state import PartialState, empty_state, expand_valid_len, merged_output
 
 
@@ -90,7 +90,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
     if backend.startswith("flashinfer"):
         backends.USAGE.add(q.device.type, backend)
-        return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
+        return flashinfer_decode.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
                                            use_tensor_cores=backend == "flashinfer-tc").o.to(q.dtype)
     if backend == "triton":
         backends.USAGE.add(q.device.type, backend)
@@ -130,7 +130,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     backend = backends.backend_for(q, num_kv_heads, valid_len is None or lengths_host is not None)
     backends.USAGE.add(q.device.type, backend)
     if backend.startswith("flashinfer"):
-        return backends.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
+        return flashinfer_decode.flashinfer_partial(q, k, v, scale, valid_len, lengths_host,
                                            use_tensor_cores=backend == "flashinfer-tc")
     if backend == "triton":
         return _triton_partial(q, k, v, scale, valid_len)

@@ -3,7 +3,7 @@ through ctypes; this module serves its decode attention.
 
 The same library holds a decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
 attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), InfiniGen's token
-speculation (`top_tokens` below), ScoutAttention's pool/CPU split (`BlockTable.split_selected`), and the two-part
+speculation (`top_tokens` below), ScoutAttention's pool/CPU split (`split_plan`), and the two-part
 merge that `partial_state.merge_states` takes on a CPU (one call where torch makes seven).
 
 Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and reads bf16 KV at half of
@@ -384,17 +384,20 @@ def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: tor
     return out, lse
 
 
-def top_tokens(partial_q: torch.Tensor, partial_keys: torch.Tensor, lengths: torch.Tensor, n: int
-               ) -> torch.Tensor | None:
-    """InfiniGen's speculated tokens through the kernel: for each (sequence, KV head) row, the `n` tokens among the
-    first `lengths[b]` whose partial keys score highest against any of the row's partial queries (ties by lower
-    index), in ascending token order, then 0 up to `n`. partial_q `[B, Hkv, G, P]`, partial_keys `[B, Hkv, N, P]`
-    (unit stride on P), both fp32 on the CPU; lengths `[B]`. Returns ids `[B, Hkv, n]` int64, or None where the
-    kernel does not take the call (torch's matmul and topk then serve it)."""
-    if not (partial_q.device.type == partial_keys.device.type == "cpu"
+def takes_top_tokens(partial_q: torch.Tensor, partial_keys: torch.Tensor) -> bool:
+    """Whether `top_tokens` takes the call: both fp32 on the CPU, unit stride on P, rows of a sequence evenly spaced,
+    the kernel built."""
+    return (partial_q.device.type == partial_keys.device.type == "cpu"
             and partial_q.dtype == partial_keys.dtype == torch.float32 and partial_keys.stride(-1) == 1
-            and partial_keys.stride(0) == partial_keys.shape[1] * partial_keys.stride(1) and library() is not None):
-        return None
+            and partial_keys.stride(0) == partial_keys.shape[1] * partial_keys.stride(1) and library() is not None)
+
+
+def top_tokens(partial_q: torch.Tensor, partial_keys: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """InfiniGen's speculated tokens through the kernel (`takes_top_tokens` is true; `speculation.top_tokens` picks
+    the backend): for each (sequence, KV head) row, the `n` tokens among the first `lengths[b]` whose partial keys
+    score highest against any of the row's partial queries (ties by lower index), in ascending token order, then 0
+    up to `n`. partial_q `[B, Hkv, G, P]`, partial_keys `[B, Hkv, N, P]`; lengths `[B]`. Returns ids `[B, Hkv, n]`
+    int64."""
     batch, kv_heads, group, channels = partial_q.shape
     q = contiguous(partial_q)
     lens = lengths if lengths.dtype == torch.int64 and lengths.is_contiguous() else \

@@ -32,6 +32,7 @@ from scoutbench.kernels import backends
 from scoutbench.kernels.digest import rank_from_digests
 from scoutbench.kernels.eviction import eviction_order
 from scoutbench.kernels.partial_state import _interpolated
+from scoutbench.kernels.split_plan import split_reference
 
 NUM_COUNTS = 4  # a split plan's counts per row: n_cpu, n_selected, n_available, n_resident
 
@@ -85,24 +86,12 @@ def select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torc
     ids = torch.topk(scores.masked_fill(blocked, float("-inf")), k, dim=-1, sorted=True).indices
     valid = torch.arange(k, device=q.device) < count.unsqueeze(-1)
     valid = valid.expand(ids.shape)
-    num_slots, max_blocks = slot_ready.shape[-1] - 1, block_slot.shape[-1] - 1
-    slot = block_slot.gather(-1, ids.clamp(0, max_blocks))
-    resident = valid & (slot >= 0)
-    ready = slot_ready.gather(-1, torch.where(resident, slot, num_slots))
-    on_device, pending = resident & ready, resident & ~ready
-    on_cpu = valid & ~on_device
-    order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first
     if with_victims:
-        victims, available = eviction_order(slot_block, slot_ready, max_blocks, ids, valid, scores)
+        victims, available = eviction_order(slot_block, slot_ready, block_slot.shape[-1] - 1, ids, valid, scores)
         victims, available = victims[..., :k], available.clamp(max=k)
     else:
         victims, available = torch.zeros_like(ids), ids.new_zeros(ids.shape[:-1])  # (k may be 0)
-    counts = torch.stack([on_cpu.sum(-1), valid.sum(-1), available, (slot_block[..., :num_slots] >= 0).sum(-1)],
-                         dim=-1)
-    data = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, counts], dim=-1)
-    pool_use = torch.zeros(slot_ready.shape, dtype=torch.bool, device=q.device)
-    pool_use.scatter_(-1, torch.where(on_device, slot, num_slots), True)
-    return data, pool_use[..., :num_slots]
+    return split_reference(ids, valid, victims, available, block_slot, slot_ready, slot_block)
 
 
 @select_split.register_fake
@@ -213,11 +202,11 @@ def speculate_count_(scores: torch.Tensor, uncached: torch.Tensor, scale: float,
         kernel(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current, valid_len, bias,
                scratch)
         return
-    _speculate_count_reference(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current,
+    speculate_count_reference(scores, uncached, scale, alpha, capacity, positions, ranked, mean_count, current,
                                valid_len, bias)
 
 
-def _speculate_count_reference(scores: torch.Tensor, uncached: torch.Tensor, scale: float, alpha: float,
+def speculate_count_reference(scores: torch.Tensor, uncached: torch.Tensor, scale: float, alpha: float,
                                capacity: int, positions: torch.Tensor, ranked: torch.Tensor, mean_count: torch.Tensor,
                                current: torch.Tensor, valid_len: torch.Tensor, bias: torch.Tensor) -> None:
     logits = torch.add(uncached, scores, alpha=scale)  # fp32(score) * scale, exactly

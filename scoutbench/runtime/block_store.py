@@ -25,6 +25,7 @@ import torch
 
 from scoutbench.kernels import cpu_attention, fused_ops
 from scoutbench.kernels.digest import CandidateBlocks
+from scoutbench.kernels.split_plan import split_plan
 from scoutbench.runtime.block_table import BlockTable
 from scoutbench.runtime.digest_table import DigestTable
 from scoutbench.runtime.offload import PREFILL_CHUNK_TOKENS, HostArena, device_zeros, host_empty, token_chunks
@@ -41,12 +42,6 @@ class SplitPlan:
 
     data: torch.Tensor
     k: int
-
-    @classmethod
-    def pack(cls, ids: torch.Tensor, pending: torch.Tensor, victims: torch.Tensor, n_cpu: torch.Tensor,
-             n_selected: torch.Tensor, n_available: torch.Tensor, n_resident: torch.Tensor) -> SplitPlan:
-        counts = torch.stack([n_cpu, n_selected, n_available, n_resident], dim=-1)
-        return cls(torch.cat([ids, pending.long(), victims, counts], dim=-1), ids.shape[-1])
 
     @staticmethod
     def width(k: int) -> int:
@@ -93,21 +88,11 @@ def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, v
     """Split a selection `ids` (`valid` entries) between the device pool and the CPU: B_cpu = B_pred minus B_gpu,
     the selected blocks the pool does not hold ready. Returns the `SplitPlan` (with the recall's `victims` and
     `available`) and the pool slots the device part reads `[B, Hkv, pool_slots]`: the selected resident ones, or
-    with `every_resident` every resident block whose copy has landed. On a CPU with the kernel library one call
-    (`BlockTable.split_selected`), elsewhere the same in torch ops."""
-    k = ids.shape[-1]
-    fused = None if every_resident else table.split_selected(ids, valid, victims, available)
-    if fused is not None:
-        return SplitPlan(fused[0], k), fused[1]
-    on_dev, pending, slot = table.split(ids, valid)
-    on_cpu = valid & ~on_dev
-    order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first
-    split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
-                           valid.sum(-1), available, table.resident_count())
-    if every_resident:
-        pool = slice(0, table.num_slots)
-        return split, (table.slot_block[..., pool] >= 0) & table.slot_ready[..., pool]
-    return split, table.slot_mask(on_dev, slot)
+    with `every_resident` every resident block whose copy has landed (`kernels.split_plan`, which picks the
+    backend)."""
+    data, pool_use = split_plan(ids, valid, victims, available, table.block_slot, table.slot_ready, table.slot_block,
+                                every_resident)
+    return SplitPlan(data, ids.shape[-1]), pool_use
 
 
 def select_split(store: TieredBlockStore, layer: int, q: torch.Tensor, candidates: CandidateBlocks,

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.eviction import eviction_order
+from scoutbench.kernels.split_plan import locate
 
 
 class BlockTable:
@@ -60,54 +60,16 @@ class BlockTable:
         return len(self._pending)
 
     def split(self, ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Where the selected blocks `ids` `[B, Hkv, k]` (entries with `valid` False are padding) can be read.
-
-        Returns (on_device, pending, slot), each `[B, Hkv, k]`: `on_device` = selected, resident and ready;
-        `pending` = selected and resident but its copy is still in flight (it must be computed elsewhere);
-        `slot` = the pool slot (-1 if not resident).
-        """
-        slot = self.block_slot.gather(-1, ids.clamp(0, self.max_blocks))
-        resident = valid & (slot >= 0)
-        ready = self.slot_ready.gather(-1, torch.where(resident, slot, self.num_slots))
-        return resident & ready, resident & ~ready, slot
-
-    def split_selected(self, ids: torch.Tensor, valid: torch.Tensor, victims: torch.Tensor, available: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`split`, the CPU-first order, `SplitPlan.pack` and `slot_mask` of a selection in one call of the CPU
-        kernel library: (SplitPlan data `[B, Hkv, 3k + 4]`: ids with the CPU part's first, each group in selection
-        order, their pending flags, `victims`, and n_cpu / n_selected / `available` / n_resident; the pool-use mask
-        `[B, Hkv, num_slots]`). None off a CPU or without the kernel (the caller then runs those four)."""
-        lib = cpu_attention.library()
-        if lib is None or self.device.type != "cpu":
-            return None
-        k = ids.shape[-1]
-        ids, victims, available = (_contiguous_long(t) for t in (ids, victims, available))
-        valid = cpu_attention.contiguous(valid)
-        data = torch.empty((self.batch, self.num_kv_heads, 3 * k + 4), dtype=torch.long)
-        pool_use = torch.empty((self.batch, self.num_kv_heads, self.num_slots), dtype=torch.bool)
-        code = lib.sb_split_plan(self.batch * self.num_kv_heads, k, ids.data_ptr(), valid.data_ptr(),
-                                 self.block_slot.data_ptr(), self.max_blocks, self.slot_ready.data_ptr(),
-                                 self.slot_block.data_ptr(), self.num_slots, victims.data_ptr(), available.data_ptr(),
-                                 data.data_ptr(), pool_use.data_ptr())
-        cpu_attention.check_call(code, "split", ids=ids)
-        return data, pool_use
-
-    def slot_mask(self, on_device: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-        """Bool `[B, Hkv, num_slots]`: the pool slots that hold a block read on the device this time."""
-        mask = torch.zeros((self.batch, self.num_kv_heads, self.num_slots + 1), dtype=torch.bool,
-                           device=self.device)
-        mask.scatter_(-1, torch.where(on_device, slot, self.num_slots), True)
-        return mask[..., : self.num_slots]
+        """Where the selected blocks `ids` `[B, Hkv, k]` (entries with `valid` False are padding) can be read
+        (`split_plan.locate`): (on_device = selected, resident and ready; pending = selected and resident but its
+        copy is still in flight, so it must be computed elsewhere; slot = the pool slot, -1 if not resident)."""
+        return locate(ids, valid, self.block_slot, self.slot_ready)
 
     def victims(self, ids: torch.Tensor, valid: torch.Tensor, scores: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Eviction order for a recall that follows the selection (`ids`, `valid`) with block `scores`
         (`eviction_order`): (slots `[B, Hkv, num_slots]` in eviction order, available `[B, Hkv]`)."""
         return eviction_order(self.slot_block, self.slot_ready, self.max_blocks, ids, valid, scores)
-
-    def resident_count(self) -> torch.Tensor:
-        """Blocks held in the pool per (sequence, KV head), `[B, Hkv]` (in-flight copies included)."""
-        return (self.slot_block[..., : self.num_slots] >= 0).sum(-1)
 
     def resident_sets(self) -> list[list[set[int]]]:
         """Host copy of the resident blocks per (sequence, KV head) (tests and tracing only: syncs)."""
@@ -138,10 +100,6 @@ class BlockTable:
         self.slot_block.fill_(-1)
         self.slot_ready.fill_(False)
         self._pending.clear()
-
-
-def _contiguous_long(t: torch.Tensor) -> torch.Tensor:
-    return cpu_attention.contiguous(t) if t.dtype == torch.long else t.to(torch.long).contiguous()
 
 
 def pad_last(x: torch.Tensor, size: int, value: int | float | bool = 0) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""scoutbench's flashinfer adapter (scoutbench/kernels/backends.py) on emulated CUDA against a stand-in of
+"""scoutbench's flashinfer adapter (scoutbench/kernels/flashinfer_decode.py) on emulated CUDA against a stand-in of
 flashinfer's documented `BatchDecodeWithPagedKVCacheWrapper` contract (tests/flashinfer_standin.py): the stand-in
 refuses what the real one refuses, the adapter meets it from every call site of every method (bf16, head_dim 64,
 GQA groups on both decode paths), without a host sync, planning once per step and call site."""
@@ -13,7 +13,7 @@ import torch
 from emulated import emulated_model, flashinfer_standin, run_emulated, small_qwen3, teacher_tokens
 from method_harness import ragged_prompt
 
-from scoutbench.kernels import backends
+from scoutbench.kernels import backends, flashinfer_decode
 from scoutbench.kernels.attention import decode_attention, partial_attention
 from scoutbench.methods import build_method
 from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, emulated_cuda
@@ -34,7 +34,7 @@ def _cuda(*tensors):
 
 
 def _table(lengths, capacity, page_size):
-    return backends.page_table(lengths, capacity, page_size)
+    return flashinfer_decode.page_table(lengths, capacity, page_size)
 
 
 # ---------------------------------------------------------------------------------------------- the stand-in itself
@@ -51,7 +51,7 @@ def test_standin_computes_attention_with_a_base2_lse():
                                                                          device="cuda"), "HND")
         wrapper.plan(*_table(lengths, 40, 8), 4, 1, 64, 8, q_data_type=BF16, kv_data_type=BF16, sm_scale=0.1)
         qc, kc, vc = _cuda(q, k, v)
-        out, lse2 = wrapper.run(qc, (backends.row_pages(kc, 8), backends.row_pages(vc, 8)), return_lse=True)
+        out, lse2 = wrapper.run(qc, (flashinfer_decode.row_pages(kc, 8), flashinfer_decode.row_pages(vc, 8)), return_lse=True)
         out, lse2 = out.cpu(), lse2.cpu()
     reference = partial_attention(q.float(), k.float(), v.float(), 0.1, torch.tensor(lengths)[:, None])
     assert out.dtype == BF16 and lse2.dtype == torch.float32
@@ -181,7 +181,7 @@ def test_every_method_meets_the_flashinfer_contract(bf16_models, name, group, mo
     model = bf16_models[group]
     prompt, lengths = ragged_prompt(model.config.vocab_size, LENGTHS, seed=3)
     calls = []
-    original = backends.flashinfer_partial
+    original = flashinfer_decode.flashinfer_partial
 
     def checked(q, k, v, scale, valid_len, lengths_host, use_tensor_cores):
         got = original(q, k, v, scale, valid_len, lengths_host, use_tensor_cores)
@@ -191,7 +191,7 @@ def test_every_method_meets_the_flashinfer_contract(bf16_models, name, group, mo
         calls.append(torch.where(finite, got.lse - ref.lse, 0.0).abs().max())
         return got
 
-    monkeypatch.setattr(backends, "flashinfer_partial", checked)
+    monkeypatch.setattr(flashinfer_decode, "flashinfer_partial", checked)
     make = lambda: build_method(name, gpu_configs.method_args(name))  # noqa: E731
     reference = teacher_tokens(model, make(), prompt, lengths, STEPS)
     with flashinfer_standin() as fi:

@@ -86,7 +86,7 @@ def test_partial_attention_cuda_matches_cpu(dtype, atol, group, lengths_on_host)
 
 def test_flashinfer_plans_once_per_step_for_every_layer():
     """The layers of a step share one plan (same shape, same host lengths); a new step's lengths replan once."""
-    from scoutbench.kernels import backends
+    from scoutbench.kernels import backends, flashinfer_decode
     from scoutbench.kernels.attention import decode_attention
 
     if not backends.flashinfer_available():
@@ -95,7 +95,7 @@ def test_flashinfer_plans_once_per_step_for_every_layer():
     cache_v = torch.randn_like(cache_k)
     q = torch.randn(4, 40, 128, dtype=torch.bfloat16, device=CUDA)  # group 5: the tensor-core wrapper
     site = (4, 8, 5, 128, 4096, 16, torch.bfloat16, 0.088)  # the call site: batch, KV heads, group, ..., scale
-    planned = backends._wrapper(0, True, site)
+    planned = flashinfer_decode._wrapper(0, True, site)
     calls = []
     original = planned.wrapper.plan
     planned.wrapper.plan = lambda *args, **kwargs: (calls.append(1), original(*args, **kwargs))[1]

@@ -10,9 +10,10 @@ import math
 import pytest
 import torch
 
-from scoutbench.kernels import backends, cpu_attention
+from scoutbench.kernels import backends, cpu_attention, flashinfer_decode
 from scoutbench.kernels.attention import partial_attention
-from scoutbench.kernels.backends import page_size_for, page_table, row_lengths_host, row_pages, select_backend
+from scoutbench.kernels.backends import select_backend
+from scoutbench.kernels.flashinfer_decode import page_size_for, page_table, row_lengths_host, row_pages
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -52,7 +53,7 @@ def test_decode_group_sizes_follow_the_release(version, groups):
 
 
 def test_page_aligned_rows():
-    assert [backends.page_aligned(n) for n in (1, 16, 17, 2047, 65555)] == [16, 16, 32, 2048, 65568]
+    assert [flashinfer_decode.page_aligned(n) for n in (1, 16, 17, 2047, 65555)] == [16, 16, 32, 2048, 65568]
 
 
 def test_row_lengths_host_per_sequence_per_row_and_clamped():
@@ -121,9 +122,9 @@ class _FakeWrapper:
 
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
-    planned = backends._Planned(_FakeWrapper())
-    monkeypatch.setattr(backends, "_wrapper", lambda device_index, use_tensor_cores, site=(): planned)
-    monkeypatch.setattr(backends, "_record_event", lambda device: None)
+    planned = flashinfer_decode._Planned(_FakeWrapper())
+    monkeypatch.setattr(flashinfer_decode, "_wrapper", lambda device_index, use_tensor_cores, site=(): planned)
+    monkeypatch.setattr(flashinfer_decode, "_record_event", lambda device: None)
     return planned.wrapper
 
 
@@ -136,7 +137,7 @@ def test_flashinfer_adapter_matches_reference_and_plans_once_per_step(fake_flash
         span = max(lengths)
         valid = torch.tensor(lengths)
         for _layer in range(3):  # the layers of a step share the plan
-            got = backends.flashinfer_partial(q, cache_k[:, :, :span], cache_v[:, :, :span], 0.3, valid, lengths,
+            got = flashinfer_decode.flashinfer_partial(q, cache_k[:, :, :span], cache_v[:, :, :span], 0.3, valid, lengths,
                                               use_tensor_cores=True)
             ref = partial_attention(q, cache_k[:, :, :span], cache_v[:, :, :span], 0.3, valid)
             torch.testing.assert_close(got.o, ref.o, atol=1e-5, rtol=0)
@@ -150,7 +151,7 @@ def test_flashinfer_adapter_empty_rows_and_strided_input(fake_flashinfer):
     k = torch.randn(2, 20, 2, 16, generator=generator).transpose(1, 2)  # rows not evenly spaced: made contiguous
     v = torch.randn(2, 20, 2, 16, generator=generator).transpose(1, 2)
     valid = torch.tensor([[20, 0], [3, 17]])
-    got = backends.flashinfer_partial(q, k, v, 0.25, valid, valid.reshape(-1).tolist(), use_tensor_cores=False)
+    got = flashinfer_decode.flashinfer_partial(q, k, v, 0.25, valid, valid.reshape(-1).tolist(), use_tensor_cores=False)
     ref = partial_attention(q, k, v, 0.25, valid)
     assert torch.isneginf(got.lse[0, 2:]).all() and torch.equal(got.o[0, 2:], torch.zeros(2, 16))
     torch.testing.assert_close(got.o, ref.o, atol=1e-5, rtol=0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from triton_interpreter import child_run_test, interpreted, kernel_module
 
-from scoutbench.kernels.fused_ops import _speculate_count_reference
+from scoutbench.kernels.fused_ops import speculate_count_reference
 
 triton_speculate = kernel_module("scoutbench.kernels.triton_speculate")
 SCALE = 0.19
@@ -45,7 +45,7 @@ def _assert_kernel_matches(positions: list[int], num_kv_heads: int, group: int, 
     scores, uncached, positions_t = _inputs(positions, num_kv_heads, group, num_slots, dtype)
     batch = len(positions)
     expected = _outputs(batch, num_kv_heads, num_slots, width, dtype)
-    _speculate_count_reference(scores, uncached, SCALE, alpha, capacity, positions_t, *expected)
+    speculate_count_reference(scores, uncached, SCALE, alpha, capacity, positions_t, *expected)
     scratch = torch.zeros(2, dtype=torch.long)
     for _ in range(calls):  # the counters are reset by each launch: a repeat gives the same outputs
         got = _outputs(batch, num_kv_heads, num_slots, width, dtype)

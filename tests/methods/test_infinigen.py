@@ -16,7 +16,7 @@ from method_harness import (
 
 from scoutbench.engine import DecodeEngine
 from scoutbench.errors import UsageError
-from scoutbench.kernels.backends import page_aligned
+from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import ModelShape
 from scoutbench.methods.infinigen import InfiniGen
 
@@ -271,20 +271,22 @@ def _emulated_dynamic_run(lengths: list[int], alpha: float, fused: bool, monkeyp
     the count as the fused op (`fused_ops.speculate_count_`) or as the composite that CUDA without triton runs."""
     from emulated import small_qwen3
 
-    import scoutbench.methods.infinigen as infinigen_module
+    from scoutbench.kernels import speculation
     from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, emulated_cuda, to_emulated_device
 
     model = small_qwen3()
     prompt, prompt_lengths = ragged_prompt(model.config.vocab_size, lengths, seed=3)
     if not fused:
-        monkeypatch.setattr(infinigen_module, "fused_ops_available", lambda device: False)
+        monkeypatch.setattr(speculation, "fused_ops_available", lambda device: False)
+    launches = []
+    op = speculation.fused_ops.speculate_count_
+    monkeypatch.setattr(speculation.fused_ops, "speculate_count_", lambda *args: launches.append(1) or op(*args))
     logits = []
     with emulated_cuda():
         method = InfiniGen(budget=24, dense_layers=1, dynamic_count=True, alpha=alpha)
         engine = DecodeEngine(to_emulated_device(model), method)
         engine.start(len(lengths), max(lengths) + 10)
         try:
-            assert method._fused_count == fused
             out = engine.prefill(prompt.to(EMULATED_DEVICE), prompt_lengths)
             for _ in range(8):
                 out = engine.decode_step(out.argmax(-1))
@@ -292,6 +294,7 @@ def _emulated_dynamic_run(lengths: list[int], alpha: float, fused: bool, monkeyp
             fetched = method.stats()["tokens_fetched_per_layer"]
         finally:
             method.close()
+    assert bool(launches) == fused
     monkeypatch.undo()
     return logits, fetched
 

@@ -45,11 +45,12 @@ def test_block_table_split_victims_and_readiness():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_block_table_split_selected_equals_the_torch_split(seed):
-    """The one-call split of the CPU kernel library (`split_selected`) gives ScoutAttention's torch path bit for
-    bit: `split`, the stable CPU-first order, `SplitPlan.pack` and `slot_mask`, on a table with resident, in-flight
-    and host-only blocks, invalid selections and duplicate padding ids."""
-    from scoutbench.runtime.block_store import SplitPlan
+def test_split_plan_on_every_backend_equals_the_split_by_hand(seed):
+    """`split_plan` (one call of the CPU kernel library here) and its torch ops (`split_reference`, CUDA's path)
+    both give the split by hand bit for bit: `split`, the stable CPU-first order, the packed plan and the pool-use
+    mask, on a table with resident, in-flight and host-only blocks, invalid selections and duplicate padding ids."""
+    from scoutbench.kernels import cpu_attention
+    from scoutbench.kernels.split_plan import split_plan, split_reference
 
     g = torch.Generator().manual_seed(seed)
     batch, heads, slots, max_blocks, k = 2, 3, 6, 40, 6
@@ -71,14 +72,18 @@ def test_block_table_split_selected_equals_the_torch_split(seed):
     valid[..., 1] = valid[..., 3] = True
     victims = torch.randint(0, slots, (batch, heads, k), generator=g)
     available = torch.randint(0, slots, (batch, heads), generator=g)
-    fused = table.split_selected(ids, valid, victims, available)
-    if fused is None:
+    if cpu_attention.library() is None:
         pytest.skip("the CPU kernel is not built here")
     on_dev, pending, slot = table.split(ids, valid)
     on_cpu = valid & ~on_dev
     order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)
-    ref = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1), valid.sum(-1),
-                         available, table.resident_count())
-    assert torch.equal(fused[0], ref.data)
-    assert torch.equal(fused[1], table.slot_mask(on_dev, slot))
+    counts = [on_cpu.sum(-1), valid.sum(-1), available, (table.slot_block[..., :slots] >= 0).sum(-1)]
+    data = torch.cat([ids.gather(-1, order), pending.gather(-1, order).long(), victims, torch.stack(counts, -1)], -1)
+    pool_use = torch.zeros((batch, heads, slots + 1), dtype=torch.bool)
+    pool_use.scatter_(-1, torch.where(on_dev, slot, slots), True)
+    tables = (table.block_slot, table.slot_ready, table.slot_block)
+    for got in (split_plan(ids, valid, victims, available, *tables),
+                split_reference(ids, valid, victims, available, *tables)):
+        assert torch.equal(got[0], data)
+        assert torch.equal(got[1], pool_use[..., :slots])
     assert pending.any() and on_dev.any() and on_cpu.any()  # every case occurred

@@ -166,11 +166,12 @@ def activate(lazy: bool = True, memory_bytes: int = 8 * 1024**3, side_item_delay
 
 def _clear_device_caches() -> None:
     """Per-device caches of scoutbench's backends (flashinfer wrappers and workspace) belong to one emulation."""
-    from scoutbench.kernels import backends
+    from scoutbench.kernels import backends, flashinfer_decode
 
-    for value in vars(backends).values():
-        if callable(getattr(value, "cache_clear", None)):
-            value.cache_clear()
+    for module in (backends, flashinfer_decode):
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
 
 
 def deactivate() -> None:
