@@ -42,7 +42,7 @@ from scoutbench.runtime.block_store import (
     NUM_COUNTS,
     RECALL_INDEX_ROWS,
     TieredBlockStore,
-    select_split,
+    select_and_split,
     split_selection,
 )
 from scoutbench.runtime.block_table import pad_last
@@ -160,8 +160,8 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
                                                        or self._since[layer] + 1 >= self._intervals[layer])
         if self._fused_split:  # lines 5-6 into the layer's static plan
             device_split = self._fused_splits[layer]
-            select_split(self.store, layer, q, self._candidates, recall_order, device_split.split,
-                         device_split.pool_use)
+            select_and_split(self.store, layer, q, self._candidates, recall_order, device_split.split,
+                             device_split.pool_use)
         else:
             B_pred, valid, scores = self._select(layer, q, (self._candidates, self._valid))  # line 5
             if recall_order:  # a recall copies at most the k_sel blocks the CPU computed: its first k_sel victims

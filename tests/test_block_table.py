@@ -12,7 +12,7 @@ def test_block_table_split_victims_and_readiness():
     table.assign(torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([4, 7]))
     ids = torch.tensor([[[7, 2, 5]]])
     valid = torch.tensor([[[True, True, False]]])
-    on_dev, pending, slot = table.split(ids, valid)
+    on_dev, pending, slot = table.locate(ids, valid)
     assert on_dev.tolist() == [[[True, False, False]]] and not pending.any()
     assert slot[0, 0, 0] == 1
     scores = torch.arange(10.0)[None, None, :]
@@ -28,7 +28,7 @@ def test_block_table_split_victims_and_readiness():
 
     event = Pending()
     table.assign(torch.tensor([0]), torch.tensor([2]), torch.tensor([2]), event)
-    on_dev, pending, _ = table.split(ids, valid)
+    on_dev, pending, _ = table.locate(ids, valid)
     assert on_dev.tolist() == [[[True, False, False]]] and pending.tolist() == [[[False, True, False]]]
     _, available = table.victims(ids, valid, scores)
     assert available.item() == 1  # the in-flight slot is not evictable
@@ -36,7 +36,7 @@ def test_block_table_split_victims_and_readiness():
     assert table.pending_copies == 1
     event.done = True
     table.poll()
-    on_dev, pending, _ = table.split(ids, valid)
+    on_dev, pending, _ = table.locate(ids, valid)
     assert on_dev.tolist() == [[[True, True, False]]] and not pending.any()
     # evicting block 4 from slot 0 makes it host-only
     table.assign(torch.tensor([0]), torch.tensor([0]), torch.tensor([9]))
@@ -45,9 +45,9 @@ def test_block_table_split_victims_and_readiness():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_block_table_split_selected_equals_the_torch_split(seed):
-    """The one-call split of the CPU kernel library (`split_selected`) gives ScoutAttention's torch path bit for
-    bit: `split`, the stable CPU-first order, `SplitPlan.pack` and `slot_mask`, on a table with resident, in-flight
+def test_block_table_split_selection_native_equals_the_torch_split(seed):
+    """The one-call split of the CPU kernel library (`split_selection_native`) gives ScoutAttention's torch path bit for
+    bit: `locate`, the stable CPU-first order, `SplitPlan.pack` and `slot_mask`, on a table with resident, in-flight
     and host-only blocks, invalid selections and duplicate padding ids."""
     from scoutbench.runtime.block_store import SplitPlan
 
@@ -71,10 +71,10 @@ def test_block_table_split_selected_equals_the_torch_split(seed):
     valid[..., 1] = valid[..., 3] = True
     victims = torch.randint(0, slots, (batch, heads, k), generator=g)
     available = torch.randint(0, slots, (batch, heads), generator=g)
-    fused = table.split_selected(ids, valid, victims, available)
+    fused = table.split_selection_native(ids, valid, victims, available)
     if fused is None:
         pytest.skip("the CPU kernel is not built here")
-    on_dev, pending, slot = table.split(ids, valid)
+    on_dev, pending, slot = table.locate(ids, valid)
     on_cpu = valid & ~on_dev
     order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)
     ref = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1), valid.sum(-1),

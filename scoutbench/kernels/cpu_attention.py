@@ -3,7 +3,7 @@ through ctypes; this module serves its decode attention.
 
 The same library holds a decode step's other CPU kernels, which share its thread pool: the linears, RMSNorm and
 attention prologue that `cpu_decode` serves, Quest's digest scoring and top-k (`digest_native`), InfiniGen's token
-speculation (`top_tokens` below), ScoutAttention's pool/CPU split (`BlockTable.split_selected`), and the two-part
+speculation (`top_tokens` below), ScoutAttention's pool/CPU split (`BlockTable.split_selection_native`), and the two-part
 merge that `partial_state.merge_states` takes on a CPU (one call where torch makes seven).
 
 Why a compiled kernel: torch's CPU flash kernel converts bf16 K/V to fp32 per tile and reads bf16 KV at half of

@@ -94,12 +94,12 @@ def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, v
     the selected blocks the pool does not hold ready. Returns the `SplitPlan` (with the recall's `victims` and
     `available`) and the pool slots the device part reads `[B, Hkv, pool_slots]`: the selected resident ones, or
     with `every_resident` every resident block whose copy has landed. On a CPU with the kernel library one call
-    (`BlockTable.split_selected`), elsewhere the same in torch ops."""
+    (`BlockTable.split_selection_native`), elsewhere the same in torch ops."""
     k = ids.shape[-1]
-    fused = None if every_resident else table.split_selected(ids, valid, victims, available)
+    fused = None if every_resident else table.split_selection_native(ids, valid, victims, available)
     if fused is not None:
         return SplitPlan(fused[0], k), fused[1]
-    on_dev, pending, slot = table.split(ids, valid)
+    on_dev, pending, slot = table.locate(ids, valid)
     on_cpu = valid & ~on_dev
     order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)  # CPU blocks first
     split = SplitPlan.pack(ids.gather(-1, order), pending.gather(-1, order), victims, on_cpu.sum(-1),
@@ -110,17 +110,17 @@ def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, v
     return split, table.slot_mask(on_dev, slot)
 
 
-def select_split(store: TieredBlockStore, layer: int, q: torch.Tensor, candidates: CandidateBlocks,
-                 with_victims: bool, split: SplitPlan, pool_use: torch.Tensor) -> None:
+def select_and_split(store: TieredBlockStore, layer: int, q: torch.Tensor, candidates: CandidateBlocks,
+                     with_victims: bool, split: SplitPlan, pool_use: torch.Tensor) -> None:
     """`DigestTable.select`, `BlockTable.victims` (`with_victims`) and `split_selection` of one layer in one fused
-    device launch (`fused_ops.select_split`, where `backends.fused_ops_available`), into the layer's `split` and
+    device launch (`fused_ops.select_and_split`, where `backends.fused_ops_available`), into the layer's `split` and
     `pool_use` (static buffers: a captured graph writes them in place)."""
     digests = store.digests.digests[layer]
     if candidates.num_blocks != digests.shape[2]:
         digests = digests[:, :, : candidates.num_blocks]
     table = store.tables[layer]
-    fused_ops.select_split(q, digests, candidates.blocked, candidates.count, table.block_slot, table.slot_ready,
-                           table.slot_block, with_victims, split.data, pool_use)
+    fused_ops.select_and_split(q, digests, candidates.blocked, candidates.count, table.block_slot, table.slot_ready,
+                               table.slot_block, with_victims, split.data, pool_use)
 
 
 class TieredBlockStore:

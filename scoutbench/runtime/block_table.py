@@ -59,7 +59,7 @@ class BlockTable:
     def pending_copies(self) -> int:
         return len(self._pending)
 
-    def split(self, ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def locate(self, ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where the selected blocks `ids` `[B, Hkv, k]` (entries with `valid` False are padding) can be read.
 
         Returns (on_device, pending, slot), each `[B, Hkv, k]`: `on_device` = selected, resident and ready;
@@ -71,9 +71,9 @@ class BlockTable:
         ready = self.slot_ready.gather(-1, torch.where(resident, slot, self.num_slots))
         return resident & ready, resident & ~ready, slot
 
-    def split_selected(self, ids: torch.Tensor, valid: torch.Tensor, victims: torch.Tensor, available: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`split`, the CPU-first order, `SplitPlan.pack` and `slot_mask` of a selection in one call of the CPU
+    def split_selection_native(self, ids: torch.Tensor, valid: torch.Tensor, victims: torch.Tensor,
+                               available: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`locate`, the CPU-first order, `SplitPlan.pack` and `slot_mask` of a selection in one call of the CPU
         kernel library: (SplitPlan data `[B, Hkv, 3k + 4]`: ids with the CPU part's first, each group in selection
         order, their pending flags, `victims`, and n_cpu / n_selected / `available` / n_resident; the pool-use mask
         `[B, Hkv, num_slots]`). None off a CPU or without the kernel (the caller then runs those four)."""
