@@ -5,14 +5,15 @@ Layer-ahead CPU pre-computation (PC) starts layer i+1's CPU part during layer i,
 recall (PR) copies the blocks the CPU computed into the pool so its share stays small.
 
 The file reads as the paper does: Algorithm 1's decode step first (its line numbers in the comments) and the
-periodic recall, then the step's plan, prefill, setup and statistics. Storage is `runtime/block_store`, the CPU
-part's transport (pinned copies, worker hand-offs, recall staging) `runtime/scout_transport`, the work model
-`methods/scout_work.py`. The choices the paper leaves open, and why: docs/methods.md ("ScoutAttention choices")."""
+periodic recall, then the step's plan, prefill, setup and statistics. Lines 5-6 (fused or torch, chosen at bind)
+are `methods/scout_split.py`, the step's trace (tests, profiling) `methods/scout_trace.py`, storage
+`runtime/block_store`, the CPU part's transport (pinned copies, worker hand-offs, recall staging)
+`runtime/scout_transport`, the work model `methods/scout_work.py`. The choices the paper leaves open, and why:
+docs/methods.md ("ScoutAttention choices")."""
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -36,26 +37,24 @@ from scoutbench.methods.base import (
     require,
     transfer_stats,
 )
+from scoutbench.methods.scout_split import FusedSelectAndSplit, SelectAndSplit, top_blocks
+from scoutbench.methods.scout_trace import NO_TRACE, TraceRecorder
 from scoutbench.methods.scout_work import ScoutWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
-from scoutbench.runtime.block_store import (
-    NUM_COUNTS,
-    RECALL_INDEX_ROWS,
-    TieredBlockStore,
-    select_split,
-    split_selection,
-)
-from scoutbench.runtime.block_table import pad_last
-from scoutbench.runtime.scout_transport import (
-    CoAttentionTransport,
-    CpuResult,
-    CpuTask,
-    DeviceSplit,
-    Recall,
-    split_record,
-)
+from scoutbench.runtime.block_store import NUM_COUNTS, RECALL_INDEX_ROWS, SplitPlan, TieredBlockStore
+from scoutbench.runtime.scout_transport import CoAttentionTransport, CpuResult, CpuTask, DeviceSplit, Recall
 
-PRED_NORMS = ("next", "self")
+
+def _next_layer_norm(normed: torch.Tensor) -> None:
+    """pred_norm "next": line 4 applies layer i+1's input norm to X^i (`predict_query` without `normed`)."""
+
+
+def _own_norm(normed: torch.Tensor) -> torch.Tensor:
+    """pred_norm "self": line 4 projects layer i's normalised input."""
+    return normed
+
+
+PRED_NORMS = {"next": _next_layer_norm, "self": _own_norm}  # line 4's input, chosen once
 DEVICE_BLOCKS = ("resident", "selected")
 
 
@@ -115,7 +114,8 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         self._profile_measured_on: dict[str, Any] | None = None
         if self.recall_profile is not None:
             self._profile_intervals, self._profile_measured_on = load_recall_profile(self.recall_profile)
-        self.trace: list[dict[str, Any]] | None = None  # tests/profiling: what the step computed (host syncs)
+        self._pred_input = PRED_NORMS[self.pred_norm]
+        self.trace = None
         self.transport: CoAttentionTransport | None = None
 
     @property
@@ -133,68 +133,67 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
     def layer_ahead_active(self) -> bool:
         return self.pc and not self.oracle
 
+    @property
+    def trace(self) -> list[dict[str, Any]] | None:
+        """What the step computed (methods/scout_trace.py): assign a list to record into it, None to stop."""
+        return self._trace.records
+
+    @trace.setter
+    def trace(self, records: list[dict[str, Any]] | None) -> None:
+        self._trace = NO_TRACE if records is None else TraceRecorder(records)
+
     # ================================================================== Algorithm 1: one decode step of layer i
-    def before_layer(self, layer: int, hidden: torch.Tensor, normed: torch.Tensor) -> None:
-        """Lines 3-7: trigger the next layer's CPU-side pre-computation (with PC)."""
-        target = layer + 1
-        if not self.layer_ahead_active or target not in self.sparse_layers:
-            return
-        # line 4: Q_pred^{i+1} = W_Q^{i+1} X^i (pred_norm "next": layer i+1's input norm on layer i's residual
-        # input; "self": layer i's normalised input), rotated at the current position as the digests' keys are
-        if self.pred_norm == "next":
-            Q_pred = self.ctx.predict_query(target, hidden)
-        else:
-            Q_pred = self.ctx.predict_query(target, hidden, normed)
-        self._trigger(target, Q_pred, predicted=True)
+    def before_layer(self, layer: int, X: torch.Tensor, normed: torch.Tensor) -> None:
+        """Lines 3-7 (with PC): trigger layer i+1's CPU-side pre-computation from this layer's input X^i."""
+        if layer + 1 in self._ahead:
+            # line 4: Q_pred^{i+1} = W_Q^{i+1} X^i, rotated at the current position as the digests' keys are
+            Q_pred = self.ctx.predict_query(layer + 1, X, self._pred_input(normed))
+            self._trigger(layer + 1, Q_pred)
 
-    def _trigger(self, layer: int, q: torch.Tensor, predicted: bool, spawn: bool = True) -> None:
-        """Lines 5-7 for `layer`: select and split on the device, then (a host point) spawn CPUAttn(B_cpu), or,
-        not `spawn`, keep the task for an inline run."""
-        self.ctx.host(self.store.tables[layer].poll)  # the slots whose recall copies completed become readable
-        self._splits[layer] = self._split(layer, q)
-        self.ctx.host(self._spawn, layer, q, predicted, spawn)
+    def _trigger(self, layer: int, Q_pred: torch.Tensor) -> None:
+        """Lines 5-7 for `layer` (for a layer not planned ahead, with its true query)."""
+        self.ctx.host(self.store.tables[layer].poll)  # B_gpu: the pool's blocks whose recall copy has completed
+        B_pred = self._select.top_k(layer, Q_pred, self._eviction_order_due(layer))  # line 5
+        split = self._splits[layer] = self._select.split(layer, B_pred)  # line 6: B_cpu = B_pred minus B_gpu
+        B_cpu = split.split  # the selected blocks, B_cpu's first
+        self.transport.send(layer, Q_pred, B_cpu)  # on CUDA, Q_pred and B_cpu start for the host
+        self.ctx.host(self._spawn, layer, Q_pred, B_cpu)  # line 7: spawn CPUAttn(B_cpu)
 
-    def _split(self, layer: int, q: torch.Tensor) -> DeviceSplit:
-        """Lines 5-6 on the device: B_pred = TopK(q K_digest^T), B_cpu = B_pred minus B_gpu (the pool's ready
-        blocks), in one launch where the fused ops serve the device; with PR also the recall's eviction order. On
-        CUDA the query and the split start for the host."""
-        table = self.store.tables[layer]
-        # the periodic recall is known in advance; the reactive trigger (beta_trigger) decides only after the CPU
-        # part. With CUDA graphs the eviction order is always made: whether a recall is due is the host's to know
-        recall_order = self.ctx.graphs or self.pr and (self.beta_trigger
-                                                       or self._since[layer] + 1 >= self._intervals[layer])
-        if self._fused_split:  # lines 5-6 into the layer's static plan
-            device_split = self._fused_splits[layer]
-            select_split(self.store, layer, q, self._candidates, recall_order, device_split.split,
-                         device_split.pool_use)
-        else:
-            B_pred, valid, scores = self._select(layer, q, (self._candidates, self._valid))  # line 5
-            if recall_order:  # a recall copies at most the k_sel blocks the CPU computed: its first k_sel victims
-                victims, available = table.victims(B_pred, valid, scores)
-                victims, available = victims[..., : self.k_sel], available.clamp(max=self.k_sel)
-            else:
-                victims, available = self._no_victims
-            # line 6: split.ids holds B_cpu first, then the selected blocks of B_gpu; pool_use the slots the device
-            # reads
-            device_split = DeviceSplit(*split_selection(table, B_pred, valid, victims, available,
-                                                        every_resident=self.device_blocks == "resident"))
-        self.transport.send(layer, q, device_split.split)
-        return device_split
+    def decode_sparse(self, layer: int, Q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Lines 8-12: layer i's attention with its true query Q^i (line 9, the engine's), merged with the CPU part
+        spawned during layer i-1, or now (lines 5-7 with Q^i) for a layer not planned ahead."""
+        if layer not in self._ahead:
+            self._trigger(layer, Q)
+        self.store.append(layer, k, v, self._ring_rows, self.step.positions_host if self._short else None)
+        B_gpu = self._splits[layer].pool_use
+        A_gpu = self._gpu_attn(layer, Q, B_gpu)  # line 10: A_gpu^i = GPUAttn(Q^i, B_gpu^i)
+        with self.ctx.timer.stage("idle"):
+            self.ctx.host(self._wait, layer)  # line 11: A_cpu^i, the device idle while it waits
+        with self.ctx.timer.stage("merge"):
+            A_cpu = self._cpu_state(layer)
+            A = A_gpu.o.to(Q.dtype) if A_cpu is None else merge_output(A_gpu, A_cpu, Q.dtype)  # line 12
+        self.ctx.host(self._after_merge, layer)  # the statistics, and PR: a due recall issued after the attention
+        return A
 
-    def _spawn(self, layer: int, q: torch.Tensor, predicted: bool, spawn: bool) -> None:
-        """Line 7 (host): spawn CPUAttn(B_cpu) on the worker pool (or keep it for an inline run)."""
+    # ------------------------------------------------------------------ the functions it calls
+    def _eviction_order_due(self, layer: int) -> bool:
+        """Whether `layer`'s split packs a recall's eviction order: a periodic recall is known in advance, the
+        reactive trigger decides after the CPU part, and with CUDA graphs whether a recall is due is the host's."""
+        return self.ctx.graphs or self.pr and (self.beta_trigger or self._since[layer] + 1 >= self._intervals[layer])
+
+    def _spawn(self, layer: int, q: torch.Tensor, B_cpu: SplitPlan) -> None:
+        """Line 7 (host): spawn CPUAttn(B_cpu) on the worker pool (for a layer planned inline with PC, keep it: the
+        worker is busy with the next layer's pre-computation, the wait runs it)."""
         recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
-        task, d2h = self.transport.task(layer, self.step.index, q, self._splits[layer].split, predicted,
-                                        recall_periodic)
+        predicted = layer in self._ahead
+        task, d2h = self.transport.task(layer, self.step.index, q, B_cpu, predicted, recall_periodic)
         self._d2h_bytes += d2h
-        if self.trace is not None:  # what this split computed
-            self.trace.append({"kind": "plan", "layer": layer, "step": task.step, "predicted": predicted,
-                               **split_record(self._splits[layer], self.store.tables[layer]),
-                               "positions": list(self.step.positions_host)})
+        self._trace.plan(layer, task.step, predicted, self._splits[layer], self.store.tables[layer],
+                         self.step.positions_host)
         self._tasks[layer] = task
-        if spawn:
+        if layer not in self._inline:
             task.future = self.transport.pool.submit(self._run_cpu, task)
-            self._log_event("submit", layer)
+            self._trace.event("submit", layer, self.step.index)
 
     def _run_cpu(self, task: CpuTask) -> Recall | None:
         """The worker's task: CPUAttn, then on a recall step the staging of the recalled blocks."""
@@ -204,10 +203,10 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         """CPUAttn(B_cpu) (worker thread): the task's query over its CPU blocks, read in place in the host tier."""
         self.transport.wait_inputs(task)
         t0 = time.perf_counter()
-        b, split = self.block_size, task.split
+        b, B_cpu = self.block_size, task.split
         # the counts read once as Python ints: each torch call on this thread trades the GIL with the main thread,
         # and their means (the statistics) are taken here, off the main thread's path
-        counts = split.counts.reshape(-1, NUM_COUNTS).tolist()
+        counts = B_cpu.counts.reshape(-1, NUM_COUNTS).tolist()
         rows = [row[0] for row in counts]
         means = tuple(sum(column) / len(counts) for column in zip(*counts, strict=True))
         width = max(rows)
@@ -216,60 +215,45 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         if width == 0:
             return CpuResult(None, 0, (time.perf_counter() - t0) * 1e3, means, recall_due)
         blocks_k, blocks_v = self.store.blocked_host(task.layer)
-        valid_len = None if min(rows) == width else split.n_cpu * b
-        A_cpu = block_sparse_attention(task.q, blocks_k, blocks_v, split.ids[..., :width], self.ctx.scale, valid_len)
+        valid_len = None if min(rows) == width else B_cpu.n_cpu * b
+        A_cpu = block_sparse_attention(task.q, blocks_k, blocks_v, B_cpu.ids[..., :width], self.ctx.scale, valid_len)
         A_cpu = self.transport.hand_over(task, A_cpu)
         ms = (time.perf_counter() - t0) * 1e3
-        self._log_event("cpu", task.layer)
+        self._trace.event("cpu", task.layer, self.step.index)
         return CpuResult(A_cpu, width, ms, means, recall_due)
 
-    def decode_sparse(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Lines 8-12: layer i's attention with the true query Q^i, merged with the CPU part spawned during layer
-        i-1. Without PC (or for the first sparse layer with dense_layers=0) lines 5-7 run here, with Q^i."""
-        ctx, timer = self.ctx, self.ctx.timer
-        inline = False
-        if not (self.layer_ahead_active and layer - 1 >= 0):  # nothing planned this layer ahead
-            inline = self.layer_ahead_active  # synchronous: the worker is busy with the next layer's PC
-            self._trigger(layer, q, predicted=False, spawn=not inline)
-        split = self._splits[layer]
-        self.store.append(layer, k, v, self._ring_rows, self.step.positions_host if self._short else None)
-        A_gpu = self._gpu_attn(layer, q, split)  # line 10: A_gpu^i = GPUAttn(Q^i, B_gpu^i)
-        with timer.stage("idle"):
-            ctx.host(self._wait, layer, inline)  # line 11: A_cpu^i
-        with timer.stage("merge"):
-            if self.transport.cuda:
-                ctx.host(self._result_to_device, layer)
-                A_cpu = self.transport.cpu_device[layer % 2]
-            else:
-                A_cpu = self._cpu_states.pop(layer)
-            # line 12: A^i = Merge(A_gpu^i, A_cpu^i)
-            out = A_gpu.o.to(q.dtype) if A_cpu is None else merge_output(A_gpu, A_cpu, q.dtype)
-        ctx.host(self._after_merge, layer)  # the statistics, and PR: a due recall issued after the attention
-        return out
-
-    def _gpu_attn(self, layer: int, q: torch.Tensor, split: DeviceSplit) -> PartialState:
-        """Exact attention of the true query over the resident selected blocks and the always-on blocks (sink,
-        local, and the tail with the new token)."""
+    def _gpu_attn(self, layer: int, Q: torch.Tensor, B_gpu: torch.Tensor) -> PartialState:
+        """Exact attention of Q^i over the pool slots `B_gpu` and the always-on blocks (sink, local, tail)."""
         store = self.store
-        store.open_pool(split.pool_use)
-        self._log_event("device", layer)
+        store.open_pool(B_gpu)
+        self._trace.event("device", layer, self.step.index)
         # what this layer attends per (sequence, KV head): the device region's open tokens and the CPU part's blocks
-        torch.add(store.slot_tokens.sum(-1), split.n_cpu, alpha=self.block_size, out=self._attended_row[layer])
-        return region_attention(q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.slot_tokens)
+        torch.add(store.slot_tokens.sum(-1), self._splits[layer].n_cpu, alpha=self.block_size,
+                  out=self._attended_row[layer])
+        return region_attention(Q, store.dev_k[layer], store.dev_v[layer], self.ctx.scale, store.slot_tokens)
 
-    def _wait(self, layer: int, inline: bool) -> None:
-        """Host: the CPU part's result (computed now when inline); the time waited for it is the device's idle."""
-        task = self._tasks.pop(layer)
+    def _wait(self, layer: int) -> None:
+        """Host: the CPU part's result (computed now for a layer planned inline); the time waited for it is the
+        device's idle."""
+        task, inline = self._tasks.pop(layer), layer in self._inline
         if inline:
             self._issue_recalls()  # this thread stages now: no staging buffer may stay taken
         self._idle_ms += self.transport.collect(task, self._run_cpu if inline else None)
         if not inline:
-            self._log_event("wait", layer)
+            self._trace.event("wait", layer, self.step.index)
         self._done[layer] = task
         if not self.transport.cuda:
             self._cpu_states[layer] = task.result.state
 
-    def _result_to_device(self, layer: int) -> None:
+    def _cpu_state(self, layer: int) -> PartialState | None:
+        """A_cpu^i where the merge reads it: on CUDA the static device buffers its result goes to (a host point),
+        on a CPU the worker's state (None: nothing attended on the CPU)."""
+        if not self.transport.cuda:
+            return self._cpu_states.pop(layer)
+        self.ctx.host(self._result_to_device, layer)
+        return self.transport.cpu_device[layer % 2]
+
+    def _result_to_device(self, layer: int) -> None:  # host (CUDA)
         self._h2d_bytes += self.transport.result_to_device(self._done[layer])
 
     # ------------------------------------------------------------------ periodic recall (section 3.4)
@@ -308,9 +292,7 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         self._recall_bytes += 2 * n * b * D * element_size
         self._h2d_bytes += 2 * n * b * D * element_size + RECALL_INDEX_ROWS * n * 8
         self._recall_blocks[layer] += int(n)
-        if self.trace is not None:
-            self.trace.append({"kind": "recall", "layer": layer, "step": task.step,
-                               "blocks": [(int(x) // Hkv, int(x) % Hkv, int(j)) for x, j in zip(bh, blocks, strict=False)]})
+        self._trace.recall(layer, task.step, bh, blocks, Hkv)
 
     # ================================================================== the step's plan (eager)
     def begin_step(self, step: StepInfo) -> None:
@@ -360,15 +342,6 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
                     task.future.result()
             self._tasks.clear()
 
-    def _select(self, layer: int, q: torch.Tensor, selectable: tuple[CandidateBlocks, torch.Tensor]
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The top `k` selectable blocks for query `q` `[B, Hq, D]` (`k`: the width of `selectable`), per KV head
-        with the group's query heads max-aggregated. Returns ids `[B, Hkv, k]` (descending score, padding after
-        the valid ones), valid `[B, Hkv, k]` and the scores `[B, Hkv, nB]`."""
-        candidates, valid = selectable
-        ids, scores = self.store.digests.select(layer, q, candidates)
-        return pad_last(ids, valid.shape[-1]), valid, scores
-
     # ================================================================== prefill
     def ingest_sparse_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               lengths: torch.Tensor) -> None:
@@ -378,7 +351,8 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         self.store.ingest_prompt(layer, k, v, lengths_host)
         # initial resident set: the top pool_slots selectable blocks for the last prompt query (a full pool)
         selectable = self.store.selectable(self._prompt_len_device, max(lengths_host), self.pool_slots)
-        ids, valid, _ = self._select(layer, q_obs[:, :, -1], selectable)
+        candidates, valid = selectable
+        ids, _ = top_blocks(self.store, layer, q_obs[:, :, -1], candidates, valid.shape[-1])
         self.store.load_resident(layer, ids, self._initial_selection(layer, ids, valid))
 
     def _initial_selection(self, layer: int, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -420,13 +394,18 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         excluded = (torch.arange(max_blocks, device=dev) < self.sink_blocks)[None, None, :] if self.sink_blocks \
             else None
         self._candidates = CandidateBlocks.static(B, max_blocks, self.k_sel, excluded, dev)
-        # lines 5-6 in one fused launch (a plan as wide as k_sel, from the selected blocks only), into each sparse
-        # layer's static plan
-        self._fused_split = (fused_ops_available(dev) and self.device_blocks == "selected"
-                             and self._candidates.k == self.k_sel)
-        self._fused_splits = {layer: DeviceSplit.empty(B, Hkv, self.k_sel, self.pool_slots, dev)
-                              for layer in self.sparse_layers} if self._fused_split else {}
         self._valid = torch.zeros((B, Hkv, self.k_sel), dtype=torch.bool, device=dev)
+        # lines 5-6: in one fused launch where the fused ops serve the device (a plan as wide as k_sel, from the
+        # selected blocks only), else in torch ops (methods/scout_split.py)
+        if fused_ops_available(dev) and self.device_blocks == "selected" and self._candidates.k == self.k_sel:
+            self._select = FusedSelectAndSplit(self.store, self._candidates, self.k_sel, dev)
+        else:
+            self._select = SelectAndSplit(self.store, self._candidates, self._valid, self.k_sel,
+                                          every_resident=self.device_blocks == "resident")
+        # the sparse layers whose lines 3-7 run during the layer before (PC), and those that, with PC, run them
+        # inline (the first layer): their CPU part runs in the wait, the worker being busy with the next layer's
+        self._ahead = frozenset(i for i in self.sparse_layers if self.layer_ahead_active and i >= 1)
+        self._inline = frozenset(i for i in self.sparse_layers if self.layer_ahead_active and i not in self._ahead)
         self._ring_rows = torch.zeros(B, dtype=torch.long, device=dev)
         # per sparse layer, its device split, recorded when its selection is issued (at capture with CUDA graphs:
         # the tensors a replay rewrites); on a CPU the CPU part's state where the merge reads it
@@ -439,9 +418,6 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         self._tasks: dict[int, CpuTask] = {}  # spawned, until the layer's wait
         self._done: dict[int, CpuTask] = {}  # tasks whose result the host has, until the layer's statistics
         self._short = False
-        # what a split packs as its eviction order when no recall can follow (victims, available): read-only
-        self._no_victims = (torch.zeros((B, Hkv, self.k_sel), dtype=torch.long, device=dev),
-                            torch.zeros((B, Hkv), dtype=torch.long, device=dev))
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 
@@ -524,13 +500,6 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
             + self.store.device_bytes(),
             "host_kv_bytes": self.store.host_bytes(),
         }
-
-    # ------------------------------------------------------------------ tracing (tests, profiling): records only
-    def _log_event(self, kind: str, layer: int) -> None:
-        if self.trace is not None:
-            self.trace.append({"kind": kind, "layer": layer, "step": self.step.index,
-                               "thread": threading.current_thread().name})
-
 
 
 def load_recall_profile(path: str) -> tuple[list[int | None], dict[str, Any] | None]:

@@ -137,10 +137,10 @@ def region_site(case: Case) -> Iterator[tuple[str, Callable[[], Any]]]:
 
 
 def select_site(case: Case) -> Iterator[tuple[str, Callable[[], Any]]]:
-    """ScoutAttention's select-and-split of one layer, as `block_store.select_split` calls it: digests in the KV
+    """ScoutAttention's select-and-split of one layer, as `block_store.select_and_split` calls it: digests in the KV
     dtype `[B, Hkv, max_blocks, 2D]` read up to the scored blocks, the candidates' mask and count shared by the
     KV heads, the layer's block table, its plan and pool use."""
-    from scoutbench.kernels.triton_select import select_split
+    from scoutbench.kernels.triton_select import select_and_split
 
     if case.budget >= case.context:
         return  # the method runs dense
@@ -153,7 +153,7 @@ def select_site(case: Case) -> Iterator[tuple[str, Callable[[], Any]]]:
             meta(b, hkv, max_blocks + 1, dtype=torch.long), meta(b, hkv, pool + 1, dtype=torch.bool),
             meta(b, hkv, pool + 1, dtype=torch.long), case.victims, meta(b, hkv, 3 * k + 4, dtype=torch.long),
             meta(b, hkv, pool, dtype=torch.bool))
-    yield "select", lambda: select_split(*args)
+    yield "select", lambda: select_and_split(*args)
 
 
 def speculate_site(case: Case) -> Iterator[tuple[str, Callable[[], Any]]]:

@@ -58,7 +58,7 @@ def _sources(item) -> str:
     code = getattr(function, "__code__", None)
     if code is not None:
         functions += [value for name in code.co_names if inspect.isfunction(value := function.__globals__.get(name))]
-    for definitions in getattr(item, "_fixtureinfo").name2fixturedefs.values():
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
         functions += [definition.func for definition in definitions if "tests" in str(
             getattr(definition.func, "__code__", None) and definition.func.__code__.co_filename)]
     texts = []

@@ -2,7 +2,7 @@
 
 ScoutAttention's periodic recall copies the blocks its CPU part just computed into the device pool; the slots it
 takes are this order's first ones. One definition serves the unfused path (`BlockTable.victims`) and the fused
-`select_split`'s reference, against which its Triton kernel is tested.
+`select_and_split`'s reference, against which its Triton kernel is tested.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Callers use an op where `backends.fused_ops_available(device)` (CUDA with triton
 they keep their compiled kernels, and on CUDA without triton the composite. Emulated CUDA keeps its device's data in
 CPU tensors, so there an op reaches its CPU implementation, the op's body: it runs the op's Triton kernel where the
 emulation runs triton's interpreter (`backends.EMULATED_TRITON`: the H200's path on a CPU), else the reference.
-`select_split` and `speculate_count_` write a layer's static buffers (what a captured graph, the CPU worker and the
+`select_and_split` and `speculate_count_` write a layer's static buffers (what a captured graph, the CPU worker and the
 host read, with views made once: copying fresh outputs into them would cost a call each); `region_attention` and
 `merged_output` return fresh tensors.
 """
@@ -50,10 +50,11 @@ def _interpreted(module: str, name: str) -> Callable[..., Any] | None:
 
 
 # ---------------------------------------------------------------------------------------------- select and split
+# registered as "select_split", the name profiles and the Triton kernel (docs/gpu.md) record
 @torch.library.custom_op("scoutbench::select_split", mutates_args=("data", "pool_use"))
-def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
-                 block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor, with_victims: bool,
-                 data: torch.Tensor, pool_use: torch.Tensor) -> None:
+def select_and_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
+                     block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor, with_victims: bool,
+                     data: torch.Tensor, pool_use: torch.Tensor) -> None:
     """Digest scoring, top-k, the resident/CPU split and (`with_victims`) a recall's eviction order of one layer,
     for ScoutAttention's device side, written into the layer's preallocated plan (`data`, `pool_use`).
 
@@ -68,20 +69,20 @@ def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, 
     the first k slots of `eviction.eviction_order` and how many of them a recall may fill (at most k), else 0
     and 0; n_cpu, n_selected, n_available, n_resident. And `pool_use` `[B, Hkv, S]` bool (S >= k): the pool slots
     the device part reads. Entries of ids and pending past n_selected are padding: their values are unspecified."""
-    kernel = _interpreted("triton_select", "select_split")
+    kernel = _interpreted("triton_select", "select_and_split")
     if kernel is not None:
         kernel(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data, pool_use)
         return
-    plan, used = select_split_reference(q, digests, blocked, count, (data.shape[-1] - NUM_COUNTS) // 3, block_slot,
-                                        slot_ready, slot_block, with_victims)
+    plan, used = select_and_split_reference(q, digests, blocked, count, (data.shape[-1] - NUM_COUNTS) // 3, block_slot,
+                                            slot_ready, slot_block, with_victims)
     data.copy_(plan)
     pool_use.copy_(used)
 
 
-def select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
-                           k: int, block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor,
-                           with_victims: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`select_split` in torch ops: (data, pool_use), fresh."""
+def select_and_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
+                               k: int, block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor,
+                               with_victims: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_and_split` in torch ops: (data, pool_use), fresh."""
     scores = rank_from_digests(q, digests)
     ids = torch.topk(scores.masked_fill(blocked, float("-inf")), k, dim=-1, sorted=True).indices
     valid = torch.arange(k, device=q.device) < count.unsqueeze(-1)
@@ -94,15 +95,15 @@ def select_split_reference(q: torch.Tensor, digests: torch.Tensor, blocked: torc
     return split_reference(ids, valid, victims, available, block_slot, slot_ready, slot_block)
 
 
-@select_split.register_fake
+@select_and_split.register_fake
 def _(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data, pool_use):
     return None
 
 
-@select_split.register_kernel("cuda")
+@select_and_split.register_kernel("cuda")
 def _(q, digests, blocked, count, block_slot, slot_ready, slot_block, with_victims, data, pool_use):
-    _triton_kernel("triton_select", "select_split")(q, digests, blocked, count, block_slot, slot_ready, slot_block,
-                                                    with_victims, data, pool_use)
+    _triton_kernel("triton_select", "select_and_split")(q, digests, blocked, count, block_slot, slot_ready,
+                                                        slot_block, with_victims, data, pool_use)
 
 
 # ---------------------------------------------------------------------------------------------- region attention

@@ -1,7 +1,7 @@
 """The split of a block selection between a device pool and the CPU (ScoutAttention's B_cpu = B_pred minus B_gpu),
 one entry point whose backend is chosen here: one call of the CPU kernel library on a CPU where it is built, torch
 ops elsewhere (CUDA without the fused select-and-split, torch's CPU kernels forced). The fused device op that also
-selects (`fused_ops.select_split`) reuses the torch ops as its reference.
+selects (`fused_ops.select_and_split`) reuses the torch ops as its reference.
 
 The tables are a `runtime.block_table.BlockTable`'s (each with its trash column): block_slot `[B, Hkv, nB + 1]`
 (the pool slot of each block, -1 when host-only), slot_ready and slot_block `[B, Hkv, S + 1]`.

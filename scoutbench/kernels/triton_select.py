@@ -1,6 +1,6 @@
 """Triton select-and-split: `torch.ops.scoutbench.select_split`'s CUDA kernel, one launch per call.
 
-Same contract as `fused_ops.select_split` (the op's docstring; `fused_ops.select_split_reference` in torch ops):
+Same contract as `fused_ops.select_and_split` (the op's docstring; `fused_ops.select_and_split_reference` in torch ops):
 digest scores, the top k of the selectable blocks in descending score order, the split of the selection between
 the device pool and the CPU and, with `with_victims`, a recall's eviction order, for every (sequence, KV head) row
 of a layer, written into the layer's plan (`data` `[B, Hkv, 3k + 4]` int64, `pool_use` `[B, Hkv, S]` bool).
@@ -200,9 +200,9 @@ def _select_split_kernel(
     tl.store(data_row + 3 * k + offs_k, counts, mask=offs_k < 4)
 
 
-def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
-                 block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor, with_victims: bool,
-                 data: torch.Tensor, pool_use: torch.Tensor) -> torch.Tensor:
+def select_and_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, count: torch.Tensor,
+                     block_slot: torch.Tensor, slot_ready: torch.Tensor, slot_block: torch.Tensor, with_victims: bool,
+                     data: torch.Tensor, pool_use: torch.Tensor) -> torch.Tensor:
     """`torch.ops.scoutbench.select_split` in one launch (see the module docstring and the op's contract), into
     `data` and `pool_use`. Returns the scores it computed `[B, Hkv, nB]` (its scratch; the tests read it)."""
     batch, num_heads, head_dim = q.shape
@@ -210,15 +210,15 @@ def select_split(q: torch.Tensor, digests: torch.Tensor, blocked: torch.Tensor, 
     num_slots, max_blocks = slot_ready.shape[-1] - 1, block_slot.shape[-1] - 1
     k = (data.shape[-1] - NUM_COUNTS) // 3
     if digests.shape[-1] != 2 * head_dim or num_heads % num_kv_heads:
-        raise ValueError(f"select_split: digests {tuple(digests.shape)} do not fit q {tuple(q.shape)}")
+        raise ValueError(f"select_and_split: digests {tuple(digests.shape)} do not fit q {tuple(q.shape)}")
     if not 0 <= k <= num_blocks:
-        raise ValueError(f"select_split: k={k} must be in [0, {num_blocks}] (the row's blocks)")
+        raise ValueError(f"select_and_split: k={k} must be in [0, {num_blocks}] (the row's blocks)")
     if with_victims and k > num_slots:
-        raise ValueError(f"select_split: an eviction order of k={k} slots needs a pool of at least k (S={num_slots})")
+        raise ValueError(f"select_and_split: an eviction order of k={k} slots needs a pool of at least k (S={num_slots})")
     if num_blocks > MAX_BLOCKS:
-        raise ValueError(f"select_split: {num_blocks} blocks per row; the Triton kernel holds at most {MAX_BLOCKS}")
+        raise ValueError(f"select_and_split: {num_blocks} blocks per row; the Triton kernel holds at most {MAX_BLOCKS}")
     if data.stride(-1) != 1 or pool_use.stride(-1) != 1:
-        raise ValueError("select_split: data and pool_use must be contiguous in their last dimension")
+        raise ValueError("select_and_split: data and pool_use must be contiguous in their last dimension")
     with_victims = with_victims and k > 0  # (an order of 0 slots and n_available 0 are what is written anyway)
     scores = torch.empty((batch, num_kv_heads, num_blocks), dtype=digests.dtype, device=q.device)
     if batch * num_kv_heads == 0:

@@ -95,17 +95,17 @@ def split_selection(table: BlockTable, ids: torch.Tensor, valid: torch.Tensor, v
     return SplitPlan(data, ids.shape[-1]), pool_use
 
 
-def select_split(store: TieredBlockStore, layer: int, q: torch.Tensor, candidates: CandidateBlocks,
-                 with_victims: bool, split: SplitPlan, pool_use: torch.Tensor) -> None:
+def select_and_split(store: TieredBlockStore, layer: int, q: torch.Tensor, candidates: CandidateBlocks,
+                     with_victims: bool, split: SplitPlan, pool_use: torch.Tensor) -> None:
     """`DigestTable.select`, `BlockTable.victims` (`with_victims`) and `split_selection` of one layer in one fused
-    device launch (`fused_ops.select_split`, where `backends.fused_ops_available`), into the layer's `split` and
+    device launch (`fused_ops.select_and_split`, where `backends.fused_ops_available`), into the layer's `split` and
     `pool_use` (static buffers: a captured graph writes them in place)."""
     digests = store.digests.digests[layer]
     if candidates.num_blocks != digests.shape[2]:
         digests = digests[:, :, : candidates.num_blocks]
     table = store.tables[layer]
-    fused_ops.select_split(q, digests, candidates.blocked, candidates.count, table.block_slot, table.slot_ready,
-                           table.slot_block, with_victims, split.data, pool_use)
+    fused_ops.select_and_split(q, digests, candidates.blocked, candidates.count, table.block_slot, table.slot_ready,
+                               table.slot_block, with_victims, split.data, pool_use)
 
 
 class TieredBlockStore:

@@ -59,7 +59,7 @@ class BlockTable:
     def pending_copies(self) -> int:
         return len(self._pending)
 
-    def split(self, ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def locate(self, ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where the selected blocks `ids` `[B, Hkv, k]` (entries with `valid` False are padding) can be read
         (`split_plan.locate`): (on_device = selected, resident and ready; pending = selected and resident but its
         copy is still in flight, so it must be computed elsewhere; slot = the pool slot, -1 if not resident)."""

@@ -78,7 +78,7 @@ class DeviceSplit:
 
     @classmethod
     def empty(cls, batch: int, kv_heads: int, k: int, pool_slots: int, device: torch.device) -> DeviceSplit:
-        """A layer's static split, which `block_store.select_split` rewrites in place."""
+        """A layer's static split, which `block_store.select_and_split` rewrites in place."""
         return cls(SplitPlan(torch.zeros((batch, kv_heads, SplitPlan.width(k)), dtype=torch.long, device=device), k),
                    torch.zeros((batch, kv_heads, pool_slots), dtype=torch.bool, device=device))
 

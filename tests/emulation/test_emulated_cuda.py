@@ -18,7 +18,6 @@ from method_harness import ragged_prompt
 
 from scoutbench.methods import build_method
 
-
 # emulated CUDA runs where no real CUDA device is (it refuses otherwise); tests/emulation/test_gpu.py covers a real one
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present"),
               pytest.mark.usefixtures("one_intra_op_thread")]
@@ -281,12 +280,12 @@ def test_a_recalled_slot_is_read_only_once_its_copy_event_completed():
         table.assign(row, slot, block, event)
         ids, valid = torch.tensor([[[7]]], device="cuda"), torch.tensor([[[True]]], device="cuda")
         table.poll()
-        on_device, pending, _ = table.split(ids, valid)
+        on_device, pending, _ = table.locate(ids, valid)
         assert not bool(on_device.any()) and bool(pending.all())  # gated: the device does not read it yet
         assert bool((pool[2] == 0).all())  # and indeed the copy has not run: reading it would be wrong
         event.synchronize()
         table.poll()
-        on_device, pending, _ = table.split(ids, valid)
+        on_device, pending, _ = table.locate(ids, valid)
         assert bool(on_device.all()) and torch.equal(pool[2].cpu(), torch.arange(8.0))
 
 

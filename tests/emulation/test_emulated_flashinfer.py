@@ -18,7 +18,6 @@ from scoutbench.kernels.attention import decode_attention, partial_attention
 from scoutbench.methods import build_method
 from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, emulated_cuda
 
-
 # emulated CUDA runs where no real CUDA device is (it refuses otherwise); tests/emulation/test_gpu.py covers a real one
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present"),
               pytest.mark.usefixtures("one_intra_op_thread")]

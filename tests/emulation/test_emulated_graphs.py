@@ -66,7 +66,7 @@ def test_a_replayed_piece_equals_eager_over_steps(cuda):
 
 @torch.library.custom_op("scoutbench_tests::scaled_into", mutates_args=("out",))
 def scaled_into(x: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-    """A custom op that writes its argument and returns nothing (as fused_ops.select_split fills a static plan)."""
+    """A custom op that writes its argument and returns nothing (as fused_ops.select_and_split fills a static plan)."""
     out.copy_(x * scale)
 
 

@@ -79,7 +79,7 @@ def no_fused_reference(monkeypatch):
             raise AssertionError(f"fused_ops.{name} ran on the emulated device: its Triton kernel did not")
         return reference
 
-    for name in ("region_reference", "select_split_reference", "speculate_count_reference", "_interpolated"):
+    for name in ("region_reference", "select_and_split_reference", "speculate_count_reference", "_interpolated"):
         monkeypatch.setattr(fused_ops, name, refuse(name))
 
 

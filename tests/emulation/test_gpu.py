@@ -155,7 +155,7 @@ def test_fused_region_and_merge_kernels_match_their_references(dtype, atol):
 
 
 @pytest.mark.gpu  # compiled Triton (tests/kernels/test_triton_select.py runs the kernel in Triton's interpreter)
-def test_fused_select_split_kernel_matches_its_reference():
+def test_fused_select_and_split_kernel_matches_its_reference():
     """ScoutAttention's one-launch selection and split at paper granularity on the GPU: 2048 blocks (64k tokens
     of 32), k = 61, a pool of 122 slots half full, fp32 digests (distinct scores: the same selection)."""
     pytest.importorskip("triton")
@@ -177,10 +177,10 @@ def test_fused_select_split_kernel_matches_its_reference():
     slot_ready = torch.zeros((batch, kv_heads, slots + 1), dtype=torch.bool)
     slot_ready[:, :, : slots // 3] = True
     inputs = (q, digests, blocked, count, block_slot, slot_ready, slot_block)
-    want_data, want_pool = fused_ops.select_split_reference(*inputs[:4], k, *inputs[4:], True)
+    want_data, want_pool = fused_ops.select_and_split_reference(*inputs[:4], k, *inputs[4:], True)
     data = torch.zeros_like(want_data, device=CUDA)
     pool_use = torch.zeros_like(want_pool, device=CUDA)
-    triton_select.select_split(*(t.to(CUDA) for t in inputs), True, data, pool_use)
+    triton_select.select_and_split(*(t.to(CUDA) for t in inputs), True, data, pool_use)
     assert torch.equal(data.cpu(), want_data) and torch.equal(pool_use.cpu(), want_pool)
 
 

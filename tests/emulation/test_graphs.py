@@ -18,7 +18,6 @@ from method_harness import ragged_prompt
 from scoutbench.methods import build_method
 from scoutbench.methods.fullkv import FullKV
 
-
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is present"),
               pytest.mark.usefixtures("one_intra_op_thread")]
 

@@ -1,5 +1,5 @@
 """The Triton select-and-split kernel (`triton_select`, `torch.ops.scoutbench.select_split` on CUDA) against the
-torch reference `fused_ops.select_split_reference`, run on CPU through the Triton interpreter. Skipped when
+torch reference `fused_ops.select_and_split_reference`, run on CPU through the Triton interpreter. Skipped when
 triton is not installed; `SCOUTBENCH_REQUIRE_TRITON=1` (`nox -s triton`) makes a missing triton a failure.
 
 How the checks run in the interpreter (a child pytest): tests/triton_interpreter.py. The kernel has no `tl.dot`
@@ -17,7 +17,7 @@ import torch
 from triton_interpreter import child_run_test, interpreted, kernel_module
 
 from scoutbench.kernels.digest import rank_from_digests
-from scoutbench.kernels.fused_ops import NUM_COUNTS, select_split_reference
+from scoutbench.kernels.fused_ops import NUM_COUNTS, select_and_split_reference
 
 triton_select = kernel_module("scoutbench.kernels.triton_select")
 
@@ -69,7 +69,7 @@ def _inputs(batch, group, num_kv_heads, head_dim, num_blocks, k, *, sink=1, vali
 
 def _reference(inputs, with_victims=False):
     """(data, pool_use, scores) of the torch reference for `_inputs`' inputs."""
-    return (*select_split_reference(*inputs, with_victims), rank_from_digests(inputs[0], inputs[1]))
+    return (*select_and_split_reference(*inputs, with_victims), rank_from_digests(inputs[0], inputs[1]))
 
 
 def _kernel(inputs, with_victims=False):
@@ -78,8 +78,8 @@ def _kernel(inputs, with_victims=False):
     batch, num_kv_heads = digests.shape[:2]
     data = torch.full((batch, num_kv_heads, 3 * k + NUM_COUNTS), -7, dtype=torch.long)
     pool_use = torch.ones((batch, num_kv_heads, slot_ready.shape[-1] - 1), dtype=torch.bool)
-    scores = triton_select.select_split(q, digests, inputs[2], inputs[3], block_slot, slot_ready, slot_block,
-                                        with_victims, data, pool_use)
+    scores = triton_select.select_and_split(q, digests, inputs[2], inputs[3], block_slot, slot_ready, slot_block,
+                                            with_victims, data, pool_use)
     return data, pool_use, scores
 
 

@@ -179,3 +179,41 @@ def test_budget_covering_the_context_equals_fullkv_on_a_real_model(smollm2):
         kl = (b.log_softmax(-1).exp() * (b.log_softmax(-1) - a.log_softmax(-1))).sum()
         assert abs(float(kl)) < 1e-6, f"step {step}: KL {float(kl):.3g}"
     assert_logits_close(ours, reference, atol=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------- Algorithm 1's shape
+def test_algorithm_1_lines_3_to_12_fit_on_one_screen_with_the_papers_names():
+    """Lines 3-12 of Algorithm 1 are `before_layer` (3-4), `_trigger` (5-7) and `decode_sparse` (8-12), adjacent,
+    at most 40 lines together, and name the paper's quantities as variables (issue 50): a reader finds the step
+    on one screen, and the backend and diagnostics are chosen outside it."""
+    import ast
+    import inspect
+
+    import scoutbench.methods.scout as scout_module
+
+    tree = ast.parse(inspect.getsource(scout_module))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ScoutAttention")
+    funcs = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    step = [funcs[name] for name in ("before_layer", "_trigger", "decode_sparse")]
+    assert all(a.end_lineno + 2 == b.lineno for a, b in zip(step[:-1], step[1:], strict=True)), "adjacent"
+    assert step[-1].end_lineno - step[0].lineno + 1 <= 40
+    assigned = {n.id for f in step for n in ast.walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    assert {"Q_pred", "B_pred", "B_cpu", "B_gpu", "A_gpu", "A_cpu"} <= assigned
+    switches = {n.attr for f in step for n in ast.walk(f) if isinstance(n, ast.Attribute)} & {
+        "oracle", "pred_norm", "pc", "trace", "cuda", "device_blocks"}
+    assert not switches, f"per-step switches in Algorithm 1: {switches}"
+
+
+def test_tracing_records_without_changing_the_step(tiny_qwen3, prompt_300):
+    """The trace is a hook at fixed points: a traced run decodes bit-identically to an untraced one, the untraced
+    run records nothing, and the traced one records every plan, submit, device part and wait."""
+    prompt, lengths, tokens = prompt_300
+    kwargs = {"budget": 96, "block_size": 8, "recall_interval": 2}
+    plain = ScoutAttention(**kwargs)
+    untraced = scout_run(tiny_qwen3, plain, prompt, lengths, tokens)
+    assert plain.trace is None
+    traced_method = ScoutAttention(**kwargs)
+    traced = scout_run(tiny_qwen3, traced_method, prompt, lengths, tokens, trace=True)
+    assert all(torch.equal(a, b) for a, b in zip(untraced, traced, strict=True))
+    kinds = {r["kind"] for r in traced_method.trace}
+    assert {"plan", "submit", "cpu", "device", "wait", "recall"} <= kinds

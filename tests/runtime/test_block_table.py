@@ -12,7 +12,7 @@ def test_block_table_split_victims_and_readiness():
     table.assign(torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([4, 7]))
     ids = torch.tensor([[[7, 2, 5]]])
     valid = torch.tensor([[[True, True, False]]])
-    on_dev, pending, slot = table.split(ids, valid)
+    on_dev, pending, slot = table.locate(ids, valid)
     assert on_dev.tolist() == [[[True, False, False]]] and not pending.any()
     assert slot[0, 0, 0] == 1
     scores = torch.arange(10.0)[None, None, :]
@@ -28,7 +28,7 @@ def test_block_table_split_victims_and_readiness():
 
     event = Pending()
     table.assign(torch.tensor([0]), torch.tensor([2]), torch.tensor([2]), event)
-    on_dev, pending, _ = table.split(ids, valid)
+    on_dev, pending, _ = table.locate(ids, valid)
     assert on_dev.tolist() == [[[True, False, False]]] and pending.tolist() == [[[False, True, False]]]
     _, available = table.victims(ids, valid, scores)
     assert available.item() == 1  # the in-flight slot is not evictable
@@ -36,7 +36,7 @@ def test_block_table_split_victims_and_readiness():
     assert table.pending_copies == 1
     event.done = True
     table.poll()
-    on_dev, pending, _ = table.split(ids, valid)
+    on_dev, pending, _ = table.locate(ids, valid)
     assert on_dev.tolist() == [[[True, True, False]]] and not pending.any()
     # evicting block 4 from slot 0 makes it host-only
     table.assign(torch.tensor([0]), torch.tensor([0]), torch.tensor([9]))
@@ -47,7 +47,7 @@ def test_block_table_split_victims_and_readiness():
 @pytest.mark.parametrize("seed", range(4))
 def test_split_plan_on_every_backend_equals_the_split_by_hand(seed):
     """`split_plan` (one call of the CPU kernel library here) and its torch ops (`split_reference`, CUDA's path)
-    both give the split by hand bit for bit: `split`, the stable CPU-first order, the packed plan and the pool-use
+    both give the split by hand bit for bit: `locate`, the stable CPU-first order, the packed plan and the pool-use
     mask, on a table with resident, in-flight and host-only blocks, invalid selections and duplicate padding ids."""
     from scoutbench.kernels import cpu_attention
     from scoutbench.kernels.split_plan import split_plan, split_reference
@@ -74,7 +74,7 @@ def test_split_plan_on_every_backend_equals_the_split_by_hand(seed):
     available = torch.randint(0, slots, (batch, heads), generator=g)
     if cpu_attention.library() is None:
         pytest.skip("the CPU kernel is not built here")
-    on_dev, pending, slot = table.split(ids, valid)
+    on_dev, pending, slot = table.locate(ids, valid)
     on_cpu = valid & ~on_dev
     order = torch.argsort(on_cpu.to(torch.uint8), dim=-1, descending=True, stable=True)
     counts = [on_cpu.sum(-1), valid.sum(-1), available, (table.slot_block[..., :slots] >= 0).sum(-1)]

@@ -1,12 +1,12 @@
 // ScoutAttention's split of a selection between the device pool and the CPU part (runtime/block_table.py's
-// split_selected).
+// split_selection_native).
 #include "common.h"
 
 namespace sb {
 namespace {
 
 // ------------------------------------------------------------------------------------------ ScoutAttention's split
-// One layer's split of a selection between the device pool and the CPU part (BlockTable.split, the CPU-first order,
+// One layer's split of a selection between the device pool and the CPU part (BlockTable.locate, the CPU-first order,
 // SplitPlan.pack and BlockTable.slot_mask in one pass per row, where the torch path makes ~28 ops per layer).
 // Per row r:
 // slot = block_slot[clamp(id)], resident = valid && slot >= 0, ready = slot_ready[resident ? slot : trash],
