@@ -5,11 +5,11 @@ Layer-ahead CPU pre-computation (PC) starts layer i+1's CPU part during layer i,
 recall (PR) copies the blocks the CPU computed into the pool so its share stays small.
 
 The file reads as the paper does: Algorithm 1's decode step first (its line numbers in the comments) and the
-periodic recall, then the step's plan, prefill, setup and statistics. Lines 5-6 (fused or torch, chosen at bind)
-are `methods/scout_split.py`, the step's trace (tests, profiling) `methods/scout_trace.py`, storage
-`runtime/block_store`, the CPU part's transport (pinned copies, worker hand-offs, recall staging)
-`runtime/scout_transport`, the work model `methods/scout_work.py`. The choices the paper leaves open, and why:
-docs/methods.md ("ScoutAttention choices")."""
+periodic recall, then the step's plan, prefill and setup. Lines 5-6 (fused or torch, chosen at bind) are
+`methods/scout_split.py`, the step's trace (tests, profiling) `methods/scout_trace.py`, its statistics
+`methods/scout_stats.py`, storage `runtime/block_store`, the CPU part's transport (pinned copies, worker hand-offs,
+recall staging) `runtime/scout_transport`, the work model `methods/scout_work.py`. The choices the paper leaves
+open, and why: docs/methods.md ("ScoutAttention choices")."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from scoutbench.methods.base import (
     ModelShape,
     StepInfo,
     require,
-    transfer_stats,
 )
 from scoutbench.methods.scout_split import FusedSelectAndSplit, SelectAndSplit, top_blocks
+from scoutbench.methods.scout_stats import ScoutStatistics
 from scoutbench.methods.scout_trace import NO_TRACE, TraceRecorder
 from scoutbench.methods.scout_work import ScoutWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
@@ -59,7 +59,7 @@ DEVICE_BLOCKS = ("resident", "selected")
 
 
 @dataclass
-class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
+class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
     """Quest block selection split between a device pool and CPU attention over host blocks (module docstring;
     the fields: docs/methods.md). `pc=False` is the paper's parallel co-attention baseline (selection with the true
     query inside the layer); `oracle=True` uses the true query everywhere (the exactness tests);
@@ -439,67 +439,6 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
             sparse, context_len, shape.num_kv_heads, shape.head_dim, elem_bytes, self.block_size, self.pool_slots,
             self.sink_blocks, self.local_blocks, recall_blocks=self.k_sel)
         return Footprint(dense * context_len * shape.kv_bytes_per_token_layer(elem_bytes) + device, host, prefill)
-
-    # ================================================================== statistics
-    def reset_stats(self) -> None:
-        """Zero the statistics (e.g. after warm-up steps); the method state is untouched."""
-        L = self._L
-        self._ratio_sum, self._ratio_n, self._sel_sum, self._res_sum = [0.0] * L, [0] * L, [0.0] * L, [0.0] * L
-        self._recalls, self._recall_blocks = [0] * L, [0] * L
-        self._recall_bytes = 0  # K/V bytes the recalls copied to the device
-        self._cpu_ms = self._idle_ms = 0.0
-        self._cpu_tasks = self._steps = 0
-        self._h2d_bytes = self._d2h_bytes = 0
-        self._attended.reset()
-
-    def _account(self, layer: int, result: CpuResult) -> None:
-        """CPU compute ratio = tokens attended on the CPU / budget, averaged over (sequence, KV head)."""
-        n_cpu, n_selected, _, n_resident = result.count_means
-        self._ratio_sum[layer] += n_cpu * self.block_size / self.budget
-        self._sel_sum[layer] += n_selected
-        self._res_sum[layer] += n_resident
-        self._ratio_n[layer] += 1
-        self._cpu_ms += result.ms
-        self._cpu_tasks += 1
-
-    def stats(self) -> dict[str, Any]:
-        if not hasattr(self, "_ratio_n"):
-            return {}
-        sparse = self.sparse_layers
-        per_layer = [self._ratio_sum[i] / self._ratio_n[i] if i in sparse and self._ratio_n[i] else None
-                     for i in range(self._L)]
-        measured = [r for r in per_layer if r is not None]
-        n_steps = sum(self._ratio_n)
-
-        def mean_of(values: list[float]) -> float | None:
-            return sum(values) / n_steps if n_steps else None
-
-        block_bytes = 2 * self.block_size * self.ctx.head_dim * self.ctx.dtype.itemsize  # K and V of one block of one KV head
-        return {
-            "cpu_compute_ratio": {"mean": sum(measured) / len(measured) if measured else None,
-                                  "per_layer": per_layer},
-            "blocks_selected_per_head": mean_of(self._sel_sum),
-            "blocks_resident_per_head": mean_of(self._res_sum),
-            "k_sel": self.k_sel,
-            "pool_slots": self.pool_slots,
-            "attended_tokens_per_head": self._attended.stats(self.budget),
-            # bytes: what the recalls copied (the staged blocks, K and V); recalled_bytes: the recalled blocks'
-            "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
-                       "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
-                       "per_layer": list(self._recalls),
-                       "intervals": [self._intervals[i] if i in sparse else None for i in range(self._L)],
-                       # where the intervals come from: the profile's file and what it measured (null: fixed)
-                       "profile": None if self.recall_profile is None else
-                       {"path": self.recall_profile, "measured_on": self._profile_measured_on}},
-            "cpu_attention_ms": self._cpu_ms,
-            "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,
-            "idle_ms": self._idle_ms,
-            **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
-            "steps": self._steps,
-            "device_kv_bytes": sum(t.numel() * t.element_size() for t in (*self.dense.keys, *self.dense.values))
-            + self.store.device_bytes(),
-            "host_kv_bytes": self.store.host_bytes(),
-        }
 
 
 def load_recall_profile(path: str) -> tuple[list[int | None], dict[str, Any] | None]:
