@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scoutbench.results import SCHEMA_VERSION
+from scoutbench.result_schema import SCHEMA_VERSION
 
 TEST_DEVICE = "cpu:Test CPU:2t"
 SCOUT_CONFIG = {"budget": 1024, "block_size": 32, "pc": True, "pr": True}

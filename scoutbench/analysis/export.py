@@ -39,7 +39,7 @@ VLLM_PERCENTILES = (10, 25, 50, 75, 90, 99)  # the ones `vllm bench latency` rep
 
 
 # ---------------------------------------------------------------------------------------------- reading
-# what each per-result format reads of a throughput result beyond what every ok one has (results.result_problem)
+# what each per-result format reads of a throughput result beyond what every ok one has (result_schema.result_problem)
 FORMAT_FIELDS = {"sglang": ("decode_time_s", "workload.steps", "prefill_ms"),
                  "vllm": ("step_ms", "decode_time_s"), "pytorch": ("step_ms", "decode_time_s")}
 

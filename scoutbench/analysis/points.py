@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from scoutbench.errors import UsageError
-from scoutbench.results import NON_FINITE_STRINGS
+from scoutbench.result_schema import NON_FINITE_STRINGS
 from scoutbench.units import format_length
 
 THROUGHPUT_METRICS = {"decode_throughput_tok_s": True, "decode_step_ms": False}  # name -> higher is better

@@ -258,7 +258,7 @@ def _read_point(path: Path, stamp: dict[str, Any] | None = None) -> dict[str, An
     """A finished point's result, or None (absent, unreadable, malformed, or with `stamp` given, made for another
     point or other settings: then it is run again)."""
     from scoutbench.input_files import UnusableFile, read_json_file
-    from scoutbench.results import result_problem
+    from scoutbench.result_schema import result_problem
 
     try:
         data = read_json_file(path)
@@ -285,7 +285,7 @@ def _read_manifest(out: Path) -> dict[str, Any] | None:
         raise UsageError(f"{path} is not a readable sweep manifest ({exc}); remove it or use another -o") from None
     if not isinstance(data, dict) or data.get("kind") != "sweep":
         raise UsageError(f"{path} is not a sweep manifest; use another -o folder")
-    from scoutbench.results import schema_problem
+    from scoutbench.result_schema import schema_problem
 
     problem = schema_problem(data)
     if problem is not None:

@@ -12,7 +12,8 @@ import pytest
 from cli_runner import run_cli
 from repo_paths import REPO_ROOT
 
-from scoutbench.results import ENVELOPE_FIELDS, SCHEMA_VERSION, env_info
+from scoutbench.result_schema import SCHEMA_VERSION
+from scoutbench.results import ENVELOPE_FIELDS, env_info
 
 ROOT = REPO_ROOT
 TINY = ("--model", "tiny-qwen3", "--device", "cpu")

@@ -36,7 +36,7 @@ def test_messages_are_not_garbled(tmp_path):
     """"expected number or number" (a number field's type) and "config.json.. Pass" (a model folder)."""
     from scoutbench.errors import UsageError
     from scoutbench.models import load_model
-    from scoutbench.results import result_problem
+    from scoutbench.result_schema import result_problem
 
     problem = result_problem({**make_result("fullkv", 1.0), "decode_throughput_tok_s": [1]})
     assert problem.endswith("expected number") and "number or number" not in problem
