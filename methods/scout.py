@@ -237,11 +237,8 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         with timer.stage("idle"):
             ctx.host(self._wait, layer, inline)  # line 11: A_cpu^i
         with timer.stage("merge"):
-            if self.transport.cuda:
-                ctx.host(self._result_to_device, layer)
-                A_cpu = self.transport.cpu_device[layer % 2]
-            else:
-                A_cpu = self._cpu_states.pop(layer)
+            ctx.host(self._result_to_device, layer)
+            A_cpu = self.transport.merge_input(layer)
             # line 12: A^i = Merge(A_gpu^i, A_cpu^i)
             out = A_gpu.o.to(q.dtype) if A_cpu is None else merge_output(A_gpu, A_cpu, q.dtype)
         ctx.host(self._after_merge, layer)  # the statistics, and PR: a due recall issued after the attention
@@ -266,8 +263,6 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         if not inline:
             self._log_event("wait", layer)
         self._done[layer] = task
-        if not self.transport.cuda:
-            self._cpu_states[layer] = task.result.state
 
     def _result_to_device(self, layer: int) -> None:
         self._h2d_bytes += self.transport.result_to_device(self._done[layer])
@@ -280,8 +275,6 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         done": the step a block becomes resident changes the output, which must not depend on thread timing."""
         task = self._done.pop(layer)
         result: CpuResult = task.result
-        if not self.transport.cuda and result.state is not None:
-            self._h2d_bytes += result.state.o.numel() * 4 + result.state.lse.numel() * 4
         self._account(layer, result)
         if self.pr:
             self._since[layer] += 1
@@ -429,13 +422,12 @@ class ScoutAttention(ScoutWorkModel, SparseLayerMethod):
         self._valid = torch.zeros((B, Hkv, self.k_sel), dtype=torch.bool, device=dev)
         self._ring_rows = torch.zeros(B, dtype=torch.long, device=dev)
         # per sparse layer, its device split, recorded when its selection is issued (at capture with CUDA graphs:
-        # the tensors a replay rewrites); on a CPU the CPU part's state where the merge reads it
+        # the tensors a replay rewrites)
         self._attended = AttendedTokens(dev)
         # tokens each sparse layer attends per (sequence, KV head) this step, one row per layer (views made once)
         self._attended_rows = torch.zeros((len(self.sparse_layers), B, Hkv), dtype=torch.long, device=dev)
         self._attended_row = dict(zip(self.sparse_layers, self._attended_rows, strict=True))
         self._splits: dict[int, DeviceSplit] = {}
-        self._cpu_states: dict[int, PartialState | None] = {}
         self._tasks: dict[int, CpuTask] = {}  # spawned, until the layer's wait
         self._done: dict[int, CpuTask] = {}  # tasks whose result the host has, until the layer's statistics
         self._short = False
