@@ -67,7 +67,6 @@ from scoutbench.kernels.attention import (
     partial_attention,
 )
 from scoutbench.kernels.flashinfer_decode import page_aligned
-from scoutbench.kernels.partial_state import PartialState
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
     AttendedTokens,
@@ -77,18 +76,17 @@ from scoutbench.methods.base import (
     transfer_stats,
 )
 from scoutbench.methods.hgca_model import HGCAModel
+from scoutbench.methods.hgca_scores import observed_weights
 from scoutbench.methods.hgca_selection import TrackedSelection
 from scoutbench.methods.sparse import SparseLayerMethod
+from scoutbench.runtime.cpu_part import cpu_part
 from scoutbench.runtime.offload import (
     CopyStream,
     CpuWorkerPool,
     HostArena,
     device_zeros,
-    host_empty,
-    token_chunks,
 )
 
-OBSERVED_LOGIT_BYTES = 64 * 1024**2  # fp32 logits per piece of the prefill's observed attention weights
 SCORE_READS = ("all", "selected")
 
 
@@ -199,29 +197,18 @@ class HGCA(HGCAModel, SparseLayerMethod):
         self._window_slots = torch.zeros(batch, dtype=torch.long, device=ctx.device)
         self._window_lengths = StepLengths(batch, self.window_capacity, ctx.dtype, ctx.device,
                                            with_host=not ctx.graphs)
-        on_cuda = ctx.device.type == "cuda"
-        self._q_host = {i: host_empty((batch, ctx.num_heads, head_dim), ctx.dtype, ctx.device)
-                        for i in self.sparse_layers} if on_cuda else None
-        self._lse_host = {i: host_empty((batch, ctx.num_heads), torch.float32, ctx.device)
-                          for i in self.sparse_layers} if on_cuda else None
-        # the CPU part's output and LSE per layer, packed as [B, Hq, D + 1] (one copy to the device), into which the
-        # worker writes: pinned on CUDA, so that the copy is asynchronous (a copy from the worker's fresh pageable
-        # tensors is synchronous, or unsafe), and the worker refills a layer's buffer only once the previous step's
-        # copy from it has run (`_results_read`); on a CPU the merge reads it where it is
-        self._cpu_packed = {i: host_empty((batch, ctx.num_heads, head_dim + 1), torch.float32, ctx.device)
-                            for i in self.sparse_layers}
-        self._cpu_packed_device = {i: torch.empty_like(packed, device=ctx.device)
-                                   for i, packed in self._cpu_packed.items()} if on_cuda else None
-        self._cpu_out = {i: _unpacked(packed) for i, packed in self._cpu_packed.items()}  # what the worker writes
-        self._cpu_part = {i: _unpacked(packed) for i, packed in self._cpu_packed_device.items()} if on_cuda \
-            else self._cpu_out  # what the merge reads
+        # the CPU part per layer: q (and the device LSE, for the moving average) to the host, its output and LSE
+        # back; the worker refills a layer's result buffer only once the previous step's copy from it has run
+        # (`_results_read`)
+        self.cpu_part = cpu_part(self.sparse_layers, batch, ctx.num_heads, head_dim, ctx.dtype, ctx.device,
+                                 with_lse=True)
         self._results_read: dict[int, Any] = {}
         self._futures: dict[int, Future] = {}
         self._selections: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.copy = CopyStream(ctx.device)
         # on a CPU-only run one intra-op thread: HGCA's host part runs beside the main thread's window attention
         # and merge; with torch's 2 threads its steps were slower (bench-attn16 16k, docs/platform.md)
-        self.pool = CpuWorkerPool(1, intra_op_threads=1 if ctx.device.type == "cpu" else None, device=ctx.device)
+        self.pool = CpuWorkerPool(1, device=ctx.device, cpu_run_threads=1)
         # per layer: moving-average updates and admissions of migrated tokens, held back until the next CPU
         # attention is queued, and the future of the last one submitted (a migration waits for it)
         self._deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
@@ -280,37 +267,7 @@ class HGCA(HGCAModel, SparseLayerMethod):
                 for head in range(source.shape[1]):
                     host[layer][b, head, :split].copy_(source[b, head, :split])
                 window[layer][b, :, : n - split].copy_(source[b, :, split:n])
-        self.observed_weights(q_obs[:, :, -self.observed_queries:], k, lengths, out=self.ema[layer])
-
-    def observed_weights(self, q_obs: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean causal attention `[B, Hq, N]` (fp32) of the observed last W prompt queries over the prompt, into
-        `out` (host, fp32) where given: its first `out.shape[-1]` tokens (the host part; the rest is overwritten
-        when a token migrates).
-
-        One (sequence, KV group) and at most `OBSERVED_LOGIT_BYTES` of fp32 logits at a time: the whole batch at
-        once held `B x G x W x N` fp32 logits and as many probabilities (15 x 5 x 256 x 64k: 4.7 GiB each at paper
-        scale), a transient that grew with the batch; this one is constant.
-        """
-        batch, num_heads, window, _ = q_obs.shape
-        kv_heads, num_keys = k.shape[1], k.shape[2]
-        group = num_heads // kv_heads
-        if out is None:
-            out = torch.empty((batch, num_heads, num_keys))
-        kept = min(out.shape[-1], num_keys)
-        query_pos = lengths[:, None] - window + torch.arange(window, device=k.device)  # as the engine observes
-        keys = torch.arange(num_keys, device=k.device)
-        queries = max(1, OBSERVED_LOGIT_BYTES // max(1, group * num_keys * 4))
-        for b in range(batch):
-            for h in range(kv_heads):
-                heads = slice(h * group, (h + 1) * group)
-                total = torch.zeros((group, num_keys), device=k.device)
-                for rows in token_chunks(window, queries):
-                    logits = torch.matmul(q_obs[b, heads, rows].float(), k[b, h].float().transpose(-1, -2))
-                    hidden = keys[None, :] > query_pos[b, rows, None]  # [w, N]: causal
-                    total += logits.mul_(self.ctx.scale).masked_fill_(hidden, float("-inf")).softmax(dim=-1).sum(1)
-                out[b, heads, :kept] = (total[:, :kept] / window).cpu()
-        return out
+        observed_weights(q_obs[:, :, -self.observed_queries:], k, lengths, self.ctx.scale, out=self.ema[layer])
 
     # ------------------------------------------------------------------ decode
     def begin_step(self, step: StepInfo) -> None:
@@ -363,9 +320,8 @@ class HGCA(HGCAModel, SparseLayerMethod):
         window_k, window_v = self.window_k[layer], self.window_v[layer]
         window_k[self._batch_index, :, self._window_slots] = k
         window_v[self._batch_index, :, self._window_slots] = v
-        if self._cpu_active and self._q_host is not None:  # q to the worker: its copy to pinned memory
-            self._q_host[layer].copy_(q, non_blocking=True)
         if self._cpu_active:
+            self.cpu_part.send(layer, q)
             ctx.host(self._submit_cpu_attention, layer, q)
         device_part = partial_attention(q, window_k, window_v, ctx.scale, lengths=self._window_lengths)
         if not self._cpu_active:  # nothing on the host yet (or window_frac = 1)
@@ -374,11 +330,9 @@ class HGCA(HGCAModel, SparseLayerMethod):
         with ctx.timer.stage("idle"):
             ctx.host(self._wait_cpu_attention, layer)
         with ctx.timer.stage("merge"):  # one captured piece: the CPU part's results to the device, and the merge
-            if self._cpu_packed_device is not None:
-                self._cpu_packed_device[layer].copy_(self._cpu_packed[layer], non_blocking=True)
-            out = merge_output(device_part, self._cpu_part[layer], q.dtype)
-            if self._lse_host is not None:  # the device LSE to the moving-average update
-                self._lse_host[layer].copy_(device_part.lse, non_blocking=True)
+            self.cpu_part.copy_in(layer)
+            out = merge_output(device_part, self.cpu_part.result(layer), q.dtype)
+            self.cpu_part.send_lse(layer, device_part.lse)  # the device LSE to the moving-average update
         ctx.host(self._finish_layer, layer, device_part.lse)
         return out
 
@@ -386,9 +340,7 @@ class HGCA(HGCAModel, SparseLayerMethod):
         """Host work: this layer's deferred updates (its CPU attention reads them), its CPU attention, then the
         other layers' deferred updates (behind it, ahead of the next one)."""
         self._submit_deferred(layer)
-        q_host, q_ready = q, None
-        if self._q_host is not None:
-            q_host, q_ready = self._q_host[layer], torch.cuda.current_stream(self.ctx.device).record_event()
+        q_host, q_ready = self.cpu_part.query(layer, q)
         self._futures[layer] = self.pool.submit(self._cpu_attention, layer, q_host, q_ready, list(self.split),
                                                 list(self.cpu_take), self._results_read.get(layer))
         self._submit_deferred()
@@ -407,11 +359,9 @@ class HGCA(HGCAModel, SparseLayerMethod):
         if lse_device is None:
             self._submit_deferred()
         else:
-            ready = None
-            if self._lse_host is not None:  # after the copies from the result buffer and of the device LSE
-                ready = torch.cuda.current_stream(self.ctx.device).record_event()
-                self._results_read[layer] = ready
-                lse_device = self._lse_host[layer]
+            ready = self.cpu_part.read_event()  # after the copies from the result buffer and of the device LSE
+            self._results_read[layer] = ready
+            lse_device = self.cpu_part.lse(layer, lse_device)
             ids, probs, lse_cpu = self._selections.pop(layer)
             self._deferred.append((layer, self._update_ema,
                                    (layer, max(self.split), ids, probs, lse_cpu, lse_device, ready)))
@@ -450,8 +400,7 @@ class HGCA(HGCAModel, SparseLayerMethod):
         token id (per KV head with a budget, the group's query heads packed against it; else one row per query
         head), into the layer's result buffer, once `results_read` (the previous copy from it) has run. Returns
         (ids, probs, the LSE for the moving average: its own tensor, which no later step overwrites)."""
-        if q_ready is not None:
-            q_ready.synchronize()
+        q_ready.synchronize()
         start = time.perf_counter()
         ids = self._select(layer, split, take)
         valid = None if min(take) == ids.shape[-1] else torch.tensor(take)
@@ -460,16 +409,14 @@ class HGCA(HGCAModel, SparseLayerMethod):
                                                     ids, self.ctx.scale, valid)
         if results_read is not None:
             results_read.synchronize()
-        self._cpu_out[layer].o.copy_(state.o)
-        self._cpu_out[layer].lse.copy_(state.lse)
+        self.cpu_part.hand_over(layer, state)
         self._cpu_ms += (time.perf_counter() - start) * 1e3
         return ids, probs, state.lse
 
     def _update_ema(self, layer: int, span: int, ids: torch.Tensor, probs: torch.Tensor, lse_cpu: torch.Tensor,
                     lse_device: torch.Tensor, ready: Any) -> None:
         """Worker thread, deferred past the next CPU attention: a <- gamma a + (1 - gamma) p over the host tokens (p = 0 if not computed)."""
-        if ready is not None:
-            ready.synchronize()
+        ready.synchronize()
         start = time.perf_counter()
         cpu_share = torch.exp(lse_cpu - torch.logaddexp(lse_cpu, lse_device))  # [B, Hq]: CPU part of the mass
         if layer in self._tracked:
@@ -541,7 +488,3 @@ class HGCA(HGCAModel, SparseLayerMethod):
             **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
         }
 
-
-def _unpacked(packed: torch.Tensor) -> PartialState:
-    """The partial state `(o [B, Hq, D], lse [B, Hq])` packed as `[B, Hq, D + 1]` (views)."""
-    return PartialState(packed[..., :-1], packed[..., -1])

@@ -242,18 +242,14 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         if not inline:
             self._trace.event("wait", layer, self.step.index)
         self._done[layer] = task
-        if not self.transport.cuda:
-            self._cpu_states[layer] = task.result.state
 
     def _cpu_state(self, layer: int) -> PartialState | None:
-        """A_cpu^i where the merge reads it: on CUDA the static device buffers its result goes to (a host point),
-        on a CPU the worker's state (None: nothing attended on the CPU)."""
-        if not self.transport.cuda:
-            return self._cpu_states.pop(layer)
+        """A_cpu^i where the merge reads it (runtime/cpu_part: on CUDA the static device buffers its result goes to
+        at a host point, on a CPU the worker's state; None: nothing attended on the CPU)."""
         self.ctx.host(self._result_to_device, layer)
-        return self.transport.cpu_device[layer % 2]
+        return self.transport.merge_input(layer)
 
-    def _result_to_device(self, layer: int) -> None:  # host (CUDA)
+    def _result_to_device(self, layer: int) -> None:  # host
         self._h2d_bytes += self.transport.result_to_device(self._done[layer])
 
     # ------------------------------------------------------------------ periodic recall (section 3.4)
@@ -264,8 +260,6 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         done": the step a block becomes resident changes the output, which must not depend on thread timing."""
         task = self._done.pop(layer)
         result: CpuResult = task.result
-        if not self.transport.cuda and result.state is not None:
-            self._h2d_bytes += result.state.o.numel() * 4 + result.state.lse.numel() * 4
         self._account(layer, result)
         if self.pr:
             self._since[layer] += 1
@@ -408,13 +402,12 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         self._inline = frozenset(i for i in self.sparse_layers if self.layer_ahead_active and i not in self._ahead)
         self._ring_rows = torch.zeros(B, dtype=torch.long, device=dev)
         # per sparse layer, its device split, recorded when its selection is issued (at capture with CUDA graphs:
-        # the tensors a replay rewrites); on a CPU the CPU part's state where the merge reads it
+        # the tensors a replay rewrites)
         self._attended = AttendedTokens(dev)
         # tokens each sparse layer attends per (sequence, KV head) this step, one row per layer (views made once)
         self._attended_rows = torch.zeros((len(self.sparse_layers), B, Hkv), dtype=torch.long, device=dev)
         self._attended_row = dict(zip(self.sparse_layers, self._attended_rows, strict=True))
         self._splits: dict[int, DeviceSplit] = {}
-        self._cpu_states: dict[int, PartialState | None] = {}
         self._tasks: dict[int, CpuTask] = {}  # spawned, until the layer's wait
         self._done: dict[int, CpuTask] = {}  # tasks whose result the host has, until the layer's statistics
         self._short = False

@@ -420,7 +420,7 @@ class CpuWorkerPool:
     thread needs to keep issuing device work, shared among the workers (with every core the workers' threads
     preempt the issuing thread, and the GPU waits for launches); on a CPU run torch's, as the main thread's (the
     worker then shares the cores with the main thread's "device" work, and what that costs depends on the
-    method's overlap: docs/platform.md).
+    method's overlap: docs/platform.md), or `cpu_run_threads` where the method knows its overlap.
 
     While any pool is open, the interpreter's GIL switch interval is at most WORKER_SWITCH_INTERVAL_S (restored when
     the last one closes): the worker and the main thread both run short Python stretches between kernel calls, and
@@ -431,9 +431,11 @@ class CpuWorkerPool:
     _saved_interval_s: float | None = None
     _lock = threading.Lock()
 
-    def __init__(self, workers: int = 1, intra_op_threads: int | None = None, device: torch.device | None = None):
-        if intra_op_threads is None and device is not None and torch.device(device).type == "cuda":
-            intra_op_threads = max(1, (usable_cores() - 1) // workers)
+    def __init__(self, workers: int = 1, intra_op_threads: int | None = None, device: torch.device | None = None,
+                 cpu_run_threads: int | None = None):
+        if intra_op_threads is None and device is not None:
+            on_cuda = torch.device(device).type == "cuda"
+            intra_op_threads = max(1, (usable_cores() - 1) // workers) if on_cuda else cpu_run_threads
         self.intra_op_threads = intra_op_threads
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scoutbench-cpu",
                                            initializer=self._start_worker)

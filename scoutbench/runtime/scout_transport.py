@@ -4,11 +4,11 @@ the CPU worker, its partial attention comes back to the device, and a periodic r
 - `CpuTask`: one layer's CPU part for one step, as the worker reads it (the query, the `SplitPlan`, the event that
   says both are on the host), with the futures of its attention result (`CpuResult`) and of its recall (`Recall`).
 - `CoAttentionTransport`: the buffers and hand-offs behind it. Consecutive layers alternate between two sets
-  ("parities") of buffers, so at most two tasks are in flight: on CUDA, pinned host copies of the query and the
-  split (one non-blocking device-to-host copy each, then an event), pinned result buffers and the static device
-  buffers the merge reads; the recall's staging buffers (`TieredBlockStore.stage`/`load_staged`), each free again
-  once the recall staged there has been issued and its copy has read it; the worker pool and the copy stream. On
-  a CPU-only machine the same hand-offs run with CPU tensors and completed events.
+  ("parities") of buffers, so at most two tasks are in flight: the query and the partial state of the CPU part
+  (`runtime/cpu_part`, shared with HGCA), on CUDA a pinned host copy of the split (one non-blocking device-to-host
+  copy, covered by the query's event); the recall's staging buffers (`TieredBlockStore.stage`/`load_staged`), each
+  free again once the recall staged there has been issued and its copy has read it; the worker pool and the copy
+  stream. On a CPU-only machine the same hand-offs run with CPU tensors and completed events.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import torch
 from scoutbench.kernels.partial_state import PartialState
 from scoutbench.runtime.block_store import SplitPlan, TieredBlockStore
 from scoutbench.runtime.block_table import BlockTable
-from scoutbench.runtime.offload import DONE, CopyStream, CpuWorkerPool, host_empty
+from scoutbench.runtime.cpu_part import cpu_part
+from scoutbench.runtime.offload import CopyStream, CpuWorkerPool, host_empty
 
 
 @dataclass
@@ -121,19 +122,11 @@ class CoAttentionTransport:
                  device: torch.device | str):
         B, H, Hkv, D = batch, heads, store.kv_heads, store.head_dim
         self.store, self.k = store, k
-        self.cuda = torch.device(device).type == "cuda"
+        self.cpu = cpu_part(range(2), B, H, D, dtype, device)  # the query down, the partial state back
         self.parity_free: list[list[Any]] = [[], []]  # per parity: the copies that read its host buffers
-        if self.cuda:  # pinned transport of the tasks (query, split) and of the CPU part's result
-            self.q_host = [host_empty((B, H, D), dtype, device) for _ in range(2)]
-            self.split_host = [host_empty((B, Hkv, SplitPlan.width(k)), torch.long, device) for _ in range(2)]
-            # the CPU part's result, output and LSE side by side `[B, H, D + 1]` (one copy to the device): pinned,
-            # and where the merge reads it, static device buffers per parity (the empty state until a result lands)
-            self.out_host = [host_empty((B, H, D + 1), torch.float32, device) for _ in range(2)]
-            self.out_device = [torch.zeros((B, H, D + 1), device=device) for _ in range(2)]
-            self.out_o, self.out_lse = [out[..., :D] for out in self.out_host], [out[..., D] for out in self.out_host]
-            self.cpu_device = [PartialState(out[..., :D], out[..., D]) for out in self.out_device]
-            for state in self.cpu_device:
-                state.lse.fill_(float("-inf"))
+        # on CUDA the split's pinned host copy per parity (its device-to-host copy precedes the query's event)
+        self.split_host = [host_empty((B, Hkv, SplitPlan.width(k)), torch.long, device) for _ in range(2)] \
+            if torch.device(device).type == "cuda" else None
         self.copy = CopyStream(device)
         # recalls whose staging may still run; per parity, whether its staging buffers are free (the recall staged
         # there has been issued) and the copy that last read them
@@ -146,10 +139,10 @@ class CoAttentionTransport:
 
     # ------------------------------------------------------------------ to the worker
     def send(self, layer: int, q: torch.Tensor, split: SplitPlan) -> None:
-        """Device (captured): on CUDA, start the copy of the query and the split to the layer's pinned buffers."""
-        if self.cuda:
-            parity = layer % 2
-            self.q_host[parity].copy_(q, non_blocking=True)
+        """Device (captured): start the copy of the query and the split to the layer's host buffers (on CUDA)."""
+        parity = layer % 2
+        self.cpu.send(parity, q)
+        if self.split_host is not None:
             self.split_host[parity].copy_(split.data, non_blocking=True)
 
     def task(self, layer: int, step: int, q: torch.Tensor, split: SplitPlan, predicted: bool,
@@ -157,12 +150,8 @@ class CoAttentionTransport:
         """Host, after `send`: the task the worker reads (on CUDA its pinned copies, complete at the event recorded
         now) and the bytes that went to the host for it."""
         parity = layer % 2
-        if self.cuda:
-            q_host, split_host = self.q_host[parity], SplitPlan(self.split_host[parity], self.k)
-            event = torch.cuda.Event()
-            event.record()
-        else:
-            q_host, split_host, event = q, split, DONE
+        q_host, event = self.cpu.query(parity, q)
+        split_host = split if self.split_host is None else SplitPlan(self.split_host[parity], self.k)
         d2h = q.numel() * q.element_size() + split_host.data.numel() * split_host.data.element_size()
         task = CpuTask(layer, step, parity, q_host, split_host, event, predicted, recall_periodic,
                        tuple(self.parity_free[parity]))
@@ -190,12 +179,8 @@ class CoAttentionTransport:
             event.synchronize()
 
     def hand_over(self, task: CpuTask, state: PartialState) -> PartialState:
-        """Worker: on CUDA the CPU part's output and LSE into the parity's pinned result buffers."""
-        if not self.cuda:
-            return state
-        self.out_o[task.parity].copy_(state.o)
-        self.out_lse[task.parity].copy_(state.lse)
-        return PartialState(self.out_o[task.parity], self.out_lse[task.parity])
+        """Worker: the CPU part's output and LSE into the parity's result buffers (`CpuPart.hand_over`)."""
+        return self.cpu.hand_over(task.parity, state)
 
     # ------------------------------------------------------------------ back to the device
     def collect(self, task: CpuTask, run_inline: Callable[[CpuTask], Recall | None] | None) -> float:
@@ -211,20 +196,18 @@ class CoAttentionTransport:
         return (time.perf_counter() - t0) * 1e3
 
     def result_to_device(self, task: CpuTask) -> int:
-        """Host (CUDA): the CPU part's output and LSE into the static device buffers the merge reads (the empty
-        state when nothing was attended on the CPU), asynchronously from the pinned result buffers. Returns the
-        bytes copied."""
-        o, lse = self.cpu_device[task.parity]
+        """Host: the CPU part's output and LSE to where the merge reads them (`merge_input`; the empty state when
+        nothing was attended on the CPU), on CUDA asynchronously from the pinned result buffers. Returns the bytes
+        copied."""
         state = task.result.state
-        if state is None:
-            o.zero_()
-            lse.fill_(float("-inf"))
-            return 0
-        self.out_device[task.parity].copy_(self.out_host[task.parity], non_blocking=True)  # `hand_over` wrote it
-        event = torch.cuda.Event()
-        event.record()
-        self.parity_free[task.parity].append(event)  # the H2D read the pinned output buffer
-        return state.o.numel() * 4 + state.lse.numel() * 4
+        copied = self.cpu.result_in(task.parity, state)
+        if state is not None:
+            self.parity_free[task.parity].append(self.cpu.read_event())  # the copy read the result buffer
+        return copied
+
+    def merge_input(self, layer: int) -> PartialState | None:
+        """Device: the CPU part's state of `layer` that the merge reads (after `result_to_device`)."""
+        return self.cpu.result(layer % 2)
 
     # ------------------------------------------------------------------ recall
     def stage(self, task: CpuTask, recall: Recall) -> None:

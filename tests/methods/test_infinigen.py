@@ -19,6 +19,7 @@ from scoutbench.errors import UsageError
 from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import ModelShape
 from scoutbench.methods.infinigen import InfiniGen
+from scoutbench.runtime.token_fetch import InPlaceTokens
 
 
 # dense_layers=0: layer 0 has no layer ahead of it and speculates with its own query, synchronously
@@ -201,7 +202,7 @@ def test_method_args_and_footprint():
     # place
     width = page_aligned(method.capacity + 1)
     cuda_fetch = 2 * width * 2 * ctx.num_kv_heads * ctx.head_dim * 4 + method.capacity * ctx.num_kv_heads * (2 * 8 + 4)
-    assert method._fetched is None
+    assert isinstance(method.fetch, InPlaceTokens)
     assert footprint.device_bytes_per_seq == sum(t.numel() * t.element_size() for t in device) // ctx.batch + cuda_fetch
     cuda_staging = 2 * method.capacity * (2 * ctx.num_kv_heads * ctx.head_dim * 4 + ctx.num_kv_heads * 8)
     assert footprint.host_bytes_per_seq == sum(t.numel() * t.element_size() for t in host) // ctx.batch + cuda_staging

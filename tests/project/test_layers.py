@@ -182,3 +182,65 @@ def test_the_scan_sees_lazy_imports_and_skips_type_checking_ones():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _layer_of("scoutbench.workloads.synthetic") < _layer_of("scoutbench.workloads.synthetic_kv") == _layer_of(
         "scoutbench.engine") < _layer_of("scoutbench.workloads.longbench") < _layer_of("scoutbench.bench.throughput")
+
+
+# ------------------------------------------------------------------ no device branch in methods/
+# what a condition on the compute device's kind (or on a backend's availability) reads
+DEVICE_MARKERS = ("device.type", "is_cuda", "cuda", "_available(", '"cpu"', "'cpu'")
+# the device branches methods/ still holds, each to move below the method line (issue 50 items 1 and 3):
+# ScoutAttention's choice of the fused split and Quest's CUDA gather buffers, as (file, source text of the
+# condition); each must still exist, so that an entry goes once its branch does
+PENDING_DEVICE_BRANCHES = {
+    ("methods/scout.py", "fused_ops_available(dev) and self.device_blocks == 'selected' and "
+                         "(self._candidates.k == self.k_sel)"),
+    ("methods/selection.py", "device.type == 'cuda'"),
+}
+
+
+def _conditions(tree: ast.AST) -> list[ast.expr]:
+    """Every expression a branch is taken on: if/while/ternary/assert tests, comprehension filters, and the
+    operands-joined `a and b` / `a or b` (which branch as well)."""
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While, ast.Assert)):
+            found.append(node.test)
+        elif isinstance(node, ast.comprehension):
+            found.extend(node.ifs)
+        elif isinstance(node, ast.BoolOp):
+            found.append(node)
+    return found
+
+
+def _device_branches(path: Path) -> set[tuple[str, str]]:
+    rel = path.relative_to(ROOT).as_posix()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    branches = {(rel, ast.unparse(test)) for test in _conditions(tree)
+                if any(marker in ast.unparse(test) for marker in DEVICE_MARKERS)}
+    # a condition nested in a reported one (a BoolOp inside an if) is the same branch
+    return {(f, text) for f, text in branches if not any(text != other and text in other for _, other in branches)}
+
+
+def test_methods_branch_on_no_device_kind():
+    """methods/ holds no branch on the compute device's kind or a backend's availability: a method chooses a
+    runtime object once (the factories of runtime/cpu_part and runtime/token_fetch) and calls one interface, so a
+    next offloading method copies no CUDA-vs-CPU plumbing (issue 50)."""
+    found = set().union(*(_device_branches(p) for p in sorted((ROOT / "methods").glob("*.py"))))
+    assert found - PENDING_DEVICE_BRANCHES == set()
+    assert PENDING_DEVICE_BRANCHES - found == set(), "a pending branch is gone: drop its entry"
+
+
+def test_the_device_branch_check_sees_each_form(tmp_path):
+    """The check reports the forms a device branch takes (a device-type comparison, `is_cuda`, a flag named for
+    CUDA, a backend's availability, a ternary) and not a device-neutral condition."""
+    source = ("def f(x, y, dev):\n"
+              "    if x.device.type == 'cuda':\n        pass\n"
+              "    if y.is_cuda:\n        pass\n"
+              "    on_cuda = dev.type == 'cuda'\n"
+              "    z = 1 if on_cuda else 2\n"
+              "    w = fused_ops_available(dev) and x\n"
+              "    if x is None:\n        pass\n")
+    (tmp_path / "m.py").write_text(source)
+    module = tmp_path / "m.py"
+    tree = ast.parse(module.read_text())
+    tests = {ast.unparse(t) for t in _conditions(tree) if any(m in ast.unparse(t) for m in DEVICE_MARKERS)}
+    assert tests == {"x.device.type == 'cuda'", "y.is_cuda", "on_cuda", "fused_ops_available(dev) and x"}

@@ -104,6 +104,12 @@ def test_kept_host_memory_serves_the_arenas_in_turn(monkeypatch):
         assert not any(lo <= pointer < hi for lo, hi, _ in runtime._pinned)
 
 
+def _worker_pool(method) -> CpuWorkerPool:
+    """A bound offloading method's worker pool (HGCA's own, ScoutAttention's transport's, InfiniGen's fetch's)."""
+    owner = getattr(method, "transport", None) or getattr(method, "fetch", None) or method
+    return owner.pool
+
+
 @pytest.mark.parametrize("name", ["scout", "hgca", "infinigen"])
 def test_cuda_workers_leave_a_core_to_the_issuing_thread(monkeypatch, tiny_qwen3, name):
     """On CUDA an offloading method's CPU worker runs its kernels on the usable cores less one, which the main
@@ -121,14 +127,14 @@ def test_cuda_workers_leave_a_core_to_the_issuing_thread(monkeypatch, tiny_qwen3
         method = build(name)
         DecodeEngine(emulated_model(tiny_qwen3), method).start(2, 300)
         try:
-            pool = getattr(method, "_pool", None) or getattr(method, "pool", None) or method.transport.pool
+            pool = _worker_pool(method)
             assert pool.submit(torch.get_num_threads).result() == 15
         finally:
             method.close()
     method = build(name)
     DecodeEngine(tiny_qwen3, method).start(2, 300)
     try:
-        pool = getattr(method, "_pool", None) or getattr(method, "pool", None) or method.transport.pool
+        pool = _worker_pool(method)
         assert pool.intra_op_threads == (1 if name == "hgca" else None)  # HGCA: one (docs/platform.md)
     finally:
         method.close()
