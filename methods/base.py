@@ -103,6 +103,9 @@ class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel, DefaultsS
 
     # True when the method needs before_layer (the engine skips the call otherwise).
     layer_ahead: ClassVar[bool] = False
+    # The method's host tier as one exact-size arena (runtime/offload.HostArena) once bound, None where it keeps
+    # none: the memory plan's host bytes are checked against its size (bench/throughput.py, HOST_PLAN_SLACK).
+    host_arena: ClassVar[Any] = None
 
     def bind(self, ctx: MethodContext) -> None:
         self.ctx = ctx

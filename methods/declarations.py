@@ -14,8 +14,8 @@ else has to know the runtime):
     DefaultsSearch the grid of open settings its defaults are chosen over by the one rule of docs/methods.md, and
                    the setting the papers describe literally (benchmarks/tune_defaults.py)
 
-A method may keep its memory plan and work model in a companion mixin beside its runtime (methods/infinigen_model.py,
-methods/hgca_model.py), so that its runtime file holds the runtime only. Nothing here imports the runtime: base.py
+A method may keep its memory plan and work model in a companion mixin beside its runtime (methods/infinigen_work.py,
+methods/hgca_work.py), so that its runtime file holds the runtime only. Nothing here imports the runtime: base.py
 builds on this module.
 """
 

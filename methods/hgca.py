@@ -75,9 +75,9 @@ from scoutbench.methods.base import (
     require,
     transfer_stats,
 )
-from scoutbench.methods.hgca_model import HGCAModel
 from scoutbench.methods.hgca_scores import observed_weights
 from scoutbench.methods.hgca_selection import TrackedSelection
+from scoutbench.methods.hgca_work import HGCAWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.runtime.cpu_part import cpu_part
 from scoutbench.runtime.offload import (
@@ -91,7 +91,7 @@ SCORE_READS = ("all", "selected")
 
 
 @dataclass
-class HGCA(HGCAModel, SparseLayerMethod):
+class HGCA(HGCAWorkModel, SparseLayerMethod):
     """Recent window on the device, older tokens on the host attended sparsely by the CPU in the same layer."""
 
     name = "hgca"
@@ -181,8 +181,8 @@ class HGCA(HGCAModel, SparseLayerMethod):
             if self.tracks_selection:  # the kept selection: token ids per KV head, averages per query head
                 specs |= {("sel_ids", i): ((batch, kv_heads, self.tracked_capacity()), torch.long),
                           ("sel_scores", i): ((batch, ctx.num_heads, self.tracked_capacity()), torch.float32)}
-        self._host_arena = HostArena(specs, ctx.device)
-        arena = self._host_arena
+        self.host_arena = HostArena(specs, ctx.device)
+        arena = self.host_arena
         window = device_zeros({(kind, i): (window_shape, ctx.dtype) for kind in "kv" for i in self.sparse_layers},
                               ctx.device)
         self.window_k, self.window_v, self.host_k, self.host_v, self.ema, self._staging = {}, {}, {}, {}, {}, {}
@@ -468,10 +468,10 @@ class HGCA(HGCAModel, SparseLayerMethod):
             self._host_writes.clear()
             self._futures.clear()
             self._selections.clear()
-        if hasattr(self, "_host_arena"):
-            self._host_arena.release()
+        if self.host_arena is not None:
+            self.host_arena.release()
 
-    # ------------------------------------------------------------------ accounting (memory, work: HGCAModel)
+    # ------------------------------------------------------------------ accounting (memory, work: HGCAWorkModel)
     def stats(self):
         steps = max(self._steps, 1)
         cpu, device = self._cpu_pairs, self._device_pairs

@@ -61,7 +61,7 @@ from scoutbench.methods.base import (
     require,
     transfer_stats,
 )
-from scoutbench.methods.infinigen_model import InfiniGenModel
+from scoutbench.methods.infinigen_work import InfiniGenWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.runtime.offload import device_zeros, token_chunks
 from scoutbench.runtime.token_fetch import FetchedTokens, token_fetch
@@ -70,7 +70,7 @@ PPM = 1_000_000  # count_cap_frac's unit in the integer arithmetic of its cap
 
 
 @dataclass
-class InfiniGen(InfiniGenModel, SparseLayerMethod):
+class InfiniGen(InfiniGenWorkModel, SparseLayerMethod):
     """Partial keys on the device, full KV on the host, the next layer's important tokens prefetched."""
 
     name = "infinigen"
@@ -128,7 +128,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         self.capacity = min(self.budget - 1, ctx.max_len)
         # the host tier and the fetch (runtime/token_fetch: in place on a CPU, fetched on CUDA)
         self.fetch = token_fetch(ctx, self, self.sparse_layers, self.capacity, self.dynamic_count)
-        self._host_arena = self.fetch.arena
+        self.host_arena = self.fetch.arena
         self.host_k, self.host_v = self.fetch.host_k, self.fetch.host_v
         self.partial_keys = device_zeros({i: ((batch, kv_heads, ctx.max_len, channels), ctx.dtype)
                                           for i in self.sparse_layers}, ctx.device)
@@ -339,7 +339,7 @@ class InfiniGen(InfiniGenModel, SparseLayerMethod):
         if hasattr(self, "fetch"):
             self.fetch.close()
 
-    # ------------------------------------------------------------------ accounting (memory, work: InfiniGenModel)
+    # ------------------------------------------------------------------ accounting (memory, work: InfiniGenWorkModel)
     def stats(self):
         ctx = self.ctx
         steps = max(self._steps, 1)

@@ -414,10 +414,10 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         self._since = [0] * ctx.num_layers
         self.reset_stats()
 
-    # the host arena under the name every offloading method has (the planner's checks read it)
     @property
-    def _host_arena(self):
-        return self.store.arena
+    def host_arena(self):  # the store's, once bound (AttentionMethod.host_arena)
+        store = getattr(self, "store", None)
+        return None if store is None else store.arena
 
     def close(self) -> None:
         if self.transport is not None:

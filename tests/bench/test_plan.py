@@ -300,7 +300,7 @@ def test_planned_host_bytes_are_what_bind_allocates(tiny_qwen3, name, args):
     engine.start(batch, max_len)
     try:
         planned = method.memory_footprint(ModelShape.from_config(tiny_qwen3.config), max_len, 4).host_bytes_per_seq
-        allocated = method._host_arena.nbytes / batch
+        allocated = method.host_arena.nbytes / batch
         assert planned == pytest.approx(allocated, rel=0.02)
     finally:
         method.close()

@@ -435,7 +435,7 @@ def test_planned_bytes_are_what_cuda_allocates(name):
         footprint = method.memory_footprint(shape, length, 2)
         # within 3%, or 16 MiB of buffers that do not grow with the batch (HGCA's window shift scratch)
         assert bound - before == pytest.approx(batch * footprint.device_bytes_per_seq, rel=0.03, abs=16 * 1024**2)
-        arena = getattr(method, "_host_arena", None)
+        arena = method.host_arena
         if footprint.host_bytes_per_seq:
             assert arena.pinned and arena.nbytes == pytest.approx(batch * footprint.host_bytes_per_seq, rel=0.02)
         torch.cuda.reset_peak_memory_stats()

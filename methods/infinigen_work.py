@@ -13,7 +13,7 @@ from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord, Tran
 from scoutbench.runtime.offload import PREFILL_CHUNK_TOKENS
 
 
-class InfiniGenModel(MemoryPlan, WorkModel):
+class InfiniGenWorkModel(MemoryPlan, WorkModel):
     """InfiniGen's memory plan and work model (a mixin of `InfiniGen`, whose fields and `partial_dim` they read)."""
 
     # tokens fetched per (sequence, KV head, sparse layer) / context

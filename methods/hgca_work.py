@@ -11,7 +11,7 @@ from scoutbench.methods.declarations import Footprint, MemoryPlan, ModelShape, W
 from scoutbench.methods.work_model import FP32_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 
 
-class HGCAModel(MemoryPlan, WorkModel):
+class HGCAWorkModel(MemoryPlan, WorkModel):
     """HGCA's memory plan and work model (a mixin of `HGCA`, whose fields and window arithmetic they read)."""
 
     # fraction policy: tokens the CPU attends per (sequence, query head) / host tokens
