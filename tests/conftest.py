@@ -36,13 +36,15 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(line)
 
 
-# The suite's tiers (README, "Tests"): a test is marked with what makes it slow, read from what it runs rather than
-# kept by hand, so a new test lands in its tier by itself; `slow` (the real qwen2.5 tests, `nox -s tests_qwen`) is
-# marked by hand. `-m "not (emulated or build or subprocess or slow)"` is the inner loop.
+# The suite's tiers (README): a test is marked with what makes it slow, read from what it runs rather than kept by
+# hand, so a new test lands in its tier by itself. `nox -s tests` runs every test but the `slow` ones, `nox -s slow`
+# those (CI runs both); `-m "not (emulated or build or subprocess or slow)"` is the inner loop.
 TIER_TOKENS = {
     "emulated": ("emulated", "EMULATED_DEVICE"),  # the CUDA paths on emulated CUDA: thousands of tiny ops a step
     "build": ("native_paths", "SCOUTBENCH_CPU_ISA"),  # the native kernels built for each vector path the CPU runs
     "subprocess": ("subprocess", "sys.executable", "child_run_test"),  # a Python child: its imports, its start
+    # a real model (its weights, a GGUF conversion on first use, real-size layers) or the GPU check's dry run
+    "slow": ("smollm2", "qwen25", "qwen2.5-", "_dry_run("),
 }
 
 

@@ -28,9 +28,9 @@ HELP_EXAMPLE = Grid(("fullkv", "scout"), (4096, 8192), (1,), method_args={"recal
 
 
 def _plain(settings: Settings) -> Settings:
-    """The same points as a plain `sweep` runs them: its default steps and warm-up (the presets use fewer at the
-    cpu scale), the same model and prefill default."""
-    return replace(Settings(), model=settings.model, steps=16, warmup=3)
+    """The same points as a plain `sweep` runs them: its default steps and warm-up (the presets use a shorter
+    warm-up at the cpu scale), the same model and prefill default."""
+    return replace(Settings(), model=settings.model)
 
 
 def _grid_results(name: str, scale: str) -> list[dict]:
@@ -107,8 +107,9 @@ def test_every_preset_with_a_plain_sweep_of_its_points_renders_every_point(tmp_p
     results = [r for name in PRESETS for r in _grid_results(name, scale)]
     report = _check_report(results, tmp_path)
     ablations = [title for title, _ in report.figures if title.startswith("Ablation")]
-    # cpu: the preset's (3 variants, 8 steps) and the plain sweep's (4, 16 steps), each a figure; paper: the preset
-    # runs a plain sweep's steps, so its 3 points are repeats of the plain sweep's and one figure has all 4
+    # cpu: the preset's (3 variants, warm-up 2) and the plain sweep's (4, warm-up 3), each a figure; paper: the
+    # preset runs a plain sweep's steps and warm-up, so its 3 points are repeats of the plain sweep's and one figure
+    # has all 4
     assert len(ablations) == (2 if scale == "cpu" else 1)
 
 
@@ -143,13 +144,13 @@ def test_the_ablation_preset_and_a_plain_sweep_of_its_point_keep_all_seven(tmp_p
     report = build_report([write_results(tmp_path / "runs", results)], tmp_path / "out", formats=("svg",))
     assert len(report.points) == 7
     assert sorted(name.name for _, files in report.figures for name in files if name.name.startswith("ablation")) \
-        == ["ablation_steps16-warmup3.svg", "ablation_steps8-warmup2.svg"]
+        == ["ablation_warmup2.svg", "ablation_warmup3.svg"]
     ablation = report.summary.read_text().split("## Ablation")[1].split("\n## ")[0]
     rows = defaultdict(list)  # settings -> the variants in the table's order
     for line in ablation.splitlines():
         if line.startswith("| bench-attn16"):
             settings_cell, variant = line.split("|")[2:4]
             rows[settings_cell.strip()].append(variant.strip())
-    assert rows == {"8 steps, 2 warm-up, synthetic prefill": ["co-attention", "+PC", "+PC+PR"],
-                    "16 steps, 3 warm-up, synthetic prefill": ["co-attention", "+PC", "+PR", "+PC+PR"]}
+    assert rows == {"32 steps, 2 warm-up, synthetic prefill": ["co-attention", "+PC", "+PC+PR"],
+                    "32 steps, 3 warm-up, synthetic prefill": ["co-attention", "+PC", "+PR", "+PC+PR"]}
     assert all(ablation_variant(p.method, p.config) for p in report.points)

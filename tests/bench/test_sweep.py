@@ -138,7 +138,7 @@ def test_sigkill_mid_point_then_resume(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        sys.path.insert(0, {str(TESTS_DIR)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(TESTS_DIR)!r}]
         from test_sweep import POINTS, SETTINGS, FakeRunner
         from scoutbench.bench.sweep import run_sweep
 
