@@ -8,8 +8,9 @@ Three sources, one row per method of the default `scoutbench throughput` run (ap
 - speed on this machine: the default run itself (`scoutbench throughput -o DIR`, no other flags: on a CPU
   bench-attn16 at 32k, synthetic prefill, every method at its default settings), tok/s and the speed-up over FullKV
   with its 95% interval (step_stats.speedup_interval); `--measure DIR` runs it, `--runs DIR` reads one made before;
-- speed on the paper's machine: `scoutbench project DIR --hardware paper --model qwen3-14b --len 32k --batch auto`,
-  the projection of those runs to the paper's GPU and model, each method at its largest batch;
+- speed on the paper's machine: `scoutbench project DIR --hardware paper --model qwen3-14b --len 32k --dtype bf16
+  --batch auto`, the projection of those runs to the paper's GPU, model and dtype (the CPU run's fp32 would halve
+  every batch that fits), each method at its largest batch;
 - quality: top-1 agreement with FullKV, teacher-forced, on the real-text sweep (`--quality`,
   results/real-text-sweep: qwen2.5-1.5b, real LongBench records) where it has a configuration equal to the
   method's defaults (analysis.figures.comparison.configuration); otherwise the row says it is not measured.
@@ -35,21 +36,24 @@ from typing import Any
 START = "<!-- which-method-when:start -->"
 END = "<!-- which-method-when:end -->"
 SETTINGS_PREFIX = "<!-- which-method-when settings: "
-PAPER_HARDWARE, PAPER_MODEL, PAPER_LENGTH = "paper", "qwen3-14b", "32k"
+PAPER_HARDWARE, PAPER_MODEL, PAPER_LENGTH, PAPER_DTYPE = "paper", "qwen3-14b", "32k", "bf16"
 LOAD_FILE = "load_average.txt"
 
 
 def current_defaults() -> dict[str, Any]:
     """What the table must have been made with: the default CPU run's methods, shape and steps, and each method's
     default configuration."""
-    from scoutbench.api import DEFAULT_LENGTH, DEFAULT_MODELS, DEFAULT_STEPS
+    from scoutbench.api import DEFAULT_LENGTH, DEFAULT_MODELS, DEFAULT_STEPS, whole_cycle_steps
     from scoutbench.methods import SPEED_METHODS, build_method
 
-    steps, warmup = DEFAULT_STEPS["cpu"]
+    least, warmup = DEFAULT_STEPS["cpu"]
+    methods = {name: build_method(name, {}) for name in SPEED_METHODS}
+    steps = whole_cycle_steps(least, [method.block_cycle() for method in methods.values()])  # as the run times them
     return {"run": {"model": DEFAULT_MODELS["cpu"], "len": DEFAULT_LENGTH, "batch": 1, "steps": steps,
                     "warmup": warmup, "prefill": "synthetic"},
-            "methods": {name: build_method(name, {}).config() for name in SPEED_METHODS},
-            "projection": {"hardware": PAPER_HARDWARE, "model": PAPER_MODEL, "len": PAPER_LENGTH, "batch": "auto"}}
+            "methods": {name: method.config() for name, method in methods.items()},
+            "projection": {"hardware": PAPER_HARDWARE, "model": PAPER_MODEL, "len": PAPER_LENGTH, "dtype": PAPER_DTYPE,
+                           "batch": "auto"}}
 
 
 def check_runs(results: list[dict[str, Any]], defaults: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -94,7 +98,7 @@ def projected_speed(runs_dir: Path) -> tuple[dict[str, tuple[float, int]], str]:
     """method -> (projected tok/s, batch) on the paper's machine, by the `scoutbench project` command, and the
     profile's name."""
     command = [sys.executable, "-m", "scoutbench", "project", str(runs_dir), "--hardware", PAPER_HARDWARE,
-               "--model", PAPER_MODEL, "--len", PAPER_LENGTH, "--batch", "auto", "--json"]
+               "--model", PAPER_MODEL, "--len", PAPER_LENGTH, "--dtype", PAPER_DTYPE, "--batch", "auto", "--json"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"error: {' '.join(command[2:])} failed: {done.stderr.strip()}")

@@ -83,3 +83,16 @@ def test_runs_made_with_other_settings_are_refused(tmp_path):
         wmw.check_runs(results, defaults)
     with pytest.raises(SystemExit, match="no ok result of"):
         wmw.check_runs(results[:-1], defaults)
+
+
+def test_a_sweep_point_recorded_with_an_integral_number_matches_the_default_it_equals(tmp_path):
+    """The real-text sweep records `pool_factor=3` where ScoutAttention's default is 3.0: one setting, one quality
+    (the table read 'no quality measured' for ScoutAttention's default pool of three)."""
+    defaults = wmw.current_defaults()
+    config = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in defaults["methods"]["scout"].items()}
+    assert isinstance(config["pool_factor"], int) and isinstance(defaults["methods"]["scout"]["pool_factor"], float)
+    result = make_result("scout", 1.0, config=config)
+    result["real_text_sweep"] = {"top1_agreement": 0.855}
+    (tmp_path / "scout.json").write_text(json.dumps(result))
+    top1, _ = wmw.quality(tmp_path, defaults)
+    assert top1 == {"scout": pytest.approx(85.5)}

@@ -157,8 +157,9 @@ def configuration(method: str, config: dict[str, Any]) -> str:
     cls = method_class(name)
     full = dict(config) if cls is None else {**cls.defaults(), **METHODS.preset(name), **config}
     artefacts = set(artefact_fields(name))
-    return json.dumps([method_family(name) or name, {k: v for k, v in full.items() if k not in artefacts}],
-                      sort_keys=True, default=str)
+    # one spelling per number: a field given as 3 on the command line and recorded as 3.0 by the class is one setting
+    fields = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in full.items() if k not in artefacts}
+    return json.dumps([method_family(name) or name, fields], sort_keys=True, default=str)
 
 
 def accuracy_quality(result: dict[str, Any]) -> Quality | None:
