@@ -113,6 +113,7 @@ class TokenFetch:
     def close(self) -> None:
         self.pool.close()
         self.arena.release()
+        self.speculation = None  # the method holds this runtime: no cycle outlives the run (it would wait for gc)
 
 
 class InPlaceTokens(TokenFetch):
