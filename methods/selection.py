@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from scoutbench.kernels.attention import StepLengths, block_sparse_attention, decode_attention
+from scoutbench.kernels.attention import StepLengths
 from scoutbench.kernels.digest import CandidateBlocks, block_digests
 from scoutbench.kernels.flashinfer_decode import PAGE_TOKENS
 from scoutbench.methods.base import (
@@ -42,6 +42,7 @@ from scoutbench.methods.base import (
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.work_model import LayerTerms, LayerWork, RunRecord
 from scoutbench.runtime.digest_table import DigestTable
+from scoutbench.runtime.selected_blocks import selected_blocks
 
 
 @dataclass
@@ -109,21 +110,9 @@ class BlockSelection(AttentionMethod):
         self._order = torch.zeros((batch, rows, pages), dtype=torch.long, device=device)
         self._page_slot = torch.arange(pages, device=device)
         self._attended_len = StepLengths(batch, pages * block, ctx.dtype, device, with_host=not ctx.graphs)
-        # CUDA: the selection gathered into contiguous rows (one index_select per K and V) and attended there
-        self._gathered_k = self._gathered_v = None
-        if device.type == "cuda":
-            gather_shape = (batch, rows, pages * block, ctx.head_dim)
-            self._gathered_k = torch.empty(gather_shape, dtype=ctx.dtype, device=device)
-            self._gathered_v = torch.empty(gather_shape, dtype=ctx.dtype, device=device)
-            kv_head = torch.arange(rows, device=device) // (rows // ctx.num_kv_heads)
-            self._row_base = ((torch.arange(batch, device=device)[:, None] * ctx.num_kv_heads + kv_head[None, :])
-                              * num_blocks)[:, :, None]  # [B, rows, 1]: the first block of each row's KV head
-            # per sparse layer, its K and V caches as tables of blocks, and the gather buffers as rows of blocks
-            self._block_tables = {layer: tuple(c.view(-1, block * ctx.head_dim) for c in (self.keys[layer],
-                                                                                        self.values[layer]))
-                                  for layer in self.sparse_layers}
-            self._gathered_rows = tuple(g.view(batch * rows * pages, -1) for g in (self._gathered_k,
-                                                                                 self._gathered_v))
+        # the selected blocks' attention: gathered into contiguous rows on CUDA, in place by block id on a CPU
+        self._blocks = selected_blocks(self.ctx, self.keys, self.values, self.sparse_layers, rows, pages, block,
+                                       num_blocks)
         self._attended = AttendedTokens()
         self.reset_stats()
 
@@ -204,15 +193,7 @@ class BlockSelection(AttentionMethod):
         keys, values = self.keys[layer], self.values[layer]
         self.kv.append(layer, k, v)
         block_ids = self._selected_blocks(layer, q)
-        if self._gathered_k is None:  # CPU: the selected blocks attended by id, in place
-            batch, kv_heads, num_tokens, head_dim = keys.shape
-            blocked = (batch, kv_heads, num_tokens // self.block_size, self.block_size, head_dim)
-            return block_sparse_attention(q, keys.view(blocked), values.view(blocked), block_ids, self.ctx.scale,
-                                          self._attended_len.valid_len).o.to(q.dtype)
-        flat_ids = (self._row_base + block_ids).view(-1)
-        for table, gathered in zip(self._block_tables[layer], self._gathered_rows, strict=True):
-            torch.index_select(table, 0, flat_ids, out=gathered)
-        return decode_attention(q, self._gathered_k, self._gathered_v, self.ctx.scale, lengths=self._attended_len)
+        return self._blocks.attend(layer, q, keys, values, block_ids, self.ctx.scale, self._attended_len)
 
     def _selected_blocks(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Block ids `[B, rows, page_budget]` a sparse layer attends (after the append): the selected complete

@@ -188,12 +188,11 @@ def test_the_scan_sees_lazy_imports_and_skips_type_checking_ones():
 # what a condition on the compute device's kind (or on a backend's availability) reads
 DEVICE_MARKERS = ("device.type", "is_cuda", "cuda", "_available(", '"cpu"', "'cpu'")
 # the device branches methods/ still holds, each to move below the method line (issue 50 items 1 and 3):
-# ScoutAttention's choice of the fused split and Quest's CUDA gather buffers, as (file, source text of the
+# ScoutAttention's choice of the fused split, as (file, source text of the
 # condition); each must still exist, so that an entry goes once its branch does
 PENDING_DEVICE_BRANCHES = {
     ("methods/scout.py", "fused_ops_available(dev) and self.device_blocks == 'selected' and "
                          "(self._candidates.k == self.k_sel)"),
-    ("methods/selection.py", "device.type == 'cuda'"),
 }
 
 
