@@ -6,7 +6,7 @@ recall (PR) copies the blocks the CPU computed into the pool so its share stays 
 
 The file reads as the paper does: Algorithm 1's decode step first (its line numbers in the comments) and the
 periodic recall, then the step's plan, prefill and setup. Lines 5-6 (fused or torch, chosen at bind) are
-`methods/scout_split.py`, the step's trace (tests, profiling) `methods/scout_trace.py`, its statistics
+`runtime/scout_selection.py`, the step's trace (tests, profiling) `methods/scout_trace.py`, its statistics
 `methods/scout_stats.py`, storage `runtime/block_store`, the CPU part's transport (pinned copies, worker hand-offs,
 recall staging) `runtime/scout_transport`, the work model `methods/scout_work.py`. The choices the paper leaves
 open, and why: docs/methods.md ("ScoutAttention choices")."""
@@ -23,7 +23,6 @@ import torch
 from scoutbench.errors import UsageError
 from scoutbench.input_files import UnusableFile, read_json_file
 from scoutbench.kernels.attention import block_sparse_attention, merge_output, region_attention
-from scoutbench.kernels.backends import fused_ops_available
 from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.kernels.partial_state import PartialState
 from scoutbench.methods import SCOUT_ABLATION, SCOUT_ABLATION_FIELDS
@@ -36,12 +35,12 @@ from scoutbench.methods.base import (
     StepInfo,
     require,
 )
-from scoutbench.methods.scout_split import FusedSelectAndSplit, SelectAndSplit, top_blocks
 from scoutbench.methods.scout_stats import ScoutStatistics
 from scoutbench.methods.scout_trace import NO_TRACE, TraceRecorder
 from scoutbench.methods.scout_work import ScoutWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.runtime.block_store import NUM_COUNTS, RECALL_INDEX_ROWS, SplitPlan, TieredBlockStore
+from scoutbench.runtime.scout_selection import select_and_split_for, top_blocks
 from scoutbench.runtime.scout_transport import CoAttentionTransport, CpuResult, CpuTask, DeviceSplit, Recall
 
 
@@ -389,13 +388,9 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
             else None
         self._candidates = CandidateBlocks.static(B, max_blocks, self.k_sel, excluded, dev)
         self._valid = torch.zeros((B, Hkv, self.k_sel), dtype=torch.bool, device=dev)
-        # lines 5-6: in one fused launch where the fused ops serve the device (a plan as wide as k_sel, from the
-        # selected blocks only), else in torch ops (methods/scout_split.py)
-        if fused_ops_available(dev) and self.device_blocks == "selected" and self._candidates.k == self.k_sel:
-            self._select = FusedSelectAndSplit(self.store, self._candidates, self.k_sel, dev)
-        else:
-            self._select = SelectAndSplit(self.store, self._candidates, self._valid, self.k_sel,
-                                          every_resident=self.device_blocks == "resident")
+        # lines 5-6: one fused launch where the fused ops serve the device, else torch ops (runtime/scout_selection)
+        self._select = select_and_split_for(self.store, self._candidates, self._valid, self.k_sel, self.device_blocks,
+                                            dev)
         # the sparse layers whose lines 3-7 run during the layer before (PC), and those that, with PC, run them
         # inline (the first layer): their CPU part runs in the wait, the worker being busy with the next layer's
         self._ahead = frozenset(i for i in self.sparse_layers if self.layer_ahead_active and i >= 1)

@@ -187,15 +187,6 @@ def test_the_scan_sees_lazy_imports_and_skips_type_checking_ones():
 # ------------------------------------------------------------------ no device branch in methods/
 # what a condition on the compute device's kind (or on a backend's availability) reads
 DEVICE_MARKERS = ("device.type", "is_cuda", "cuda", "_available(", '"cpu"', "'cpu'")
-# the device branches methods/ still holds, each to move below the method line (issue 50 items 1 and 3):
-# ScoutAttention's choice of the fused split, as (file, source text of the
-# condition); each must still exist, so that an entry goes once its branch does
-PENDING_DEVICE_BRANCHES = {
-    ("methods/scout.py", "fused_ops_available(dev) and self.device_blocks == 'selected' and "
-                         "(self._candidates.k == self.k_sel)"),
-}
-
-
 def _conditions(tree: ast.AST) -> list[ast.expr]:
     """Every expression a branch is taken on: if/while/ternary/assert tests, comprehension filters, and the
     operands-joined `a and b` / `a or b` (which branch as well)."""
@@ -221,11 +212,10 @@ def _device_branches(path: Path) -> set[tuple[str, str]]:
 
 def test_methods_branch_on_no_device_kind():
     """methods/ holds no branch on the compute device's kind or a backend's availability: a method chooses a
-    runtime object once (the factories of runtime/cpu_part and runtime/token_fetch) and calls one interface, so a
-    next offloading method copies no CUDA-vs-CPU plumbing (issue 50)."""
+    runtime object once (the factories of runtime/cpu_part, token_fetch, selected_blocks and scout_selection) and
+    calls one interface, so a next offloading method copies no CUDA-vs-CPU plumbing (issue 50)."""
     found = set().union(*(_device_branches(p) for p in sorted((ROOT / "methods").glob("*.py"))))
-    assert found - PENDING_DEVICE_BRANCHES == set()
-    assert PENDING_DEVICE_BRANCHES - found == set(), "a pending branch is gone: drop its entry"
+    assert found == set()
 
 
 def test_the_device_branch_check_sees_each_form(tmp_path):

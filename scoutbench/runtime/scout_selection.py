@@ -2,10 +2,10 @@
 top `k_sel` selectable blocks by their Quest bound, and its split B_cpu = B_pred minus B_gpu, the selected blocks the
 pool does not hold ready. With periodic recall the split also packs the recall's eviction order.
 
-Two ways, chosen once when the method binds (so the step has no backend switch): `FusedSelectAndSplit`, one launch
-of `fused_ops.select_and_split` into each layer's static split, where the fused ops serve the device and the method
-attends the selected blocks only; else `SelectAndSplit`, in torch ops (`split_selection`: on a CPU one call of the
-kernel library)."""
+Two ways, chosen once when the method binds (`select_and_split_for`, so the step has no backend switch and the
+method no device branch): `FusedSelectAndSplit`, one launch of `fused_ops.select_and_split` into each layer's static
+split, where the fused ops serve the device and the method attends the selected blocks only; else `SelectAndSplit`,
+in torch ops (`split_selection`: on a CPU one call of the kernel library)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scoutbench.kernels.backends import fused_ops_available
 from scoutbench.kernels.digest import CandidateBlocks
 from scoutbench.runtime.block_store import TieredBlockStore, select_and_split, split_selection
 from scoutbench.runtime.block_table import pad_last
@@ -85,3 +86,12 @@ class FusedSelectAndSplit:
     def split(self, layer: int, B_pred: DeviceSplit) -> DeviceSplit:
         """Line 6: made by `top_k`'s launch."""
         return B_pred
+
+
+def select_and_split_for(store: TieredBlockStore, candidates: CandidateBlocks, valid: torch.Tensor, k_sel: int,
+                         device_blocks: str, device: torch.device) -> SelectAndSplit | FusedSelectAndSplit:
+    """Lines 5-6 as `device` serves them: one fused launch where the fused ops serve it and the device part attends
+    the selected blocks only (a plan as wide as k_sel), else torch ops."""
+    if fused_ops_available(device) and device_blocks == "selected" and candidates.k == k_sel:
+        return FusedSelectAndSplit(store, candidates, k_sel, device)
+    return SelectAndSplit(store, candidates, valid, k_sel, every_resident=device_blocks == "resident")
