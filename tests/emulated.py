@@ -18,6 +18,9 @@ from scoutbench.kernels import backends, flashinfer_decode
 from scoutbench.methods.base import AttentionMethod
 from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, SyncSite, emulated_cuda, to_emulated_device
 
+LENGTHS = [120, 83]  # the comparisons' ragged batch (tests/emulation/conftest.py's `prompt`)
+ATOL = 2e-4  # fp32 logits: the CUDA branches compute attention with other (equally exact) kernels
+
 
 def allowed_syncs(config: dict[str, Any]) -> list[tuple[str, str]]:
     """Host syncs a method documents, as (file suffix, source text of the line); any other sync fails:

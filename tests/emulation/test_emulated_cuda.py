@@ -13,8 +13,7 @@ import dataclasses
 import gpu_configs
 import pytest
 import torch
-from emulated import run_emulated, small_qwen3, teacher_tokens
-from method_harness import ragged_prompt
+from emulated import ATOL, LENGTHS, run_emulated, teacher_tokens
 
 from scoutbench.methods import build_method
 
@@ -23,8 +22,6 @@ pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA 
               pytest.mark.usefixtures("one_intra_op_thread")]
 
 STEPS = 64  # decode steps: every sequence crosses four 16-token block boundaries
-LENGTHS = [120, 83]  # ragged
-ATOL = 2e-4  # fp32 logits: the CUDA branches compute attention with other (equally exact) kernels
 # every registered method and ablation at the GPU tests' configuration, and the branches their fields switch on
 VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
     "scout-dense0": ("scout", {"dense_layers": 0}),  # layer 0's CPU part inline, with the true query
@@ -49,15 +46,6 @@ def _factory(key: str):
     return name, lambda: build_method(name, args)
 
 
-
-@pytest.fixture(scope="module")
-def model():
-    return small_qwen3()
-
-
-@pytest.fixture(scope="module")
-def prompt(model):
-    return ragged_prompt(model.config.vocab_size, LENGTHS, seed=3)
 
 
 @pytest.fixture(scope="module")

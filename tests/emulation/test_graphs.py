@@ -12,7 +12,7 @@ import dataclasses
 import gpu_configs
 import pytest
 import torch
-from emulated import run_emulated, small_qwen3, teacher_tokens
+from emulated import ATOL, run_emulated, teacher_tokens
 from method_harness import ragged_prompt
 
 from scoutbench.methods import build_method
@@ -22,8 +22,6 @@ pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA 
               pytest.mark.usefixtures("one_intra_op_thread")]
 
 STEPS = 64
-LENGTHS = [120, 83]
-ATOL = 2e-4  # as tests/emulation/test_emulated_cuda.py: the CUDA branches compute attention with other exact kernels
 VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
     "scout-dense0": ("scout", {"dense_layers": 0}),
     "scout-pool2": ("scout", {"pool_factor": 2}),
@@ -35,15 +33,6 @@ VARIANTS = {name: (name, {}) for name in gpu_configs.ALL_NAMES} | {
 }
 
 
-
-@pytest.fixture(scope="module")
-def model():
-    return small_qwen3()
-
-
-@pytest.fixture(scope="module")
-def prompt(model):
-    return ragged_prompt(model.config.vocab_size, LENGTHS, seed=3)
 
 
 def _factory(key: str):
