@@ -361,8 +361,9 @@ def figure(runs: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and the records (`pick_records`): this sweep's options, which benchmarks/selection_churn.py takes
+    too so that both read the same records."""
     parser.add_argument("--model", default="qwen2.5-1.5b")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--data-dir", help="folder of official LongBench <name>.jsonl files")
@@ -370,6 +371,11 @@ def main() -> None:
                         "of --len tokens")
     parser.add_argument("--record", action="append", default=[], metavar="DATASET:INDEX", help="a named record")
     parser.add_argument("--len", dest="length", default="16k", help="prompt tokens, exactly (default 16k)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_record_arguments(parser)
     parser.add_argument("--budget", default="2048")
     parser.add_argument("--dense-layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=96, help="teacher-forced decode steps (default 96)")

@@ -48,7 +48,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md); before torch
 
 import torch  # noqa: E402
-from real_text_sweep import Config, cached_reference, pick_records  # noqa: E402  (beside this script)
+from real_text_sweep import Config, add_record_arguments, cached_reference, pick_records  # noqa: E402  (beside this script)
 
 from scoutbench.cache import cache_root  # noqa: E402
 from scoutbench.eval.fidelity import step_agreement  # noqa: E402
@@ -366,13 +366,7 @@ def tables(documents: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-1.5b")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    parser.add_argument("--data-dir", help="folder of official LongBench <name>.jsonl files")
-    parser.add_argument("--dataset", action="append", default=[], help="a dataset (repeatable): its first record "
-                        "of --len tokens, as the real-text sweep picks")
-    parser.add_argument("--record", action="append", default=[], metavar="DATASET:INDEX", help="a named record")
-    parser.add_argument("--len", dest="length", default="16k", help="prompt tokens, exactly (default 16k)")
+    add_record_arguments(parser)  # the real-text sweep's model and records
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--dense-layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=64, help="teacher-forced decode steps (default 64)")
