@@ -1,3 +1,6 @@
+import functools
+import inspect
+
 import pytest
 
 try:
@@ -48,28 +51,33 @@ TIER_TOKENS = {
 }
 
 
+@functools.cache
+def _source(function) -> str:
+    """A function's source, read once (collection asks for the same helpers and fixtures for many tests)."""
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _in_tests(function) -> bool:
+    code = getattr(function, "__code__", None)
+    return code is not None and "tests" in code.co_filename
+
+
 def _sources(item) -> str:
     """The test's own source, the module functions it calls and the fixtures it uses (one level: what a test
     runs is nearly always there)."""
-    import inspect
-
     function = getattr(item, "function", None)
     if function is None:
         return ""
     functions = [function]
-    code = getattr(function, "__code__", None)
-    if code is not None:
-        functions += [value for name in code.co_names if inspect.isfunction(value := function.__globals__.get(name))]
+    if _in_tests(function):
+        functions += [value for name in function.__code__.co_names
+                      if inspect.isfunction(value := function.__globals__.get(name))]
     for definitions in item._fixtureinfo.name2fixturedefs.values():
-        functions += [definition.func for definition in definitions if "tests" in str(
-            getattr(definition.func, "__code__", None) and definition.func.__code__.co_filename)]
-    texts = []
-    for each in functions:
-        try:
-            texts.append(inspect.getsource(each))
-        except (OSError, TypeError):
-            continue
-    return "\n".join(texts)
+        functions += [definition.func for definition in definitions if _in_tests(definition.func)]
+    return "\n".join(_source(each) for each in functions)
 
 
 def pytest_collection_modifyitems(config, items):
