@@ -123,9 +123,20 @@ class MethodArgs:
     # Float fields where infinity is a value with a meaning (InfiniGen's `alpha=inf`: every token counts); every
     # other number must be finite and at most MAX_MAGNITUDE, before anything runs.
     infinite_fields: ClassVar[tuple[str, ...]] = ()
+    # Fields added after results in results/ were made, each with the value that reproduces the behaviour from before
+    # it existed: at that value `identity()` leaves the field out, so a rerun of those runs finds their folders and
+    # resumes them instead of starting a new configuration that predicts the same.
+    added_fields: ClassVar[dict[str, Any]] = {}
 
     def config(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def identity(self) -> str:
+        """The constructor call of what decides this configuration's predictions (the folder hash of an accuracy
+        run): `repr`, less each `added_fields` entry that holds its earlier behaviour's value."""
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr
+                 and not (f.name in self.added_fields and getattr(self, f.name) == self.added_fields[f.name])]
+        return f"{type(self).__qualname__}({', '.join(shown)})"
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def run_dir(out_dir: str | Path, loaded: LoadedModel, method: dict[str, Any], dt
     method without one): a reader sees what ran, and a rerun finds its own files. A folder of the earlier naming,
     `<method>-<hash>` (the same hash), is used as it is when it exists: runs are resumed where their files are,
     never moved (a run of an older version may still be appending to them). Both at once is an error."""
-    identity = {"model": loaded.name, "method": method["method_repr"], "dtype": str(dtype), "device": device.type,
+    identity = {"model": loaded.name, "method": method["method_identity"], "dtype": str(dtype), "device": device.type,
                 "max_length": max_length, "seed": seed}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
     model_dir = Path(out_dir) / re.sub(r"[^A-Za-z0-9._-]+", "--", loaded.name.strip("/"))

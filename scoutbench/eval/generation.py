@@ -43,11 +43,13 @@ class MethodSpec:
         return dense_if_budget_covers(self.build(), context_tokens)[0]
 
     def describe(self) -> dict[str, Any]:
-        """`method`, `method_config` and `method_repr`, as in throughput results."""
+        """`method`, `method_config` and `method_repr`, as in throughput results, and `method_identity`, what names
+        its folder (methods/declarations.py, `MethodArgs.identity`)."""
         method = self.build()
         try:
             return {"method": METHODS.canonical(self.name), "method_config": method.config(),
-                    "method_repr": repr(method), "dense_layers": dense_layers_of(method)}
+                    "method_repr": repr(method), "method_identity": method.identity(),
+                    "dense_layers": dense_layers_of(method)}
         finally:
             method.close()
 

@@ -135,3 +135,26 @@ def test_block_size_without_a_method_that_has_one_is_refused_like_budget(monkeyp
         code, _, err = run_cli(monkeypatch, capsys, *command, "--method", "fullkv", "--method", "hgca",
                                "--block-size", "16", *output)
         assert code == 2 and "--block-size: no selected method has a block size" in err, (command, err)
+
+
+
+@pytest.mark.parametrize(("name", "earlier", "later"), [
+    ("hgca", {"score_read": "all"}, {"score_read": "selected"}),
+    ("infinigen", {"count_cap": None, "count_cap_frac": None}, {"count_cap": 400, "count_cap_frac": 0.2})])
+def test_identity_leaves_out_a_field_added_later_only_at_its_earlier_behaviour(name: str, earlier: dict,
+                                                                             later: dict) -> None:
+    """An accuracy run's folder is named by `identity()`: a field added after runs were made is left out at the value
+    that reproduces them (so those runs resume) and named at any other value (a new configuration)."""
+    from methods import METHODS
+
+    cls = METHODS.load(name)
+    assert cls.added_fields == earlier
+    before = cls(**earlier)
+    shown = repr(before)
+    for key, value in earlier.items():
+        shown = shown.replace(f", {key}={value!r}", "")
+    assert before.identity() == shown and all(f"{key}=" not in shown for key in earlier)
+    after = cls(**later).identity()
+    assert all(f"{key}={value!r}" in after for key, value in later.items())
+    # a method without added fields is named by its repr
+    assert METHODS.load("scout")().identity() == repr(METHODS.load("scout")())
