@@ -106,9 +106,7 @@ class DecodeOps:
             if self.form == "fused":
                 return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
             if self.form == "cpu-kernel":
-                out = cpu_decode.rms_norm(x, module.weight, module.variance_epsilon)
-                if out is not None:
-                    return out
+                return cpu_decode.rms_norm(x, module.weight, module.variance_epsilon)
         return module(x)
 
     def linear(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -148,11 +146,9 @@ class DecodeOps:
         if self.form == "cpu-kernel" and self._prologues[layer] is not None:
             attn, norms = self._prologues[layer]
             qk_norm = None if norms is None else (norms[0].weight, norms[1].weight, norms[0].variance_epsilon)
-            out = cpu_decode.attention_prologue(normed[:, None], attn.q_proj, (attn.k_proj, attn.v_proj) if with_kv
-                                                else None, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm,
-                                                cos, sin)
-            if out is not None:
-                return out
+            return cpu_decode.attention_prologue(normed[:, None], attn.q_proj, (attn.k_proj, attn.v_proj) if with_kv
+                                                 else None, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm,
+                                                 cos, sin)
         if self.form == "fused":
             return self._fused_prologue(layer, normed, cos, sin, with_kv)
         q, k, v = self.hf_prologue(self.layers[layer], normed[:, None], cos, sin, with_kv)

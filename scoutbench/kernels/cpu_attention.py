@@ -366,16 +366,20 @@ def copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], dst_rows: torc
         check_call(code, "CPU row copy", dst=dst, src=src)
 
 
-def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The exact merge of two partial states through the kernel: (o, lse) like the inputs (fp32, CPU, o
-    `[..., D]`, lse `[...]`, one shape), or None where the kernel does not take them."""
-    if not (o_a.device.type == o_b.device.type == "cpu" and lse_a.device.type == lse_b.device.type == "cpu"
+def takes_merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> bool:
+    """Whether `merge2` takes the two partial states: fp32 on the CPU, o `[..., D]` and lse `[...]` of one shape,
+    no autograd, the kernel built (`partial_state` picks the backend)."""
+    return (o_a.device.type == o_b.device.type == "cpu" and lse_a.device.type == lse_b.device.type == "cpu"
             and o_a.dtype == o_b.dtype == lse_a.dtype == lse_b.dtype == torch.float32
             and o_a.shape == o_b.shape and lse_a.shape == lse_b.shape == o_a.shape[:-1]
             and not (torch.is_grad_enabled() and (o_a.requires_grad or o_b.requires_grad))
-            and library() is not None):
-        return None
+            and library() is not None)
+
+
+def merge2(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact merge of two partial states through the kernel (`takes_merge2` is true): (o, lse) like the
+    inputs."""
     parts = [contiguous(t) for t in (o_a, lse_a, o_b, lse_b)]
     out, lse = torch.empty_like(parts[0]), torch.empty_like(parts[1])
     code = library().sb_merge2(lse.numel(), o_a.shape[-1], *(t.data_ptr() for t in parts), out.data_ptr(),

@@ -54,9 +54,8 @@ def merge_states(*states: PartialState) -> PartialState:
     """
     if len(states) == 2:
         (o_a, lse_a), (o_b, lse_b) = states
-        merged = cpu_attention.merge2(o_a, lse_a, o_b, lse_b)
-        if merged is not None:
-            return PartialState(*merged)
+        if cpu_attention.takes_merge2(o_a, lse_a, o_b, lse_b):
+            return PartialState(*cpu_attention.merge2(o_a, lse_a, o_b, lse_b))
         return PartialState(_interpolated(o_a, lse_a, o_b, lse_b), torch.logaddexp(lse_a, lse_b))
     lses = torch.stack([s.lse for s in states])  # [P, B, Hq]
     total = torch.logsumexp(lses, dim=0)
@@ -69,8 +68,9 @@ def merge_states(*states: PartialState) -> PartialState:
 def merged_output(a: PartialState, b: PartialState) -> torch.Tensor:
     """The output of `merge_states(a, b)` without its LSE, for a method that reads only the output (5 calls off a
     CPU; `attention.merge_output` is a layer's merge on the decode path)."""
-    merged = cpu_attention.merge2(a.o, a.lse, b.o, b.lse)
-    return merged[0] if merged is not None else _interpolated(a.o, a.lse, b.o, b.lse)
+    if cpu_attention.takes_merge2(a.o, a.lse, b.o, b.lse):
+        return cpu_attention.merge2(a.o, a.lse, b.o, b.lse)[0]
+    return _interpolated(a.o, a.lse, b.o, b.lse)
 
 
 def _interpolated(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:

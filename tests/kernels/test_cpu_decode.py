@@ -130,11 +130,31 @@ def test_attention_prologue_matches_hf_modules(model_fixture, dtype, request, cp
     assert torch.equal(q_only, fused[0])
 
 
-@pytest.mark.parametrize("cpu_backend", ["torch"], indirect=True)
-def test_prologue_and_norm_defer_to_hf_on_the_torch_backend(tiny_qwen3, cpu_backend):
-    norm = tiny_qwen3.model.layers[0].input_layernorm
-    x = torch.randn(1, 1, norm.weight.shape[0])
-    assert cpu_decode.rms_norm(x, norm.weight, norm.variance_epsilon) is None
-    attn = tiny_qwen3.model.layers[0].self_attn
-    cos = sin = torch.ones(1, 1, attn.head_dim)
-    assert cpu_decode.attention_prologue(x, attn.q_proj, None, 4, 2, attn.head_dim, None, cos, sin) is None
+@pytest.mark.parametrize(("cpu_backend", "batch"), [("torch", 2), (native_paths()[0], cpu_decode.MAX_ROWS + 1)],
+                         indirect=["cpu_backend"])
+@pytest.mark.parametrize("model_fixture", ["tiny_qwen3", "tiny_qwen2"])
+def test_prologue_and_norm_equal_hf_bit_for_bit_where_the_kernel_does_not_serve(model_fixture, batch, request,
+                                                                                 cpu_backend):
+    """Where the kernel does not take the call (torch's backend, more rows than MAX_ROWS), the one entry point runs
+    HF's forward op for op: the results equal HF's modules bit for bit (the `hf` form's prologue, q/k norms, RoPE,
+    and Qwen2's biases)."""
+    from scoutbench.decode_ops import DecodeOps
+
+    model = request.getfixturevalue(model_fixture)
+    norm = model.model.layers[0].input_layernorm
+    torch.manual_seed(3)
+    x = torch.randn(batch, 1, norm.weight.shape[0])
+    hf = DecodeOps(model, "hf", 512)
+    attn = model.model.layers[1].self_attn
+    norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon) if hasattr(attn, "q_norm") else None
+    cos, sin = hf.rotary(torch.arange(batch) * 7 + 3)
+    with torch.no_grad():
+        assert torch.equal(cpu_decode.rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
+        ours = cpu_decode.attention_prologue(x, attn.q_proj, (attn.k_proj, attn.v_proj), hf.num_heads,
+                                             hf.num_kv_heads, hf.head_dim, norms, cos, sin)
+        want = hf.prologue(1, x[:, 0], cos, sin)
+        q_only = cpu_decode.attention_prologue(x, attn.q_proj, None, hf.num_heads, hf.num_kv_heads, hf.head_dim,
+                                               norms, cos, sin)
+    for got, ref in zip(ours, want, strict=True):
+        assert torch.equal(got, ref)
+    assert torch.equal(q_only[0], want[0]) and q_only[1:] == (None, None)
