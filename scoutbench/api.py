@@ -160,7 +160,7 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     no-argument run of `scoutbench throughput`), the shared settings go to the methods that have them, and every
     method's fields, workload and context are checked before anything loads. `run_options` are the config's other
     fields (`force`, `profile_dir`, `count_steps`, `cuda_graphs`, `nvtx`, `command`, ...)."""
-    from scoutbench.bench.resolve import ThroughputConfig, check_context_fits, use_cuda_graphs
+    from scoutbench.bench.resolve import ThroughputConfig, check_context_fits, check_cuda_graphs
     from scoutbench.devices import resolve_device, resolve_dtype
     from scoutbench.method_args import MethodSettings, check_methods_fit, resolve_method_args
     from scoutbench.methods import METHODS
@@ -169,7 +169,7 @@ def throughput_configs(methods: str | Sequence[str], *, model: str | None = None
     from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW, SyntheticWorkload
 
     resolved = resolve_device(device)
-    use_cuda_graphs(run_options.get("cuda_graphs", "auto"), resolved)
+    check_cuda_graphs(run_options.get("cuda_graphs", "auto"), resolved)
     kind = "cuda" if resolved.type == "cuda" else "cpu"
     if revision is not None and model is None:
         raise UsageError("--revision pins the weights of a Hugging Face --model; pass --model ID too")

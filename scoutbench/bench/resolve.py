@@ -62,21 +62,32 @@ class ThroughputConfig:
         return self.length + self.warmup + self.steps
 
     @property
+    def profiled_steps(self) -> int:
+        """The untimed steps under torch.profiler after the counted ones: `profile_steps` with --profile, else 0."""
+        return self.profile_steps if self.profile_dir is not None else 0
+
+    @property
     def stored_tokens(self) -> int:
         """Tokens each sequence's storage holds: `context_tokens` plus the untimed counted and profiled steps."""
-        return self.context_tokens + self.count_steps + (self.profile_steps if self.profile_dir is not None else 0)
+        return self.context_tokens + self.count_steps + self.profiled_steps
 
 
 CUDA_GRAPH_MODES = ("auto", "on", "off")
 
 
-def use_cuda_graphs(mode: str, device: torch.device) -> bool:
-    """Whether a run replays CUDA graphs: `auto` where the device is CUDA; `on` refuses any other device."""
+def check_cuda_graphs(mode: str, device: torch.device) -> None:
+    """Refuse a `--cuda-graphs` mode that is unknown, or `on` for a device that is not CUDA (the API checks it
+    before loading anything; `use_cuda_graphs` decides it)."""
     if mode not in CUDA_GRAPH_MODES:
         raise UsageError(f"--cuda-graphs {mode!r}: use one of {', '.join(CUDA_GRAPH_MODES)}")
     if mode == "on" and device.type != "cuda":
         raise UsageError(f"--cuda-graphs on needs a CUDA device (this run's is {device.type}): use --cuda-graphs "
                          "auto or off")
+
+
+def use_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """Whether a run replays CUDA graphs: `auto` where the device is CUDA; `on` refuses any other device."""
+    check_cuda_graphs(mode, device)
     return mode != "off" and device.type == "cuda"
 
 
@@ -95,20 +106,21 @@ def resolve_prefill(mode: str, model: LoadedModel | str) -> str:
     return "synthetic" if model.random_weights else "real"
 
 
-def alignment_room(cfg: ThroughputConfig, method: AttentionMethod) -> int:
-    """Tokens an amortised window's alignment steps may add to the stored context (a block cycle and one)."""
+def storage_tokens(cfg: ThroughputConfig, method: AttentionMethod) -> int:
+    """Tokens each sequence's storage holds with `method` (the engine's `max_len`, the memory plan's context):
+    `cfg.stored_tokens` plus the room an amortised window's alignment steps may take (a block cycle and one)."""
     cycle = method.block_cycle()
-    return cycle + 1 if cfg.amortise_blocks and cycle is not None else 0
+    return cfg.stored_tokens + (cycle + 1 if cfg.amortise_blocks and cycle is not None else 0)
 
 
 def memory_need(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel, batch: int) -> dict[str, int]:
     """Bytes the run will allocate beyond the loaded weights, from the planner's footprint functions: the
-    method's device and host tiers plus the per-sequence workspace, for prompt + warm-up + timed tokens."""
+    method's device and host tiers plus the per-sequence workspace, for every token its storage holds."""
     from scoutbench.planning import workspace_bytes_per_seq
 
     dtype = next(loaded.model.parameters()).dtype
     shape = ModelShape.from_config(loaded.model.config)
-    context_len = cfg.stored_tokens + alignment_room(cfg, method)
+    context_len = storage_tokens(cfg, method)
     footprint = method.memory_footprint(shape, context_len, dtype.itemsize)
     workspace = workspace_bytes_per_seq(shape, context_len, dtype.itemsize, footprint.prefill_bytes_per_seq)
     return {"device": batch * (footprint.device_bytes_per_seq + workspace),
@@ -183,8 +195,9 @@ class ResolvedRun:
     """One throughput run with every choice made, once, at the edge (the CLI, a sweep's runner): the loaded model
     with its device and dtype, the method's configuration and its budget plan (FullKV runs when the budget covers
     the context: methods.sparse.dense_if_budget_covers), the batch (`--batch auto`: planned, with the plan), the
-    prefill (`resolve_prefill`), whether decode replays CUDA graphs (`use_cuda_graphs`) and a passed free-memory
-    check. `run_throughput` executes it and decides nothing again."""
+    prefill (`resolve_prefill`), whether decode replays CUDA graphs (`use_cuda_graphs`), the CUDA-only
+    instrumentation (NVTX ranges, NVML sampling) and a passed free-memory check. `run_throughput` executes it and
+    decides nothing again."""
 
     cfg: ThroughputConfig
     loaded: LoadedModel
@@ -194,6 +207,8 @@ class ResolvedRun:
     batch: int
     prefill: str  # "real" or "synthetic"
     cuda_graphs: bool
+    nvtx: bool  # an NVTX range per stage (--nvtx on a CUDA device)
+    nvml: bool  # NVML telemetry sampled over the timed steps (a CUDA device)
     auto_plan: Any = None  # planning.MethodPlan of --batch auto, else None
 
     @property
@@ -243,7 +258,8 @@ def resolve_run(cfg: ThroughputConfig, loaded: LoadedModel | None = None,
         method.close()
         if requested is not method:
             requested.close()
-    return ResolvedRun(cfg, loaded, device, dtype, budget_plan, batch, prefill, cuda_graphs, auto_plan)
+    return ResolvedRun(cfg, loaded, device, dtype, budget_plan, batch, prefill, cuda_graphs,
+                       nvtx=cfg.nvtx and device.type == "cuda", nvml=device.type == "cuda", auto_plan=auto_plan)
 
 
 def plan_auto_batch(cfg: ThroughputConfig, method: AttentionMethod, loaded: LoadedModel) -> tuple[int, Any]:

@@ -17,9 +17,11 @@ methods in turn (`run_methods`).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,16 +29,16 @@ import torch
 from scoutbench.bench.resolve import (
     ResolvedRun,
     ThroughputConfig,
-    alignment_room,
     memory_need,
     resolve_prefill,
     resolve_run,
+    storage_tokens,
 )
 from scoutbench.devices import device_description
 from scoutbench.errors import ScoutbenchError, error_text
 from scoutbench.kernels.backends import USAGE as attention_backends
 from scoutbench.methods import build_method
-from scoutbench.methods.base import dense_layers_of
+from scoutbench.methods.base import AttentionMethod, dense_layers_of
 from scoutbench.models import LoadedModel
 from scoutbench.results import envelope
 from scoutbench.step_stats import spread_warning, step_summary
@@ -235,8 +237,6 @@ def run_methods(configs: list[ThroughputConfig], loaded: LoadedModel, log: Calla
     in turn: the process's where one is kept (offload.keep_host_memory: the GPU check), else one reserved here at
     the largest planned host tier: fresh host memory and its registration are paid once, not once per method.
     `progress(where)` gives a run's progress callback (`where`: "[2/5] scout")."""
-    import contextlib
-
     from scoutbench.planning import format_bytes
     from scoutbench.runtime.offload import keep_host_memory, kept_host_memory
     from scoutbench.workloads.synthetic_kv import SyntheticKVCache
@@ -300,90 +300,16 @@ def failed_result(cfg: ThroughputConfig, error: str, device: dict[str, Any], dty
 def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | None,
                   shared_kv: SyntheticKVCache | None = None, oom_backoff: bool = False) -> dict[str, Any]:
     """One measured run of `run` at `batch`; out-of-memory errors propagate when the caller backs off."""
-    cfg, loaded, device, dtype, budget_plan = run.cfg, run.loaded, run.device, run.dtype, run.budget_plan
-    requested, method = run.build()
-    workload = SyntheticWorkload(cfg.length, batch, cfg.steps, cfg.warmup, cfg.seed, run.prefill, cfg.kv_skew)
     from scoutbench.engine import DecodeEngine
 
-    def report(phase: str) -> Callable[[int, int], None] | None:
-        return None if on_progress is None else lambda done, total: on_progress(phase, done, total)
-
+    cfg = run.cfg
+    requested, method = run.build()
+    workload = SyntheticWorkload(cfg.length, batch, cfg.steps, cfg.warmup, cfg.seed, run.prefill, cfg.kv_skew)
     if shared_kv is not None:
-        shared_kv.make_room(sum(memory_need(cfg, method, loaded, batch).values()))
-    engine = DecodeEngine(loaded.model, method)
-    timer = engine.timer
-    timer.nvtx = cfg.nvtx and device.type == "cuda"
-    total_steps = workload.warmup + workload.steps
-    cycle = method.block_cycle()
-    alignment = 0
-    per_cycle: dict[tuple[str, ...], int] = {}  # the event steps one cycle holds (amortised form)
-    events: list[tuple[str, ...]] = []  # each timed step's block events
-    counted_events: list[tuple[str, ...]] = []
-    profiled_steps = cfg.profile_steps if cfg.profile_dir is not None else 0
-    calls_per_step = replays_per_step = None
-    captures_before_timing = 0
-    records: list[dict[str, float]] = []
-    nvml = nvml_summary = profile = None
-    attention_backends.reset()  # also counted when there are no warm-up steps
+        shared_kv.make_room(sum(memory_need(cfg, method, run.loaded, batch).values()))
     try:
-        with engine:  # closes the method on every path
-            engine.start(workload.batch,
-                         workload.total_tokens + cfg.count_steps + profiled_steps + alignment_room(cfg, method),
-                         cuda_graphs=run.cuda_graphs)
-            if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
-                on_progress("prefill", 0, engine.num_layers)
-            start = time.perf_counter()
-            kv_reused = None  # a real prefill draws nothing
-            if workload.prefill == "real":
-                logits = engine.prefill(workload.prompt_ids(loaded.model.config.vocab_size), on_layer=report("prefill"))
-                tokens = logits.argmax(-1)
-            else:
-                lengths = torch.full((workload.batch,), workload.length, dtype=torch.long)
-                kv_reused = engine.prefill_synthetic(lengths, cfg.seed, key_skew=workload.kv_skew,
-                                                     on_layer=report("prefill"), shared_kv=shared_kv)
-                tokens = workload.first_tokens(loaded.model.config.vocab_size).to(device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            prefill_ms = (time.perf_counter() - start) * 1e3
-            if on_progress is not None:
-                on_progress("decode", 0, total_steps)
-            index = 0
-            while index < total_steps:
-                if index == workload.warmup and alignment == 0:  # an amortised window opens on a block event
-                    alignment = alignment_steps(method, engine.positions_host, workload.steps, cfg.amortise_blocks)
-                    total_steps += alignment
-                if index == workload.warmup + alignment:
-                    method.reset_stats()
-                    attention_backends.reset()
-                    captures_before_timing = len(engine.graphs.schedules) if engine.graphs is not None else 0
-                    per_cycle = cycle_events(method, engine.positions_host)
-                    if device.type == "cuda":
-                        nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms).__enter__()
-                timed = index >= workload.warmup + alignment
-                if timed:
-                    events.append(method.block_events(engine.positions_host))
-                timer.begin_step()
-                tokens = engine.decode_step(tokens).argmax(-1)
-                record = timer.end_step()
-                if timed:
-                    records.append(record)
-                index += 1
-                if on_progress is not None:
-                    on_progress("decode", index, total_steps)
-            stats = method.stats()
-            backends_used, backends_by_stage = attention_backends.snapshot(), attention_backends.by_stage()
-            timed_captures = len(engine.graphs.schedules) - captures_before_timing if engine.graphs is not None else 0
-            graphs = graph_fields(engine, timed_captures)
-            if nvml is not None:  # the counted and profiled steps below are no part of the measurement
-                nvml.__exit__(None, None, None)
-                nvml_summary, nvml = nvml.summary(tokens=workload.batch * len(records)), None
-            tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps, counted_events)
-            if profiled_steps:
-                from scoutbench.profiling import profile_decode
-
-                stem = (f"throughput_{cfg.method}_{cfg.model.replace('/', '--')}_len{format_length(cfg.length)}"
-                        f"_b{workload.batch}")  # the result file's name in a folder (cli/throughput.py)
-                profile = profile_decode(engine, tokens, profiled_steps, cfg.profile_dir, stem)
+        with DecodeEngine(run.loaded.model, method) as engine:  # closes the method on every path
+            measured = measure(engine, run, workload, on_progress, shared_kv)
     except torch.OutOfMemoryError:
         if oom_backoff:
             raise
@@ -396,22 +322,156 @@ def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | 
             raise ScoutbenchError(f"{cfg.method}: out of host memory at batch {batch}, len {cfg.length}; "
                                   "lower --batch or --len") from None
         raise
-    finally:
-        if nvml is not None:  # also on errors: never leave the sampler thread running
-            nvml.__exit__(None, None, None)
-    window = block_window([r["total"] for r in records], events, cycle, per_cycle, cfg.amortise_blocks, alignment)
-    host = host_fields(records, calls_per_step, cfg.count_steps, replays_per_step)
-    host["host"]["block_events"] = block_window([0.0] * len(counted_events), counted_events, cycle, {}, False,
-                                                0)["events"] if cfg.count_steps else None
+    return assemble_result(run, requested, workload, measured)
+
+
+@dataclass
+class TimedSteps:
+    """The timed window's raw measurements (`decode_timed`): each step's stage times and block events, and what
+    the method, the attention backends and the CUDA graphs counted over exactly these steps."""
+
+    records: list[dict[str, float]]  # StageTimer.end_step of each step: ms per stage and `total`
+    events: list[tuple[str, ...]]  # each step's block events (the method's per-block work)
+    cycle_events: dict[tuple[str, ...], int]  # the event steps one block cycle holds from the first step
+    method_stats: dict[str, Any]
+    attention_backends: dict[str, int]
+    attention_backends_by_stage: dict[str, dict[str, int]]
+    graph_captures: int  # CUDA graphs captured during the timed steps (a new shape: capture inside the window)
+    nvml: dict[str, Any] | None
+
+
+@dataclass
+class Measurement:
+    """What one run measured, raw: the prefill, the window's alignment, the timed steps and the untimed steps
+    after them (torch calls counted, the profiler); `assemble_result` turns it into the result dict."""
+
+    prefill_ms: float
+    prefill_kv_reused: bool | None  # None for a real prefill (it draws nothing)
+    block_cycle: int | None  # the decoding method's (FullKV's where the budget covers the context)
+    alignment_steps: int
+    timed: TimedSteps
+    graphs: dict[str, Any]  # graph_fields
+    calls_per_step: float | None
+    replays_per_step: float | None
+    counted_events: list[tuple[str, ...]]  # each counted step's block events
+    profile: dict[str, Any] | None
+
+
+def decode_steps(engine: Any, tokens: torch.Tensor, steps: int, on_step: Callable[[], None] | None = None,
+                 events: list[tuple[str, ...]] | None = None, records: list[dict[str, float]] | None = None
+                 ) -> torch.Tensor:
+    """`steps` greedy decode steps (gpt-fast's `decode_n_tokens`), each one step of the engine's stage timer;
+    the next tokens. `events` receives each step's block events, read before the step's time starts, and
+    `records` its stage times; `on_step()` runs after each step, outside its time."""
+    method, timer = engine.method, engine.timer
+    for _ in range(steps):
+        if events is not None:
+            events.append(method.block_events(engine.positions_host))
+        timer.begin_step()
+        tokens = engine.decode_step(tokens).argmax(-1)
+        record = timer.end_step()
+        if records is not None:
+            records.append(record)
+        if on_step is not None:
+            on_step()
+    return tokens
+
+
+def decode_timed(engine: Any, tokens: torch.Tensor, steps: int, nvml: NvmlSampler | None = None,
+                 on_step: Callable[[], None] | None = None) -> tuple[torch.Tensor, TimedSteps]:
+    """The measurement: `steps` timed decode steps with the method's and the backends' counters started fresh,
+    `nvml` sampling over them, and the counters read before anything else runs; (next tokens, what they
+    measured)."""
+    method = engine.method
+    method.reset_stats()
+    attention_backends.reset()
+    captures_before = len(engine.graphs.schedules) if engine.graphs is not None else 0
+    per_cycle = cycle_events(method, engine.positions_host)
+    events: list[tuple[str, ...]] = []
+    records: list[dict[str, float]] = []
+    with nvml or contextlib.nullcontext():
+        tokens = decode_steps(engine, tokens, steps, on_step, events, records)
+        stats = method.stats()
+        backends, by_stage = attention_backends.snapshot(), attention_backends.by_stage()
+        captures = len(engine.graphs.schedules) - captures_before if engine.graphs is not None else 0
+    telemetry = None if nvml is None else nvml.summary(tokens=tokens.shape[0] * len(records))
+    return tokens, TimedSteps(records, events, per_cycle, stats, backends, by_stage, captures, telemetry)
+
+
+def measure(engine: Any, run: ResolvedRun, workload: SyntheticWorkload, on_progress: ProgressCallback | None,
+            shared_kv: SyntheticKVCache | None = None) -> Measurement:
+    """Start `engine` for `run`, prefill, decode the warm-up and alignment steps, the timed window
+    (`decode_timed`), then the untimed counted and profiled steps (no part of the measurement)."""
+    cfg, device, vocab_size = run.cfg, run.device, run.loaded.model.config.vocab_size
+    method = engine.method
+    engine.timer.nvtx = run.nvtx
+    engine.start(workload.batch, storage_tokens(cfg, method), cuda_graphs=run.cuda_graphs)
+    if on_progress is not None:  # phases start now: their elapsed time and ETA count from here
+        on_progress("prefill", 0, engine.num_layers)
+    on_layer = None if on_progress is None else lambda done, total: on_progress("prefill", done, total)
+    start = time.perf_counter()
+    kv_reused = None  # a real prefill draws nothing
+    if workload.prefill == "real":
+        tokens = engine.prefill(workload.prompt_ids(vocab_size), on_layer=on_layer).argmax(-1)
+    else:
+        lengths = torch.full((workload.batch,), workload.length, dtype=torch.long)
+        kv_reused = engine.prefill_synthetic(lengths, cfg.seed, key_skew=workload.kv_skew, on_layer=on_layer,
+                                             shared_kv=shared_kv)
+        tokens = workload.first_tokens(vocab_size).to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    prefill_ms = (time.perf_counter() - start) * 1e3
+
+    decoded, total_steps = 0, workload.warmup + workload.steps
+
+    def report_step() -> None:
+        nonlocal decoded
+        decoded += 1
+        on_progress("decode", decoded, total_steps)
+
+    on_step = None if on_progress is None else report_step
+    if on_progress is not None:
+        on_progress("decode", 0, total_steps)
+    tokens = decode_steps(engine, tokens, workload.warmup, on_step)
+    alignment = alignment_steps(method, engine.positions_host, workload.steps, cfg.amortise_blocks)
+    total_steps += alignment
+    tokens = decode_steps(engine, tokens, alignment, on_step)
+    nvml = NvmlSampler(device.index or 0, cfg.nvml_interval_ms) if run.nvml else None
+    tokens, timed = decode_timed(engine, tokens, workload.steps, nvml, on_step)
+    graphs = graph_fields(engine, timed.graph_captures)
+    counted_events: list[tuple[str, ...]] = []
+    tokens, calls_per_step, replays_per_step = count_calls(engine, tokens, cfg.count_steps, counted_events)
+    profile = None
+    if cfg.profiled_steps:
+        from scoutbench.profiling import profile_decode
+
+        stem = result_file_name(cfg, {"method": cfg.method, "workload": {"batch": workload.batch}})
+        profile = profile_decode(engine, tokens, cfg.profiled_steps, cfg.profile_dir, stem.removesuffix(".json"))
+    return Measurement(prefill_ms, kv_reused, method.block_cycle(), alignment, timed, graphs, calls_per_step,
+                       replays_per_step, counted_events, profile)
+
+
+def assemble_result(run: ResolvedRun, requested: AttentionMethod, workload: SyntheticWorkload,
+                    measured: Measurement) -> dict[str, Any]:
+    """The result dict of a measured run (docs/results.md): what ran (`requested`: the method as configured),
+    the timing of the timed steps and how their window holds the per-block work, the host side, the counters."""
+    cfg, device, timed = run.cfg, run.device, measured.timed
+    cycle = measured.block_cycle
+    window = block_window([r["total"] for r in timed.records], timed.events, cycle, timed.cycle_events,
+                          cfg.amortise_blocks, measured.alignment_steps)
+    host = host_fields(timed.records, measured.calls_per_step, cfg.count_steps, measured.replays_per_step)
+    host["host"]["block_events"] = block_window([0.0] * len(measured.counted_events), measured.counted_events,
+                                                cycle, {}, False, 0)["events"] if cfg.count_steps else None
     return {
         **envelope("throughput", cfg.command), "status": "ok", "error": None,
         "method": cfg.method, "method_config": requested.config(), "method_repr": repr(requested),
-        **budget_plan.result_fields(), "dense_layers": dense_layers_of(requested),
-        "model": loaded.describe(dtype), "workload": workload.describe(),
+        **run.budget_plan.result_fields(), "dense_layers": dense_layers_of(requested),
+        "model": run.loaded.describe(run.dtype), "workload": workload.describe(),
         "kv_source": workload.kv_source(cfg.model), "device": device_description(device),
-        "prefill_ms": prefill_ms, "prefill_kv_reused": kv_reused, **tier_fields(device),
-        **amortised_timing(summarise_steps(records, workload.batch, device.type), window, workload.batch),
-        "block_window": window, **host, **graphs,
-        "nvml": nvml_summary, "profile": profile, "method_stats": stats,
-        "attention_backends": backends_used, "attention_backends_by_stage": backends_by_stage,
+        "prefill_ms": measured.prefill_ms, "prefill_kv_reused": measured.prefill_kv_reused, **tier_fields(device),
+        **amortised_timing(summarise_steps(timed.records, workload.batch, device.type), window, workload.batch),
+        "block_window": window, **host, **measured.graphs,
+        "nvml": timed.nvml, "profile": measured.profile, "method_stats": timed.method_stats,
+        "attention_backends": timed.attention_backends,
+        "attention_backends_by_stage": timed.attention_backends_by_stage,
     }
