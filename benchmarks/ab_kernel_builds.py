@@ -76,17 +76,15 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
         return time_calls(builds, current, args)
     length = parse_length(args.len)
     loaded = load_model(args.model, resolve_device("cpu"), torch.float32, 0)
-    engine = DecodeEngine(loaded.model, build_method(args.method, {}))
-    engine.start(1, length + args.steps + 8)
-    engine.prefill_synthetic(torch.full((1,), length, dtype=torch.long), 0)
-    tokens = [torch.zeros(1, dtype=torch.long)]
+    with DecodeEngine(loaded.model, build_method(args.method, {})) as engine:
+        engine.start(1, length + args.steps + 8)
+        engine.prefill_synthetic(torch.full((1,), length, dtype=torch.long), 0)
+        tokens = [torch.zeros(1, dtype=torch.long)]
 
-    def step() -> None:
-        tokens[0] = engine.decode_step(tokens[0]).argmax(-1)
+        def step() -> None:
+            tokens[0] = engine.decode_step(tokens[0]).argmax(-1)
 
-    times = alternate(builds, current, step, args.steps)
-    engine.method.close()
-    return times
+        return alternate(builds, current, step, args.steps)
 
 
 def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[str, list[float]]:

@@ -35,14 +35,11 @@ def run(name: str, loaded: LoadedModel) -> str:
     ids = torch.randint(0, loaded.model.config.vocab_size, (2, max(lengths)), generator=generator)
     for b, n in enumerate(lengths):
         ids[b, n:] = 0
-    engine = api.decode_engine(loaded, method, batch=2, max_len=max(lengths) + STEPS + 1)
-    try:
+    with api.decode_engine(loaded, method, batch=2, max_len=max(lengths) + STEPS + 1) as engine:
         logits = [engine.prefill(ids, torch.tensor(lengths))]
         for _ in range(STEPS):
             logits.append(engine.decode_step(logits[-1].argmax(-1)))
         stats = method.stats()
-    finally:
-        method.close()
     digest = hashlib.sha256(torch.cat([x.float().reshape(-1) for x in logits]).numpy().tobytes()).hexdigest()[:16]
     counters = {k: v for k, v in sorted(stats.items()) if isinstance(v, (int, float)) and not isinstance(v, bool)
                 and not any(t in k for t in ("_ms", "_s", "time", "per_s"))}

@@ -29,19 +29,19 @@ WARMUP_STEPS, TIMED_STEPS = 3, 10
 def main() -> None:
     name, dtype, tokens = sys.argv[1], parse_dtype(sys.argv[2]), int(sys.argv[3])
     model = load_model(name, "cpu", dtype).model
-    engine = DecodeEngine(model, FullKV(), silent_timer(torch.device("cpu")))
-    engine.start(1, tokens + WARMUP_STEPS + TIMED_STEPS + 1)
-    wall, cpu = time.perf_counter(), time.process_time()
-    token = engine.prefill(torch.randint(100, 20000, (1, tokens))).argmax(-1)
-    print(f"{name} {dtype} prefill {tokens}: {time.perf_counter() - wall:.1f} s wall, "
-          f"{time.process_time() - cpu:.1f} s cpu", flush=True)
-    for _ in range(WARMUP_STEPS):
-        token = engine.decode_step(token).argmax(-1)
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(TIMED_STEPS):
-        token = engine.decode_step(token).argmax(-1)
-    print(f"  decode: {(time.perf_counter() - wall) / TIMED_STEPS * 1e3:.0f} ms/step wall, "
-          f"{(time.process_time() - cpu) / TIMED_STEPS * 1e3:.0f} ms/step cpu", flush=True)
+    with DecodeEngine(model, FullKV(), silent_timer(torch.device("cpu"))) as engine:
+        engine.start(1, tokens + WARMUP_STEPS + TIMED_STEPS + 1)
+        wall, cpu = time.perf_counter(), time.process_time()
+        token = engine.prefill(torch.randint(100, 20000, (1, tokens))).argmax(-1)
+        print(f"{name} {dtype} prefill {tokens}: {time.perf_counter() - wall:.1f} s wall, "
+              f"{time.process_time() - cpu:.1f} s cpu", flush=True)
+        for _ in range(WARMUP_STEPS):
+            token = engine.decode_step(token).argmax(-1)
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(TIMED_STEPS):
+            token = engine.decode_step(token).argmax(-1)
+        print(f"  decode: {(time.perf_counter() - wall) / TIMED_STEPS * 1e3:.0f} ms/step wall, "
+              f"{(time.process_time() - cpu) / TIMED_STEPS * 1e3:.0f} ms/step cpu", flush=True)
 
 
 if __name__ == "__main__":

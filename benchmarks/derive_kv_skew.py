@@ -45,9 +45,8 @@ def real_prompt(tokenizer, num_tokens: int) -> torch.Tensor:
 def cpu_ratio(model, method: ScoutAttention, steps: int, prompt: torch.Tensor | None, length: int,
               kv_skew: float) -> float:
     """Mean CPU compute ratio of `method` over `steps` greedy decode steps."""
-    engine = DecodeEngine(model, method)
-    engine.start(batch=1, max_len=length + steps + 1)
-    try:
+    with DecodeEngine(model, method) as engine:
+        engine.start(batch=1, max_len=length + steps + 1)
         if prompt is not None:
             token = engine.prefill(prompt).argmax(-1)
         else:
@@ -56,8 +55,6 @@ def cpu_ratio(model, method: ScoutAttention, steps: int, prompt: torch.Tensor | 
         for _ in range(steps):
             token = engine.decode_step(token).argmax(-1)
         return float(method.stats()["cpu_compute_ratio"]["mean"])
-    finally:
-        method.close()
 
 
 def main() -> None:

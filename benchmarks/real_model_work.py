@@ -53,8 +53,7 @@ def decode_counters(shared: SharedPrefill, name: str, budget: int | None, dense_
     described = spec.describe()
     method = spec.build_for(len(shared.prompt_ids) + warmup + steps)
     step_ms: list[float] = []
-    try:
-        engine = shared.engine(method, warmup + steps)
+    with shared.engine(method, warmup + steps) as engine:
         token = shared.logits.argmax(-1)
         for index in range(warmup + steps):
             if index == warmup:
@@ -64,8 +63,6 @@ def decode_counters(shared: SharedPrefill, name: str, budget: int | None, dense_
             if index >= warmup:
                 step_ms.append((time.perf_counter() - start) * 1e3)
         stats = method.stats()
-    finally:
-        method.close()
     return described, stats, step_ms
 
 

@@ -138,12 +138,14 @@ def build_method(name: str, *, budget: int | None = None, block_size: int | None
 def decode_engine(loaded: LoadedModel, method: AttentionMethod, batch: int, max_len: int) -> DecodeEngine:
     """The engine every command decodes with, running `method` on `loaded`'s model, started for `batch` sequences of
     up to `max_len` tokens: `prefill(input_ids)` (the prompts' last logits) then `decode_step(tokens)` as often as
-    you like; `method.stats()` has the method's counters. Use it as a context manager (`with decode_engine(...) as
-    engine:`): its end closes the method (its workers and host memory)."""
+    you like; `method.stats()` has the method's counters. The caller owns it: use it as a context manager (`with
+    decode_engine(...) as engine:`), whose end closes the method (its workers and host memory) on every path; a
+    start that fails closes it here."""
     from scoutbench.engine import DecodeEngine
 
     engine = DecodeEngine(loaded.model, method)
-    engine.start(batch=batch, max_len=max_len)
+    with engine.closed_on_failure():
+        engine.start(batch=batch, max_len=max_len)
     return engine
 
 

@@ -12,9 +12,10 @@ ScoutAttention and InfiniGen predict the next layer's query.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +62,17 @@ class DecodeEngine:
         """The end of a `with DecodeEngine(...)` block closes the method (its workers, copy streams and host
         memory), on every path: a run that fails still releases them."""
         self.method.close()
+
+    @contextlib.contextmanager
+    def closed_on_failure(self) -> Iterator[DecodeEngine]:
+        """For an engine set up here and handed on to a caller who ends it with `with` (`api.decode_engine`,
+        `SharedPrefill.engine`): a setup that raises (start, prefill) closes the method; one that does not leaves
+        it open for the caller's `with`."""
+        try:
+            yield self
+        except BaseException:
+            self.method.close()
+            raise
 
     def start(self, batch: int, max_len: int, cuda_graphs: bool = False) -> None:
         """Bind the method to this model and run shape; storage for `max_len` tokens per sequence. With

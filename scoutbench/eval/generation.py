@@ -5,7 +5,6 @@ part of the output; decoding with `skip_special_tokens` removes EOS but keeps a 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -98,13 +97,14 @@ def silent_timer(device: torch.device) -> StageTimer:
 @torch.no_grad()
 def greedy_generate(model: torch.nn.Module, method: AttentionMethod, prompt_ids: list[int], max_new_tokens: int,
                     stop_ids: frozenset[int] = frozenset(), min_new_tokens: int = 0) -> list[int]:
-    """New token ids for one prompt. The first `min_new_tokens` steps cannot pick a stop token (HF min_length)."""
+    """New token ids for one prompt. The first `min_new_tokens` steps cannot pick a stop token (HF min_length).
+    `method` is closed at the end, on every path (a fresh one per run: `MethodSpec.build_for`)."""
     _check_max_new_tokens(max_new_tokens)
     device = next(model.parameters()).device
-    engine = DecodeEngine(model, method, silent_timer(device))
-    engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
-    logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
-    return _greedy_decode(engine, logits, max_new_tokens, stop_ids, min_new_tokens).token_ids
+    with DecodeEngine(model, method, silent_timer(device)) as engine:
+        engine.start(batch=1, max_len=len(prompt_ids) + max_new_tokens)
+        logits = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=device))
+        return _greedy_decode(engine, logits, max_new_tokens, stop_ids, min_new_tokens).token_ids
 
 
 def _check_max_new_tokens(max_new_tokens: int) -> None:
@@ -185,10 +185,10 @@ class SharedPrefill:
         self.device = next(model.parameters()).device
         if recorded is None:
             recorder = _PrefillRecorder()
-            engine = DecodeEngine(model, recorder, silent_timer(self.device))
-            engine.start(batch=1, max_len=len(prompt_ids))
-            recorded = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=self.device)), \
-                recorder.layer_inputs
+            with DecodeEngine(model, recorder, silent_timer(self.device)) as engine:
+                engine.start(batch=1, max_len=len(prompt_ids))
+                recorded = engine.prefill(torch.tensor([prompt_ids], dtype=torch.long, device=self.device)), \
+                    recorder.layer_inputs
         self.logits, self._layer_inputs = recorded
         self._lengths = torch.tensor([len(prompt_ids)], dtype=torch.long)
 
@@ -218,14 +218,17 @@ class SharedPrefill:
             tmp.unlink(missing_ok=True)
         return shared
 
-    def engine(self, method: AttentionMethod, new_tokens: int) -> DecodeEngine:
-        """A decode engine for `method` that starts from this prefill, with room for `new_tokens` more tokens (a
-        context manager that closes `method`; closed here already when it cannot start)."""
-        with contextlib.ExitStack() as on_failure:
-            engine = on_failure.enter_context(DecodeEngine(self.model, method, silent_timer(self.device)))
+    def engine(self, method: AttentionMethod, new_tokens: int,
+               observe: Callable[[AttentionMethod], None] | None = None) -> DecodeEngine:
+        """A decode engine for `method` that starts from this prefill, with room for `new_tokens` more tokens, for
+        the caller's `with` (whose end closes `method`; closed here already when it cannot start). `observe(method)`
+        runs first (e.g. to switch on a method's trace)."""
+        engine = DecodeEngine(self.model, method, silent_timer(self.device))
+        with engine.closed_on_failure():
+            if observe is not None:
+                observe(method)
             engine.start(batch=1, max_len=len(self.prompt_ids) + new_tokens)
             engine.adopt_prefill(self._layer_inputs, self._lengths)
-            on_failure.pop_all()
         return engine
 
     @torch.no_grad()
@@ -246,18 +249,13 @@ class SharedPrefill:
         method = spec.build_for(len(self.prompt_ids) + len(token_ids))
         trace = _StepTrace()
         step_ms = []
-        try:
-            if observe is not None:
-                observe(method)
-            engine = self.engine(method, len(token_ids))
+        with self.engine(method, len(token_ids), observe) as engine:
             for token in token_ids:
                 start = time.perf_counter()
                 logits = engine.decode_step(torch.tensor([token], device=self.device))
                 step_ms.append((time.perf_counter() - start) * 1e3)
                 trace.record(logits, engine)
             stats = method.stats()
-        finally:
-            method.close()
         return Generation(list(token_ids), *trace.stacked(), method_stats=stats, step_ms=step_ms)
 
 
@@ -272,11 +270,8 @@ def generate_texts_shared_prefill(model: torch.nn.Module, tokenizer: Any, specs:
 
 def generate_text(model: torch.nn.Module, tokenizer: Any, spec: MethodSpec, prompt_ids: list[int],
                   max_new_tokens: int, stop_ids: frozenset[int], min_new_tokens: int = 0) -> str:
-    """Build a fresh method, generate, always close it; the prediction is the decode of the new tokens only,
-    special tokens skipped, not stripped (as LongBench's pred.py)."""
-    method = spec.build_for(len(prompt_ids) + max_new_tokens)
-    try:
-        new_ids = greedy_generate(model, method, prompt_ids, max_new_tokens, stop_ids, min_new_tokens)
-    finally:
-        method.close()
+    """Generate with a fresh method (closed by `greedy_generate`); the prediction is the decode of the new tokens
+    only, special tokens skipped, not stripped (as LongBench's pred.py)."""
+    new_ids = greedy_generate(model, spec.build_for(len(prompt_ids) + max_new_tokens), prompt_ids, max_new_tokens,
+                              stop_ids, min_new_tokens)
     return tokenizer.decode(new_ids, skip_special_tokens=True)
