@@ -11,8 +11,10 @@ opened on the method's next block event (untimed alignment steps first), whose e
 timed apart and weighted as one cycle holds them (the amortised step). Any other window is `partial`, and says so.
 
 A run is resolved first (`bench/resolve.py`: ThroughputConfig -> ResolvedRun, with its one memory check); this
-module measures it (the timed decode loop, the host-side counters, the result dict) and runs a comparison's
-methods in turn (`run_methods`).
+module measures it and runs a comparison's methods in turn (`run_methods`). A measurement is `measure` (prefill,
+warm-up, the timed window, the untimed counted and profiled steps) -> `Measurement`, the raw figures, and
+`assemble_result` -> the result dict; the timed loop itself is `decode_steps` (gpt-fast's `decode_n_tokens`: decode
+steps and nothing else inside a step's time) under `decode_timed` (the window's counters started and read).
 """
 
 from __future__ import annotations

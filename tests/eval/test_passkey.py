@@ -109,11 +109,7 @@ def test_shared_prefill_predicts_what_separate_runs_predict(tiny_qwen2):
     specs = [method_spec("fullkv"), *(method_spec(name, budget=128) for name in ("quest", "infinigen", "hgca", "scout"))]
     shared = generate_texts_shared_prefill(model, _IdsTokenizer(), specs, prompt, 8, frozenset())
     for spec, text in zip(specs, shared, strict=True):
-        method = spec.build()
-        try:
-            alone = greedy_generate(model, method, prompt, 8)
-        finally:
-            method.close()
+        alone = greedy_generate(model, spec.build(), prompt, 8)  # closes the method
         assert text == _IdsTokenizer().decode(alone), spec.name
 
 
