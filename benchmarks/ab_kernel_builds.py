@@ -56,8 +56,8 @@ def run_order(first: Path, second: Path, args: argparse.Namespace) -> dict[str, 
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.devices import resolve_device
-    from scoutbench.engine import DecodeEngine
     from scoutbench.kernels import cpu_attention
     from scoutbench.methods import build_method
     from scoutbench.models import load_model

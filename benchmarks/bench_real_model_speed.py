@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 
 import torch  # noqa: E402
 
-from scoutbench.engine import DecodeEngine  # noqa: E402
+from scoutbench.decode.engine import DecodeEngine  # noqa: E402
 from scoutbench.eval.generation import silent_timer  # noqa: E402
 from scoutbench.methods.fullkv import FullKV  # noqa: E402
 from scoutbench.models import load_model, parse_dtype  # noqa: E402

@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from scoutbench.engine import DecodeEngine  # noqa: E402
+from scoutbench.decode.engine import DecodeEngine  # noqa: E402
 from scoutbench.methods.scout import ScoutAttention  # noqa: E402
 from scoutbench.models import load_model  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402

@@ -1,6 +1,6 @@
 """The method contract's runtime: a small dataclass that owns its KV storage and returns decode attention.
 
-The engine (scoutbench/engine.py) runs the layer loop and calls, per run and per step:
+The engine (scoutbench/decode/engine.py) runs the layer loop and calls, per run and per step:
 
     bind(ctx)                                   once: allocate storage for ctx.batch x ctx.max_len tokens
     ingest_prefill(layer, q_obs, k, v, lengths) once per layer: the prompt's post-RoPE K/V (and recent queries)
@@ -17,7 +17,7 @@ times only what differs inside it: `idle`, `merge`). What else is known about a 
 conversion, memory plan, work model) is declared beside the runtime: methods/declarations.py. A block-selection
 method is one hook on methods/selection.py.
 
-CUDA graphs (scoutbench/graphs.py). `begin_step` and `end_step` always run eagerly: they are the step's plan, where
+CUDA graphs (scoutbench/decode/graphs.py). `begin_step` and `end_step` always run eagerly: they are the step's plan, where
 host arithmetic (positions, block boundaries, what is due) becomes device metadata written in place. The per-layer
 hooks (`before_layer`, `decode`) are what a graph captures: their Python runs once, at capture, and only the device
 work it issued is replayed, so per step they may read only device tensors (no Python int that changes per step, no

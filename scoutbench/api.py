@@ -30,7 +30,7 @@ from scoutbench.errors import UsageError
 
 if TYPE_CHECKING:
     from scoutbench.bench.throughput import ThroughputConfig
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods.base import AttentionMethod
     from scoutbench.models import LoadedModel
 
@@ -65,8 +65,8 @@ def _names(values: str | Sequence[str], what: str, example: str) -> list[str]:
 # API first at once raced inside transformers' lazy module (`ImportError: cannot import name
 # 'AutoModelForCausalLM'`: its import-deadlock guard fired), so the first call imports it all under one lock, the
 # names transformers resolves lazily and the decoders scoutbench runs included; later calls find them imported.
-RUNTIME_MODULES = ("torch", "transformers", "scoutbench.models", "scoutbench.engine", "scoutbench.bench.throughput",
-                   "scoutbench.eval.accuracy", "scoutbench.eval.generation")
+RUNTIME_MODULES = ("torch", "transformers", "scoutbench.models", "scoutbench.decode.engine",
+                   "scoutbench.bench.throughput", "scoutbench.eval.accuracy", "scoutbench.eval.generation")
 TRANSFORMERS_NAMES = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "AttentionInterface", "LlamaConfig",
                       "Qwen3Config")
 _RUNTIME_LOCK = threading.Lock()
@@ -141,7 +141,7 @@ def decode_engine(loaded: LoadedModel, method: AttentionMethod, batch: int, max_
     you like; `method.stats()` has the method's counters. The caller owns it: use it as a context manager (`with
     decode_engine(...) as engine:`), whose end closes the method (its workers and host memory) on every path; a
     start that fails closes it here."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     engine = DecodeEngine(loaded.model, method)
     with engine.closed_on_failure():

@@ -96,7 +96,7 @@ def _raw(text: str) -> str:
     return text
 
 
-# the values of the switches other modules name (decode_ops.FORMS, cpu_attention.BACKEND_CHOICES, the names of
+# the values of the switches other modules name (decode.ops.FORMS, cpu_attention.BACKEND_CHOICES, the names of
 # cpu_attention.ISA_PATHS after `best`)
 DECODE_OPS_FORMS = ("cpu-kernel", "fused", "hf")
 CPU_ATTENTION_BACKENDS = ("auto", "native", "torch")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
 from scoutbench.kernels import backends, flashinfer_decode
 from scoutbench.methods.base import AttentionMethod
 from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, SyncSite, emulated_cuda, to_emulated_device

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scoutbench.graphs import end_pool_recording
+from scoutbench.decode.graphs import end_pool_recording
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
 INVALIDATED = "operation failed due to a previous error during capture"
@@ -24,7 +24,7 @@ def refused(piece, *args, **kwargs) -> RuntimeError:
     """The error a capture of `piece` raised first (torch.cuda.graph's capture_end then reports the capture as
     invalidated, with that error as its context, as CUDA and torch do). As torch's, the caching allocator still
     records to the failed capture's pool afterwards; it is ended here, as a process that goes on must
-    (`scoutbench.graphs.end_pool_recording`), so that the test's next capture starts clean."""
+    (`scoutbench.decode.graphs.end_pool_recording`), so that the test's next capture starts clean."""
     pool = kwargs.setdefault("pool", torch.cuda.graph_pool_handle())
     with pytest.raises(RuntimeError, match=INVALIDATED) as raised:
         capture(piece, *args, **kwargs)

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
 from scoutbench.methods.base import AttentionMethod, MethodContext, StepInfo
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.timing import StageTimer

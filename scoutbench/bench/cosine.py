@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
 from scoutbench.methods.base import MethodContext
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.results import envelope

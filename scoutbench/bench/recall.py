@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
 from scoutbench.methods.scout import ScoutAttention
 from scoutbench.methods.sparse import dense_if_budget_covers
 from scoutbench.results import envelope

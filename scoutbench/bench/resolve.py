@@ -50,8 +50,8 @@ class ThroughputConfig:
     # time each method's per-block work as an amortised step (bench/throughput.py): the window opens on a block
     # event, after untimed alignment steps, where it does not span whole block cycles
     amortise_blocks: bool = False
-    # on: decode steps replay piecewise CUDA graphs (scoutbench/graphs.py); off: eager; auto: on where the device
-    # is CUDA
+    # on: decode steps replay piecewise CUDA graphs (scoutbench/decode/graphs.py); off: eager; auto: on where the
+    # device is CUDA
     cuda_graphs: str = "auto"
     nvtx: bool = False  # an NVTX range per stage on CUDA (Nsight Systems); off by default (a cost per stage)
     command: list[str] = field(default_factory=lambda: list(sys.argv))

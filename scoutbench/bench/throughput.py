@@ -302,7 +302,7 @@ def failed_result(cfg: ThroughputConfig, error: str, device: dict[str, Any], dty
 def _run_at_batch(run: ResolvedRun, batch: int, on_progress: ProgressCallback | None,
                   shared_kv: SyntheticKVCache | None = None, oom_backoff: bool = False) -> dict[str, Any]:
     """One measured run of `run` at `batch`; out-of-memory errors propagate when the caller backs off."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     cfg = run.cfg
     requested, method = run.build()

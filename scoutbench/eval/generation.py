@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
 from scoutbench.errors import UsageError
 from scoutbench.method_args import BUDGET, MethodSettings, has_field, resolve_method_args
 from scoutbench.methods import METHODS, build_method

@@ -291,7 +291,7 @@ ARENA_METHODS = [("scout", {"budget": 96, "block_size": 16, "dense_layers": 1}),
 @pytest.mark.parametrize("name,args", ARENA_METHODS)
 def test_planned_host_bytes_are_what_bind_allocates(tiny_qwen3, name, args):
     """The host tier is one arena per method; the planner's host bytes per sequence equal it within 2%."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods import build_method
 
     method = build_method(name, args)
@@ -309,7 +309,7 @@ def test_planned_host_bytes_are_what_bind_allocates(tiny_qwen3, name, args):
 def test_oom_retry_releases_the_failed_runs_host_arena_first(tiny_qwen3, monkeypatch):
     """`--batch auto`: an out-of-memory attempt unpins its host arena (method.close) before the next one binds."""
     from scoutbench.bench.throughput import ThroughputConfig, run_throughput
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.models import LoadedModel
     from scoutbench.runtime.offload import HostArena
 
@@ -355,7 +355,7 @@ def test_prefill_transients_are_chunked(tiny_qwen3, monkeypatch):
     import scoutbench.runtime.block_store as block_store
     import scoutbench.runtime.digest_table as digest_table
     import scoutbench.runtime.offload as offload
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods import build_method
 
     def ingest(chunk):  # where the chunk is read: the runtime's token_chunks, scout's host tier and its digests

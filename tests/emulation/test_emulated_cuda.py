@@ -69,7 +69,7 @@ def test_every_gpu_test_configuration_builds_and_decodes_on_cpu(tiny_qwen3, name
     """Every method configuration tests/emulation/test_gpu.py uses, built and bound at its shapes (tiny-qwen3 at the ragged
     prompt lengths, bench-attn's footprint at 16k) and decoding a step on the CPU: a configuration a method
     refuses (HGCA at budget 64 did) fails here rather than in the first minutes of a lent GPU."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import preset_config
     from scoutbench.planning import auto_batch

@@ -137,7 +137,7 @@ def test_adapter_pages_are_whole_16_token_pages(name, max_len):
 
     model = small_qwen3(num_heads=8, num_kv_heads=2, head_dim=64, dtype=BF16)
     method = build_method(name, {"budget": 2048, "dense_layers": 1} if name == "infinigen" else {})
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     pages = []
     original = standin.BatchDecodeWithPagedKVCacheWrapper.plan

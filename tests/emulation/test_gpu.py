@@ -227,7 +227,7 @@ def test_host_arena_is_pinned_exact_and_released():
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_method_cuda_matches_cpu(models, name):
     """Teacher-forced: both devices decode the CPU run's greedy tokens; the logits agree at every step."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     cpu_model, cuda_model = models
     ids, lengths = _prompt(cpu_model.config.vocab_size)
@@ -274,7 +274,7 @@ def _cpu_tensors(obj, seen=None):
 def test_host_tier_is_pinned(models, name):
     """Large host tensors (host KV, staging buffers) are pinned, so device<->host copies can be asynchronous;
     methods that offload (memory_footprint has host bytes) really hold some."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods.base import ModelShape
 
     method = _method(name)
@@ -298,7 +298,7 @@ def test_no_copy_goes_through_pageable_memory(models, cuda_runtime, name):
     stages a copy to or from a non-contiguous host view through a fresh pageable buffer and a CPU copy (HGCA's
     prefill copied each sequence's prompt into a strided slice of its pinned tier: ~190 ms per 132 MB, 380 copies
     per run at the check's shape). The emulator sees the staging (`staged_copies`); a GPU cannot say."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     if cuda_runtime is None:
         pytest.skip("torch's staging is visible only to the emulator")
@@ -351,7 +351,7 @@ def test_decode_step_has_no_implicit_device_sync(models, cuda_runtime, name):
     """The decode loop never blocks the host on the GPU (`.item()`, `.cpu()`, copies to pageable memory) except
     where the method documents it: torch's sync debug mode (or the emulator) reports every such call with its
     Python line."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     method = _method(name)
     _, cuda_model = models
@@ -416,7 +416,7 @@ def test_throughput_run_on_cuda(name, cuda_graphs):
 def test_planned_bytes_are_what_cuda_allocates(name):
     """bench-attn (32/8 heads, head_dim 128) at 16k, batch 2, bf16: the device tier bind allocates, the pinned
     host arena, and the peak of the synthetic prefill above them against the planner (what --batch auto uses)."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods.base import ModelShape
     from scoutbench.models import load_model
     from scoutbench.planning import workspace_bytes_per_seq

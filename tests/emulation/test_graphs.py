@@ -1,4 +1,4 @@
-"""Piecewise CUDA graphs (scoutbench/graphs.py) on emulated CUDA, whose capture records device work without running
+"""Piecewise CUDA graphs (scoutbench/decode/graphs.py) on emulated CUDA, whose capture records device work without running
 it and whose replay re-runs the recorded operations on the recorded tensors, as a GPU does: every method and
 ablation, replayed over a ragged batch for 64 steps that cross block boundaries with recalls, migrations and fetches,
 gives the logits of its eager CPU path; a Python value baked into a piece (a position, a length) makes the replay
@@ -128,7 +128,7 @@ class HostReadFullKV(FullKV):
 
 def _decode_with_graphs(cuda_model, method, prompt, steps):
     """(logits of each decode step, the runner's record) of `method` with CUDA graphs, teacher-forced."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.testing.emulated_cuda import EMULATED_DEVICE
 
     tokens, lengths = prompt
@@ -172,7 +172,7 @@ def test_a_failed_or_interrupted_capture_leaves_the_next_method_able_to_run(mode
 
 
 def _eager_logits(model, prompt, steps):
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, to_emulated_device
 
     tokens, lengths = prompt

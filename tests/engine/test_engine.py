@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from scoutbench.engine import DecodeEngine, register_hf_attention
+from scoutbench.decode.engine import DecodeEngine, register_hf_attention
 from scoutbench.methods.fullkv import FullKV
 
 

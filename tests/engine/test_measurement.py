@@ -138,7 +138,7 @@ def _eager_calls_per_step(name: str, args: dict, steps: int = 8) -> float:
     warm-up step), on a model shaped as bench-attn16 where it matters: 16 layers, 2 dense, a group of 4."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods import build_method
     from scoutbench.testing.emulated_cuda import EMULATED_DEVICE, emulated_cuda, to_emulated_device
     from scoutbench.timing import TorchCallCounter

@@ -8,7 +8,7 @@ import torch
 from cli_runner import run_cli
 from repo_paths import TEST_DATA
 
-from scoutbench.engine import register_hf_attention
+from scoutbench.decode.engine import register_hf_attention
 from scoutbench.errors import ScoutbenchError
 from scoutbench.eval.accuracy import run_accuracy
 from scoutbench.eval.generation import MethodSpec, generate_text, greedy_generate, method_spec, model_eos_ids
@@ -245,7 +245,7 @@ def test_fidelity_of_fullkv_against_itself_is_perfect(smollm2):
 def test_a_cached_prefill_is_reused_only_for_the_same_settings_and_prompt(tiny_qwen3, tmp_path, monkeypatch):
     """`SharedPrefill.cached` saves the prefill once; a rerun with the same settings and prompt decodes from the
     file (no prefill runs) exactly as from the fresh one, and other settings or another prompt run it again."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.eval.fidelity import fullkv_reference, step_agreement
     from scoutbench.eval.generation import SharedPrefill
 

@@ -160,7 +160,7 @@ def test_flashinfer_adapter_empty_rows_and_strided_input(fake_flashinfer):
 
 def test_quest_host_lengths_equal_its_device_selection(tiny_qwen3):
     """Quest hands flashinfer the host copy of select()'s valid_len; it must be the same numbers."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.methods.base import StepInfo
     from scoutbench.methods.quest import Quest
 

@@ -112,7 +112,7 @@ def test_rms_norm_matches_hf_module(tiny_qwen3, dtype, cpu_backend):
 def test_attention_prologue_matches_hf_modules(model_fixture, dtype, request, cpu_backend):
     """The kernel's prologue (one call) against HF's modules, for Qwen3 (q/k norms), Llama and Qwen2 (q/k/v biases),
     two sequences at different positions; q alone (ScoutAttention's prediction) too."""
-    from scoutbench.decode_ops import DecodeOps
+    from scoutbench.decode.ops import DecodeOps
 
     model = copy.deepcopy(request.getfixturevalue(model_fixture)).to(dtype)
     kernel, hf = DecodeOps(model, "cpu-kernel", 512), DecodeOps(model, "hf", 512)
@@ -138,7 +138,7 @@ def test_prologue_and_norm_equal_hf_bit_for_bit_where_the_kernel_does_not_serve(
     """Where the kernel does not take the call (torch's backend, more rows than MAX_ROWS), the one entry point runs
     HF's forward op for op: the results equal HF's modules bit for bit (the `hf` form's prologue, q/k norms, RoPE,
     and Qwen2's biases)."""
-    from scoutbench.decode_ops import DecodeOps
+    from scoutbench.decode.ops import DecodeOps
 
     model = request.getfixturevalue(model_fixture)
     norm = model.model.layers[0].input_layernorm

@@ -14,7 +14,7 @@ from method_harness import (
     step_info,
 )
 
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
 from scoutbench.errors import UsageError
 from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import ModelShape

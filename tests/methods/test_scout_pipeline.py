@@ -68,7 +68,7 @@ def test_layer_ahead_prediction_exact_when_layers_are_identities(identity_layers
 def test_unrotated_prediction_breaks_the_rope_sensitive_test(identity_layers_model, monkeypatch):
     """Mutation check: the predicted query is rotated at the current position, as the digests' keys are; without
     RoPE it selects other blocks and changes the outputs, so the exactness test above would fail."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     model = identity_layers_model
     prompt, lengths = ragged_prompt(model.config.vocab_size, [300], seed=4)

@@ -208,7 +208,7 @@ def test_scoped_registry_restores_on_error():
 def test_attention_without_explicit_stages_is_booked_as_attention(tiny_qwen3):
     """A method that never calls `ctx.timer.stage(...)` still has its decode booked as `attn_device`, not `other`:
     the engine times every method's decode there (a method's own stages inside it, idle or merge, stay theirs)."""
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
 
     class Unstaged(FullKV):
         def decode(self, layer, q, k, v):

@@ -1,4 +1,4 @@
-"""The decode step's model work (scoutbench/decode_ops.py): the fused form against HF's modules, and how many torch
+"""The decode step's model work (scoutbench/decode/ops.py): the fused form against HF's modules, and how many torch
 calls it issues per layer."""
 
 import copy
@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from scoutbench.decode_ops import DecodeOps, rotate_half_matrix
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
+from scoutbench.decode.ops import DecodeOps, rotate_half_matrix
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.timing import TorchCallCounter
 

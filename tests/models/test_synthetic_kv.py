@@ -4,7 +4,7 @@ methods of a run (`SyntheticKVCache`) without changing what any of them decodes.
 import pytest
 import torch
 
-from scoutbench.engine import DecodeEngine
+from scoutbench.decode.engine import DecodeEngine
 from scoutbench.methods import ABLATION_METHODS, ALL_METHODS, build_method, method_field_names
 from scoutbench.workloads.synthetic_kv import (
     SYNTHETIC_PIECE_ELEMENTS,

@@ -103,10 +103,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("runtime", {"scoutbench.runtime"}),
     ("methods", {"scoutbench.methods", "scoutbench.timing", "scoutbench.workloads.synthetic"}),
     ("testing", {"scoutbench.testing"}),
-    ("core", {"scoutbench.engine", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
+    ("core", {"scoutbench.decode", "scoutbench.models", "scoutbench.gguf_models", "scoutbench.results",
               "scoutbench.devices", "scoutbench.planning", "scoutbench.method_args", "scoutbench.telemetry",
               "scoutbench.profiling", "scoutbench.progress", "scoutbench.tiers", "scoutbench.step_stats",
-              "scoutbench.resampling", "scoutbench.decode_ops", "scoutbench.graphs", "scoutbench.workloads.synthetic_kv"}),
+              "scoutbench.resampling", "scoutbench.workloads.synthetic_kv"}),
     ("workloads", {"scoutbench.workloads"}),
     ("analysis", {"scoutbench.analysis"}),
     ("bench and eval", {"scoutbench.bench", "scoutbench.eval"}),
@@ -181,7 +181,8 @@ def test_the_scan_sees_lazy_imports_and_skips_type_checking_ones():
     assert _runtime_imports(tree) == {"scoutbench.y", "scoutbench.y.B"}
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _layer_of("scoutbench.workloads.synthetic") < _layer_of("scoutbench.workloads.synthetic_kv") == _layer_of(
-        "scoutbench.engine") < _layer_of("scoutbench.workloads.longbench") < _layer_of("scoutbench.bench.throughput")
+        "scoutbench.decode.engine") < _layer_of("scoutbench.workloads.longbench") < _layer_of(
+        "scoutbench.bench.throughput")
 
 
 # ------------------------------------------------------------------ no device branch in methods/

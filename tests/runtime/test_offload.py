@@ -118,7 +118,7 @@ def test_cuda_workers_leave_a_core_to_the_issuing_thread(monkeypatch, tiny_qwen3
     from emulated import emulated_model
     from gpu_configs import build
 
-    from scoutbench.engine import DecodeEngine
+    from scoutbench.decode.engine import DecodeEngine
     from scoutbench.runtime import offload
     from scoutbench.testing.emulated_cuda import emulated_cuda
 

@@ -2,7 +2,7 @@
 
 Per layer: input norm -> q/k/v projections -> q/k norm (Qwen3) -> RoPE -> method attention -> o_proj ->
 residual -> post-attention norm -> MLP -> residual; then final norm -> lm_head. The prefill runs HF's modules in
-HF's order and layout. A decode step's work around attention runs in one of the forms of `decode_ops`: the CPU
+HF's order and layout. A decode step's work around attention runs in one of the forms of `decode.ops`: the CPU
 kernel's, a fused torch form with few calls per layer (CUDA), or HF's modules (`SCOUTBENCH_DECODE_OPS=hf`), with
 which and the same attention function the logits are bit-identical to `model(...)` (tests/engine/test_engine.py).
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from scoutbench.decode_ops import DecodeOps, choose_form
-from scoutbench.graphs import GraphRunner
+from scoutbench.decode.graphs import GraphRunner
+from scoutbench.decode.ops import DecodeOps, choose_form
 from scoutbench.kernels import cpu_attention
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
@@ -46,7 +46,7 @@ class DecodeEngine:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.timer = timer or StageTimer(self.device)
-        self.ops: DecodeOps | None = None  # the decode step's model work (decode_ops.py), made by `start`
+        self.ops: DecodeOps | None = None  # the decode step's model work (decode/ops.py), made by `start`
         self.graphs: GraphRunner | None = None  # when the decode steps replay captured CUDA graphs
         self.graphs_failure: str | None = None  # why graphs were asked for and not used
         self._cos = self._sin = None
@@ -76,7 +76,7 @@ class DecodeEngine:
 
     def start(self, batch: int, max_len: int, cuda_graphs: bool = False) -> None:
         """Bind the method to this model and run shape; storage for `max_len` tokens per sequence. With
-        `cuda_graphs` (a CUDA device) the decode steps replay captured graphs (scoutbench/graphs.py)."""
+        `cuda_graphs` (a CUDA device) the decode steps replay captured graphs (scoutbench/decode/graphs.py)."""
         # the method keeps its context, so a bound `self.predict_query` would make engine -> method -> engine a
         # reference cycle, which would keep a finished run's KV storage (GBs) until the next full garbage collection
         predict_query = weakref.WeakMethod(self.predict_query)
@@ -200,7 +200,7 @@ class DecodeEngine:
 
         The method's `begin_step` (its per-step plan: host arithmetic, device metadata written in place) and
         `end_step` run eagerly; the layer loop between them (`forward_step`) runs eagerly or, with CUDA graphs,
-        as the replay of its captured pieces (scoutbench/graphs.py). `self.positions` is updated in place: the
+        as the replay of its captured pieces (scoutbench/decode/graphs.py). `self.positions` is updated in place: the
         captured pieces read that buffer."""
         method = self.method
         step = StepInfo(self.positions, list(self.positions_host), self.step_index)
