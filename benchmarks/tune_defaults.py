@@ -69,10 +69,10 @@ def searched_methods() -> list[Any]:
 
 def matches(cls: Any, result: dict[str, Any], fields: dict[str, Any]) -> bool:
     """Whether a sweep result ran this grid point: the point's fields, and every field no grid point sets at the
-    method's default (a result written before a field existed ran the value its method's `work_config` says)."""
+    method's default (a result written before a field existed ran the value its method's `recorded_config` says)."""
     if method_family(result["method"]) != cls.name:
         return False
-    config = cls.work_config(result["method_config"], None, None)
+    config = cls.recorded_config(result["method_config"])
     searched = {key for point in cls.settings_grid.values() for key in point}
     defaults = cls.defaults()
     for key, value in config.items():

@@ -77,6 +77,21 @@ def build_method(name: str, args: dict[str, Any]) -> AttentionMethod:
     return METHODS.load(name).from_args(args, METHODS.preset(name))
 
 
+def recorded_method(name: str, config: dict[str, Any], budget: int | None = None,
+                    block_size: int | None = None) -> AttentionMethod:
+    """The method a result of `name` ran, built (not bound: nothing allocated) from its `method_config` with each
+    field it lacks at the value its run had (`WorkModel.recorded_config`), and with `budget` / `block_size` replaced
+    where given and where the method has them (HGCA's budget=None, its fraction policy, stays): the method whose work
+    model `project` and `gate --counters` count (the measured fractions are relative to the budget, so they carry)."""
+    args = METHODS.load(name).recorded_config(config)
+    resolved = resolved_method_config(name, args)
+    if budget is not None and resolved.get("budget") is not None:
+        args["budget"] = budget
+    if block_size is not None and "block_size" in resolved:
+        args["block_size"] = block_size
+    return build_method(name, args)
+
+
 def method_field_names(name: str) -> set[str]:
     """The fields a registered method is configured by (what `--method-arg` and the shared flags may set)."""
     return {f.name for f in dataclasses.fields(METHODS.load(name))}

@@ -103,12 +103,16 @@ class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel, DefaultsS
 
     # True when the method needs before_layer (the engine skips the call otherwise).
     layer_ahead: ClassVar[bool] = False
+    # True when a captured layer adds to the attended-token counts (`AttendedTokens.accumulate`: device scalars that
+    # a replay adds to); otherwise they are counted on the host or accumulated by eager device work.
+    attended_on_device: ClassVar[bool] = False
     # The method's host tier as one exact-size arena (runtime/offload.HostArena) once bound, None where it keeps
     # none: the memory plan's host bytes are checked against its size (bench/throughput.py, HOST_PLAN_SLACK).
     host_arena: ClassVar[Any] = None
 
     def bind(self, ctx: MethodContext) -> None:
         self.ctx = ctx
+        self.counters = StepCounters(ctx.device if self.attended_on_device else None)
 
     def ingest_prefill(self, layer: int, q_obs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        lengths: torch.Tensor) -> None:
@@ -118,6 +122,7 @@ class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel, DefaultsS
 
     def begin_step(self, step: StepInfo) -> None:
         self.step = step
+        self.counters.steps += 1
 
     def before_layer(self, layer: int, hidden: torch.Tensor, normed: torch.Tensor) -> None:
         """Layer-ahead hook: `hidden` is layer `layer`'s residual input `[B, hidden]`, `normed` its normalised form."""
@@ -151,7 +156,8 @@ class AttentionMethod(MethodLabels, MethodArgs, MemoryPlan, WorkModel, DefaultsS
 
     def reset_stats(self) -> None:
         """Zero the counters behind `stats()`: the throughput runner calls it after warm-up, so statistics cover
-        exactly the timed steps."""
+        exactly the timed steps. A method with counters of its own zeroes them after calling this."""
+        self.counters.reset()
 
     def close(self) -> None:
         pass
@@ -162,6 +168,28 @@ def transfer_stats(h2d_bytes: int, d2h_bytes: int, steps: int) -> dict[str, floa
     method's stats, counting what the CUDA path really copies (index tensors included)."""
     steps = max(steps, 1)
     return {"h2d_bytes_per_step": h2d_bytes / steps, "d2h_bytes_per_step": d2h_bytes / steps}
+
+
+class StepCounters:
+    """The counters every method's `stats()` reports, declared once (`AttentionMethod.counters`, made at bind and
+    zeroed by `reset_stats`): the decode steps (`begin_step` counts them), the bytes copied host-to-device and
+    device-to-host (`transfer`: the same two keys in every method's stats) and the tokens attended per (sequence,
+    KV head) (`attended`). A method counts its bytes and tokens where it moves and attends them, and keeps only
+    counters of its own beside these."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.attended = AttendedTokens(device)  # zeroed as it is made
+        self.steps = 0
+        self.h2d_bytes = self.d2h_bytes = 0
+
+    def reset(self) -> None:
+        self.steps = 0
+        self.h2d_bytes = self.d2h_bytes = 0
+        self.attended.reset()
+
+    def transfer(self) -> dict[str, float]:
+        """`h2d_bytes_per_step` and `d2h_bytes_per_step` over the steps counted (`transfer_stats`)."""
+        return transfer_stats(self.h2d_bytes, self.d2h_bytes, self.steps)
 
 
 class AttendedTokens:

@@ -14,9 +14,9 @@ else has to know the runtime):
     DefaultsSearch the grid of open settings its defaults are chosen over by the one rule of docs/methods.md, and
                    the setting the papers describe literally (benchmarks/tune_defaults.py)
 
-A method may keep its memory plan and work model in a companion mixin beside its runtime (methods/infinigen_work.py,
-methods/hgca_work.py), so that its runtime file holds the runtime only. Nothing here imports the runtime: base.py
-builds on this module.
+A method may keep its memory plan and work model in a companion mixin beside its runtime, `methods/<method>_work.py`
+(a `WorkModel` subclass first among the method's bases: scout_work.py, infinigen_work.py, hgca_work.py), so that its
+runtime file holds the runtime only. Nothing here imports the runtime: base.py builds on this module.
 """
 
 from __future__ import annotations
@@ -200,41 +200,39 @@ class MemoryPlan:
 
 class WorkModel:
     """What `project` and `gate --counters` count for a method (methods/work_model.py has the vocabulary): the
-    shape-free fractions it measures and what one sparse layer of a step does at a shape, given them. A method
-    without one runs everywhere else; `project` skips its results and says why."""
+    shape-free fractions it measures and what one sparse layer of a step does at a shape, given them. Instance
+    methods of the method a run was configured as (`recorded_method` in methods/__init__.py builds it from a result's
+    config, without binding it: nothing is allocated), so that the work model reads the same fields and derived
+    quantities as the runtime. A method without one runs everywhere else; `project` skips its results and says why."""
 
     name: ClassVar[str] = ""
+    added_fields: ClassVar[dict[str, Any]]  # MethodArgs's: the value each field added later had before it
     # The shape-free fractions the work model measures (`measure_work`), with the value each takes when a result
     # does not say (MeasuredWork accepts exactly these).
     work_fractions: ClassVar[dict[str, float]] = {}
 
     @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
-        """The shape-free fractions (`work_fractions`) of one measured run, from its method stats: what carries to
-        another model, length, batch and budget (e.g. "the CPU attends 9% of the budget")."""
+    def recorded_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """A result's `method_config` with each field it lacks at the value its run had: a result written before a
+        field existed ran its `added_fields` value, and before the first layers were kept dense, none dense."""
+        earlier = dict(cls.added_fields)
+        if DENSE_LAYERS_FIELD in {f.name for f in dataclasses.fields(cls)}:
+            earlier[DENSE_LAYERS_FIELD] = 0
+        return {**earlier, **config}
+
+    def measure_work(self, run: RunRecord) -> dict[str, float]:
+        """The shape-free fractions (`work_fractions`) of one measured run of this method, from its method stats:
+        what carries to another model, length, batch and budget (e.g. "the CPU attends 9% of the budget")."""
         return {}
 
-    @classmethod
-    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
-        """A run's config with `budget` / `block_size` replaced where given and where the method has them (the
-        measured fractions are relative to the budget, so they carry)."""
-        cfg = dict(config)
-        if budget is not None and cfg.get("budget") is not None:  # HGCA's budget=None (fraction policy) stays
-            cfg["budget"] = budget
-        if block_size is not None and "block_size" in cfg:
-            cfg["block_size"] = block_size
-        return cfg
-
-    @classmethod
-    def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
+    def work_dense_layers(self, num_layers: int) -> int:
         """Layers of a step that run dense on the device."""
-        return sparse_layer_range(cls.name, int(config.get(DENSE_LAYERS_FIELD, 0)), num_layers).start
+        dense = dense_layers_of(self)
+        return 0 if dense is None else sparse_layer_range(self.name, dense, num_layers).start
 
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
-        """One sparse layer of a decode step for the batch at `terms.shape`, given the measured `fractions` and the
-        (possibly re-budgeted) `config`."""
-        raise UsageError(f"method {cls.name!r} declares no work model (AttentionMethod.sparse_layer_work): "
+    def sparse_layer_work(self, fractions: dict[str, float], terms: LayerTerms) -> LayerWork:
+        """One sparse layer of a decode step for the batch at `terms.shape`, given the measured `fractions`."""
+        raise UsageError(f"method {self.name!r} declares no work model (AttentionMethod.sparse_layer_work): "
                          "`project` and `gate --counters` cannot count its work")
 
 

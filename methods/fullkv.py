@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from scoutbench.kernels.attention import StepLengths, decode_attention
 from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import (
-    AttendedTokens,
     AttentionMethod,
     Footprint,
     MethodContext,
     ModelShape,
     StepInfo,
-    transfer_stats,
 )
 from scoutbench.methods.work_model import LayerTerms, LayerWork
 from scoutbench.runtime.offload import device_zeros
@@ -55,10 +52,6 @@ class FullKV(AttentionMethod):
         self.values = [cache["v", layer] for layer in layers]
         self._batch_index = torch.arange(ctx.batch, device=ctx.device)
         self._step_lengths = StepLengths(ctx.batch, shape[2], ctx.dtype, ctx.device, with_host=not ctx.graphs)
-        self._attended = AttendedTokens()
-
-    def reset_stats(self) -> None:
-        self._attended.reset()
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         num_tokens = k.shape[2]
@@ -72,7 +65,7 @@ class FullKV(AttentionMethod):
 
     def _count_attended(self, step: StepInfo) -> None:
         """Every layer attends every cached token (one count per step stands for all layers: they are equal)."""
-        self._attended.add_host([p + 1 for p in step.positions_host], self.ctx.num_kv_heads)
+        self.counters.attended.add_host([p + 1 for p in step.positions_host], self.ctx.num_kv_heads)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the step's new token k/v `[B, Hkv, D]` at each sequence's device position (two calls)."""
@@ -89,14 +82,12 @@ class FullKV(AttentionMethod):
     def stats(self):
         ctx = self.ctx
         return {"device_kv_bytes": ctx.num_layers * ctx.batch * page_aligned(ctx.max_len) * ctx.kv_bytes_per_token(),
-                "attended_tokens_per_head": self._attended.stats(None),
-                **transfer_stats(0, 0, 1)}  # everything stays on the device
+                "attended_tokens_per_head": self.counters.attended.stats(None),
+                **self.counters.transfer()}  # everything stays on the device: zeros
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
-    @classmethod
-    def work_dense_layers(cls, config: dict[str, Any], num_layers: int) -> int:
+    def work_dense_layers(self, num_layers: int) -> int:
         return num_layers  # dense everywhere
 
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+    def sparse_layer_work(self, fractions: dict[str, float], terms: LayerTerms) -> LayerWork:
         return terms.dense

@@ -69,11 +69,9 @@ from scoutbench.kernels.attention import (
 from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
-    AttendedTokens,
     MethodContext,
     StepInfo,
     require,
-    transfer_stats,
 )
 from scoutbench.methods.hgca_scores import observed_weights
 from scoutbench.methods.hgca_selection import TrackedSelection
@@ -235,12 +233,10 @@ class HGCA(HGCAWorkModel, SparseLayerMethod):
 
     def reset_stats(self) -> None:
         self.drain()  # the workers add to the timers: let them finish first
-        self._attended = AttendedTokens()
+        super().reset_stats()
         # (query head, token) pairs of every sparse layer (each attends alike in a step: counted once per step)
         self._cpu_pairs = self._device_pairs = 0
         self._cpu_ms = self._ema_ms = self._wait_ms = 0.0
-        self._h2d_bytes = self._d2h_bytes = 0
-        self._steps = 0
 
     def drain(self) -> None:
         """Run the deferred host updates and wait for the worker (the host side is then consistent)."""
@@ -287,16 +283,15 @@ class HGCA(HGCAWorkModel, SparseLayerMethod):
         self._cpu_active = max(self.cpu_take) > 0
         self._migrating = [b for b, (n, w) in enumerate(zip(lengths, self.window_len, strict=True))
                            if w - self.window_target(n) >= self.migrate_block]
-        self._steps += 1
-        ctx, layers = self.ctx, len(self.sparse_layers)
+        ctx, layers, counters = self.ctx, len(self.sparse_layers), self.counters
         self._cpu_pairs += layers * ctx.num_heads * sum(self.cpu_take)
         self._device_pairs += layers * ctx.num_heads * sum(self.window_len)
-        self._attended.add_host([w + c for w, c in zip(self.window_len, self.cpu_take, strict=True)],
-                                ctx.num_kv_heads, layers)
+        counters.attended.add_host([w + c for w, c in zip(self.window_len, self.cpu_take, strict=True)],
+                                   ctx.num_kv_heads, layers)
         if self._cpu_active:  # per layer: q and the device LSE to the host, the CPU part's output and LSE back
-            self._d2h_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim * ctx.dtype.itemsize + 4)
-            self._h2d_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim + 1) * 4
-        self._d2h_bytes += layers * len(self._migrating) * self.migrate_block * ctx.kv_bytes_per_token()
+            counters.d2h_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim * ctx.dtype.itemsize + 4)
+            counters.h2d_bytes += layers * ctx.batch * ctx.num_heads * (ctx.head_dim + 1) * 4
+        counters.d2h_bytes += layers * len(self._migrating) * self.migrate_block * ctx.kv_bytes_per_token()
 
     def graph_key(self) -> bool:
         """Whether the CPU attends anything this step (its hand-off, wait and merge are device work too)."""
@@ -475,7 +470,7 @@ class HGCA(HGCAWorkModel, SparseLayerMethod):
 
     # ------------------------------------------------------------------ accounting (memory, work: HGCAWorkModel)
     def stats(self):
-        steps = max(self._steps, 1)
+        steps = max(self.counters.steps, 1)
         cpu, device = self._cpu_pairs, self._device_pairs
         per_layer = cpu / max(len(self.sparse_layers), 1) / steps  # (query head, token) pairs, whole batch
         return {
@@ -484,9 +479,9 @@ class HGCA(HGCAWorkModel, SparseLayerMethod):
             "cpu_attention_ms_per_step": self._cpu_ms / steps,
             "ema_update_ms_per_step": self._ema_ms / steps,
             "wait_ms_per_step": self._wait_ms / steps,
-            "window_tokens_mean": sum(self.window_len) / len(self.window_len) if self._steps else 0.0,
+            "window_tokens_mean": sum(self.window_len) / len(self.window_len) if self.counters.steps else 0.0,
             "host_tokens_mean": sum(self.split) / len(self.split),
-            "attended_tokens_per_head": self._attended.stats(self.budget),
-            **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
+            "attended_tokens_per_head": self.counters.attended.stats(self.budget),
+            **self.counters.transfer(),
         }
 

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.declarations import Footprint, MemoryPlan, ModelShape, WorkModel
@@ -32,41 +31,31 @@ class HGCAWorkModel(MemoryPlan, WorkModel):
         return Footprint(device, host)
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
-    @classmethod
-    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
-        """As every method's, and a result written before `score_read` was a setting read every host token's
-        average."""
-        return {"score_read": "all", **super().work_config(config, budget, block_size)}
-
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+    def measure_work(self, run: RunRecord) -> dict[str, float]:
         pairs = run.sparse_layer_mean("cpu_tokens_per_layer")  # (query head, token) pairs of the whole batch
         host_tokens = run.stats.get("host_tokens_mean") or 0.0
         per_head = pairs / (run.shape.batch * run.shape.model.num_heads) if pairs is not None else 0.0
         return {"cpu_host_frac": per_head / host_tokens if host_tokens else 0.0}
 
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+    def sparse_layer_work(self, fractions: dict[str, float], terms: LayerTerms) -> LayerWork:
         """The device window, and the CPU's selected host tokens in the same layer, merged on the device; the CPU
-        reads every query head's fp32 score average of every host token (`score_read="all"`) or of the selected
-        tokens only ("selected")."""
+        reads every query head's fp32 score average of every host token (`score_read="all"`) or, keeping its
+        selection, of the selected tokens only."""
         shape = terms.shape
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
-        if config.get("budget") is not None:  # window + CPU tokens = budget, one selection per KV head
+        if self.budget is not None:  # window + CPU tokens = budget, one selection per KV head
             # the window grows a migration block past its target and drops back: half a block over it on average
-            window = min(round(config["budget"] * config.get("window_share", 0.5))
-                         + config.get("migrate_block", 32) / 2, N)
+            window = min(self.window_tokens + self.migrate_block / 2, N)
             host = N - window
-            cpu_per_head = min(config["budget"] - window, host)
+            cpu_per_head = self.cpu_tokens(host, window, refresh=False)
             selection_heads = m.num_kv_heads
         else:  # fraction policy (budget=None): each query head selects its own
-            window = min(math.ceil(config.get("window_frac", 0.25) * N), N)
+            window = self.window_target(N)
             host = N - window
             cpu_per_head = min(fractions["cpu_host_frac"] * host, host)
             selection_heads = m.num_heads
         # K and V of the selected tokens per selection row, and the fp32 score averages of every query head
-        keeps = config.get("budget") is not None and config.get("score_read", "all") == "selected"
-        scored = cpu_per_head if keeps else host
+        scored = cpu_per_head if self.tracks_selection else host
         host_bytes = B * selection_heads * cpu_per_head * 2 * m.head_dim * e + B * m.num_heads * scored * FP32_BYTES
         return terms.layer("same_layer", device_kv_bytes=B * window * shape.kv_bytes_per_token,
                            device_tokens=B * m.num_kv_heads * window, host_kv_bytes=host_bytes,

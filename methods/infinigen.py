@@ -55,11 +55,9 @@ import torch
 from scoutbench.kernels.speculation import speculate_count_, top_tokens
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
-    AttendedTokens,
     MethodContext,
     StepInfo,
     require,
-    transfer_stats,
 )
 from scoutbench.methods.infinigen_work import InfiniGenWorkModel
 from scoutbench.methods.sparse import SparseLayerMethod
@@ -170,11 +168,9 @@ class InfiniGen(InfiniGenWorkModel, SparseLayerMethod):
             self._count_scratch = torch.zeros(2, dtype=torch.long, device=ctx.device)
 
     def reset_stats(self) -> None:
-        self._attended = AttendedTokens()
+        super().reset_stats()
         self._fetched_tokens = [0] * self.ctx.num_layers
         self.fetch.wait_ms = [0.0] * self.ctx.num_layers
-        self._h2d_bytes = self._d2h_bytes = 0
-        self._steps = 0
 
     def ingest_sparse_prefill(self, layer, q_obs, k, v, lengths):
         skew, channels = self.skewing(q_obs, k, lengths)
@@ -231,8 +227,7 @@ class InfiniGen(InfiniGenWorkModel, SparseLayerMethod):
                               self._fetch_limit)
         if not self.dynamic_count:  # the fetch of every sparse layer is known now
             self.count_fetch(self.sparse_layers, self._fetch_count)
-        self._d2h_bytes += len(self.sparse_layers) * ctx.batch * ctx.kv_bytes_per_token()  # new K/V to the host
-        self._steps += 1
+        self.counters.d2h_bytes += len(self.sparse_layers) * ctx.batch * ctx.kv_bytes_per_token()  # new K/V to the host
 
     def graph_key(self) -> Any:
         """With a fixed count, whether a sequence holds fewer tokens than the fetch takes: its valid tokens must
@@ -248,10 +243,11 @@ class InfiniGen(InfiniGenWorkModel, SparseLayerMethod):
         for layer in layers:
             self._fetched_tokens[layer] += n
         rows = ctx.batch * ctx.num_kv_heads * len(layers)
-        self._d2h_bytes += rows * n * 8  # the token ids, to the worker
-        self._h2d_bytes += 2 * rows * n * ctx.head_dim * ctx.dtype.itemsize  # fetched K and V
+        self.counters.d2h_bytes += rows * n * 8  # the token ids, to the worker
+        self.counters.h2d_bytes += 2 * rows * n * ctx.head_dim * ctx.dtype.itemsize  # fetched K and V
         # the speculated tokens a sequence really has, and the current one
-        self._attended.add_host([min(limit, n) + 1 for limit in self._fetch_limits], ctx.num_kv_heads, len(layers))
+        self.counters.attended.add_host([min(limit, n) + 1 for limit in self._fetch_limits], ctx.num_kv_heads,
+                                        len(layers))
 
     # ------------------------------------------------------------------ decode: the layers
     def before_layer(self, layer, hidden, normed):
@@ -344,17 +340,17 @@ class InfiniGen(InfiniGenWorkModel, SparseLayerMethod):
     # ------------------------------------------------------------------ accounting (memory, work: InfiniGenWorkModel)
     def stats(self):
         ctx = self.ctx
-        steps = max(self._steps, 1)
+        steps = max(self.counters.steps, 1)
         elem_bytes = ctx.dtype.itemsize
         bytes_per_token = ctx.batch * ctx.num_kv_heads * 2 * ctx.head_dim * elem_bytes
         fetched = [n / steps for n in self._fetched_tokens]
         return {
             "tokens_fetched_per_layer": fetched,  # per (sequence, KV head), mean per step
             "bytes_h2d_per_layer": [n * bytes_per_token for n in fetched],
-            **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
+            **self.counters.transfer(),
             "fetch_wait_ms_per_layer": [ms / steps for ms in self.fetch.wait_ms],
             "fetch_wait_ms_per_step": sum(self.fetch.wait_ms) / steps,
             "partial_dim": self.partial_dim(ctx.head_dim),
             "device_kv_bytes": self.dense.stats()["device_kv_bytes"],
-            "attended_tokens_per_head": self._attended.stats(self.budget),
+            "attended_tokens_per_head": self.counters.attended.stats(self.budget),
         }

@@ -3,8 +3,7 @@ model (what `project` and `gate --counters` count), from its config alone (metho
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from scoutbench.kernels.flashinfer_decode import page_aligned
 from scoutbench.methods.base import OBS_WINDOW
@@ -41,18 +40,11 @@ class InfiniGenWorkModel(MemoryPlan, WorkModel):
         return Footprint(device, sparse * context_len * kv + staging, prefill)
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
-    @classmethod
-    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
-        """As every method's, and a result written before the count's caps were settings counted without them."""
-        return {"count_cap": None, "count_cap_frac": None, **super().work_config(config, budget, block_size)}
-
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+    def measure_work(self, run: RunRecord) -> dict[str, float]:
         fetched = run.sparse_layer_mean("tokens_fetched_per_layer") or 0.0
         return {"fetch_context_frac": fetched / run.shape.context_len}
 
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+    def sparse_layer_work(self, fractions: dict[str, float], terms: LayerTerms) -> LayerWork:
         """Speculation over every cached token's partial key, `budget - 1` tokens fetched one layer ahead (with
         dynamic_count the measured alpha count as a share of the context, within `count_cap` and `count_cap_frac`
         of the context where set). `terms.fetch_granularity`: `gathered` (this implementation, like
@@ -61,19 +53,15 @@ class InfiniGenWorkModel(MemoryPlan, WorkModel):
         (section 2.3: "4 KB per token per layer ... 800 MB/s")."""
         shape = terms.shape
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
-        cap = config["budget"] - 1
-        if config.get("dynamic_count"):  # the measured count, within the budget and the authors' caps where set
-            caps = [cap, N]
-            if config.get("count_cap") is not None:
-                caps.append(config["count_cap"])
-            if config.get("count_cap_frac") is not None:
-                caps.append(max(1, math.floor(config["count_cap_frac"] * N)))
+        cap = self.budget - 1
+        if self.dynamic_count:  # the measured count, within the budget and the authors' caps where set
+            caps = [cap, self.count_limit(N)]
+            if self.count_cap is not None:
+                caps.append(self.count_cap)
             fetched = min(fractions["fetch_context_frac"] * N, *caps)
         else:
             fetched = min(cap, N)
-        # the method's own channel count (ceil, as `partial_dim` takes it), not a rounded one
-        partial_dim = math.ceil(config.get("partial_ratio", 0.2) * m.head_dim)
-        speculation = B * N * m.num_kv_heads * partial_dim * e
+        speculation = B * N * m.num_kv_heads * self.partial_dim(m.head_dim) * e
         fetch_bytes = B * fetched * shape.kv_bytes_per_token
         gathered = terms.fetch_granularity == "gathered"
         return terms.layer("prefetch", predict_weight_bytes=terms.predict_weight_bytes, select_bytes=speculation,

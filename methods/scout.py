@@ -28,7 +28,6 @@ from scoutbench.kernels.partial_state import PartialState
 from scoutbench.methods import SCOUT_ABLATION, SCOUT_ABLATION_FIELDS
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
-    AttendedTokens,
     Footprint,
     MethodContext,
     ModelShape,
@@ -38,7 +37,6 @@ from scoutbench.methods.base import (
 from scoutbench.methods.scout_stats import ScoutStatistics
 from scoutbench.methods.scout_trace import NO_TRACE, TraceRecorder
 from scoutbench.methods.scout_work import ScoutWorkModel
-from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.runtime.block_store import NUM_COUNTS, RECALL_INDEX_ROWS, SplitPlan, TieredBlockStore
 from scoutbench.runtime.scout_selection import select_and_split_for, top_blocks
 from scoutbench.runtime.scout_transport import CoAttentionTransport, CpuResult, CpuTask, DeviceSplit, Recall
@@ -58,7 +56,7 @@ DEVICE_BLOCKS = ("resident", "selected")
 
 
 @dataclass
-class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
+class ScoutAttention(ScoutWorkModel, ScoutStatistics):
     """Quest block selection split between a device pool and CPU attention over host blocks (module docstring;
     the fields: docs/methods.md). `pc=False` is the paper's parallel co-attention baseline (selection with the true
     query inside the layer); `oracle=True` uses the true query everywhere (the exactness tests);
@@ -67,6 +65,7 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
     name: ClassVar[str] = "scout"
     display_name: ClassVar[str] = "ScoutAttention"
     layer_ahead: ClassVar[bool] = True
+    attended_on_device: ClassVar[bool] = True  # each sparse layer's count is captured device work (`end_step`)
     # the ablation (paper Figure 12), declared in methods/__init__.py (SCOUT_ABLATION)
     ablation_fields: ClassVar[tuple[str, ...]] = SCOUT_ABLATION_FIELDS
     ablation_variants: ClassVar[dict[tuple[Any, ...], str]] = {v.values: v.label for v in SCOUT_ABLATION}
@@ -186,7 +185,7 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         recall_periodic = self.pr and self._since[layer] + 1 >= self._intervals[layer]
         predicted = layer in self._ahead
         task, d2h = self.transport.task(layer, self.step.index, q, B_cpu, predicted, recall_periodic)
-        self._d2h_bytes += d2h
+        self.counters.d2h_bytes += d2h
         self._trace.plan(layer, task.step, predicted, self._splits[layer], self.store.tables[layer],
                          self.step.positions_host)
         self._tasks[layer] = task
@@ -249,7 +248,7 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         return self.transport.merge_input(layer)
 
     def _result_to_device(self, layer: int) -> None:  # host
-        self._h2d_bytes += self.transport.result_to_device(self._done[layer])
+        self.counters.h2d_bytes += self.transport.result_to_device(self._done[layer])
 
     # ------------------------------------------------------------------ periodic recall (section 3.4)
     def _after_merge(self, layer: int) -> None:
@@ -283,7 +282,7 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         self._recalls[layer] += 1
         # the recalled blocks (K and V) go to the device, with their staged indices (RECALL_INDEX_ROWS of n)
         self._recall_bytes += 2 * n * b * D * element_size
-        self._h2d_bytes += 2 * n * b * D * element_size + RECALL_INDEX_ROWS * n * 8
+        self.counters.h2d_bytes += 2 * n * b * D * element_size + RECALL_INDEX_ROWS * n * 8
         self._recall_blocks[layer] += int(n)
         self._trace.recall(layer, task.step, bh, blocks, Hkv)
 
@@ -300,8 +299,7 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
             torch.add((pos // b) % self.store.n_ring * b + pos % b, self.store.ring_base, out=self._ring_rows)
             # a context shorter than the sink region fills its sink slot token by token: its own graph variant
             self._short = min(step.positions_host) < self.sink_blocks * b
-            self._attended.count_rows(len(self.sparse_layers) * self.ctx.batch * self.ctx.num_kv_heads)
-        self._steps += 1
+            self.counters.attended.count_rows(len(self.sparse_layers) * self.ctx.batch * self.ctx.num_kv_heads)
 
     def graph_key(self) -> Any:
         return self._short if self.sparse_layers else None
@@ -324,11 +322,11 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
     def end_step(self) -> None:
         self._issue_recalls()  # the last layers' recalls
         if self.sparse_layers:  # what every sparse layer attended this step, in four calls rather than four a layer
-            self._attended.accumulate(self._attended_rows)
+            self.counters.attended.accumulate(self._attended_rows)
         # the blocks this step's tokens completed: their digests, and their copy to the host tier (asynchronous on
         # CUDA); a completed block is the tail this step, selectable only once it has left the local window
         for layer in self.sparse_layers:
-            self._d2h_bytes += self.store.complete_blocks(layer, self.step.positions_host, self.step.uniform)
+            self.counters.d2h_bytes += self.store.complete_blocks(layer, self.step.positions_host, self.step.uniform)
         if self._tasks:  # a task nobody consumed (never in a well-formed loop): do not leak its future
             for task in self._tasks.values():
                 if task.future is not None:
@@ -398,7 +396,6 @@ class ScoutAttention(ScoutStatistics, ScoutWorkModel, SparseLayerMethod):
         self._ring_rows = torch.zeros(B, dtype=torch.long, device=dev)
         # per sparse layer, its device split, recorded when its selection is issued (at capture with CUDA graphs:
         # the tensors a replay rewrites)
-        self._attended = AttendedTokens(dev)
         # tokens each sparse layer attends per (sequence, KV head) this step, one row per layer (views made once)
         self._attended_rows = torch.zeros((len(self.sparse_layers), B, Hkv), dtype=torch.long, device=dev)
         self._attended_row = dict(zip(self.sparse_layers, self._attended_rows, strict=True))

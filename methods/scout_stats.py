@@ -6,23 +6,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from scoutbench.methods.base import transfer_stats
+from scoutbench.methods.sparse import SparseLayerMethod
 from scoutbench.runtime.scout_transport import CpuResult
 
 
-class ScoutStatistics:
-    """The counters `ScoutAttention` accumulates (`_account` per CPU part, the recalls in its own file)."""
+class ScoutStatistics(SparseLayerMethod):
+    """The counters `ScoutAttention` accumulates beside every method's (`_account` per CPU part, the recalls in its
+    own file)."""
 
     def reset_stats(self) -> None:
         """Zero the statistics (e.g. after warm-up steps); the method state is untouched."""
+        super().reset_stats()
         L = self._L
         self._ratio_sum, self._ratio_n, self._sel_sum, self._res_sum = [0.0] * L, [0] * L, [0.0] * L, [0.0] * L
         self._recalls, self._recall_blocks = [0] * L, [0] * L
         self._recall_bytes = 0  # K/V bytes the recalls copied to the device
         self._cpu_ms = self._idle_ms = 0.0
-        self._cpu_tasks = self._steps = 0
-        self._h2d_bytes = self._d2h_bytes = 0
-        self._attended.reset()
+        self._cpu_tasks = 0
 
     def _account(self, layer: int, result: CpuResult) -> None:
         """CPU compute ratio = tokens attended on the CPU / budget, averaged over (sequence, KV head)."""
@@ -54,7 +54,7 @@ class ScoutStatistics:
             "blocks_resident_per_head": mean_of(self._res_sum),
             "k_sel": self.k_sel,
             "pool_slots": self.pool_slots,
-            "attended_tokens_per_head": self._attended.stats(self.budget),
+            "attended_tokens_per_head": self.counters.attended.stats(self.budget),
             # bytes: what the recalls copied (the staged blocks, K and V); recalled_bytes: the recalled blocks'
             "recall": {"issued": sum(self._recalls), "blocks": sum(self._recall_blocks),
                        "bytes": self._recall_bytes, "recalled_bytes": sum(self._recall_blocks) * block_bytes,
@@ -66,8 +66,8 @@ class ScoutStatistics:
             "cpu_attention_ms": self._cpu_ms,
             "cpu_attention_ms_per_call": self._cpu_ms / self._cpu_tasks if self._cpu_tasks else None,
             "idle_ms": self._idle_ms,
-            **transfer_stats(self._h2d_bytes, self._d2h_bytes, self._steps),
-            "steps": self._steps,
+            **self.counters.transfer(),
+            "steps": self.counters.steps,
             "device_kv_bytes": sum(t.numel() * t.element_size() for t in (*self.dense.keys, *self.dense.values))
             + self.store.device_bytes(),
             "host_kv_bytes": self.store.host_bytes(),

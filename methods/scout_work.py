@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+from scoutbench.methods.declarations import WorkModel
 from scoutbench.methods.work_model import INDEX_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
 
 
-class ScoutWorkModel:
-    """The work model half of `ScoutAttention` (a mixin ahead of its method base)."""
+class ScoutWorkModel(WorkModel):
+    """The work model half of `ScoutAttention` (a mixin ahead of its method base, reading its fields)."""
 
     work_fractions: ClassVar[dict[str, float]] = {
         "cpu_budget_frac": 0.0,  # share of the budget attended on the CPU
@@ -20,42 +21,40 @@ class ScoutWorkModel:
     }
 
     @classmethod
-    def work_config(cls, config: dict[str, Any], budget: int | None, block_size: int | None) -> dict[str, Any]:
+    def recorded_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         """As every method's, and a result written before the pool was a setting ran a pool of one selection: its
         measured CPU share is that pool's, and so is the memory it is planned with."""
-        return {"pool_factor": 1.0, **super().work_config(config, budget, block_size)}
+        return super().recorded_config({"pool_factor": 1.0, **config})
 
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
-        stats, config, m = run.stats, run.config, run.shape.model
+    def measure_work(self, run: RunRecord) -> dict[str, float]:
+        stats, m = run.stats, run.shape.model
         ratio = (stats.get("cpu_compute_ratio") or {}).get("mean") or 0.0
         recall = stats.get("recall") or {}
         steps = stats.get("steps") or run.steps or 1
         sparse = max(m.num_layers - run.dense_layers(), 1)
         rows = steps * run.shape.batch * m.num_kv_heads * sparse
-        recalled_tokens = (recall.get("blocks") or 0) * config.get("block_size", 1) / rows
+        recalled_tokens = (recall.get("blocks") or 0) * self.block_size / rows
         attended = run.attended_budget_frac("mean")
-        return {"cpu_budget_frac": float(ratio), "recall_budget_frac": recalled_tokens / config["budget"],
+        return {"cpu_budget_frac": float(ratio), "recall_budget_frac": recalled_tokens / self.budget,
                 "attended_budget_frac": 1.0 if attended is None else attended}
 
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+    def sparse_layer_work(self, fractions: dict[str, float], terms: LayerTerms) -> LayerWork:
         """Digests read to select; the device attends its share of the budget, the CPU the rest (its query and
         block ids go down, its partial state comes back, merged on the device), one layer ahead with PC; the
         periodic recall gathers blocks on the host and copies them off the critical path."""
         shape = terms.shape
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
         kv = shape.kv_bytes_per_token
-        budget, block_size = config["budget"], config["block_size"]
+        budget, block_size = self.budget, self.block_size
         cpu_tokens = fractions["cpu_budget_frac"] * min(budget, N)
         attended = min(fractions["attended_budget_frac"] * budget, N)  # both tiers
         digests = B * m.num_kv_heads * math.ceil(N / block_size) * 2 * m.head_dim * e
         indices = Transfer(B * m.num_kv_heads * math.ceil(cpu_tokens / block_size) * INDEX_BYTES, 0)  # rides with q
-        recalled = fractions["recall_budget_frac"] * budget if config.get("pr", True) else 0.0
+        recalled = fractions["recall_budget_frac"] * budget if self.pr else 0.0
         recall_bytes = B * recalled * kv
-        ahead = config.get("pc", True)
         return terms.layer(
-            "layer_ahead" if ahead else "same_layer", predict_weight_bytes=terms.predict_weight_bytes if ahead else 0.0,
+            "layer_ahead" if self.pc else "same_layer",
+            predict_weight_bytes=terms.predict_weight_bytes if self.pc else 0.0,
             select_bytes=digests, device_kv_bytes=B * (attended - cpu_tokens) * kv, device_page_tokens=block_size,
             device_tokens=B * m.num_kv_heads * (attended - cpu_tokens), host_kv_bytes=B * cpu_tokens * kv,
             cpu_tokens=B * m.num_kv_heads * cpu_tokens, merge_bytes=terms.merge_bytes,

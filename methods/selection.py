@@ -30,7 +30,6 @@ from scoutbench.kernels.digest import CandidateBlocks, block_digests
 from scoutbench.kernels.flashinfer_decode import PAGE_TOKENS
 from scoutbench.methods.base import (
     DEFAULT_DENSE_LAYERS,
-    AttendedTokens,
     AttentionMethod,
     Footprint,
     MethodContext,
@@ -113,14 +112,12 @@ class BlockSelection(AttentionMethod):
         # the selected blocks' attention: gathered into contiguous rows on CUDA, in place by block id on a CPU
         self._blocks = selected_blocks(self.ctx, self.keys, self.values, self.sparse_layers, rows, pages, block,
                                        num_blocks)
-        self._attended = AttendedTokens()
         self.reset_stats()
 
     def reset_stats(self) -> None:
-        self._attended.reset()
+        super().reset_stats()
         # sum over decode steps of the mean tokens attended per (sequence, KV head); on the device, no sync
         self._attended_sum = torch.zeros(self.ctx.num_layers, device=self.ctx.device)
-        self._steps = 0
 
     def ingest_prefill(self, layer, q_obs, k, v, lengths):
         self.kv.ingest_prefill(layer, q_obs, k, v, lengths)
@@ -156,16 +153,16 @@ class BlockSelection(AttentionMethod):
         self._attended_sum[: self.dense_layers] += mean_lengths
         if self._fits:
             self._attended_sum[self.dense_layers:] += mean_lengths
-            self._attended.add_host(lengths, self.ctx.num_kv_heads, layers=sparse)
+            self.counters.attended.add_host(lengths, self.ctx.num_kv_heads, layers=sparse)
         else:
             self._attended_sum[self.dense_layers:] += selected_len.float().mean()
-            self._attended.add(self._attended_len.valid_len[:, None].expand(-1, self._ids.shape[1]), layers=sparse)
+            self.counters.attended.add(self._attended_len.valid_len[:, None].expand(-1, self._ids.shape[1]),
+                                       layers=sparse)
         # blocks that the new token completes: their digests are built once the step has appended it (end_step)
         if step.uniform:
             self._completed = [(slice(None), lengths[0] // block - 1)] if lengths[0] % block == 0 else []
         else:
             self._completed = [(slice(b, b + 1), n // block - 1) for b, n in enumerate(lengths) if n % block == 0]
-        self._steps += 1
 
     def graph_key(self) -> bool:
         """A context that fits the budget runs dense (FullKV's device work): its own variant."""
@@ -209,9 +206,9 @@ class BlockSelection(AttentionMethod):
 
     # ------------------------------------------------------------------ statistics and memory
     def stats(self) -> dict[str, Any]:
-        attended = (self._attended_sum / max(self._steps, 1)).tolist()
+        attended = (self._attended_sum / max(self.counters.steps, 1)).tolist()
         return {**self.kv.stats(), "digest_bytes": self.digests.device_bytes(), "attended_tokens_per_layer": attended,
-                "attended_tokens_per_head": self._attended.stats(self.budget)}
+                "attended_tokens_per_head": self.counters.attended.stats(self.budget)}
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         kv = shape.kv_bytes_per_token_layer(elem_bytes)
@@ -222,21 +219,19 @@ class BlockSelection(AttentionMethod):
         return Footprint(device, 0)
 
     # ------------------------------------------------------------------ work model (project, gate --counters)
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+    def measure_work(self, run: RunRecord) -> dict[str, float]:
         attended = run.sparse_layer_mean("attended_tokens_per_layer")
-        return {"attended_budget_frac": 1.0 if attended is None else attended / run.config["budget"]}
+        return {"attended_budget_frac": 1.0 if attended is None else attended / self.budget}
 
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+    def sparse_layer_work(self, fractions: dict[str, float], terms: LayerTerms) -> LayerWork:
         """Every block digest read to select (where the method keeps them), then the selected blocks' KV attended on
         the device (per query head: each query head reads its own selection, G per KV head)."""
         shape = terms.shape
         m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
-        tokens = min(fractions["attended_budget_frac"] * config["budget"], N)
-        selections = m.num_heads // m.num_kv_heads if config.get("per_query_head") else 1  # per KV head
-        digests = B * m.num_kv_heads * math.ceil(N / config["block_size"]) * 2 * m.head_dim * e
-        return terms.layer("none", select_bytes=digests if cls.keeps_digests else 0,
+        tokens = min(fractions["attended_budget_frac"] * self.budget, N)
+        selections = m.num_heads // m.num_kv_heads if self.per_query_head else 1  # per KV head
+        digests = B * m.num_kv_heads * math.ceil(N / self.block_size) * 2 * m.head_dim * e
+        return terms.layer("none", select_bytes=digests if self.keeps_digests else 0,
                            device_kv_bytes=B * selections * tokens * shape.kv_bytes_per_token,
-                           device_page_tokens=config["block_size"],
+                           device_page_tokens=self.block_size,
                            device_tokens=B * m.num_kv_heads * selections * tokens)

@@ -1,8 +1,9 @@
 """The vocabulary of a method's work model: what one decode step reads, moves and computes at a shape.
 
-Each method declares its own model on its class (`AttentionMethod.work_fractions`, `measure_work`,
-`sparse_layer_work`; methods/base.py); `scoutbench/analysis/work.py` holds only the generic machinery around these types
-(a result's shape, the dense layers, the lm_head, the per-step totals) that `project` and `gate --counters` use.
+Each method declares its own model (`WorkModel` in methods/declarations.py: `work_fractions` on its class,
+`measure_work` and `sparse_layer_work` on the method a run was configured as); `scoutbench/analysis/work.py` holds
+only the generic machinery around these types (a result's shape, the dense layers, the lm_head, the per-step
+totals) that `project` and `gate --counters` use.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from scoutbench.methods.base import ModelShape
+from scoutbench.methods.base import ModelShape, dense_layers_of
 
 FP32_BYTES = 4
 INDEX_BYTES = 8  # int64 block / token ids
@@ -92,15 +93,15 @@ class LayerTerms:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What a method's `measure_work` reads from one throughput result."""
+    """What a method's `measure_work` reads from one throughput result, beside the method it ran (which it is)."""
 
     stats: dict[str, Any]  # the result's method_stats
-    config: dict[str, Any]  # its method_config
+    method: Any  # the method it ran, built from its method_config (`recorded_method`)
     shape: Shape  # the shape it ran at (mean context)
     steps: int  # timed decode steps
 
     def dense_layers(self) -> int:
-        return min(self.config.get("dense_layers", 0), self.shape.model.num_layers)
+        return min(dense_layers_of(self.method) or 0, self.shape.model.num_layers)
 
     def sparse_layer_mean(self, per_layer_stat: str) -> float | None:
         """The mean over the sparse layers of a per-layer statistic (None when it has no sparse entries)."""
@@ -111,5 +112,5 @@ class RunRecord:
         """`attended_tokens_per_head[which]` ("mean" or "max") as a fraction of the budget (None where the result
         lacks it or the method has no budget)."""
         attended = self.stats.get("attended_tokens_per_head") or {}
-        budget = self.config.get("budget")
+        budget = getattr(self.method, "budget", None)
         return attended[which] / budget if budget and attended.get(which) is not None else None

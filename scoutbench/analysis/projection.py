@@ -53,7 +53,6 @@ from scoutbench.analysis.work import (
     Shape,
     StepWork,
     measured_work,
-    method_class,
     step_work,
 )
 from scoutbench.errors import UsageError
@@ -261,14 +260,13 @@ def target_shape(result: dict[str, Any], target: Target) -> tuple[Shape, str]:
     return Shape(model, length, batch if isinstance(batch, int) else 1, elem, tied), model_name
 
 
-def max_batch(method: str, config: dict[str, Any], target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
+def max_batch(work: MeasuredWork, target: Target, shape: Shape, hw: Hardware) -> tuple[int, str]:
     """The method's largest batch at `shape` on `hw` and what limits it, planned (`planning.plan_method`, as a
-    decode instance where the target says so) with the config its work is projected with (the method's
-    `work_config`: the target's budget and block size, and what an older result's config lacks)."""
-    from scoutbench.methods import build_method
+    decode instance where the target says so) as its work is projected (`MeasuredWork.method_at`: the target's
+    budget and block size, and what an older result's config lacks)."""
     from scoutbench.planning import plan_method
 
-    built = build_method(method, method_class(method).work_config(config, target.budget, target.block_size))
+    built = work.method_at(target.budget, target.block_size)
     plan = plan_method(built, shape.model, shape.context_len, shape.elem_bytes, int(hw.values["device.memory_bytes"]),
                        int(hw.values["host.memory_bytes"]), shape.tied_embeddings, target.decode_instance)
     return plan.max_batch, plan.limited_by
@@ -292,7 +290,7 @@ def project_work(work: MeasuredWork, shape: Shape, hw: Hardware, target: Target)
     `project_results` applies to each measured point and benchmarks/projection_validation.py to the paper's own
     counters."""
     work = with_dense_layers(work, target.dense_layers)
-    fits, memory = max_batch(work.method, work.config, target, shape, hw)
+    fits, memory = max_batch(work, target, shape, hw)
     if fits < 1:
         raise UsageError(f"{work.method}: not one sequence of {shape.context_len} tokens fits on {hw.name} "
                          f"({memory} memory)")
@@ -332,7 +330,7 @@ def project_results(results: list[dict[str, Any]], hw: Hardware, target: Target)
         measured = _measured_step_ms(runs, hw) if target == Target(fetch_granularity=target.fetch_granularity,
                                                                    cuda_graphs=target.cuda_graphs) else None
         prompt_len = target.length or int(first["workload"]["len"])
-        budget = method_class(first["method"]).work_config(work.config, target.budget, target.block_size).get("budget")
+        budget = getattr(work.method_at(target.budget, target.block_size), "budget", None)
         out.append(Projection(first["method"], work.config, model_name, shape.context_len, step.batch,
                               memory if target.batch == "auto" else None, step, steps.totals(), work,
                               [str(r.get("_path", "")) for r in runs], measured, prompt_len,

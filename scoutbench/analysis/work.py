@@ -7,9 +7,10 @@ to another model, length, batch and budget; `step_work` multiplies them out for 
 bytes each way, CPU-attended tokens, recall bytes, linear-layer FLOPs and the tokens attended per (sequence, KV
 head) in a sparse layer, mean and max (what `--budget` bounds) (`StepWork`).
 
-Each method declares its own work model on its class (methods/*.py: `work_fractions`, `measure_work`,
-`sparse_layer_work`; the vocabulary is methods/work_model.py); this module holds only the generic part (a result's
-shape, the dense layers and the lm_head, the per-step totals) and knows no method by name.
+Each method declares its own work model (methods/*.py: `work_fractions`, and `measure_work` and `sparse_layer_work` on
+the method a run was configured as, which `recorded_method` builds from its config; the vocabulary is
+methods/work_model.py); this module holds only the generic part (a result's shape, the dense layers and the lm_head,
+the per-step totals) and knows no method by name.
 
 Two users, one arithmetic: the projection (scoutbench/analysis/projection.py) times a `StepWork` on a hardware profile,
 and the counter gate (scoutbench/analysis/counter_gate.py) compares the `StepWork` of a run at its own shape with a
@@ -67,6 +68,13 @@ class MeasuredWork:
     def replace(self, **fractions: float) -> MeasuredWork:
         return MeasuredWork(self.method, self.family, self.config, attended_max_budget_frac=self.attended_max_budget_frac,
                             source=self.source, **{**self.fractions, **fractions})
+
+    def method_at(self, budget: int | None = None, block_size: int | None = None) -> Any:
+        """The method the run was configured as (`recorded_method`: built, not bound), with `budget` / `block_size`
+        replaced where given: what its work is counted with at a target, and planned with (`--batch auto`)."""
+        from scoutbench.methods import recorded_method
+
+        return recorded_method(self.method, self.config, budget, block_size)
 
 
 @dataclass(frozen=True)
@@ -169,15 +177,17 @@ def _tied_presets() -> set[str]:
 def measured_work(result: dict[str, Any]) -> MeasuredWork:
     """The shape-free fractions of one ok throughput result (see MeasuredWork), measured by its method's
     `measure_work`."""
-    method = str(result.get("method"))
-    cls = method_class(method)
+    from scoutbench.methods import recorded_method
+
+    name = str(result.get("method"))
     config = dict(result.get("method_config") or {})
-    run = RunRecord(result.get("method_stats") or {}, config, result_shape(result),
+    method = recorded_method(name, config)
+    run = RunRecord(result.get("method_stats") or {}, method, result_shape(result),
                     (result.get("workload") or {}).get("steps"))
     # the tokens attended per (sequence, KV head) in a sparse layer, as fractions of the budget (older results, written
     # before methods counted attended tokens, lack them: the work model then assumes the budget)
-    return MeasuredWork(method, cls.name, config, attended_max_budget_frac=run.attended_budget_frac("max"),
-                        source=str(result.get("_path", "")), **cls.measure_work(run))
+    return MeasuredWork(name, method.name, config, attended_max_budget_frac=run.attended_budget_frac("max"),
+                        source=str(result.get("_path", "")), **method.measure_work(run))
 
 
 # ---- to bytes for a shape ---------------------------------------------------------------------------------------
@@ -206,16 +216,15 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
 
     `budget`/`block_size` replace the run's (the measured fractions are relative to the budget, so they carry).
     `fetch_granularity`: how a fetch of selected tokens crosses the bus (`gathered`: staged on the host, one copy
-    of K and one of V; `token`: one copy per token; InfiniGen.sparse_layer_work). The method's class says what its
-    sparse layers do (`sparse_layer_work`) and how many layers run dense; this function adds the shape's dense
-    layers and lm_head.
+    of K and one of V; `token`: one copy per token; InfiniGen.sparse_layer_work). The method, as the run was
+    configured and re-budgeted (`MeasuredWork.method_at`), says what its sparse layers do (`sparse_layer_work`) and
+    how many layers run dense; this function adds the shape's dense layers and lm_head.
     """
     if fetch_granularity not in FETCH_GRANULARITIES:
         raise UsageError(f"bad fetch granularity {fetch_granularity!r}: use {' or '.join(FETCH_GRANULARITIES)}")
     m, B, N, e = shape.model, shape.batch, shape.context_len, shape.elem_bytes
     kv = shape.kv_bytes_per_token
-    cls = work.method_class
-    cfg = cls.work_config(work.config, budget, block_size)
+    method = work.method_at(budget, block_size)
     weights = linear_weight_bytes(shape)
     flops = 2.0 * B * weights / e
     split = linear_split(shape.model)
@@ -228,14 +237,15 @@ def step_work(work: MeasuredWork, shape: Shape, budget: int | None = None, block
         merge_bytes=3 * B * m.num_heads * (m.head_dim + 1) * FP32_BYTES,  # two partial states in, one out
         predict_weight_bytes=m.hidden_size * m.num_heads * m.head_dim * e,  # next layer's q_proj, once per layer
         fetch_granularity=fetch_granularity)
-    num_dense = cls.work_dense_layers(cfg, m.num_layers)
-    sparse = cls.sparse_layer_work(work.fractions, cfg, terms)
+    num_dense = method.work_dense_layers(m.num_layers)
+    sparse = method.sparse_layer_work(work.fractions, terms)
     rows = B * m.num_kv_heads
+    target_budget = getattr(method, "budget", None)
     if num_dense == m.num_layers:
         attended_max = float(N)
-    elif cfg.get("budget") is not None:  # measured, as a fraction of the budget; else the bound itself
+    elif target_budget is not None:  # measured, as a fraction of the budget; else the bound itself
         frac = 1.0 if work.attended_max_budget_frac is None else work.attended_max_budget_frac
-        attended_max = min(frac * cfg["budget"], N)
+        attended_max = min(frac * target_budget, N)
     else:  # HGCA's fraction policy has no budget: its mean selection
         attended_max = (sparse.device_tokens + sparse.cpu_tokens) / rows
     head_bytes = m.vocab_size * m.hidden_size * e

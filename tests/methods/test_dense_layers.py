@@ -56,8 +56,8 @@ def test_no_sparse_layer_is_refused_where_a_method_meets_the_model(tiny_llama, r
     with pytest.raises(UsageError, match=message):
         method.memory_footprint(ModelShape.from_config(tiny_llama.config), 1024, 4)
     with pytest.raises(UsageError, match=message):
-        type(method).work_dense_layers(method.config(), layers)
-    assert type(method).work_dense_layers({**method.config(), DENSE_LAYERS_FIELD: layers - 1}, layers) == layers - 1
+        method.work_dense_layers(layers)
+    assert build_method(name, {**COVERING[name], DENSE_LAYERS_FIELD: layers - 1}).work_dense_layers(layers) == layers - 1
 
 
 def test_the_cli_refuses_no_sparse_layer_before_running(monkeypatch, capsys, tmp_path):

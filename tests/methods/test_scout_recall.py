@@ -66,7 +66,7 @@ def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt
     original = method._recall
 
     def checked(layer, plan, recall):
-        before = method._h2d_bytes
+        before = method.counters.h2d_bytes
         original(layer, plan, recall)
         b, rows = method.block_size, method.ctx.batch * method.ctx.num_kv_heads
         pool_k = method.store.dev_k[layer].view(-1, b, method.ctx.head_dim)
@@ -75,7 +75,7 @@ def test_recall_copies_the_recalled_blocks_from_the_host_tier(tiny_qwen3, prompt
             assert torch.equal(pool_k[bh * method.store.n_slots + slot], method.store.host_k[layer][block * rows + bh])
             assert torch.equal(pool_v[bh * method.store.n_slots + slot], method.store.host_v[layer][block * rows + bh])
         n = recall.bh.numel()
-        assert method._h2d_bytes - before == n * (2 * b * method.ctx.head_dim * 4 + 4 * 8)
+        assert method.counters.h2d_bytes - before == n * (2 * b * method.ctx.head_dim * 4 + 4 * 8)
         recalls.append(n)
 
     method._recall = checked

@@ -17,7 +17,7 @@ from cli_runner import run_cli
 
 from scoutbench.kernels.attention import decode_attention
 from scoutbench.methods import METHODS, display_rank, is_reference, method_family
-from scoutbench.methods.base import AttendedTokens, Footprint, MethodContext, ModelShape, transfer_stats
+from scoutbench.methods.base import Footprint, MethodContext, ModelShape
 from scoutbench.methods.fullkv import FullKV
 from scoutbench.methods.selection import BlockSelection
 from scoutbench.methods.sparse import SparseLayerMethod
@@ -63,10 +63,6 @@ class RecentWindow(SparseLayerMethod):
         super().bind(ctx)
         self.cache = FullKV()
         self.cache.bind(ctx)  # every layer's KV (the dense layers' copy stays unused: a toy)
-        self.reset_stats()
-
-    def reset_stats(self) -> None:
-        self._attended = AttendedTokens()
 
     def ingest_sparse_prefill(self, layer, q_obs, k, v, lengths):
         self.cache.ingest_prefill(layer, q_obs, k, v, lengths)
@@ -77,24 +73,22 @@ class RecentWindow(SparseLayerMethod):
         keys[:, :, position].copy_(k)
         values[:, :, position].copy_(v)
         start = max(0, position + 1 - self.budget)
-        self._attended.add_host([position + 1 - start] * self.ctx.batch, self.ctx.num_kv_heads)
+        self.counters.attended.add_host([position + 1 - start] * self.ctx.batch, self.ctx.num_kv_heads)
         return decode_attention(q, keys[:, :, start: position + 1], values[:, :, start: position + 1], self.ctx.scale)
 
     def memory_footprint(self, shape: ModelShape, context_len: int, elem_bytes: int) -> Footprint:
         return Footprint(2 * shape.num_layers * context_len * shape.kv_bytes_per_token_layer(elem_bytes), 0)
 
     def stats(self) -> dict[str, Any]:
-        return {"attended_tokens_per_head": self._attended.stats(self.budget), **transfer_stats(0, 0, 1)}
+        return {"attended_tokens_per_head": self.counters.attended.stats(self.budget), **self.counters.transfer()}
 
-    @classmethod
-    def measure_work(cls, run: RunRecord) -> dict[str, float]:
+    def measure_work(self, run: RunRecord) -> dict[str, float]:
         mean = run.attended_budget_frac("mean")
         return {"window_budget_frac": 1.0 if mean is None else mean}
 
-    @classmethod
-    def sparse_layer_work(cls, fractions: dict[str, float], config: dict[str, Any], terms: LayerTerms) -> LayerWork:
+    def sparse_layer_work(self, fractions: dict[str, float], terms: LayerTerms) -> LayerWork:
         shape = terms.shape
-        tokens = min(fractions["window_budget_frac"] * config["budget"], shape.context_len)
+        tokens = min(fractions["window_budget_frac"] * self.budget, shape.context_len)
         return terms.layer("none", device_kv_bytes=shape.batch * tokens * shape.kv_bytes_per_token,
                            device_tokens=shape.batch * shape.model.num_kv_heads * tokens)
 
@@ -183,7 +177,7 @@ def test_a_method_without_a_work_model_is_skipped_with_its_reason(toy_registry, 
     @dataclass
     class NoModel(RecentWindow):
         name = "toy-nomodel"
-        sparse_layer_work = classmethod(SparseLayerMethod.sparse_layer_work.__func__)  # the base's: none
+        sparse_layer_work = SparseLayerMethod.sparse_layer_work  # the base's: none
 
     toy_registry.register("toy-nomodel", NoModel)
     code, _, err = run_cli(monkeypatch, capsys, "throughput", "--method", "toy-nomodel", "--method", "fullkv", *RUN,
