@@ -84,20 +84,15 @@ inline __m512 tile_scores_bf16(const uint16_t* qg_bf16, const float* qg_even_odd
   return reduce16(acc);
 }
 
-// Columns and queries of one PV pass, and as many queries as 32 vector registers hold beside the pass's columns.
-// fp32: whole rows up to 128 columns (the first pass reads each V row in address order, as the QK loops do). bf16:
-// 64 columns for 4 queries, where 128 columns leave room for 2: each V element is widened once per 4 queries
-// instead of once per 2, and the widening is a third of the PV's vector work (the rows are prefetched: their order
-// matters less).
-template <bool BF16>
-constexpr int pv_cols(int D) { return D < (BF16 ? 64 : 128) ? D : (BF16 ? 64 : 128); }
-template <bool BF16>
-constexpr int pv_queries(int D) { return pv_cols<BF16>(D) <= 64 ? 4 : 2; }
+// Columns and queries of one PV pass: whole rows up to 128 columns (the first pass reads each V row in address
+// order, as the QK loops do), and as many queries as 32 vector registers hold beside the row.
+constexpr int pv_cols(int D) { return D < 128 ? D : 128; }
+constexpr int pv_queries(int D) { return pv_cols(D) <= 64 ? 4 : 2; }
 
 // acc[g][pass columns] += sum_i p[g][i] * v[i][pass columns] for GB <= pv_queries(D) queries.
 template <int D, int GB, bool BF16>
 inline void tile_pv(float* const* accs, const float* const* probs, const void* const* vp, int n) {
-  constexpr int W = pv_cols<BF16>(D), V = W / 16;
+  constexpr int W = pv_cols(D), V = W / 16;
   for (int d0 = 0; d0 < D; d0 += W) {
     __m512 acc[GB][V];
     for (int g = 0; g < GB; ++g)
@@ -122,7 +117,7 @@ inline void tile_pv(float* const* accs, const float* const* probs, const void* c
 }
 
 // tile_pv for gb (1 .. pv_queries(D)) queries
-template <int D, bool BF16, int GB = pv_queries<BF16>(D)>
+template <int D, bool BF16, int GB = pv_queries(D)>
 void pv_dispatch(int gb, float* const* accs, const float* const* probs, const void* const* vp, int n) {
   if constexpr (GB > 1) {
     if (gb < GB) return pv_dispatch<D, BF16, GB - 1>(gb, accs, probs, vp, n);
@@ -136,11 +131,20 @@ void attend_avx512(const Args& a, const Item& item, State st) {
   const int G = static_cast<int>(a.G);
   RowView<T> rv = row_view<T>(a, item.row);
   const T* q = static_cast<const T*>(a.q) + item.row * G * D;
-  alignas(64) float qf[kMaxGroup * D];  // fp32 q; bf16 without AVX512-BF16: each 32-chunk as even | odd
-  for (int g = 0; g < G; ++g) {
-    for (int d = 0; d < D; ++d) {
-      qf[g * D + (BF16 ? even_odd_slot(d, 32) : d)] = to_float<T>(q[g * D + d]);
+  // fp32 q; bf16 without AVX512-BF16: each 32-chunk as even | odd, widened a vector at a time (element by element
+  // it was microseconds a call); with AVX512-BF16 the dot products read q as it is and qf is not read
+  alignas(64) float qf[kMaxGroup * D];
+  if constexpr (BF16) {
+#ifndef __AVX512BF16__
+    for (int i = 0; i < G * D; i += 32) {
+      __m512 even, odd;
+      bf16_even_odd(reinterpret_cast<const uint16_t*>(q) + i, even, odd);
+      _mm512_store_ps(qf + i, even);
+      _mm512_store_ps(qf + i + 16, odd);
     }
+#endif
+  } else {
+    std::memcpy(qf, q, sizeof(float) * G * D);
   }
   const __m512 scale2 = _mm512_set1_ps(a.scale * kLog2e);
   for (int g = 0; g < G; ++g) {
@@ -153,7 +157,7 @@ void attend_avx512(const Args& a, const Item& item, State st) {
   for (int g = 0; g < G; ++g) lsum[g] = _mm512_setzero_ps();
   float* probs_row = a.probs ? a.probs + item.row * G * a.probs_width : nullptr;
   PrefetchedRows<T, D> rows(a, rv, item);
-  constexpr int GB = pv_queries<BF16>(D);
+  constexpr int GB = pv_queries(D);
   const int pv_groups = (G + GB - 1) / GB;
   for (int64_t t0 = item.begin; t0 < item.end; t0 += kStepTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kStepTokens, item.end - t0));
