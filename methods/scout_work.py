@@ -5,7 +5,7 @@ fractions a measured run gives."""
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from scoutbench.methods.declarations import WorkModel
 from scoutbench.methods.work_model import INDEX_BYTES, LayerTerms, LayerWork, RunRecord, Transfer
@@ -19,12 +19,6 @@ class ScoutWorkModel(WorkModel):
         "recall_budget_frac": 0.0,  # tokens recalled per (sequence, KV head, sparse layer, step) / budget
         "attended_budget_frac": 1.0,  # tokens attended per (sequence, KV head, sparse layer), both tiers / budget
     }
-
-    @classmethod
-    def recorded_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        """As every method's, and a result written before the pool was a setting ran a pool of one selection: its
-        measured CPU share is that pool's, and so is the memory it is planned with."""
-        return super().recorded_config({"pool_factor": 1.0, **config})
 
     def measure_work(self, run: RunRecord) -> dict[str, float]:
         stats, m = run.stats, run.shape.model

@@ -140,7 +140,8 @@ def test_block_size_without_a_method_that_has_one_is_refused_like_budget(monkeyp
 
 @pytest.mark.parametrize(("name", "earlier", "later"), [
     ("hgca", {"score_read": "all"}, {"score_read": "selected"}),
-    ("infinigen", {"count_cap": None, "count_cap_frac": None}, {"count_cap": 400, "count_cap_frac": 0.2})])
+    ("infinigen", {"count_cap": None, "count_cap_frac": None}, {"count_cap": 400, "count_cap_frac": 0.2}),
+    ("scout", {"pool_factor": 1.0}, {"pool_factor": 3.0})])
 def test_identity_leaves_out_a_field_added_later_only_at_its_earlier_behaviour(name: str, earlier: dict,
                                                                              later: dict) -> None:
     """An accuracy run's folder is named by `identity()`: a field added after runs were made is left out at the value
@@ -157,4 +158,4 @@ def test_identity_leaves_out_a_field_added_later_only_at_its_earlier_behaviour(n
     after = cls(**later).identity()
     assert all(f"{key}={value!r}" in after for key, value in later.items())
     # a method without added fields is named by its repr
-    assert METHODS.load("scout")().identity() == repr(METHODS.load("scout")())
+    assert METHODS.load("quest")().identity() == repr(METHODS.load("quest")())
