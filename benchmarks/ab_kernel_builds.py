@@ -34,18 +34,26 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md): before torch
 
+BURST = 24  # calls per burst with --awake (~7 ms of sparse calls: the other build's helpers fall asleep after 1 ms)
+BURST_WARMUP = 4  # a burst's first calls, not timed: they wake its build's helpers
 
-def alternate(builds: dict, current: list, fn: Callable[[], object], repeats: int) -> dict[str, list[float]]:
+
+def alternate(builds: dict, current: list, fn: Callable[[], object], repeats: int, burst: int = 1
+              ) -> dict[str, list[float]]:
     """Times (ms) of `repeats` calls of `fn` per build, the builds alternating A B B A (`current[0]` is the one the
-    wrappers use), after 4 warm-up calls: both builds' threads started, caches touched."""
+    wrappers use) a burst of `burst` calls at a time, after 4 warm-up calls: both builds' threads started, caches
+    touched. With bursts (`--awake`) each burst's first `BURST_WARMUP` calls are not timed: they wake its build's
+    helpers, which then stay awake through the rest, as in a decode loop's back-to-back calls."""
     times: dict[str, list[float]] = {"first": [], "second": []}
-    for index in range(repeats + 4):
+    skip = BURST_WARMUP if burst > 1 else 0
+    for index in range(repeats // max(burst - skip, 1) + 4):
         name = ("first", "second", "second", "first")[index % 4]
         current[0] = builds[name]
-        start = time.perf_counter()
-        fn()
-        if index >= 4:
-            times[name].append((time.perf_counter() - start) * 1e3)
+        for call in range(burst):
+            start = time.perf_counter()
+            fn()
+            if index >= 4 and call >= skip:
+                times[name].append((time.perf_counter() - start) * 1e3)
     return times
 
 
@@ -103,7 +111,7 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
             outputs.append(digests.select())
         if not torch.equal(outputs[0], outputs[1]):
             raise SystemExit("the two builds' digest selections differ")
-        return alternate(builds, current, digests.select, args.steps * 8)
+        return alternate(builds, current, digests.select, args.steps * 8, BURST if args.awake else 1)
     calls = bench.attention_calls(bench.DTYPES[args.dtype], 65536, 2048, 32, 1, 32, 8, 128)
     call = calls.sparse if args.calls == "sparse" else calls.full
     outputs = []
@@ -114,7 +122,8 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
     if not torch.allclose(outputs[0].o, outputs[1].o, atol=1e-4) or not torch.allclose(outputs[0].lse,
                                                                                           outputs[1].lse, atol=1e-4):
         raise SystemExit("the two builds' attention outputs differ")
-    return alternate(builds, current, call, args.steps * (4 if args.calls == "sparse" else 1))
+    return alternate(builds, current, call, args.steps * (4 if args.calls == "sparse" else 1),
+                     BURST if args.awake else 1)
 
 
 def torch_threads() -> int:
@@ -135,6 +144,8 @@ def main() -> None:
     parser.add_argument("--calls", choices=("sparse", "full", "digest"), help="time kernel calls, not decode steps")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="of --calls")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--awake", action="store_true",
+                        help="with --calls: helpers keep their default spin, builds alternate in bursts")
     parser.add_argument("--order", choices=("ab", "ba"), help=argparse.SUPPRESS)  # one process of the pair
     args = parser.parse_args()
     if args.order:
@@ -146,11 +157,11 @@ def main() -> None:
         cmd = [sys.executable, __file__, str(args.a), str(args.b), "--method", args.method, "--model", args.model,
                "--len", args.len, "--steps", str(args.steps), "--dtype", args.dtype, "--order", order]
         if args.calls:
-            cmd += ["--calls", args.calls]
+            cmd += ["--calls", args.calls] + (["--awake"] if args.awake else [])
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         env = dict(os.environ)
-        if args.calls:  # each build's awake helper would take a core from the other build's next call
+        if args.calls and not args.awake:  # each build's awake helper would take a core from the other's next call
             env["SCOUTBENCH_KERNEL_SPIN_US"] = "0"
         times = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                            .stdout.splitlines()[-1])
