@@ -22,7 +22,7 @@ import torch
 
 from scoutbench.decode.graphs import GraphRunner
 from scoutbench.decode.ops import DecodeOps, choose_form
-from scoutbench.kernels import cpu_attention
+from scoutbench.kernels import cpu_attention, hf_forward
 from scoutbench.kernels.attention import decode_attention, prefill_attention
 from scoutbench.methods.base import OBS_WINDOW, AttentionMethod, MethodContext, StepInfo
 from scoutbench.timing import StageTimer
@@ -141,7 +141,7 @@ class DecodeEngine:
         obs_index = self._obs_index(lengths, seq_len)
         for i, layer in enumerate(self.layers):
             residual = x
-            q, k, v = self.ops.hf_prologue(layer, layer.input_layernorm(x), cos, sin)
+            q, k, v = hf_forward.attention_prologue(layer.self_attn, layer.input_layernorm(x), cos, sin)
             self.method.ingest_prefill(i, _gather_positions(q, obs_index), k, v, lengths)
             o = prefill_attention(q, k, v, self.scale).transpose(1, 2)
             o = o.reshape(batch, seq_len, -1).contiguous()

@@ -18,13 +18,11 @@ Hidden states are `[B, hidden]` rows (one new token per sequence); q `[B, Hq, D]
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
 
 from scoutbench.environment import DECODE_OPS_FORMS, value
-from scoutbench.kernels import cpu_attention, cpu_decode
+from scoutbench.kernels import cpu_attention, cpu_decode, hf_forward
 
 # HF's modules whose forward the fused and kernel forms reproduce: MLPs that are exactly `down_proj(act_fn(gate_proj(x))
 # * up_proj(x))`, LlamaRMSNorm and its copies, and attentions whose prologue is q/k/v projections, optional q/k
@@ -70,9 +68,7 @@ class DecodeOps:
         attn = self.layers[0].self_attn
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = attn.head_dim
-        self.has_qk_norm = hasattr(attn, "q_norm")
         self.rotary_emb = inner.rotary_emb
-        self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         # the fused form serves only the modules it reproduces; anything else runs as HF's module
@@ -106,7 +102,7 @@ class DecodeOps:
             if self.form == "fused":
                 return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
             if self.form == "cpu-kernel":
-                return cpu_decode.rms_norm(x, module.weight, module.variance_epsilon)
+                return cpu_decode.rms_norm(module, x)
         return module(x)
 
     def linear(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -144,34 +140,12 @@ class DecodeOps:
     def _prologue(self, layer: int, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, with_kv: bool
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         if self.form == "cpu-kernel" and self._prologues[layer] is not None:
-            attn, norms = self._prologues[layer]
-            qk_norm = None if norms is None else (norms[0].weight, norms[1].weight, norms[0].variance_epsilon)
-            return cpu_decode.attention_prologue(normed[:, None], attn.q_proj, (attn.k_proj, attn.v_proj) if with_kv
-                                                 else None, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm,
-                                                 cos, sin)
+            return cpu_decode.attention_prologue(self._prologues[layer][0], normed[:, None], self.num_heads,
+                                                 self.num_kv_heads, cos, sin, with_kv)
         if self.form == "fused":
             return self._fused_prologue(layer, normed, cos, sin, with_kv)
-        q, k, v = self.hf_prologue(self.layers[layer], normed[:, None], cos, sin, with_kv)
+        q, k, v = hf_forward.attention_prologue(self.layers[layer].self_attn, normed[:, None], cos, sin, with_kv)
         return q[:, :, 0], None if k is None else k[:, :, 0], None if v is None else v[:, :, 0]
-
-    def hf_prologue(self, layer: torch.nn.Module, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    with_kv: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """HF's attention prologue: `[B, L, hidden]` -> q `[B, Hq, L, D]`, k/v `[B, Hkv, L, D]`, RoPE applied (the
-        prefill's, and the `hf` form's)."""
-        attn = layer.self_attn
-        shape = (*normed.shape[:-1], -1, self.head_dim)
-        q = attn.q_proj(normed).view(shape)
-        if self.has_qk_norm:
-            q = attn.q_norm(q)
-        if not with_kv:
-            q, _ = self._apply_rope(q.transpose(1, 2), q.transpose(1, 2)[:, :1], cos, sin)
-            return q, None, None
-        k = attn.k_proj(normed).view(shape)
-        if self.has_qk_norm:
-            k = attn.k_norm(k)
-        v = attn.v_proj(normed).view(shape).transpose(1, 2)
-        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        return q, k, v
 
     def _fused_prologue(self, layer: int, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, with_kv: bool
                         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:

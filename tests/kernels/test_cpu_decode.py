@@ -98,7 +98,7 @@ def test_rms_norm_matches_hf_module(tiny_qwen3, dtype, cpu_backend):
     x = (torch.randn(3, 1, norm.weight.shape[0]) * 4).to(dtype)
     with torch.no_grad():
         ref = norm(x)
-        ours = cpu_decode.rms_norm(x, norm.weight, norm.variance_epsilon)
+        ours = cpu_decode.rms_norm(norm, x)
     assert ours is not None and ours.dtype == dtype and ours.shape == x.shape
     if dtype == torch.float32:
         torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
@@ -136,8 +136,10 @@ def test_attention_prologue_matches_hf_modules(model_fixture, dtype, request, cp
 def test_prologue_and_norm_equal_hf_bit_for_bit_where_the_kernel_does_not_serve(model_fixture, batch, request,
                                                                                  cpu_backend):
     """Where the kernel does not take the call (torch's backend, more rows than MAX_ROWS), the one entry point runs
-    HF's forward op for op: the results equal HF's modules bit for bit (the `hf` form's prologue, q/k norms, RoPE,
-    and Qwen2's biases)."""
+    HF's modules: the results equal HF's attention forward's q/k/v bit for bit (q/k norms, RoPE, Qwen2's biases),
+    computed here from the modules by hand."""
+    import sys
+
     from scoutbench.decode.ops import DecodeOps
 
     model = request.getfixturevalue(model_fixture)
@@ -146,15 +148,19 @@ def test_prologue_and_norm_equal_hf_bit_for_bit_where_the_kernel_does_not_serve(
     x = torch.randn(batch, 1, norm.weight.shape[0])
     hf = DecodeOps(model, "hf", 512)
     attn = model.model.layers[1].self_attn
-    norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon) if hasattr(attn, "q_norm") else None
     cos, sin = hf.rotary(torch.arange(batch) * 7 + 3)
     with torch.no_grad():
-        assert torch.equal(cpu_decode.rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
-        ours = cpu_decode.attention_prologue(x, attn.q_proj, (attn.k_proj, attn.v_proj), hf.num_heads,
-                                             hf.num_kv_heads, hf.head_dim, norms, cos, sin)
-        want = hf.prologue(1, x[:, 0], cos, sin)
-        q_only = cpu_decode.attention_prologue(x, attn.q_proj, None, hf.num_heads, hf.num_kv_heads, hf.head_dim,
-                                               norms, cos, sin)
+        assert torch.equal(cpu_decode.rms_norm(norm, x), norm(x))
+        ours = cpu_decode.attention_prologue(attn, x, hf.num_heads, hf.num_kv_heads, cos, sin)
+        q_only = cpu_decode.attention_prologue(attn, x, hf.num_heads, hf.num_kv_heads, cos, sin, with_kv=False)
+        # HF's attention forward up to its cache update, for one new token per sequence
+        shape = (batch, 1, -1, attn.head_dim)
+        q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        q, k = apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        want = (q[:, :, 0], k[:, :, 0], attn.v_proj(x).view(shape)[:, 0])
     for got, ref in zip(ours, want, strict=True):
         assert torch.equal(got, ref)
     assert torch.equal(q_only[0], want[0]) and q_only[1:] == (None, None)
