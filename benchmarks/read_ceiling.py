@@ -17,7 +17,11 @@ is the speed-up of a kernel that reads both patterns as fast as a bare reader do
 the same round (`attention_calls`, min of the calls), and each is given as a fraction of its pattern's bare read
 rate: where both fractions are near 1, the speed-up is the memory system's; where the sparse fraction is the lower,
 the kernel loses on the random blocks, not the memory system (and a kernel whose full call falls short of the stream
-can show more than the reads ratio). Times are minimums (kernel times: the uncontended time on a shared machine).
+can show more than the reads ratio). Two more columns say whether the kernel's arithmetic keeps up: `in cache ms`,
+the sparse call repeated over one selection (8 MiB in bf16, 16 MiB in fp32: resident in a 32 MiB L3), its compute
+with cache-speed reads, beside `stream ms`, the sparse call's bytes at the stream's read rate. Where the first is near
+the second, the call is as much compute as memory, and only a perfect overlap of the two reaches the memory's rate.
+Times are minimums (kernel times: the uncontended time on a shared machine).
 
     python benchmarks/read_ceiling.py                       # bf16 and fp32, blocks of 32, three rounds
     python benchmarks/read_ceiling.py --dtype bf16 --block-size 16,32,64,128 --rounds 2
@@ -26,6 +30,7 @@ can show more than the reads ratio). Times are minimums (kernel times: the uncon
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import tempfile
@@ -36,6 +41,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command
 import torch  # noqa: E402
 from bench_sparse_attention import DTYPES, attention_calls, time_ms  # noqa: E402
 
+from scoutbench.kernels.attention import block_sparse_attention  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
 # the sparse reader's prefetches (the C++ `aheads`): none; the whole block 1, 2 or 4 blocks ahead at each block's
@@ -291,7 +297,7 @@ def main() -> None:
     print(f"bare reads vs the kernel, 2 threads, {args.len} vs {args.budget} tokens, 8 KV rows x head_dim {head_dim}, "
           f"load {os.getloadavg()[0]:.1f}; GB/s and ratios from minimum times; ideal {ideal:.0f}x")
     print("round dtype block  stream GB/s  sparse GB/s: no prefetch / blocks 1, 2, 4 / rows 32, 64, 128 ahead"
-          "  reads x  kernel full / sparse ms  kernel x  kernel of reads full / sparse")
+          "  reads x  kernel full / sparse ms  kernel x  kernel of reads full / sparse  in cache ms  stream ms")
     with tempfile.TemporaryDirectory() as folder:
         binary = build(Path(folder))
         for round_ in range(1, args.rounds + 1):
@@ -307,6 +313,8 @@ def main() -> None:
                     calls = attention_calls(dtype, length, args.budget, block_size, 1, 32, rows, head_dim)
                     full_ms = time_ms(calls.full, 7)[1]
                     sparse_ms = time_ms(calls.sparse, 41)[1]
+                    cached_ms = time_ms(functools.partial(block_sparse_attention, calls.q, calls.blocks_k, calls.blocks_v,
+                                                          calls.selections[0], calls.scale), 41)[1]
                     del calls
                     kernel = full_ms / sparse_ms
                     print(f"{round_:5d} {name:>5} {block_size:5d} {read['stream'][1]:12.1f}  "
@@ -314,7 +322,8 @@ def main() -> None:
                           f"{', '.join(f'{s:.1f}' for s in sparse[4:]):>16}  {reads_ratio:7.1f}x  {full_ms:9.2f} / "
                           f"{sparse_ms:.3f}  {kernel:7.1f}x  "
                           f"{full_bytes / full_ms / 1e6 / read['stream'][1]:13.2f} / "
-                          f"{sparse_bytes / sparse_ms / 1e6 / max(sparse):.2f}")
+                          f"{sparse_bytes / sparse_ms / 1e6 / max(sparse):.2f}  {cached_ms:13.3f}  "
+                          f"{sparse_bytes / read['stream'][1] / 1e6:10.3f}")
 
 
 if __name__ == "__main__":
