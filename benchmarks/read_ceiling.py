@@ -8,7 +8,8 @@ reads one sequential stream per row. This measures what the memory system gives 
 all: a compiled reader (vector loads summed into four accumulators) walks the same layout the kernel walks
 (`bench_sparse_attention.attention_calls`: a block-major tier of 8 KV rows and a head-major full cache, both in 2
 MiB-aligned memory with `madvise(MADV_HUGEPAGE)`, as the methods' arenas ask), on the same two threads' split (each
-thread half the rows, K and V a 32-token step at a time), over 16 rotating random selections. The sparse reader tries
+thread half the rows, K and V a 32-token step at a time), over 16 rotating random selections. The stream is read
+without software prefetches (the hardware prefetcher follows a stream). The sparse reader tries
 each software prefetch of `AHEADS` (into L2 where the CPU has an L2 hint, else L1) and keeps the fastest. Its
 
     reads ratio = (len / budget) * (sparse read rate) / (stream read rate)
@@ -44,7 +45,7 @@ from bench_sparse_attention import DTYPES, attention_calls, time_ms  # noqa: E40
 from scoutbench.kernels.attention import block_sparse_attention  # noqa: E402
 from scoutbench.units import parse_length  # noqa: E402
 
-# the sparse reader's prefetches (the C++ `aheads`): none; the whole block 1, 2 or 4 blocks ahead at each block's
+# the sparse reader's prefetches (passed to the reader): none; the whole block 1, 2 or 4 blocks ahead at each block's
 # start; the rows 32, 64 or 128 tokens ahead before each 32-token step (the kernel's spread form: 64 into L2)
 AHEADS = (0, 1, 2, 4, -32, -64, -128)
 
@@ -59,10 +60,12 @@ SOURCE = r"""
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <functional>
 #include <thread>
 #include <vector>
 
-// argv: element bytes, tokens, budget, block tokens, rows, head_dim, calls per variant
+// argv: element bytes, tokens, budget, block tokens, rows, head_dim, calls per variant, then each sparse prefetch
+// (`AHEADS`)
 static char* huge_alloc(size_t bytes) {
   const size_t align = size_t(2) << 20;
   bytes = (bytes + align - 1) / align * align;
@@ -144,7 +147,7 @@ struct Team {  // the caller and one helper per further thread, woken by a gener
 };
 
 int main(int argc, char** argv) {
-  if (argc != 8) return 2;
+  if (argc < 9) return 2;
   const size_t elem = atoi(argv[1]), tokens = atol(argv[2]), budget = atol(argv[3]), bs = atol(argv[4]);
   const int rows = atoi(argv[5]), calls = atoi(argv[7]);
   const size_t row_bytes = elem * atol(argv[6]), block_bytes = bs * row_bytes, step_bytes = 32 * row_bytes;
@@ -220,10 +223,11 @@ int main(int argc, char** argv) {
       sink += s;
     };
   };
-  const int aheads[] = {0, 1, 2, 4, -32, -64, -128};
-  constexpr int kVariants = sizeof(aheads) / sizeof(aheads[0]);
-  double stream_s = 1e30, sparse_s[kVariants];
-  std::fill(sparse_s, sparse_s + kVariants, 1e30);
+  std::vector<int> aheads;
+  for (int a = 8; a < argc; ++a) aheads.push_back(atoi(argv[a]));
+  const int kVariants = static_cast<int>(aheads.size());
+  double stream_s = 1e30;
+  std::vector<double> sparse_s(kVariants, 1e30);
   team.run_s(stream);
   for (int rep = 0; rep < 5; ++rep) {
     stream_s = std::min(stream_s, team.run_s(stream));
@@ -253,7 +257,7 @@ def build(folder: Path) -> Path:
     if compiler is None:
         raise SystemExit("read_ceiling: no C++ compiler: set CXX, or install g++ (e.g. apt install g++)")
     source, binary = folder / "ceiling.cpp", folder / "ceiling"
-    source.write_text(SOURCE.replace("#include <thread>", "#include <thread>\n#include <functional>"))
+    source.write_text(SOURCE)
     result = subprocess.run([compiler, "-O2", "-march=native", "-pthread", str(source), "-o", str(binary)],
                             capture_output=True, text=True)
     if result.returncode != 0:
@@ -266,8 +270,8 @@ def run_reader(binary: Path, element: int, length: int, budget: int, block_size:
                calls: int) -> list[list[str]]:
     """The reader's output lines, split: `<pattern> <s> <GB/s>` (the min over 5 rounds of `calls` calls each) and
     `bytes <pattern> <n>` (what one call read), for `stream` and each `sparse<ahead>` of `AHEADS`."""
-    out = subprocess.run([str(binary), str(element), str(length), str(budget), str(block_size), str(rows),
-                          str(head_dim), str(calls)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([str(binary), *map(str, (element, length, budget, block_size, rows, head_dim, calls, *AHEADS))],
+                         check=True, capture_output=True, text=True).stdout
     return [line.split() for line in out.splitlines()]
 
 
