@@ -225,18 +225,18 @@ int main(int argc, char** argv) {
   };
   std::vector<int> aheads;
   for (int a = 8; a < argc; ++a) aheads.push_back(atoi(argv[a]));
-  const int kVariants = static_cast<int>(aheads.size());
+  const int variants = static_cast<int>(aheads.size());
   double stream_s = 1e30;
-  std::vector<double> sparse_s(kVariants, 1e30);
+  std::vector<double> sparse_s(variants, 1e30);
   team.run_s(stream);
   for (int rep = 0; rep < 5; ++rep) {
     stream_s = std::min(stream_s, team.run_s(stream));
-    for (int v = 0; v < kVariants; ++v)
+    for (int v = 0; v < variants; ++v)
       for (int c = 0; c < calls; ++c) sparse_s[v] = std::min(sparse_s[v], team.run_s(sparse(aheads[v])));
   }
   const double full_bytes = 2.0 * rows * tokens * row_bytes, sparse_bytes = 2.0 * rows * selected * block_bytes;
   std::printf("stream %.6f %.1f\n", stream_s, full_bytes / stream_s / 1e9);
-  for (int v = 0; v < kVariants; ++v)
+  for (int v = 0; v < variants; ++v)
     std::printf("sparse%d %.6f %.1f\n", aheads[v], sparse_s[v], sparse_bytes / sparse_s[v] / 1e9);
   // what one call of each pattern read, in bytes (every word holds 1, so a sum counts the words it read)
   auto bytes_read = [&](std::function<void(int)> fn) {
@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
     return static_cast<unsigned long long>((sink.load() - before) * 8);
   };
   std::printf("bytes stream %llu\n", bytes_read(stream));
-  for (int v = 0; v < kVariants; ++v) std::printf("bytes sparse%d %llu\n", aheads[v], bytes_read(sparse(aheads[v])));
+  for (int v = 0; v < variants; ++v) std::printf("bytes sparse%d %llu\n", aheads[v], bytes_read(sparse(aheads[v])));
 }
 """
 
