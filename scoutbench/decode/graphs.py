@@ -186,7 +186,8 @@ class GraphRunner:
         raise if either is still capturing (the process could not run another method on the device)."""
         if self._graph is not None:
             graph, self._graph = self._graph, None
-            with contextlib.suppress(Exception), torch.cuda.stream(self.stream):
+            with contextlib.suppress(Exception), torch.cuda.stream(self.stream), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The CUDA Graph is empty")  # interrupted before any work
                 graph.capture_end()
         end_pool_recording(self.engine.device, self.pool)
         with torch.cuda.stream(self.stream):
