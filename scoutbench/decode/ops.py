@@ -144,8 +144,7 @@ class DecodeOps:
                                                  self.num_kv_heads, cos, sin, with_kv)
         if self.form == "fused":
             return self._fused_prologue(layer, normed, cos, sin, with_kv)
-        q, k, v = hf_forward.attention_prologue(self.layers[layer].self_attn, normed[:, None], cos, sin, with_kv)
-        return q[:, :, 0], None if k is None else k[:, :, 0], None if v is None else v[:, :, 0]
+        return hf_forward.decode_prologue(self.layers[layer].self_attn, normed[:, None], cos, sin, with_kv)
 
     def _fused_prologue(self, layer: int, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, with_kv: bool
                         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:

@@ -76,7 +76,7 @@ def attention_prologue(attn: torch.nn.Module, normed: torch.Tensor, num_heads: i
     (and q-normed), and `with_kv` also k `[B, Hkv, D]` rotated (and k-normed) and v; cos/sin `[B, 1, D]` from the
     model's rotary embedding. `attn` is a Llama/Mistral/Qwen2/Qwen3 attention with plain linears and, where it has
     them, q/k RMSNorms of one eps (`decode.ops` checks that once per model). Where the kernel does not take the call,
-    `hf_forward.attention_prologue`: HF's modules."""
+    `hf_forward.decode_prologue`: HF's modules."""
     head_dim = attn.head_dim
     projections = (attn.q_proj, attn.k_proj, attn.v_proj) if with_kv else (attn.q_proj,)
     norms = (attn.q_norm, attn.k_norm) if hasattr(attn, "q_norm") else None
@@ -84,8 +84,7 @@ def attention_prologue(attn: torch.nn.Module, normed: torch.Tensor, num_heads: i
     batch = normed.shape[0]
     if (normed.dim() != 3 or normed.shape[1] != 1 or head_dim % 2 or cos.shape[-1] != head_dim
             or not supports(normed, *tensors, cos, sin)):
-        q, k, v = hf_forward.attention_prologue(attn, normed, cos, sin, with_kv)
-        return q[:, :, 0], None if k is None else k[:, :, 0], None if v is None else v[:, :, 0]
+        return hf_forward.decode_prologue(attn, normed, cos, sin, with_kv)
     x = cpu_attention.contiguous(normed)
     q = torch.empty((batch, num_heads, head_dim), dtype=x.dtype)
     k = v = None

@@ -31,3 +31,11 @@ def attention_prologue(attn: torch.nn.Module, normed: torch.Tensor, cos: torch.T
     v = attn.v_proj(normed).view(shape).transpose(1, 2)
     q, k = apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     return q, k, v
+
+
+def decode_prologue(attn: torch.nn.Module, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    with_kv: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`attention_prologue` for one new token per sequence: `normed` `[B, 1, hidden]` -> q `[B, Hq, D]` and,
+    `with_kv`, k and v `[B, Hkv, D]` (the decode step's rows)."""
+    q, k, v = attention_prologue(attn, normed, cos, sin, with_kv)
+    return q[:, :, 0], None if k is None else k[:, :, 0], None if v is None else v[:, :, 0]
