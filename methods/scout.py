@@ -89,10 +89,10 @@ class ScoutAttention(ScoutWorkModel, ScoutStatistics):
     pred_norm: str = "next"
     cpu_workers: int = 1
 
-    # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults"): the pool,
-    # which the paper leaves open ("a small set of important blocks"), at the paper's blocks of 32
     # the pool came after results were made, which held one selection
     added_fields = {"pool_factor": 1.0}
+    # the settings its defaults are chosen over (docs/methods.md, "One rule for every method's defaults"): the pool,
+    # which the paper leaves open ("a small set of important blocks"), at the paper's blocks of 32
     settings_grid = {f"pool {pool}": {"pool_factor": float(pool)} for pool in (1, 2, 3, 4)}
     paper_setting = ("pool 1", "the paper's pool of important blocks, read as one selection (the counters it reports)")
 

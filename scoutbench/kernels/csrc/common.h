@@ -63,7 +63,7 @@ inline uint16_t float_to_bf16(float f) {
 // Where element d of a row sits in the vector paths' bf16 layout: each chunk of `chunk` elements stored as its even
 // elements, then its odd ones (how a shift and a mask widen bf16 pairs). The AVX-512 attention kernel and the digest
 // scorers lay out q by it (the AVX2 attention kernel widens q as it widens K, which puts each element there), and
-// the attention's store_row reads the accumulators back.
+// the attention's store_row undoes it when it writes the accumulators out.
 constexpr int64_t even_odd_slot(int64_t d, int64_t chunk) {
   return (d / chunk) * chunk + (d % 2) * (chunk / 2) + (d % chunk) / 2;
 }
