@@ -9,7 +9,9 @@ from kernel_inputs import native_paths
 
 from scoutbench.kernels import cpu_decode
 
-SHAPES = [(1, 4096, 256), (1, 256, 4096), (3, 257, 131), (16, 33, 17), (2, 5, 1), (1, 7, 32), (4, 64, 48)]
+# fp32 rows of 1 KiB, 16 KiB and 3 KiB (each of the linear's prefetch forms: burst, hardware's, sweep), then ragged
+SHAPES = [(1, 4096, 256), (1, 256, 4096), (1, 64, 768), (3, 257, 131), (16, 33, 17), (2, 5, 1), (1, 7, 32),
+          (4, 64, 48)]
 
 
 def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:

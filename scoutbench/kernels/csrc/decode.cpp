@@ -30,16 +30,22 @@ inline __m512 load16(const T* p, __mmask16 mask) {
 
 #ifdef SB_AVX512
 // The sums of four rows of W (w0, rows K apart) against one row x, Lanes elements a step: dot(acc, w, x, mask)
-// adds one step's products (the last step masked to K).
+// adds one step's products (the last step masked to K). With `sweep`, each step also prefetches the next four
+// lines from there on: a step reads four lines of W, so the sweep covers the next four rows as these are read.
 template <int Lanes, typename TW, typename TX, typename Dot>
-inline void four_row_sums(const TW* w0, const TX* x, int64_t K, Dot dot, float* sums) {
+inline void four_row_sums(const TW* w0, const TX* x, int64_t K, Dot dot, float* sums, const char* sweep) {
   using Mask = std::conditional_t<Lanes == 32, __mmask32, __mmask16>;
   const int64_t body = K - K % Lanes;
   const Mask full = static_cast<Mask>(~Mask{0});
   const Mask tail = static_cast<Mask>((uint64_t{1} << (K % Lanes)) - 1u);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t k = 0; k < body; k += Lanes)
+  for (int64_t k = 0; k < body; k += Lanes) {
+    if (sweep != nullptr) {
+      for (int line = 0; line < 4; ++line) _mm_prefetch(sweep + 64 * line, _MM_HINT_T0);
+      sweep += 256;
+    }
     for (int j = 0; j < 4; ++j) acc[j] = dot(acc[j], w0 + j * K + k, x + k, full);
+  }
   if (tail)
     for (int j = 0; j < 4; ++j) acc[j] = dot(acc[j], w0 + j * K + body, x + body, tail);
   for (int j = 0; j < 4; ++j) sums[j] = _mm512_reduce_add_ps(acc[j]);
@@ -79,12 +85,20 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
                  int64_t n0, int64_t n1) {
   int64_t n = n0;
 #ifdef SB_AVX512
-  // rows shorter than a page: the next four rows (contiguous) prefetched in address order as each four start, which
-  // at K = 256 fp32 reads W at 2-2.7x the rate of the four streams alone; rows of a page or more: the hardware's
-  const bool short_rows = K * static_cast<int64_t>(sizeof(T)) < kFourRowMinBytes;
-  const int four_rows_bytes = static_cast<int>(4 * K * sizeof(T));
+  // Rows shorter than a page: the next four rows (contiguous) prefetched in address order, at once as each four
+  // start where the four fit in a page (rows of up to 1 KiB), else swept four lines a step (two prefetch forms,
+  // each the faster where it is used: docs/platform.md). Rows of a page or more: the hardware prefetcher's.
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
+  const bool short_rows = row_bytes < kFourRowMinBytes, burst = 4 * row_bytes <= kFourRowMinBytes;
   for (; n + 4 <= n1; n += 4) {
-    if (short_rows && n + 8 <= N) prefetch_row(W + (n + 4) * K, four_rows_bytes);
+    const char* sweep = nullptr;
+    if (short_rows && n + 8 <= N) {
+      if (burst) {
+        prefetch_row(W + (n + 4) * K, static_cast<int>(4 * row_bytes));
+      } else {
+        sweep = reinterpret_cast<const char*>(W + (n + 4) * K);
+      }
+    }
     for (int64_t m = 0; m < M; ++m) {
       float sums[4];
 #ifdef __AVX512BF16__
@@ -93,14 +107,14 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
                                                          __mmask32 mask) {
           return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mask, w),
                                   (__m512bh)_mm512_maskz_loadu_epi16(mask, x));
-        }, sums);
+        }, sums, m == 0 ? sweep : nullptr);
       } else
 #endif
       {
         (void)xbf;
         four_row_sums<16>(W + n * K, xf + m * K, K, [](__m512 acc, const T* w, const float* x, __mmask16 mask) {
           return _mm512_fmadd_ps(load16(w, mask), _mm512_maskz_loadu_ps(mask, x), acc);
-        }, sums);
+        }, sums, m == 0 ? sweep : nullptr);
       }
       for (int j = 0; j < 4; ++j) store_out(y + m * N + n + j, sums[j] + (bias ? to_float(bias[n + j]) : 0.f));
     }
