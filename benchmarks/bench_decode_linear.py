@@ -8,8 +8,9 @@ k/v 1024 x 256, o 256 x 4096, gate/up 768 x 256, down 256 x 768) and of `qwen2.5
 rows are shorter than a page (256 fp32 or 1536 bf16 elements) or a page and more. Each timed pass rotates over as many
 copies of W as fill 96 MiB, so W comes from memory as it does in a step; one and two threads (a step's linear gets
 one where ScoutAttention's worker holds the other core). `read` is a `sum` over 512 MiB on the same threads, the
-minimum of its repeats, measured beside each row; `of read` is the linear's rate over it. Minimum times: kernel
-times.
+minimum of its repeats, measured beside each row; `of read` is the linear's rate over it. A linear of less than
+4 MiB runs on one thread whatever the count (below 2 MiB a thread, a helper costs what it saves: csrc/decode.cpp),
+so its two-thread row sets a one-thread call against a two-thread read. Minimum times: kernel times.
 
     python benchmarks/bench_decode_linear.py               # every vector path this CPU runs
     python benchmarks/bench_decode_linear.py --isa avx2 --repeats 40
