@@ -30,8 +30,8 @@ inline __m512 load16(const T* p, __mmask16 mask) {
 
 #ifdef SB_AVX512
 // The sums of four rows of W (w0, rows K apart) against one row x, Lanes elements a step: dot(acc, w, x, mask)
-// adds one step's products (the last step masked to K). With `sweep`, each step also prefetches the next four
-// lines from there on: a step reads four lines of W, so the sweep covers the next four rows as these are read.
+// adds one step's products (the last step masked to K). With `sweep`, each step also prefetches as many bytes from
+// there on as it reads of W, so that the sweep covers the next four rows as these four are read.
 template <int Lanes, typename TW, typename TX, typename Dot>
 inline void four_row_sums(const TW* w0, const TX* x, int64_t K, Dot dot, float* sums, const char* sweep) {
   using Mask = std::conditional_t<Lanes == 32, __mmask32, __mmask16>;
@@ -41,8 +41,9 @@ inline void four_row_sums(const TW* w0, const TX* x, int64_t K, Dot dot, float* 
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t k = 0; k < body; k += Lanes) {
     if (sweep != nullptr) {
-      for (int line = 0; line < 4; ++line) _mm_prefetch(sweep + 64 * line, _MM_HINT_T0);
-      sweep += 256;
+      constexpr int kStepBytes = 4 * Lanes * static_cast<int>(sizeof(TW));
+      for (int line = 0; line < kStepBytes; line += 64) _mm_prefetch(sweep + line, _MM_HINT_T0);
+      sweep += kStepBytes;
     }
     for (int j = 0; j < 4; ++j) acc[j] = dot(acc[j], w0 + j * K + k, x + k, full);
   }
@@ -86,7 +87,7 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
   int64_t n = n0;
 #ifdef SB_AVX512
   // Rows shorter than a page: the next four rows (contiguous) prefetched in address order, at once as each four
-  // start where the four fit in a page (rows of up to 1 KiB), else swept four lines a step (two prefetch forms,
+  // start where the four fit in a page (rows of up to 1 KiB), else swept a step at a time (two prefetch forms,
   // each the faster where it is used: docs/platform.md). Rows of a page or more: the hardware prefetcher's.
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
   const bool short_rows = row_bytes < kFourRowMinBytes, burst = 4 * row_bytes <= kFourRowMinBytes;
