@@ -12,9 +12,9 @@ namespace {
 // of W: four rows of W against each row of x at a time stream it at about twice the rate of MKL's sgemv on AMD
 // CPUs, whose AVX-512 paths are Intel's (docs/platform.md). Tasks are runs of kLinearRows rows of W.
 constexpr int64_t kLinearRows = 64;
-// A row of at least a page: four rows are four page-long streams, which the hardware prefetcher follows. Shorter
-// rows, four at a time, interleave four streams within a page, which it does not follow (docs/platform.md).
-constexpr int64_t kFourRowMinBytes = 4096;
+// Four rows of a page or more are four page-long streams, which the hardware prefetcher follows. Shorter rows, four
+// at a time, interleave four streams within a page, which it does not follow (docs/platform.md).
+constexpr int64_t kPageBytes = 4096;
 
 #ifdef SB_AVX512
 template <typename T>
@@ -90,7 +90,7 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
   // start where the four fit in a page (rows of up to 1 KiB), else swept a step at a time (two prefetch forms,
   // each the faster where it is used: docs/platform.md). Rows of a page or more: the hardware prefetcher's.
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
-  const bool short_rows = row_bytes < kFourRowMinBytes, burst = 4 * row_bytes <= kFourRowMinBytes;
+  const bool short_rows = row_bytes < kPageBytes, burst = 4 * row_bytes <= kPageBytes;
   for (; n + 4 <= n1; n += 4) {
     const char* sweep = nullptr;
     if (short_rows && n + 8 <= N) {
@@ -124,7 +124,7 @@ void linear_rows(const float* xf, const T* xbf, const T* W, const T* bias, T* y,
   (void)xbf;
   // four rows at a time where a row is a page or more; shorter rows are faster one after the other in the plain
   // loop below (Zen 3, docs/platform.md)
-  const int64_t four_row_end = K * static_cast<int64_t>(sizeof(T)) >= kFourRowMinBytes ? n1 : n0;
+  const int64_t four_row_end = K * static_cast<int64_t>(sizeof(T)) >= kPageBytes ? n1 : n0;
   for (; n + 4 <= four_row_end; n += 4) {
     for (int64_t m = 0; m < M; ++m) {
       float sums[4];
