@@ -10,7 +10,8 @@ cancels that bias.
 `--calls sparse|full|digest` times single calls instead, those of benchmarks/bench_sparse_attention.py (64k
 tokens, 2048 of them in blocks of 32 for the sparse call, 32 query / 8 KV heads, head_dim 128, `--dtype`; digest: one
 sparse layer's digest scoring and top-64 at `--len`, its tables rotating), A B B A in the same way: a kernel change
-shows there before it is diluted in a decode step. Its processes set
+shows there before it is diluted in a decode step. `--calls linear` times passes of the decode linear over
+benchmarks/bench_decode_linear.py's copies of one weight (`--shape OUTxIN`, `--dtype`). Its processes set
 `SCOUTBENCH_KERNEL_SPIN_US=0`: a build's helper kept awake after its call takes a core from the other build's next
 one (docs/platform.md), so a change to the pool's waiting cannot be judged here.
 
@@ -102,6 +103,25 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
 
     from scoutbench.units import parse_length
 
+    if args.calls == "linear":
+        import bench_decode_linear
+
+        from scoutbench.kernels import cpu_decode
+
+        out_features, in_features = (int(n) for n in args.shape.split("x"))
+        weights, x = bench_decode_linear.linear_inputs(bench.DTYPES[args.dtype], out_features, in_features)
+        outputs = []
+        for name in ("first", "second"):  # both builds compute the same bits
+            current[0] = builds[name]
+            outputs.append(cpu_decode.linear(x, weights[0]))
+        if not torch.equal(outputs[0], outputs[1]):
+            raise SystemExit("the two builds' linear outputs differ")
+
+        def one_pass() -> None:
+            for w in weights:
+                cpu_decode.linear(x, w)
+
+        return alternate(builds, current, one_pass, args.steps, BURST if args.awake else 1)
     if args.calls == "digest":
         digests = bench.digest_calls(bench.DTYPES[args.dtype], parse_length(args.len), 2048, 32, 1, 32, 8, 128)
         outputs = []
@@ -141,7 +161,10 @@ def main() -> None:
     parser.add_argument("--model", default="bench-attn16")
     parser.add_argument("--len", default="32k")
     parser.add_argument("--steps", type=int, default=96, help="timed steps per process, half per build")
-    parser.add_argument("--calls", choices=("sparse", "full", "digest"), help="time kernel calls, not decode steps")
+    parser.add_argument("--calls", choices=("sparse", "full", "digest", "linear"),
+                        help="time kernel calls, not decode steps")
+    parser.add_argument("--shape", default="4096x256", help="with --calls linear: W's OUTxIN (default: bench-attn16's "
+                        "q_proj; bench_decode_linear.py lists the others)")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="of --calls")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--awake", action="store_true",
@@ -157,7 +180,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, str(args.a), str(args.b), "--method", args.method, "--model", args.model,
                "--len", args.len, "--steps", str(args.steps), "--dtype", args.dtype, "--order", order]
         if args.calls:
-            cmd += ["--calls", args.calls] + (["--awake"] if args.awake else [])
+            cmd += ["--calls", args.calls, "--shape", args.shape] + (["--awake"] if args.awake else [])
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         env = dict(os.environ)
@@ -168,11 +191,15 @@ def main() -> None:
         a, b = (times["first"], times["second"]) if order == "ab" else (times["second"], times["first"])
         ratio = statistics.median(b) / statistics.median(a)
         ratios.append(ratio)
-        unit = f"{args.calls} call" if args.calls else "step"
+        unit = ("linear pass" if args.calls == "linear" else f"{args.calls} call") if args.calls else "step"
         print(f"{order}: A {statistics.median(a):.3f} ms, B {statistics.median(b):.3f} ms median {unit} "
               f"({len(a)} each), B/A {ratio:.3f}")
-    what = (f"{args.calls} {args.dtype} calls (bench_sparse_attention's)" if args.calls
-            else f"{args.method} on {args.model} {args.len}")
+    if args.calls == "linear":
+        what = f"linear {args.dtype} {args.shape} passes (bench_decode_linear's copies of W)"
+    elif args.calls:
+        what = f"{args.calls} {args.dtype} calls (bench_sparse_attention's)"
+    else:
+        what = f"{args.method} on {args.model} {args.len}"
     print(f"{what}: B/A {math.sqrt(ratios[0] * ratios[1]):.3f} "
           f"(geometric mean of both orders; {args.threads or torch_threads()} threads; load {os.getloadavg()[0]:.1f})")
 

@@ -43,15 +43,23 @@ SHAPES = [
 ]
 
 
+def linear_inputs(dtype: torch.dtype, out_features: int, in_features: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """As many copies of a random W [out, in] as fill ROTATE_BYTES (at least two), and a row x [1, in]: a pass over
+    the copies reads W from memory, as a decode step does. benchmarks/ab_kernel_builds.py --calls linear times them
+    too."""
+    weight_bytes = out_features * in_features * dtype.itemsize
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(out_features, in_features, generator=g).to(dtype)
+               for _ in range(max(2, ROTATE_BYTES // weight_bytes))]
+    return weights, torch.randn(1, in_features, generator=g).to(dtype)
+
+
 def linear_row(name: str, dtype: torch.dtype, out_features: int, in_features: int, threads: int,
                repeats: int) -> str:
     """One table row: the linear's GB/s (minimum time of a pass over the copies, per copy) and its fraction of the
     read on the same threads."""
     weight_bytes = out_features * in_features * dtype.itemsize
-    g = torch.Generator().manual_seed(0)
-    weights = [torch.randn(out_features, in_features, generator=g).to(dtype)
-               for _ in range(max(2, ROTATE_BYTES // weight_bytes))]
-    x = torch.randn(1, in_features, generator=g).to(dtype)
+    weights, x = linear_inputs(dtype, out_features, in_features)
 
     def one_pass() -> None:
         for w in weights:
