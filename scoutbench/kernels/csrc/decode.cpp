@@ -12,8 +12,8 @@ namespace {
 // of W: four rows of W against each row of x at a time stream it at about twice the rate of MKL's sgemv on AMD
 // CPUs, whose AVX-512 paths are Intel's (docs/platform.md). Tasks are runs of kLinearRows rows of W.
 constexpr int64_t kLinearRows = 64;
-// Four rows of a page or more are four page-long streams, which the hardware prefetcher follows. Shorter rows, four
-// at a time, interleave four streams within a page, which it does not follow (docs/platform.md).
+// Rows of a page or more, read four at a time, are four page-long streams, which the hardware prefetcher follows.
+// Shorter rows, four at a time, interleave four streams within a page, which it does not follow (docs/platform.md).
 constexpr int64_t kPageBytes = 4096;
 
 #ifdef SB_AVX512
