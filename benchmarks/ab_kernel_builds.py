@@ -109,19 +109,14 @@ def time_calls(builds: dict, current: list, args: argparse.Namespace) -> dict[st
         from scoutbench.kernels import cpu_decode
 
         out_features, in_features = (int(n) for n in args.shape.split("x"))
-        weights, x = bench_decode_linear.linear_inputs(bench.DTYPES[args.dtype], out_features, in_features)
+        passes = bench_decode_linear.LinearPasses.random(bench.DTYPES[args.dtype], out_features, in_features)
         outputs = []
         for name in ("first", "second"):  # both builds compute the same bits
             current[0] = builds[name]
-            outputs.append(cpu_decode.linear(x, weights[0]))
+            outputs.append(cpu_decode.linear(passes.x, passes.weights[0]))
         if not torch.equal(outputs[0], outputs[1]):
             raise SystemExit("the two builds' linear outputs differ")
-
-        def one_pass() -> None:
-            for w in weights:
-                cpu_decode.linear(x, w)
-
-        return alternate(builds, current, one_pass, args.steps, BURST if args.awake else 1)
+        return alternate(builds, current, passes.run, args.steps, BURST if args.awake else 1)
     if args.calls == "digest":
         digests = bench.digest_calls(bench.DTYPES[args.dtype], parse_length(args.len), 2048, 32, 1, 32, 8, 128)
         outputs = []

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the scoutbench command (docs/platform.md): before torch
 
 import torch  # noqa: E402
-from bench_sparse_attention import read_bandwidth_ms, read_source, time_ms, use_backend, vector_paths  # noqa: E402
+from bench_sparse_attention import READ_BYTES, read_bandwidth_ms, time_ms, use_backend, vector_paths  # noqa: E402
 
 from scoutbench.kernels import cpu_decode  # noqa: E402
 
@@ -43,33 +44,37 @@ SHAPES = [
 ]
 
 
-def linear_inputs(dtype: torch.dtype, out_features: int, in_features: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """As many copies of a random W [out, in] as fill ROTATE_BYTES (at least two), and a row x [1, in]: a pass over
-    the copies reads W from memory, as a decode step does. benchmarks/ab_kernel_builds.py --calls linear times them
-    too."""
-    weight_bytes = out_features * in_features * dtype.itemsize
-    g = torch.Generator().manual_seed(0)
-    weights = [torch.randn(out_features, in_features, generator=g).to(dtype)
-               for _ in range(max(2, ROTATE_BYTES // weight_bytes))]
-    return weights, torch.randn(1, in_features, generator=g).to(dtype)
+@dataclass
+class LinearPasses:
+    """Copies of a random W [out, in], as many as fill ROTATE_BYTES (at least two), and a row x [1, in]: a pass over
+    the copies (`run`) reads W from memory, as a decode step does. benchmarks/ab_kernel_builds.py --calls linear
+    times the passes too."""
+
+    weights: list[torch.Tensor]
+    x: torch.Tensor
+
+    @classmethod
+    def random(cls, dtype: torch.dtype, out_features: int, in_features: int) -> LinearPasses:
+        g = torch.Generator().manual_seed(0)
+        copies = max(2, ROTATE_BYTES // (out_features * in_features * dtype.itemsize))
+        weights = [torch.randn(out_features, in_features, generator=g).to(dtype) for _ in range(copies)]
+        return cls(weights, torch.randn(1, in_features, generator=g).to(dtype))
+
+    def run(self) -> None:
+        for w in self.weights:
+            cpu_decode.linear(self.x, w)
 
 
 def linear_row(name: str, dtype: torch.dtype, out_features: int, in_features: int, threads: int,
                repeats: int) -> str:
     """One table row: the linear's GB/s (minimum time of a pass over the copies, per copy) and its fraction of the
     read on the same threads."""
-    weight_bytes = out_features * in_features * dtype.itemsize
-    weights, x = linear_inputs(dtype, out_features, in_features)
-
-    def one_pass() -> None:
-        for w in weights:
-            cpu_decode.linear(x, w)
-
+    passes = LinearPasses.random(dtype, out_features, in_features)
     torch.set_num_threads(threads)
-    linear_ms = time_ms(one_pass, repeats)[1] / len(weights)
+    linear_ms = time_ms(passes.run, repeats)[1] / len(passes.weights)
     read_ms = min(read_bandwidth_ms() for _ in range(5))
-    linear_gbs = weight_bytes / linear_ms / 1e6
-    read_gbs = read_source().numel() * 4 / read_ms / 1e6
+    linear_gbs = passes.weights[0].nbytes / linear_ms / 1e6
+    read_gbs = READ_BYTES / read_ms / 1e6
     row_bytes = in_features * dtype.itemsize
     return (f"| {name} | {str(dtype).removeprefix('torch.')} | {out_features} x {in_features} | {row_bytes} | "
             f"{threads} | {linear_ms * 1e3:.0f} | {linear_gbs:.1f} | {read_gbs:.1f} | {linear_gbs / read_gbs:.2f} |")
