@@ -154,7 +154,7 @@ def pick_when(method: str, speed: dict[str, float], top1: dict[str, float], refe
 def table(defaults: dict[str, Any], cpu: dict, projected: dict, top1: dict, machine: str, cpu_device: str,
           quality_source: str, load: str) -> list[str]:
     """The section's lines: its settings (as a JSON comment and in words), the table, and how it was made."""
-    from scoutbench.methods import is_reference
+    from scoutbench.methods import is_reference, setting_text
 
     reference = next(m for m in defaults["methods"] if is_reference(m))
     speed = {m: projected[m][0] / projected[reference][0] for m in projected}
@@ -165,17 +165,19 @@ def table(defaults: dict[str, Any], cpu: dict, projected: dict, top1: dict, mach
              f"{defaults['run']['len'] // 1024}k, batch 1, {defaults['run']['prefill']} prefill, "
              f"{defaults['run']['steps']} timed steps; load average {load}), projected to {machine} at "
              f"{PAPER_MODEL}, {PAPER_LENGTH}, each method at its largest batch; top-1 agreement from the {quality_source}. "
-             "Every method at its current defaults (the settings column); tok/s is tokens over the total timed time, "
+             "Every method at its current defaults (the settings column; `setting` names its point on the method's "
+             "grid, the one rule of the section above, and the paper-literal point beside it); tok/s is tokens over "
+             "the total timed time, "
              "the speed-up's 95% interval the bootstrap over the timed steps. `tests/bench/test_which_method_when.py` fails "
              "when the defaults move away from these settings: rerun the command.", "",
-             "| method | settings | CPU tok/s | CPU vs FullKV (95% CI) | projected tok/s (batch) | projected vs FullKV "
-             "| top-1 vs FullKV | pick it when |", "|---|---|---|---|---|---|---|---|"]
+             "| method | settings | setting | CPU tok/s | CPU vs FullKV (95% CI) | projected tok/s (batch) "
+             "| projected vs FullKV | top-1 vs FullKV | pick it when |", "|---|---|---|---|---|---|---|---|---|"]
     for method, config in defaults["methods"].items():
         tok_s, ratio, interval = cpu[method]
         ci = "" if interval is None else f" ({interval[0]:.2f}-{interval[1]:.2f})"
         fields = ", ".join(f"{k}={v}" for k, v in config.items()) or "-"
         proj_tok_s, batch = projected.get(method, (None, None))
-        lines.append(f"| {method} | {fields} | {tok_s:.1f} | {ratio:.2f}x{ci} "
+        lines.append(f"| {method} | {fields} | {setting_text(method, config) or '-'} | {tok_s:.1f} | {ratio:.2f}x{ci} "
                      f"| {'-' if proj_tok_s is None else f'{proj_tok_s:.0f} ({batch})'} "
                      f"| {'-' if method not in speed else f'{speed[method]:.2f}x'} "
                      f"| {'100 (reference)' if method == reference else f'{top1[method]:.1f}%' if method in top1 else '-'} "

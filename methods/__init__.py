@@ -169,6 +169,21 @@ def setting_label(name: str, config: dict[str, Any]) -> str | None:
                  if all(full.get(key) == value for key, value in fields.items())), None)
 
 
+def setting_text(name: str, config: dict[str, Any]) -> str | None:
+    """The setting of a result of `name` with `method_config` `config`, as every table names a row's: its grid
+    label with the paper-literal point beside it, e.g. "pool 3 (paper: pool 1)", or "fixed fetch (the paper's)"
+    where they are one; "off the grid (paper: ...)" for a config on none of its points; None for a method without a
+    grid (FullKV) or an unknown name. A field the result lacks is at the value its run had (`recorded_config`)."""
+    cls = method_class(name)
+    if cls is None or not cls.settings_grid:
+        return None
+    label = setting_label(name, cls.recorded_config(config)) or "off the grid"
+    if cls.paper_setting is None:
+        return label
+    paper = cls.paper_setting[0]
+    return f"{label} (the paper's)" if label == paper else f"{label} (paper: {paper})"
+
+
 def ablation_order(name: str) -> list[str]:
     """The variants of `name`'s method in the order its ablation figure shows them (empty when it has none)."""
     cls = method_class(name)

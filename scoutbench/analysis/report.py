@@ -305,6 +305,8 @@ def _method_rank(method: str) -> int:
 # ---- markdown -------------------------------------------------------------------------------------------------
 
 def summary_markdown(report: Report) -> str:
+    from scoutbench.methods import setting_text
+
     lines = ["# scoutbench report", "",
              f"{len(report.points)} throughput points, {len(report.accuracy)} accuracy results, "
              f"{len(report.projections)} projections, "
@@ -316,17 +318,20 @@ def summary_markdown(report: Report) -> str:
                   "interval (two of the measured steps), where the run stored one. `vs fullkv` compares tok/s with "
                   "FullKV's at the same point and settings (the speed-up figures show the same ratio); where the "
                   "two ran at different batches (`--batch auto`), it also gives the per-sequence ratio (`/seq`). "
-                  "Repeats are merged: every number is the median over the `runs`.", "",
-                  "| method | model | dtype | len | batch | tok/s | tok/s 95% CI | median step ms "
+                  "Repeats are merged: every number is the median over the `runs`. `setting` is the row's point on "
+                  "its method's grid (docs/methods.md: one rule for every method's defaults), the paper-literal "
+                  "point beside it.", "",
+                  "| method | setting | model | dtype | len | batch | tok/s | tok/s 95% CI | median step ms "
                   "| median step 95% CI | idle/wait % | vs fullkv | runs | prefill | device |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         references = {group: c.reference for group, c in comparisons(report.points).items()}
         for p in sorted(report.points, key=lambda p: (p.key.model, p.key.dtype, p.key.length or 0,
                                                       batch_order(p.key.batch), _method_rank(p.method), p.label)):
             base = references.get(comparison_group(p))
             idle = p.wait_frac
             speedup = speedup_text(p.tok_s, p.batch_used, base.tok_s, base.batch_used) if base else "-"
-            lines.append(f"| {p.label} | {p.key.model} | {p.key.dtype} | {format_length(p.key.length)} "
+            lines.append(f"| {p.label} | {setting_text(p.method, p.config) or '-'} | {p.key.model} | {p.key.dtype} "
+                         f"| {format_length(p.key.length)} "
                          f"| {_batch_cell(p)} | {p.tok_s:.2f} | {_range_cell(p.tok_s_interval)} | {p.step_ms:.2f} "
                          f"| {_interval_cell(p)} | {_num(None if idle is None else 100 * idle, '.1f')} "
                          f"| {speedup} | {len(p.runs)} | {_setting(p, 'prefill')} | {p.device} |")
@@ -348,15 +353,17 @@ def summary_markdown(report: Report) -> str:
     if report.accuracy:
         lines += ["## Accuracy", "", "95% interval: the percentile bootstrap over records the result stores "
                   f"(`analysis/bootstrap.py`); † fewer than {MIN_RECORDS} records.", "",
-                  "| method | budget | model | metric | value | 95% interval | n |", "|---|---|---|---|---|---|---|"]
+                  "| method | setting | budget | model | metric | value | 95% interval | n |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in report.accuracy:
-            budget = (r.get("method_config") if isinstance(r.get("method_config"), dict) else {}).get("budget")
+            config = r.get("method_config") if isinstance(r.get("method_config"), dict) else {}
+            method, budget = canonical_method(str(r.get("method"))), config.get("budget")
             for metric, (value, _) in sorted(metric_values(r).items()):
                 entry = (r.get("results") or {}).get(metric.removesuffix(".score")) or {}
                 ci, n = entry.get("score_ci95"), entry.get("n")
                 interval = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and len(ci) == 2 else "-"
                 few = " †" if isinstance(n, int) and n < MIN_RECORDS else ""
-                lines.append(f"| {canonical_method(str(r.get('method')))} | {'-' if budget is None else budget} "
+                lines.append(f"| {method} | {setting_text(method, config) or '-'} | {'-' if budget is None else budget} "
                              f"| {(r.get('model') or {}).get('name')} | {metric} | {value:.2f} | {interval}{few} "
                              f"| {'-' if n is None else n} |")
         lines.append("")

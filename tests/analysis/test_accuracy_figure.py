@@ -80,5 +80,6 @@ def test_the_reports_accuracy_table_shows_each_scores_interval_and_n():
 
     result = _accuracy("scout", 1024, {"qasper": (41.5, [30.0, 52.25])})
     text = summary_markdown(Report(accuracy=[result]))
-    assert "| method | budget | model | metric | value | 95% interval | n |" in text
-    assert "| scout | 1024 | smollm2-135m | qasper.score | 41.50 | [30.00, 52.25] † | 3 |" in text
+    assert "| method | setting | budget | model | metric | value | 95% interval | n |" in text
+    assert ("| scout | pool 1 (the paper's) | 1024 | smollm2-135m | qasper.score | 41.50 | [30.00, 52.25] † | 3 |"
+            in text)

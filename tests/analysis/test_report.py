@@ -66,13 +66,15 @@ def test_report_on_a_results_folder(tmp_path):
 
     summary = (tmp_path / "out" / "summary.md").read_text()
     # speed-ups over FullKV in the same (model, length, batch): 80/40 at 4k, 70/20 at 8k (median of 19, 20, 25)
-    assert "| scout block_size=32 | tiny-qwen3 | float32 | 4k | 1 | 80.00 | 80.00-80.00 | 12.50 | - |" in summary
+    assert ("| scout block_size=32 | pool 1 (the paper's) | tiny-qwen3 | float32 | 4k | 1 | 80.00 | 80.00-80.00 "
+            "| 12.50 | - |") in summary
+    assert "| fullkv | - | tiny-qwen3 |" in summary  # FullKV has no open setting
     assert "| 2.00x |" in summary and "| 3.50x |" in summary and "| 4.00x |" in summary
     # ablation speed-ups relative to the parallel co-attention baseline, step to step as in the paper
     assert "| 8 steps, 2 warm-up, synthetic prefill | co-attention | 50.00 | 1.00x | - |" in summary
     assert "| +PC | 69.50 | 1.39x | 1.39x |" in summary
     assert "| +PC+PR | 83.40 | 1.67x | 1.20x |" in summary
-    assert "| scout | - | smollm2-135m | qasper.score | 41.50 |" in summary
+    assert "| scout | pool 1 (the paper's) | - | smollm2-135m | qasper.score | 41.50 |" in summary
     assert "out of memory at batch 2" in summary
 
     skipped = dict(report.skipped)
@@ -109,7 +111,7 @@ def test_auto_batch_methods_share_one_figure(tmp_path):
         "throughput_vs_length.png", "latency_breakdown_len4k.png", "latency_breakdown_len8k.png", "speedup_len4k.png",
         "speedup_len8k.png", "cost_quality_len4k.png", "cost_quality_len8k.png"]
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "| scout | tiny-qwen3 | float32 | 8k | auto (16) | 150.00 |" in summary
+    assert "| scout | pool 1 (the paper's) | tiny-qwen3 | float32 | 8k | auto (16) | 150.00 |" in summary
     assert "| 7.50x (0.94x/seq) |" in summary  # 150 / 20 at 8k, each at its own batch; per sequence 9.4 vs 10
 
 

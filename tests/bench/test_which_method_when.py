@@ -66,6 +66,7 @@ def test_the_table_from_default_runs_records_its_settings_and_replaces_its_secti
     assert [row.split("|")[1].strip() for row in rows] == list(defaults["methods"])
     scout = next(row for row in rows if row.startswith("| scout |"))
     assert "| 20.0 | 2.00x (" in scout and "| 200 (8) | 2.00x | 95.0% | the most throughput" in scout
+    assert "| pool 3 (paper: pool 1) |" in scout and "| fullkv | - | - |" in rows[0]  # its grid point, the paper's
     doc = tmp_path / "methods.md"
     doc.write_text("# Methods\n\ntext\n")
     wmw.write_section(doc, lines)

@@ -78,6 +78,18 @@ def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_compari
     assert "batch 2 " in same and "2.00x" in same and "/seq" not in same
 
 
+def test_throughput_table_names_each_rows_setting_with_the_papers_beside_it():
+    """The caption names each row's grid point (docs/methods.md, one rule for every method's defaults) and the
+    paper-literal point beside it; FullKV has no grid and no entry."""
+    from scoutbench.cli.throughput import _table
+
+    results = [make_result("fullkv", 10.0), make_result("scout", 20.0, config={**SCOUT_CONFIG, "pool_factor": 2.0})]
+    for r in results:
+        r["device"]["type"] = "cpu"
+    text = collapsed_words(rendered_table(_table(results)))
+    assert "settings: scout pool 2 (paper: pool 1)" in text and "fullkv (" not in text
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_kv_skew_must_be_finite(value, monkeypatch, capsys, tmp_path):
     """`--kv-skew` takes finite numbers only."""

@@ -136,3 +136,18 @@ def test_every_table_figure_carries_its_interval_worked_out_by_hand():
     _, rows = tables["teacher-forced fidelity over FullKV's first 4 generated tokens: KL(FullKV || method), nats, "
                      "every compared step weighing the same"]
     assert rows[0] == ["a", "2", "0.100 [0.000, 0.200] †"]
+
+
+def test_each_column_names_its_setting_with_the_papers_beside_it():
+    """The first table says what each column ran: its method's grid point and the paper-literal one (FullKV, with no
+    grid, and a result without a method name show "-")."""
+    fullkv = {**_result("fullkv", repr(FullKV()), {"a": [50.0]}), "method": "fullkv", "method_config": {}}
+    scout = {**_result("scout@2048", "ScoutAttention()", {"a": [50.0]}), "method": "scout",
+             "method_config": {"pool_factor": 2.0}}
+    quest = {**_result("quest@2048", "Quest()", {"a": [50.0]}), "method": "quest", "method_config": {}}
+    bare = _result("other", "Other()", {"a": [50.0]})
+    title, header, rows = comparison_tables([fullkv, scout, quest, bare], ["a"])[0]
+    assert title.startswith("each column's setting") and header == ["column", "method", "setting"]
+    assert rows == [["fullkv", "fullkv", "-"], ["scout@2048", "scout", "pool 2 (paper: pool 1)"],
+                    ["quest@2048", "quest", "pages 32, per KV head (paper: pages 16, per query head)"],
+                    ["other", "-", "-"]]

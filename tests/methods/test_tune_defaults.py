@@ -87,3 +87,19 @@ def test_a_row_is_named_by_its_grid_setting():
     assert setting_label("hgca", {"window_share": 0.75, "score_read": "selected"}) == "window 0.75, selected read"
     assert setting_label("scout", {"pool_factor": 4}) == "pool 4"
     assert setting_label("scout", {"pool_factor": 1.5}) is None and setting_label("fullkv", {}) is None
+
+
+def test_a_row_names_the_paper_literal_setting_beside_its_own():
+    """What every table prints for a result's setting: the grid label, then the paper's point or that it is the
+    paper's; a field the result lacks is at the value its run had (a result from before the pool field: pool 1)."""
+    from scoutbench.methods import resolved_method_config, setting_text
+
+    def recorded(name: str) -> dict:  # the method_config a run of `name` records: every field
+        return resolved_method_config(name, {})
+
+    assert setting_text("scout", recorded("scout")) == "pool 3 (paper: pool 1)"
+    assert setting_text("scout", {}) == "pool 1 (the paper's)"
+    assert setting_text("quest-official", recorded("quest-official")) == "pages 16, per query head (the paper's)"
+    assert setting_text("infinigen-dynamic", recorded("infinigen-dynamic")) == "alpha 5, cap 20% (paper: fixed fetch)"
+    assert setting_text("scout", {"pool_factor": 1.5}) == "off the grid (paper: pool 1)"
+    assert setting_text("fullkv", {}) is None and setting_text("no-such-method", {}) is None
