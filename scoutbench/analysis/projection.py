@@ -435,7 +435,8 @@ def unprojectable(result: dict[str, Any]) -> str | None:
 
 
 def projection_markdown(document: dict[str, Any]) -> list[str]:
-    """A projection document as a markdown table (for `report`'s summary)."""
+    """A projection document as a markdown table (for `report`'s summary); `setting` is each row's grid point with
+    the paper-literal one beside it (`methods.setting_text`)."""
     from scoutbench.units import format_length
 
     hw = document["hardware"]
@@ -444,9 +445,9 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
     with_source = needs_source_column(projections)
     lines = [f"Projected on **{hw['name']}** ({labels.get('device', '')}, {labels.get('bus', '')}, "
              f"{labels.get('host', '')}); see docs/projection.md for the model and its assumptions.", "",
-             "| method | model | len | batch | budget | tok/s | step ms | idle % | bound by | vs fullkv |"
-             + (" from |" if with_source else ""), "|---|---|---|---|---|---|---|---|---|---|" + ("---|" * with_source)]
-    from scoutbench.methods import is_reference
+             "| method | setting | model | len | batch | budget | tok/s | step ms | idle % | bound by | vs fullkv |"
+             + (" from |" if with_source else ""), "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" * with_source)]
+    from scoutbench.methods import is_reference, setting_text
 
     fullkv = {(p["model"], p["len"]): p["decode_throughput_tok_s"] for p in projections if is_reference(p["method"])}
     for p in projections:
@@ -454,7 +455,8 @@ def projection_markdown(document: dict[str, Any]) -> list[str]:
         batch = f"{p['batch']} ({p['batch_limited_by']})" if p.get("batch_limited_by") else str(p["batch"])
         speedup = f"{p['decode_throughput_tok_s'] / base:.2f}x" if base else "-"
         method = p["method"] + (" (launch-bound)" if p.get("launch_bound") else "")
-        lines.append(f"| {method} | {p['model']} | {format_length(p['len'])} | {batch} | {budget_cell(p)} "
+        setting = setting_text(p["method"], p.get("method_config") or {}) or "-"
+        lines.append(f"| {method} | {setting} | {p['model']} | {format_length(p['len'])} | {batch} | {budget_cell(p)} "
                      f"| {p['decode_throughput_tok_s']:.1f} | {p['decode_step_ms']:.2f} "
                      f"| {100 * p['gpu_idle_frac']:.1f} | {p['bound_by']} | {speedup} |"
                      + (f" {p.get('source_point', '')} |" if with_source else ""))

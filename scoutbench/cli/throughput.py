@@ -22,7 +22,7 @@ from scoutbench.cli.options import (
     rich_console,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.methods import SPEED_METHODS, is_reference, setting_text
+from scoutbench.methods import SPEED_METHODS, is_reference, settings_note
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -280,10 +280,9 @@ def _table(results):
     launch_bound = [r for r in results if r.get("launch_bound")]
     caption = TABLE_CAPTION + ("; " + LAUNCH_BOUND_NOTE.format(frac=launch_bound[0]["host"]["launch_bound_frac"])
                                if launch_bound else "")
-    settings = [f"{r['method']} {text}" for r in results
-                if (text := setting_text(r["method"], r["method_config"])) is not None]
-    if settings:  # each row's grid point (docs/methods.md, the one rule for defaults), the paper's beside it
-        caption += "; settings: " + ", ".join(settings)
+    settings = settings_note(results)  # each row's grid point (docs/methods.md, one rule), the paper's beside it
+    if settings:
+        caption += "; " + settings
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
                         f"len {first['workload']['len']}, {batch}"
                         + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",

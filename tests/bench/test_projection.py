@@ -298,7 +298,7 @@ def test_project_cli(tiny_runs, tmp_path, monkeypatch, capsys):
     from scoutbench.analysis.report import build_report
 
     summary = build_report([out], tmp_path / "report").summary.read_text()
-    assert "## Projections" in summary and "| scout | qwen3-8b | 32k | 8 |" in summary
+    assert "## Projections" in summary and "| scout | pool 3 (paper: pool 1) | qwen3-8b | 32k | 8 |" in summary
     for args, message in ((("--hardware", "nope"), "unknown hardware"), (("--hardware", "h200", "--batch", "x"),
                           "bad --batch"), (("--hardware", "h200", "--model", "gpt-9"), "not a built-in name")):
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # gpt-9: not a built-in, not a folder, not in the cache
