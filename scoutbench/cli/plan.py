@@ -63,7 +63,8 @@ def command(model, length, gpu_mem, host_mem, methods, budget, block_size, dense
     tied = bool(getattr(config, "tie_word_embeddings", False))
     # keyed by the name asked for (scout-pc, not the class's scout)
     plans = [{**plan_method(method, shape, context_len, elem_bytes, gpu_mem_bytes, host_mem_bytes, tied,
-                            decode_instance).to_dict(), "method": name, "model": model} for name, method in built.items()]
+                            decode_instance).to_dict(), "method": name, "method_config": method.config(), "model": model}
+             for name, method in built.items()]
     if as_json:
         click.echo(json_text(plans))
         return
@@ -83,6 +84,7 @@ def _print_table(model, dtype, context_len, plans):
     from rich import box
     from rich.table import Table
 
+    from scoutbench.methods import settings_note
     from scoutbench.planning import format_bytes
 
     first = plans[0]
@@ -91,7 +93,7 @@ def _print_table(model, dtype, context_len, plans):
     table = Table(title=f"{model} ({dtype}), len {format_length(context_len)}: device {format_bytes(first['gpu_mem_bytes'])}"
                         f" = weights {format_bytes(first['weights_bytes'])} + reserve "
                         f"{format_bytes(first['reserved_bytes'])} + batch x per-seq; host {host}",
-                  box=box.SIMPLE_HEAD)
+                  caption=settings_note(plans), box=box.SIMPLE_HEAD)
     for header in ("method", "device/seq", workspace, "host/seq", "max batch", "limited by"):
         table.add_column(header, justify="left" if header in ("method", "limited by") else "right")
     for p in plans:

@@ -104,6 +104,8 @@ def test_plan_paper_scale_batches(monkeypatch, capsys):
     code, out, _ = run_cli(monkeypatch, capsys, *args, "--method", "scout", "--method-arg", "pool_factor=1")
     assert code == 0
     assert {row["method"]: row["max_batch"] for row in json.loads(out)} == {"scout": 31}
+    code, out, _ = run_cli(monkeypatch, capsys, *args[:-1], "--method", "scout", "--method-arg", "pool_factor=1")
+    assert code == 0 and "settings: scout pool 1 (the paper's)" in " ".join(out.split())  # what each row plans
 
 
 def test_plan_budget_and_block_size_change_scout(monkeypatch, capsys):
