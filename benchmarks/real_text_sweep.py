@@ -54,7 +54,7 @@ from scoutbench.cache import cache_root  # noqa: E402
 from scoutbench.eval.fidelity import fullkv_reference, step_agreement  # noqa: E402
 from scoutbench.eval.generation import Generation, SharedPrefill, method_spec  # noqa: E402
 from scoutbench.eval.tables import NOTE, interval_cell  # noqa: E402
-from scoutbench.methods import METHODS  # noqa: E402
+from scoutbench.methods import METHODS, setting_text  # noqa: E402
 from scoutbench.methods.base import ModelShape  # noqa: E402
 from scoutbench.models import load_model  # noqa: E402
 from scoutbench.results import write_json_atomic  # noqa: E402
@@ -262,11 +262,13 @@ def load_sweep(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
 
 def _setting(result: dict[str, Any]) -> str:
     """What a row ran: the registered method and the fields that differ from its defaults (budget, dense layers
-    and every other field are the sweep's)."""
+    and every other field are the sweep's), then its grid point with the paper's beside it (`setting_text`)."""
     config, method = result["method_config"], result["method"]
     defaults = METHODS.load(method).defaults()
     shown = {k: v for k, v in config.items() if k not in ("budget", "dense_layers") and defaults.get(k) != v}
-    return f"`{method}` " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "defaults")
+    point = setting_text(method, config)
+    return (f"`{method}` " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "defaults")
+            + ("" if point is None else f": {point}"))
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

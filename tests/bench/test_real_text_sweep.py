@@ -71,3 +71,17 @@ def test_the_grid_runs_every_point_each_method_declares_for_its_defaults():
         for label, fields in cls.settings_grid.items():
             assert any(c.method == cls.name and fields.items() <= {**defaults, **c.args}.items() for c in configs), \
                 (name, label)
+
+
+def test_a_rows_setting_names_its_fields_and_its_grid_point_with_the_papers():
+    """The table's setting column: the fields that differ from the method's defaults, then its grid point with the
+    paper-literal point beside it (FullKV has no grid)."""
+    from scoutbench.methods import resolved_method_config
+
+    def result(method: str, **fields) -> dict:
+        return {"method": method, "method_config": resolved_method_config(method, fields)}
+
+    assert sweep._setting(result("scout", pool_factor=1.0, pr=False)) == \
+        "`scout` pr=False, pool_factor=1.0: pool 1 (the paper's)"
+    assert sweep._setting(result("hgca")) == "`hgca` defaults: window 0.5, selected read (paper: window 0.25, all read)"
+    assert sweep._setting(result("fullkv")) == "`fullkv` defaults"
