@@ -209,8 +209,10 @@ def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> 
     from rich.table import Table
 
     from scoutbench.eval.tables import NOTE, interval_cell
+    from scoutbench.methods import settings_note
 
-    table = Table(title=f"{result['method_repr']} on {result['model']['name']}", caption=NOTE)
+    table = Table(title=f"{result['method_repr']} on {result['model']['name']}",
+                  caption="; ".join(filter(None, (NOTE, settings_note([result])))))
     for column in ("dataset", "metric", "n", "score (0-100) [95% interval]", "buckets"):
         table.add_column(column)
     for name in names:
@@ -292,6 +294,8 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
         click.echo(json_text(result))
         return
     overall = metrics["overall"]
+    from scoutbench.methods import settings_note
+
     table = Table(title=f"{result['method_repr']} vs FullKV, {len(prompts)} prompts of "
                         f"{metrics['prompt_tokens']} tokens, {steps} steps")
     for column in ("step", "top-1 agreement", "KL (nats)", "hidden cosine"):
@@ -304,5 +308,6 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
                                                                                           spec=spec))
                            for name, spec in (("top1_agreement", ".3f"), ("kl_mean", ".4g"))),
                   f"{overall['hidden_cosine']:.5f}", style="bold")
-    table.caption = f"all: 95% interval over the {len(prompts)} prompts (percentile bootstrap, seed 0)"
+    table.caption = "; ".join(filter(None, (f"all: 95% interval over the {len(prompts)} prompts (percentile "
+                                            "bootstrap, seed 0)", settings_note([result]))))
     rich_console().print(table)

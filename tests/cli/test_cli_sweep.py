@@ -17,6 +17,11 @@ def test_sweep_table_shows_the_cpu_wait_share():
     row = next(line for line in text.splitlines() if "hgca" in line)
     assert "17.4" in row and "tokens over the total timed decode time" in collapsed_words(text)
     assert "median step ms: the median step" in collapsed_words(text)
+    # each point's setting, its args resolved, the paper's beside it; a method the registry does not know has none
+    manifest["points"] += [{**manifest["points"][0], "method": "scout", "method_args": {"pool_factor": "2"}},
+                           {**manifest["points"][0], "method": "someone-elses"}]
+    assert ("settings: hgca window 0.5, selected read (paper: window 0.25, all read), scout pool 2 (paper: pool 1)"
+            in collapsed_words(rendered_table(_sweep_table(manifest))))
 
 
 def test_a_presets_own_budget_is_not_a_usage_error(monkeypatch, capsys, tmp_path):

@@ -282,6 +282,7 @@ def test_fidelity_command_on_a_model_without_tokenizer(monkeypatch, capsys):
     code, out, _ = run_cli(monkeypatch, capsys, "fidelity", "--model", "tiny-llama", "--method", "quest",
                            "--budget", "4096", "--len", "150", "--steps", "3", "--prompts", "1", "--device", "cpu")
     assert code == 0 and "1.000 [1.000, 1.000]" in out and "95% interval over the 1 prompts" in out
+    assert "settings: quest pages 32, per KV head (paper: pages 16, per query head)" in " ".join(out.split())
 
 
 # ------------------------------------------------------------------------------------------ methods vs FullKV
