@@ -264,6 +264,7 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
     from scoutbench.devices import device_description
     from scoutbench.eval.fidelity import fidelity_prompts, measure_fidelity
     from scoutbench.eval.generation import method_spec
+    from scoutbench.methods import settings_note
     from scoutbench.results import envelope, write_json_atomic
 
     if steps < 1 or num_prompts < 1:
@@ -294,8 +295,6 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
         click.echo(json_text(result))
         return
     overall = metrics["overall"]
-    from scoutbench.methods import settings_note
-
     table = Table(title=f"{result['method_repr']} vs FullKV, {len(prompts)} prompts of "
                         f"{metrics['prompt_tokens']} tokens, {steps} steps")
     for column in ("step", "top-1 agreement", "KL (nats)", "hidden cosine"):
