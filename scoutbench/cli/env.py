@@ -33,10 +33,11 @@ def command(as_json: bool) -> None:
 @click.command(name="methods")
 @click.option("--json", "as_json", is_flag=True,
               help="A JSON list with one object per method: name, class, display name, family, summary (the first "
-                   "sentence of its docstring), fields (default, type) and preset values.")
+                   "sentence of its docstring), fields (default, type), preset values and setting (its defaults' "
+                   "point on its grid, the paper-literal one beside it; null without a grid).")
 def methods_command(as_json: bool) -> None:
     """List the registered attention methods with their fields and defaults."""
-    from scoutbench.methods import METHODS, method_family
+    from scoutbench.methods import METHODS, method_family, setting_text
 
     listing = []
     for name in METHODS.names():
@@ -48,9 +49,11 @@ def methods_command(as_json: bool) -> None:
         preset = METHODS.preset(name)
         fields = {f.name: {"default": preset.get(f.name, _default(f)), "type": _type_name(f.type)}
                   for f in dataclasses.fields(cls)}
+        defaults = {field: spec["default"] for field, spec in fields.items()}
         listing.append({"name": name, "available": True, "class": f"{cls.__module__}:{cls.__qualname__}",
                         "display_name": cls.display_name or cls.name, "family": method_family(name),
-                        "summary": first_sentence(cls.__doc__ or ""), "fields": fields, "preset": dict(preset)})
+                        "summary": first_sentence(cls.__doc__ or ""), "fields": fields, "preset": dict(preset),
+                        "setting": setting_text(name, defaults)})
     if as_json:
         from scoutbench.results import json_text
 
@@ -79,6 +82,9 @@ def methods_text(listing: list[dict], width: int) -> str:
         lines.append(f"{entry['name']:<{column}}{about[0]}")
         lines += [indent + line for line in about[1:]]
         lines += textwrap.wrap(f"fields: {fields}", width, initial_indent=indent, subsequent_indent=indent + "  ")
+        if entry.get("setting"):  # its defaults' point on its grid (docs/methods.md), the paper's beside it
+            lines += textwrap.wrap(f"setting: {entry['setting']}", width, initial_indent=indent,
+                                   subsequent_indent=indent + "  ")
     return "\n".join(lines)
 
 

@@ -67,6 +67,9 @@ def test_methods_json_lists_every_method_with_fields_and_presets(monkeypatch, ca
         for key, value in METHODS.preset(name).items():  # an ablation preset's values are its defaults
             assert entry["fields"][key]["default"] == value and entry["preset"][key] == value
     assert listing["scout"]["fields"]["budget"] == {"default": 2048, "type": "int"}
+    # its defaults' point on its grid, the paper-literal one beside it; none without a grid
+    assert listing["scout"]["setting"] == "pool 3 (paper: pool 1)" and listing["fullkv"]["setting"] is None
+    assert listing["quest-official"]["setting"] == "pages 16, per query head (the paper's)"
 
 
 def test_methods_listing_aligns_its_columns_and_keeps_whole_sentences(monkeypatch, capsys):
