@@ -9,7 +9,6 @@ throughput, sweep, report, `gate --counters` and `project` without a change anyw
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scoutbench.registry import Registry
@@ -183,14 +182,6 @@ def setting_text(name: str, config: dict[str, Any]) -> str | None:
         return label
     paper = cls.paper_setting[0]
     return f"{label} (the paper's)" if label == paper else f"{label} (paper: {paper})"
-
-
-def settings_note(rows: Iterable[dict[str, Any]]) -> str | None:
-    """A table caption's `settings: scout pool 3 (paper: pool 1), ...`: the `setting_text` of each row (a result or
-    a projection: its `method` and `method_config`), each method and setting once; None when no row has a grid."""
-    texts = [f"{row['method']} {text}" for row in rows
-             if (text := setting_text(row["method"], row.get("method_config") or {})) is not None]
-    return "settings: " + ", ".join(dict.fromkeys(texts)) if texts else None
 
 
 def ablation_order(name: str) -> list[str]:

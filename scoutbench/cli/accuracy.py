@@ -208,8 +208,8 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
 def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> None:
     from rich.table import Table
 
+    from scoutbench.cli.options import settings_note
     from scoutbench.eval.tables import NOTE, interval_cell
-    from scoutbench.methods import settings_note
 
     table = Table(title=f"{result['method_repr']} on {result['model']['name']}",
                   caption="; ".join(filter(None, (NOTE, settings_note([result])))))
@@ -261,10 +261,10 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
     KL(FullKV || method) and final-hidden-state cosine, per step and overall."""
     from rich.table import Table
 
+    from scoutbench.cli.options import settings_note
     from scoutbench.devices import device_description
     from scoutbench.eval.fidelity import fidelity_prompts, measure_fidelity
     from scoutbench.eval.generation import method_spec
-    from scoutbench.methods import settings_note
     from scoutbench.results import envelope, write_json_atomic
 
     if steps < 1 or num_prompts < 1:

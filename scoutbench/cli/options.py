@@ -1,9 +1,12 @@
-"""Option parsing shared by the commands: method lists, `--method-arg key=value`, the `--seed` range. What the
-method options mean for each selected method is scoutbench/method_args.py's, the same in every command."""
+"""Option parsing shared by the commands: method lists, `--method-arg key=value`, the `--seed` range; and what their
+tables share (the console, the settings caption). What the method options mean for each selected method is
+scoutbench/method_args.py's, the same in every command."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 import click
 
@@ -21,6 +24,17 @@ def rich_console(stderr: bool = False):
 
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else LOG_WIDTH)
+
+
+def settings_note(rows: Iterable[dict[str, Any]]) -> str | None:
+    """A table caption's `settings: scout pool 3 (paper: pool 1), ...`: each row's setting (`methods.setting_text`
+    of a result's, projection's or plan's `method` and `method_config`), each method and setting once; None when
+    no row's method has a grid."""
+    from scoutbench.methods import setting_text
+
+    texts = [f"{row['method']} {text}" for row in rows
+             if (text := setting_text(row["method"], row.get("method_config") or {})) is not None]
+    return "settings: " + ", ".join(dict.fromkeys(texts)) if texts else None
 
 
 REVISION_HELP = ("A commit, branch or tag of a Hugging Face --model: runs and results name the model ID@REVISION "

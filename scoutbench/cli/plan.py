@@ -84,7 +84,7 @@ def _print_table(model, dtype, context_len, plans):
     from rich import box
     from rich.table import Table
 
-    from scoutbench.methods import settings_note
+    from scoutbench.cli.options import settings_note
     from scoutbench.planning import format_bytes
 
     first = plans[0]

@@ -81,7 +81,7 @@ def _print_table(document: dict) -> None:
     from rich.table import Table
 
     from scoutbench.analysis.projection import budget_cell, needs_source_column
-    from scoutbench.methods import settings_note
+    from scoutbench.cli.options import settings_note
 
     hw = document["hardware"]
     decode = ", decode instance" if document["target"].get("decode_instance") else ""

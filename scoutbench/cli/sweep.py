@@ -191,7 +191,8 @@ def _sweep_table(manifest: dict):
     from rich.table import Table
 
     from scoutbench.analysis.report import speedup_text
-    from scoutbench.methods import artefact_fields, is_reference, method_class, settings_note
+    from scoutbench.cli.options import settings_note
+    from scoutbench.methods import artefact_fields, is_reference, method_class
     from scoutbench.methods import resolved_method_config as resolved
     from scoutbench.tiers import wait_frac
     from scoutbench.units import format_length

@@ -20,9 +20,10 @@ from scoutbench.cli.options import (
     parse_method_args,
     revision_option,
     rich_console,
+    settings_note,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
-from scoutbench.methods import SPEED_METHODS, is_reference, settings_note
+from scoutbench.methods import SPEED_METHODS, is_reference
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
