@@ -169,11 +169,12 @@ def setting_label(name: str, config: dict[str, Any]) -> str | None:
                  if all(full.get(key) == value for key, value in fields.items())), None)
 
 
-def setting_text(name: str, config: dict[str, Any]) -> str | None:
+def setting_text(name: str | None, config: dict[str, Any]) -> str | None:
     """The setting of a result of `name` with `method_config` `config`, as every table names a row's: its grid
     label with the paper-literal point beside it, e.g. "pool 3 (paper: pool 1)", or "fixed fetch (the paper's)"
     where they are one; "off the grid (paper: ...)" for a config on none of its points; None for a method without a
-    grid (FullKV) or an unknown name. A field the result lacks is at the value its run had (`recorded_config`)."""
+    grid (FullKV) or an unknown (or absent) name. A field the result lacks is at the value its run had
+    (`recorded_config`)."""
     cls = method_class(name)
     if cls is None or not cls.settings_grid:
         return None

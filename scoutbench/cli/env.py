@@ -81,10 +81,11 @@ def methods_text(listing: list[dict], width: int) -> str:
         fields = ", ".join(f"{k}={v['default']!r}" for k, v in entry["fields"].items()) or "(no fields)"
         lines.append(f"{entry['name']:<{column}}{about[0]}")
         lines += [indent + line for line in about[1:]]
-        lines += textwrap.wrap(f"fields: {fields}", width, initial_indent=indent, subsequent_indent=indent + "  ")
-        if entry.get("setting"):  # its defaults' point on its grid (docs/methods.md), the paper's beside it
-            lines += textwrap.wrap(f"setting: {entry['setting']}", width, initial_indent=indent,
-                                   subsequent_indent=indent + "  ")
+        # then its defaults' point on its grid (docs/methods.md), the paper's beside it, where it has a grid
+        for label, text in (("fields", fields), ("setting", entry.get("setting"))):
+            if text:
+                lines += textwrap.wrap(f"{label}: {text}", width, initial_indent=indent,
+                                       subsequent_indent=indent + "  ")
     return "\n".join(lines)
 
 

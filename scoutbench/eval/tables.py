@@ -55,11 +55,6 @@ def _fidelity_samples(result: dict[str, Any], name: str) -> list[dict[str, Any]]
     return [s for s in samples if s["steps"]] if samples is not None else None
 
 
-def _setting_cell(result: dict[str, Any]) -> str:
-    method = result.get("method")
-    return (setting_text(method, result.get("method_config") or {}) if method else None) or "-"
-
-
 def _mean_interval(per_task: list[list[float] | None]) -> Interval | None:
     """The mean over tasks of per-task means, each task's records resampled on their own."""
     if not per_task or any(not values for values in per_task):
@@ -86,10 +81,10 @@ def _pooled_interval(samples: list[list[dict[str, Any]] | None], key: str, scale
 def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> list[tuple[str, list[str],
                                                                                       list[list[str]]]]:
     """The method configurations side by side, one row per task plus the mean over the tasks every configuration
-    has: (title, header, rows) for each configuration's setting, the official score, its change relative to FullKV (paired), the agreement with
-    FullKV's own predictions (exact match; the task's metric with FullKV's prediction as the reference), the
-    teacher-forced fidelity (top-1 agreement; KL) when measured, each with its 95% interval, and the CPU seconds
-    per record. Plain strings, for the terminal and for markdown alike."""
+    has: (title, header, rows) for each configuration's setting, the official score, its change relative to FullKV
+    (paired), the agreement with FullKV's own predictions (exact match; the task's metric with FullKV's prediction
+    as the reference), the teacher-forced fidelity (top-1 agreement; KL) when measured, each with its 95% interval,
+    and the CPU seconds per record. Plain strings, for the terminal and for markdown alike."""
     reference = next((r for r in results if r["method_repr"] == repr(FullKV())), None)
     compared = [r for r in results if r is not reference]
 
@@ -103,7 +98,8 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
     tables = [("each column's setting: its method's grid point (docs/methods.md, one rule for every method's "
                "defaults) and the paper-literal point beside it",
                ["column", "method", "setting"],
-               [[r["label"], r.get("method") or "-", _setting_cell(r)] for r in results])]
+               [[r["label"], r.get("method") or "-", setting_text(r.get("method"), r.get("method_config") or {}) or "-"]
+                for r in results])]
 
     # the official score
     def score_cell(result: dict[str, Any], names: list[str]) -> str:
