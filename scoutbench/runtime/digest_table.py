@@ -30,7 +30,8 @@ class DigestTable:
 
     On CUDA they are stored in the KV dtype (a 16-bit center/radius pair costs what kmax/kmin did; converting
     bf16 digests to fp32 on every call was ~35 ms per step at paper scale), see `center_radius` for why the bound
-    survives the rounding. On CPU they are fp32, where the matmuls are faster than in bf16.
+    survives the rounding. On CPU they are fp32: every CPU result in results/ selected from fp32 digests, and the
+    KV dtype there would change what those runs resume (docs/platform.md, "CPU digests in the KV dtype").
     """
 
     def __init__(self, layers: range, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device):
