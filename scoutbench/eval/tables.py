@@ -14,7 +14,7 @@ from scoutbench.methods.fullkv import FullKV
 from scoutbench.resampling import RESAMPLES, SEED
 
 FEW = "†"  # a cell over fewer than bootstrap.MIN_RECORDS records
-UNRESOLVED = "n.r."  # a difference whose interval contains 0
+UNRESOLVED = "n.r."  # a difference whose interval contains 0, or over a task of too few records (`Interval.resolved`)
 NOTE = (f"95% interval over records (percentile bootstrap, {RESAMPLES} resamples, seed {SEED}); "
         f"{FEW} fewer than {bootstrap.MIN_RECORDS} records")
 
@@ -30,7 +30,7 @@ def _fmt(value: float | None, digits: int = 2, signed: bool = False) -> str:
 def interval_cell(interval: Interval | None, digits: int = 2, value: float | None = None, signed: bool = False,
                   difference: bool = False) -> str:
     """`30.77 [15.38, 46.15]`, marked FEW under MIN_RECORDS records and, for a `difference`, UNRESOLVED when its
-    interval contains 0; `value` replaces the interval's own estimate (the official, rounded score)."""
+    interval contains 0 or it is FEW; `value` replaces the interval's own estimate (the official, rounded score)."""
     if interval is None:
         return _fmt(value, digits, signed)
     shown = interval.value if value is None else value
@@ -134,7 +134,8 @@ def comparison_tables(results: list[dict[str, Any]], task_names: list[str]) -> l
         rows = [[name, n_of(name), *(change_cell(r, [name]) for r in compared)] for name in task_names]
         rows.append([mean_label, "", *(change_cell(r, done) if done else "-" for r in compared)])
         tables.append(("change of the official score vs FullKV on the same records, % of FullKV's (paired; "
-                       f"{UNRESOLVED}: the interval contains 0, not resolved; {NOTE})", header, rows))
+                       f"{UNRESOLVED}: not resolved, the interval contains 0 or a task has fewer than "
+                       f"{bootstrap.MIN_RECORDS} records; {NOTE})", header, rows))
 
     # the agreement with FullKV's own prediction
     def agreement_cell(result: dict[str, Any], names: list[str], key: str) -> str:
