@@ -24,6 +24,7 @@ from scoutbench.cli.options import (
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.methods import SPEED_METHODS, is_reference
+from scoutbench.step_stats import MAX_CI_HALF_WIDTH_FRAC
 from scoutbench.tiers import wait_frac
 from scoutbench.units import format_length
 from scoutbench.workloads.synthetic import DEFAULT_KV_SKEW
@@ -224,8 +225,6 @@ def _summary(result, path):
 
 
 # Table columns: stage groups in ms/step (the JSON keeps every stage).
-# `model`: the projections, the layer-ahead prediction and the MLP (one column, so that the default run's table
-# with its calls column fits 80 columns)
 # attn: what the method does (its attention and merge, and its prediction and selection: Quest scores inside its
 # attention stage, ScoutAttention and InfiniGen in `predict`), so the column compares methods alike; model: the
 # model's projections and MLP, the same work for every method. Idle is the wait column; the rest of a step (`other`)
@@ -234,9 +233,10 @@ STAGE_COLUMNS = {"attn": ("attn_device", "predict", "merge"), "model": ("qkv_pro
 
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
-                 "±95%: half-width of the median's 95% interval; calls: torch calls and CUDA graph replays per step "
-                 "issued by the main thread; attn, model: mean ms per step of the method's attention with its selection, "
-                 "and of the model's projections and MLP")
+                 "±95%: half-width of the median's 95% interval, % of the median (!: over "
+                 f"{MAX_CI_HALF_WIDTH_FRAC:.0%} or under 6 steps, too wide to quote a ratio); calls: torch calls and "
+                 "CUDA graph replays per step issued by the main thread; attn, model: mean ms per step of the "
+                 "method's attention with its selection, and of the model's projections and MLP")
 LAUNCH_BOUND_MARK = "^"
 LAUNCH_BOUND_NOTE = (f"{LAUNCH_BOUND_MARK}: launch-bound (the host's issue time fills at least "
                      "{frac:.0%} of the step: the row measures Python and launches, not the method)")
@@ -259,8 +259,6 @@ def _ci_cell(step_ms: dict) -> str:
     if step_ms.get("ci95_low") is None or not step_ms["median"]:
         return "- !"
     frac = (step_ms["ci95_high"] - step_ms["ci95_low"]) / 2 / step_ms["median"]
-    from scoutbench.step_stats import MAX_CI_HALF_WIDTH_FRAC
-
     return f"{100 * frac:.0f}%" + (" !" if frac > MAX_CI_HALF_WIDTH_FRAC else "")
 
 

@@ -74,6 +74,9 @@ def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_compari
     scout_row = next(line for line in text.splitlines() if line.strip().startswith("scout"))
     assert " 109 " in scout_row and "1.44x (2.00x/seq)" in scout_row
     assert "tok/s: batch x timed steps / timed decode time (the mean step); step: the median step" in collapsed_words(text)
+    # the ±95% column's unit and its mark are in the caption
+    assert ("±95%: half-width of the median's 95% interval, % of the median (!: over 10% or under 6 steps"
+            in collapsed_words(text))
     same = rendered_table(_table([result("fullkv", 10.0, 2), result("scout", 20.0, 2)]))
     assert "batch 2 " in same and "2.00x" in same and "/seq" not in same
 
