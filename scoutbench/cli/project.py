@@ -74,6 +74,15 @@ def command(results, hardware, model, length, batch, budget, block_size, dense_l
         click.echo(f"projection written to {output}")
 
 
+# what each column of the projection table is (analysis/projection.py, docs/projection.md)
+PROJECTION_CAPTION = ("batch: the batch projected and what limits it (device or host memory, or the weights); tok/s: "
+                      "batch / the projected step; idle %: the device's wait in the step; attn, linear ms: the "
+                      "device's attention, and its projections and MLP; cpu, h2d ms: the host CPU's work and the "
+                      "bus's host-to-device copies a step, overlapped with the device's; host ms: the host's "
+                      "launches of a step; bound by: what the step waits for most; measured ms (where shown): the "
+                      "run's own step at that shape, then the projection's relative difference")
+
+
 def _print_table(document: dict) -> None:
     """One row per projection; `len` is the prompt length (the measured run's, or --len). When two rows share
     method, model, len and batch (different measured points projected to one target), a `from` column names each
@@ -85,9 +94,10 @@ def _print_table(document: dict) -> None:
 
     hw = document["hardware"]
     decode = ", decode instance" if document["target"].get("decode_instance") else ""
+    settings = settings_note(document["projections"])
     table = Table(title=f"projected on {hw['name']} ({hw['labels']['device']}, {hw['labels']['bus']}, "
                         f"{hw['labels']['host']}{decode}); budget: the run's -> the projection's where they differ",
-                  caption=settings_note(document["projections"]))
+                  caption=PROJECTION_CAPTION + ("" if settings is None else "; " + settings))
     with_source = needs_source_column(document["projections"])
     # the measured step only where some row was projected at its own run's shape and kind of machine
     with_measured = any(p.get("measured_step_ms") is not None for p in document["projections"])

@@ -48,6 +48,9 @@ def test_project_table_names_each_source_point_and_the_prompt_length(tmp_path, m
     assert " 32k " in out and " 16k " in out and "32773" not in out and "from" not in out
     caption = " ".join(out.split())  # each method's setting once, the paper's beside it, though two rows share it
     assert caption.count("(paper: pool 1)") == 1 and "settings: " in caption
+    # the caption says what each column is
+    assert "tok/s: batch / the projected step; idle %: the device's wait in the step" in caption
+    assert "bound by: what the step waits for most" in caption
     code, out, err = run_cli(monkeypatch, capsys, "project", runs, "--hardware", "h200", "--len", "8k", "--batch", "4",
                              "--budget", "2k")
     assert code == 0, err
