@@ -204,7 +204,9 @@ def _sweep_table(manifest: dict):
     table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)",
                   caption="tok/s: tokens over the total timed decode time (batch x timed steps / their summed time); "
                           "median step ms: the median step; idle/wait %: GPU idle on CUDA, the main thread's wait "
-                          "for the CPU worker off it" + ("" if setting_caption is None else "; " + setting_caption))
+                          "for the CPU worker off it; vs fullkv: tok/s over FullKV's at the same len and batch (x/seq: "
+                          "per sequence, where the batches differ)"
+                          + ("" if setting_caption is None else "; " + setting_caption))
     for name in ("method", "args", "len", "batch", "status", "tok/s", "median step ms", "idle/wait %", "vs fullkv"):
         table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
     fullkv = {(p["len"], p["batch"]): p for p in manifest["points"]

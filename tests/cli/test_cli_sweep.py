@@ -17,6 +17,7 @@ def test_sweep_table_shows_the_cpu_wait_share():
     row = next(line for line in text.splitlines() if "hgca" in line)
     assert "17.4" in row and "tokens over the total timed decode time" in collapsed_words(text)
     assert "median step ms: the median step" in collapsed_words(text)
+    assert "vs fullkv: tok/s over FullKV's at the same len and batch" in collapsed_words(text)
     # each point's setting, its args resolved, the paper's beside it; a method the registry does not know has none
     manifest["points"] += [{**manifest["points"][0], "method": "scout", "method_args": {"pool_factor": "2"}},
                            {**manifest["points"][0], "method": "someone-elses"}]
