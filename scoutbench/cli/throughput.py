@@ -234,9 +234,11 @@ STAGE_COLUMNS = {"attn": ("attn_device", "predict", "merge"), "model": ("qkv_pro
 
 TABLE_CAPTION = ("tok/s: batch x timed steps / timed decode time (the mean step); step: the median step; "
                  "±95%: half-width of the median's 95% interval, % of the median (!: over "
-                 f"{MAX_CI_HALF_WIDTH_FRAC:.0%} or under 6 steps, too wide to quote a ratio); calls: torch calls and "
-                 "CUDA graph replays per step issued by the main thread; attn, model: mean ms per step of the "
-                 "method's attention with its selection, and of the model's projections and MLP")
+                 f"{MAX_CI_HALF_WIDTH_FRAC:.0%} or under 6 steps, too wide to quote a ratio); vs full: tok/s over "
+                 "FullKV's (x/seq: per sequence, where the batches differ); idle% (CUDA): the GPU's idle share of a "
+                 "step, wait% (CPU): the main thread's wait for the CPU worker; calls: torch calls and CUDA graph "
+                 "replays per step issued by the main thread; attn, model: mean ms per step of the method's "
+                 "attention with its selection, and of the model's projections and MLP")
 LAUNCH_BOUND_MARK = "^"
 LAUNCH_BOUND_NOTE = (f"{LAUNCH_BOUND_MARK}: launch-bound (the host's issue time fills at least "
                      "{frac:.0%} of the step: the row measures Python and launches, not the method)")

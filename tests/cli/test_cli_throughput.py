@@ -77,8 +77,10 @@ def test_throughput_table_at_auto_batches_says_each_batch_and_labels_the_compari
     # the ±95% column's unit and its mark are in the caption
     assert ("±95%: half-width of the median's 95% interval, % of the median (!: over 10% or under 6 steps"
             in collapsed_words(text))
+    assert "vs full: tok/s over FullKV's (x/seq: per sequence, where the batches differ)" in collapsed_words(text)
     same = rendered_table(_table([result("fullkv", 10.0, 2), result("scout", 20.0, 2)]))
-    assert "batch 2 " in same and "2.00x" in same and "/seq" not in same
+    same_row = next(line for line in same.splitlines() if line.strip().startswith("scout"))
+    assert "batch 2 " in same and "2.00x" in same_row and "/seq" not in same_row
 
 
 def test_throughput_table_names_each_rows_setting_with_the_papers_beside_it():
