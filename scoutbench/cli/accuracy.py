@@ -208,11 +208,11 @@ def command(datasets, methods, budgets, model, block_size, dense_layers, method_
 def _print_accuracy_table(console, result: dict[str, Any], names: list[str]) -> None:
     from rich.table import Table
 
-    from scoutbench.cli.options import settings_note
+    from scoutbench.cli.options import settings_note, table_caption
     from scoutbench.eval.tables import NOTE, interval_cell
 
     table = Table(title=f"{result['method_repr']} on {result['model']['name']}",
-                  caption="; ".join(filter(None, (NOTE, settings_note([result])))))
+                  caption=table_caption(NOTE, settings_note([result])))
     for column in ("dataset", "metric", "n", "score (0-100) [95% interval]", "buckets"):
         table.add_column(column)
     for name in names:
@@ -261,7 +261,7 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
     KL(FullKV || method) and final-hidden-state cosine, per step and overall."""
     from rich.table import Table
 
-    from scoutbench.cli.options import settings_note
+    from scoutbench.cli.options import settings_note, table_caption
     from scoutbench.devices import device_description
     from scoutbench.eval.fidelity import fidelity_prompts, measure_fidelity
     from scoutbench.eval.generation import method_spec
@@ -307,6 +307,6 @@ def fidelity_command(method, model, budget, block_size, dense_layers, method_arg
                                                                                           spec=spec))
                            for name, spec in (("top1_agreement", ".3f"), ("kl_mean", ".4g"))),
                   f"{overall['hidden_cosine']:.5f}", style="bold")
-    table.caption = "; ".join(filter(None, (f"all: 95% interval over the {len(prompts)} prompts (percentile "
-                                            "bootstrap, seed 0)", settings_note([result]))))
+    table.caption = table_caption(f"all: 95% interval over the {len(prompts)} prompts (percentile bootstrap, seed 0)",
+                                  settings_note([result]))
     rich_console().print(table)

@@ -26,6 +26,11 @@ def rich_console(stderr: bool = False):
     return Console(stderr=stderr, width=None if stream.isatty() else LOG_WIDTH)
 
 
+def table_caption(*parts: str | None) -> str:
+    """A table's caption: its parts that are there (a note such as `settings_note`'s may be None), joined by "; "."""
+    return "; ".join(part for part in parts if part)
+
+
 def settings_note(rows: Iterable[dict[str, Any]]) -> str | None:
     """A table caption's `settings: scout pool 3 (paper: pool 1), ...`: each row's setting (`methods.setting_text`
     of a result's, projection's or plan's `method` and `method_config`), each method and setting once; None when

@@ -90,14 +90,13 @@ def _print_table(document: dict) -> None:
     from rich.table import Table
 
     from scoutbench.analysis.projection import budget_cell, needs_source_column
-    from scoutbench.cli.options import settings_note
+    from scoutbench.cli.options import settings_note, table_caption
 
     hw = document["hardware"]
     decode = ", decode instance" if document["target"].get("decode_instance") else ""
-    settings = settings_note(document["projections"])
     table = Table(title=f"projected on {hw['name']} ({hw['labels']['device']}, {hw['labels']['bus']}, "
                         f"{hw['labels']['host']}{decode}); budget: the run's -> the projection's where they differ",
-                  caption=PROJECTION_CAPTION + ("" if settings is None else "; " + settings))
+                  caption=table_caption(PROJECTION_CAPTION, settings_note(document["projections"])))
     with_source = needs_source_column(document["projections"])
     # the measured step only where some row was projected at its own run's shape and kind of machine
     with_measured = any(p.get("measured_step_ms") is not None for p in document["projections"])

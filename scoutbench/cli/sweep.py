@@ -191,7 +191,7 @@ def _sweep_table(manifest: dict):
     from rich.table import Table
 
     from scoutbench.analysis.report import speedup_text
-    from scoutbench.cli.options import settings_note
+    from scoutbench.cli.options import settings_note, table_caption
     from scoutbench.methods import artefact_fields, is_reference, method_class
     from scoutbench.methods import resolved_method_config as resolved
     from scoutbench.tiers import wait_frac
@@ -202,11 +202,11 @@ def _sweep_table(manifest: dict):
     setting_caption = settings_note({"method": p["method"], "method_config": resolved(p["method"], p["method_args"])}
                                     for p in manifest["points"] if method_class(p["method"]) is not None)
     table = Table(title=f"sweep on {settings['model']} ({settings['prefill']} prefill, {settings['steps']} steps)",
-                  caption="tok/s: tokens over the total timed decode time (batch x timed steps / their summed time); "
-                          "median step ms: the median step; idle/wait %: GPU idle on CUDA, the main thread's wait "
-                          "for the CPU worker off it; vs fullkv: tok/s over FullKV's at the same len and batch (x/seq: "
-                          "per sequence, where the batches differ)"
-                          + ("" if setting_caption is None else "; " + setting_caption))
+                  caption=table_caption(
+                      "tok/s: tokens over the total timed decode time (batch x timed steps / their summed time); "
+                      "median step ms: the median step; idle/wait %: GPU idle on CUDA, the main thread's wait for the "
+                      "CPU worker off it; vs fullkv: tok/s over FullKV's at the same len and batch (x/seq: per "
+                      "sequence, where the batches differ)", setting_caption))
     for name in ("method", "args", "len", "batch", "status", "tok/s", "median step ms", "idle/wait %", "vs fullkv"):
         table.add_column(name, justify="right" if name not in ("method", "args", "status") else "left")
     fullkv = {(p["len"], p["batch"]): p for p in manifest["points"]

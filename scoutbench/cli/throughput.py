@@ -21,6 +21,7 @@ from scoutbench.cli.options import (
     revision_option,
     rich_console,
     settings_note,
+    table_caption,
 )
 from scoutbench.method_args import BLOCK_SIZE, BUDGET, DENSE_LAYERS
 from scoutbench.methods import SPEED_METHODS, is_reference
@@ -279,11 +280,9 @@ def _table(results):
     dense = sorted({r.get("dense_layers") for r in results} - {None})  # FullKV has none: dense everywhere
     mixed_dense = len(dense) > 1  # methods compared with different dense layers: say so on every row
     launch_bound = [r for r in results if r.get("launch_bound")]
-    caption = TABLE_CAPTION + ("; " + LAUNCH_BOUND_NOTE.format(frac=launch_bound[0]["host"]["launch_bound_frac"])
-                               if launch_bound else "")
-    settings = settings_note(results)  # each row's grid point (docs/methods.md, one rule), the paper's beside it
-    if settings:
-        caption += "; " + settings
+    launch_note = LAUNCH_BOUND_NOTE.format(frac=launch_bound[0]["host"]["launch_bound_frac"]) if launch_bound else None
+    # then each row's grid point (docs/methods.md, one rule), the paper's beside it
+    caption = table_caption(TABLE_CAPTION, launch_note, settings_note(results))
     table = Table(title=f"{first['model']['name']} {first['model']['dtype']} {first['device']['type']}, "
                         f"len {first['workload']['len']}, {batch}"
                         + (f", dense layers {dense[0]}" if len(dense) == 1 else "") + " (ms/step)",
